@@ -1,0 +1,536 @@
+//! The closed set of operations.
+//!
+//! [`OpKind`] is one enum, grouped by category. Every consumer (type rules, printer, parser,
+//! passes, and later the interpreter, kernels and gradients) matches it exhaustively, so adding an
+//! op makes the compiler point at every place that must handle it.
+
+use crate::literal::Literal;
+use crate::types::{DType, TensorType};
+use std::hash::{Hash, Hasher};
+
+/// Elementwise unary operations (floating point unless noted).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    /// `-x` (signed integers and floats).
+    Neg,
+    /// `|x|` (numeric).
+    Abs,
+    /// `e^x`.
+    Exp,
+    /// Natural logarithm.
+    Log,
+    /// Square root.
+    Sqrt,
+    /// `1/sqrt(x)`.
+    Rsqrt,
+    /// `1/x`.
+    Reciprocal,
+    /// Hyperbolic tangent.
+    Tanh,
+    /// `1/(1+e^-x)`.
+    Sigmoid,
+    /// `max(x, 0)` (numeric).
+    Relu,
+    /// The error function.
+    Erf,
+    /// Exact GELU, `x * (1 + erf(x/sqrt 2)) / 2`.
+    Gelu,
+}
+
+/// Elementwise binary operations with numpy broadcasting; both operands have the same dtype.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    /// `a + b`.
+    Add,
+    /// `a - b`.
+    Sub,
+    /// `a * b`.
+    Mul,
+    /// `a / b` (integers: truncating; division by zero is an error at run time).
+    Div,
+    /// `a ^ b` (floats only).
+    Pow,
+    /// Elementwise maximum.
+    Max,
+    /// Elementwise minimum.
+    Min,
+}
+
+/// Elementwise comparisons with numpy broadcasting, producing `bool`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CmpOp {
+    /// `a == b`.
+    Eq,
+    /// `a != b`.
+    Ne,
+    /// `a < b`.
+    Lt,
+    /// `a <= b`.
+    Le,
+    /// `a > b`.
+    Gt,
+    /// `a >= b`.
+    Ge,
+}
+
+/// Reductions over a set of axes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// Sum.
+    Sum,
+    /// Arithmetic mean (floats only).
+    Mean,
+    /// Maximum.
+    Max,
+}
+
+/// An `f64` attribute compared and hashed by bit pattern.
+#[derive(Clone, Copy, Debug)]
+pub struct F64(pub f64);
+
+impl PartialEq for F64 {
+    fn eq(&self, o: &F64) -> bool {
+        self.0.to_bits() == o.0.to_bits()
+    }
+}
+impl Eq for F64 {}
+impl Hash for F64 {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.0.to_bits().hash(state)
+    }
+}
+
+/// Attributes of `conv2d`. Input is NCHW, filter is `[O, C/groups, kH, kW]`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Conv2d {
+    /// Stride along H and W. Default `[1,1]`.
+    pub strides: [u64; 2],
+    /// Zero padding `[top, left, bottom, right]`. Default `[0,0,0,0]`.
+    pub pads: [u64; 4],
+    /// Dilation along H and W. Default `[1,1]`.
+    pub dilations: [u64; 2],
+    /// Number of groups; `groups == C == O` is depthwise. Default 1.
+    pub groups: u64,
+}
+
+impl Default for Conv2d {
+    fn default() -> Conv2d {
+        Conv2d {
+            strides: [1, 1],
+            pads: [0; 4],
+            dilations: [1, 1],
+            groups: 1,
+        }
+    }
+}
+
+/// Window attributes of `max_pool2d` and `avg_pool2d` over NCHW input.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Pool2d {
+    /// Window size along H and W (required).
+    pub kernel: [u64; 2],
+    /// Stride along H and W. Default `[1,1]`.
+    pub strides: [u64; 2],
+    /// Padding `[top, left, bottom, right]`. Default `[0,0,0,0]`.
+    pub pads: [u64; 4],
+}
+
+/// The operation an op performs, with its attributes.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum OpKind {
+    // --- Sources ---
+    /// A constant of the given type. No operands.
+    Const {
+        /// The result type.
+        ty: TensorType,
+        /// The elements.
+        value: Literal,
+    },
+
+    // --- Elementwise ---
+    /// `op(x)`.
+    Unary(UnaryOp),
+    /// `op(a, b)` with broadcasting.
+    Binary(BinaryOp),
+    /// `a cmp b` with broadcasting, producing `bool`.
+    Compare(CmpOp),
+    /// `select(cond, a, b)`: `a` where `cond` else `b`, all three broadcast together.
+    Select,
+    /// Broadcasts the operand to `shape` by numpy rules.
+    BroadcastTo {
+        /// The target shape.
+        shape: Vec<u64>,
+    },
+    /// Converts the element type (floats to ints truncate toward zero, saturating).
+    Cast {
+        /// The target element type.
+        to: DType,
+    },
+    /// The operand unchanged; autodiff treats it as a constant.
+    StopGradient,
+    /// The operand unchanged.
+    Identity,
+
+    // --- Linear algebra and convolution ---
+    /// Batched matrix product: `[..., m, k] x [..., k, n] -> [..., m, n]`, batch dims broadcast.
+    MatMul,
+    /// 2-D convolution (really cross-correlation), NCHW.
+    Conv2d(Conv2d),
+
+    // --- Pooling ---
+    /// Max over windows; padding never wins.
+    MaxPool2d(Pool2d),
+    /// Mean over windows.
+    AvgPool2d {
+        /// The window.
+        pool: Pool2d,
+        /// Whether padded positions count in the divisor. Default `false`.
+        count_include_pad: bool,
+    },
+    /// Mean over H and W: `[N,C,H,W] -> [N,C,1,1]`.
+    GlobalAvgPool,
+
+    // --- Reductions and normalisation ---
+    /// Reduces `axes` (negative counts from the end).
+    Reduce {
+        /// Which reduction.
+        op: ReduceOp,
+        /// Axes to reduce, non-empty and distinct.
+        axes: Vec<i64>,
+        /// Whether reduced axes stay as size 1. Default `false`.
+        keepdims: bool,
+    },
+    /// Softmax along `axis` (default -1).
+    Softmax {
+        /// The axis.
+        axis: i64,
+    },
+    /// Log of softmax along `axis` (default -1), computed stably.
+    LogSoftmax {
+        /// The axis.
+        axis: i64,
+    },
+    /// Mean cross-entropy of `logits [N, C]` against integer `labels [N]`: a scalar.
+    SoftmaxCrossEntropy,
+    /// Inference batch norm: `(x, gamma, beta, mean, var) -> y`, channels on axis 1.
+    BatchNorm {
+        /// Added to the variance. Default `1e-5`.
+        eps: F64,
+    },
+    /// Training batch norm: `(x, gamma, beta) -> (y, batch_mean, batch_var)`; the variance is the
+    /// biased one used for normalisation.
+    BatchNormTrain {
+        /// Added to the variance. Default `1e-5`.
+        eps: F64,
+    },
+
+    // --- Data movement ---
+    /// Same elements, new shape.
+    Reshape {
+        /// The new shape; same element count.
+        shape: Vec<u64>,
+    },
+    /// Permutes axes: output axis `i` is input axis `perm[i]`.
+    Transpose {
+        /// A permutation of `0..rank`.
+        perm: Vec<u64>,
+    },
+    /// Joins one or more operands along `axis`.
+    Concat {
+        /// The axis.
+        axis: i64,
+    },
+    /// Python-style strided slice of every axis (negative indices count from the end; out of
+    /// range bounds are clamped).
+    Slice {
+        /// Start per axis.
+        starts: Vec<i64>,
+        /// End (exclusive) per axis.
+        ends: Vec<i64>,
+        /// Step per axis, non-zero. Default all 1.
+        steps: Vec<i64>,
+    },
+    /// `take(data, indices, axis)`: output shape is
+    /// `data[..axis] ++ indices ++ data[axis+1..]`. Out of range indices are a run-time error.
+    Gather {
+        /// The axis of `data` indexed.
+        axis: i64,
+    },
+    /// `(data, indices, updates)`: a copy of `data` where `updates` (shaped like the result of
+    /// `gather(data, indices, axis)`) is added at the indexed positions; repeats accumulate.
+    ScatterAdd {
+        /// The axis of `data` indexed.
+        axis: i64,
+    },
+}
+
+/// How many operands an op takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arity {
+    /// Exactly this many.
+    Exactly(usize),
+    /// This many or more.
+    AtLeast(usize),
+}
+
+impl Arity {
+    /// Whether `n` operands are acceptable.
+    pub fn accepts(self, n: usize) -> bool {
+        match self {
+            Arity::Exactly(k) => n == k,
+            Arity::AtLeast(k) => n >= k,
+        }
+    }
+}
+
+impl std::fmt::Display for Arity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Arity::Exactly(1) => write!(f, "1 operand"),
+            Arity::Exactly(k) => write!(f, "{k} operands"),
+            Arity::AtLeast(k) => write!(f, "at least {k} operand{}", if k == 1 { "" } else { "s" }),
+        }
+    }
+}
+
+impl UnaryOp {
+    /// Every unary op.
+    pub const ALL: [UnaryOp; 12] = [
+        UnaryOp::Neg,
+        UnaryOp::Abs,
+        UnaryOp::Exp,
+        UnaryOp::Log,
+        UnaryOp::Sqrt,
+        UnaryOp::Rsqrt,
+        UnaryOp::Reciprocal,
+        UnaryOp::Tanh,
+        UnaryOp::Sigmoid,
+        UnaryOp::Relu,
+        UnaryOp::Erf,
+        UnaryOp::Gelu,
+    ];
+
+    /// Text mnemonic.
+    pub fn mnemonic(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "neg",
+            UnaryOp::Abs => "abs",
+            UnaryOp::Exp => "exp",
+            UnaryOp::Log => "log",
+            UnaryOp::Sqrt => "sqrt",
+            UnaryOp::Rsqrt => "rsqrt",
+            UnaryOp::Reciprocal => "reciprocal",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::Sigmoid => "sigmoid",
+            UnaryOp::Relu => "relu",
+            UnaryOp::Erf => "erf",
+            UnaryOp::Gelu => "gelu",
+        }
+    }
+}
+
+impl BinaryOp {
+    /// Every binary op.
+    pub const ALL: [BinaryOp; 7] = [
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Pow,
+        BinaryOp::Max,
+        BinaryOp::Min,
+    ];
+
+    /// Text mnemonic.
+    pub fn mnemonic(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add",
+            BinaryOp::Sub => "sub",
+            BinaryOp::Mul => "mul",
+            BinaryOp::Div => "div",
+            BinaryOp::Pow => "pow",
+            BinaryOp::Max => "max",
+            BinaryOp::Min => "min",
+        }
+    }
+}
+
+impl CmpOp {
+    /// Every comparison.
+    pub const ALL: [CmpOp; 6] = [
+        CmpOp::Eq,
+        CmpOp::Ne,
+        CmpOp::Lt,
+        CmpOp::Le,
+        CmpOp::Gt,
+        CmpOp::Ge,
+    ];
+
+    /// Text mnemonic.
+    pub fn mnemonic(self) -> &'static str {
+        match self {
+            CmpOp::Eq => "eq",
+            CmpOp::Ne => "ne",
+            CmpOp::Lt => "lt",
+            CmpOp::Le => "le",
+            CmpOp::Gt => "gt",
+            CmpOp::Ge => "ge",
+        }
+    }
+}
+
+impl ReduceOp {
+    /// Every reduction.
+    pub const ALL: [ReduceOp; 3] = [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max];
+
+    /// Text mnemonic.
+    pub fn mnemonic(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "reduce_sum",
+            ReduceOp::Mean => "reduce_mean",
+            ReduceOp::Max => "reduce_max",
+        }
+    }
+}
+
+/// Every mnemonic that takes no family prefix, for error messages and docs.
+pub const OTHER_MNEMONICS: &[&str] = &[
+    "const",
+    "select",
+    "broadcast_to",
+    "cast",
+    "stop_gradient",
+    "identity",
+    "matmul",
+    "conv2d",
+    "max_pool2d",
+    "avg_pool2d",
+    "global_avg_pool",
+    "softmax",
+    "log_softmax",
+    "softmax_cross_entropy",
+    "batch_norm",
+    "batch_norm_train",
+    "reshape",
+    "transpose",
+    "concat",
+    "slice",
+    "gather",
+    "scatter_add",
+];
+
+/// Every mnemonic in the IR.
+pub fn all_mnemonics() -> Vec<&'static str> {
+    let mut v: Vec<&'static str> = Vec::new();
+    v.extend(UnaryOp::ALL.iter().map(|o| o.mnemonic()));
+    v.extend(BinaryOp::ALL.iter().map(|o| o.mnemonic()));
+    v.extend(CmpOp::ALL.iter().map(|o| o.mnemonic()));
+    v.extend(ReduceOp::ALL.iter().map(|o| o.mnemonic()));
+    v.extend_from_slice(OTHER_MNEMONICS);
+    v
+}
+
+impl OpKind {
+    /// The text mnemonic.
+    pub fn mnemonic(&self) -> &'static str {
+        match self {
+            OpKind::Const { .. } => "const",
+            OpKind::Unary(u) => u.mnemonic(),
+            OpKind::Binary(b) => b.mnemonic(),
+            OpKind::Compare(c) => c.mnemonic(),
+            OpKind::Select => "select",
+            OpKind::BroadcastTo { .. } => "broadcast_to",
+            OpKind::Cast { .. } => "cast",
+            OpKind::StopGradient => "stop_gradient",
+            OpKind::Identity => "identity",
+            OpKind::MatMul => "matmul",
+            OpKind::Conv2d(_) => "conv2d",
+            OpKind::MaxPool2d(_) => "max_pool2d",
+            OpKind::AvgPool2d { .. } => "avg_pool2d",
+            OpKind::GlobalAvgPool => "global_avg_pool",
+            OpKind::Reduce { op, .. } => op.mnemonic(),
+            OpKind::Softmax { .. } => "softmax",
+            OpKind::LogSoftmax { .. } => "log_softmax",
+            OpKind::SoftmaxCrossEntropy => "softmax_cross_entropy",
+            OpKind::BatchNorm { .. } => "batch_norm",
+            OpKind::BatchNormTrain { .. } => "batch_norm_train",
+            OpKind::Reshape { .. } => "reshape",
+            OpKind::Transpose { .. } => "transpose",
+            OpKind::Concat { .. } => "concat",
+            OpKind::Slice { .. } => "slice",
+            OpKind::Gather { .. } => "gather",
+            OpKind::ScatterAdd { .. } => "scatter_add",
+        }
+    }
+
+    /// How many operands the op takes.
+    pub fn arity(&self) -> Arity {
+        use Arity::*;
+        match self {
+            OpKind::Const { .. } => Exactly(0),
+            OpKind::Unary(_)
+            | OpKind::BroadcastTo { .. }
+            | OpKind::Cast { .. }
+            | OpKind::StopGradient
+            | OpKind::Identity
+            | OpKind::MaxPool2d(_)
+            | OpKind::AvgPool2d { .. }
+            | OpKind::GlobalAvgPool
+            | OpKind::Reduce { .. }
+            | OpKind::Softmax { .. }
+            | OpKind::LogSoftmax { .. }
+            | OpKind::Reshape { .. }
+            | OpKind::Transpose { .. }
+            | OpKind::Slice { .. } => Exactly(1),
+            OpKind::Binary(_)
+            | OpKind::Compare(_)
+            | OpKind::MatMul
+            | OpKind::Conv2d(_)
+            | OpKind::SoftmaxCrossEntropy
+            | OpKind::Gather { .. } => Exactly(2),
+            OpKind::Select | OpKind::BatchNormTrain { .. } | OpKind::ScatterAdd { .. } => {
+                Exactly(3)
+            }
+            OpKind::BatchNorm { .. } => Exactly(5),
+            OpKind::Concat { .. } => AtLeast(1),
+        }
+    }
+
+    /// How many results the op produces.
+    pub fn num_results(&self) -> usize {
+        match self {
+            OpKind::BatchNormTrain { .. } => 3,
+            _ => 1,
+        }
+    }
+
+    /// The scalar value if this is a constant whose elements are all equal.
+    pub fn splat_value(&self) -> Option<crate::literal::Scalar> {
+        match self {
+            OpKind::Const { value, .. } => value.as_splat(),
+            _ => None,
+        }
+    }
+
+    /// Whether the op is elementwise (each output element depends only on the same-index
+    /// elements of the broadcast operands).
+    pub fn is_elementwise(&self) -> bool {
+        matches!(
+            self,
+            OpKind::Unary(_)
+                | OpKind::Binary(_)
+                | OpKind::Compare(_)
+                | OpKind::Select
+                | OpKind::Cast { .. }
+                | OpKind::StopGradient
+                | OpKind::Identity
+        )
+    }
+}
+
+/// Resolves a possibly negative `axis` against `rank`; `None` if out of range.
+pub fn normalize_axis(axis: i64, rank: usize) -> Option<usize> {
+    let r = rank as i64;
+    let a = if axis < 0 { axis + r } else { axis };
+    (0..r).contains(&a).then_some(a as usize)
+}

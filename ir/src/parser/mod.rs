@@ -1,0 +1,876 @@
+//! The text format's reader.
+//!
+//! Parsing runs in two phases per function. The first reads syntax into a list of op records,
+//! building each [`OpKind`] from its mnemonic, attributes and declared result types. The second
+//! creates values and resolves names, so that an undefined or redefined name, or a control
+//! dependency naming a later op, gets a precise diagnostic, and so that use-before-def is left for
+//! the verifier to report in schedule order. Every error carries `line:col`.
+
+mod lexer;
+
+use crate::diag::{Diagnostic, Diagnostics};
+use crate::function::{Function, Module, Op, SrcLoc, Value, ValueDef};
+use crate::literal::{Data, Literal, Scalar};
+use crate::ops::{BinaryOp, CmpOp, Conv2d, F64, OpKind, Pool2d, ReduceOp, UnaryOp, all_mnemonics};
+use crate::types::{DType, TensorType};
+use lexer::{Lexer, Tok, Token};
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+/// Parses a module from bytes, reporting invalid UTF-8 at its position.
+pub fn parse_bytes(bytes: &[u8]) -> Result<Module, Diagnostics> {
+    match std::str::from_utf8(bytes) {
+        Ok(s) => parse_module(s),
+        Err(e) => {
+            let good = &bytes[..e.valid_up_to()];
+            let line = good.iter().filter(|&&b| b == b'\n').count() as u32 + 1;
+            let line_start = good.iter().rposition(|&b| b == b'\n').map_or(0, |p| p + 1);
+            let col = (good.len() - line_start) as u32 + 1;
+            Err(Diagnostic::at(
+                SrcLoc { line, col },
+                format!(
+                    "input is not valid UTF-8 (byte 0x{:02x} at offset {})",
+                    bytes[e.valid_up_to()],
+                    e.valid_up_to()
+                ),
+            )
+            .into())
+        }
+    }
+}
+
+/// Parses a module from text.
+pub fn parse_module(src: &str) -> Result<Module, Diagnostics> {
+    let mut p = Parser::new(src);
+    p.module()
+}
+
+/// Parses text holding exactly one function.
+pub fn parse_function(src: &str) -> Result<Function, Diagnostics> {
+    let mut m = parse_module(src)?;
+    if m.functions.len() != 1 {
+        return Err(Diagnostic::new(format!(
+            "expected exactly one function, found {}",
+            m.functions.len()
+        ))
+        .into());
+    }
+    Ok(m.functions.remove(0))
+}
+
+type PResult<T> = Result<T, Diagnostic>;
+
+/// A name and where it was written.
+type Named<'a> = (Cow<'a, str>, usize);
+
+struct OpSyntax<'a> {
+    results: Vec<Named<'a>>,
+    kind: OpKind,
+    args: Vec<Named<'a>>,
+    deps: Vec<Named<'a>>,
+    types: Vec<TensorType>,
+    pos: usize,
+}
+
+enum AttrVal<'a> {
+    Word(&'a str),
+    Num(&'a str),
+    List(Vec<(&'a str, usize)>),
+}
+
+struct Parser<'a> {
+    lex: Lexer<'a>,
+    peeked: Option<Token<'a>>,
+    /// Where the last consumed token ended, and the one before it.
+    prev_end: usize,
+    prev_prev_end: usize,
+    line_starts: Vec<usize>,
+}
+
+impl<'a> Parser<'a> {
+    fn new(src: &'a str) -> Parser<'a> {
+        let mut line_starts = vec![0];
+        line_starts.extend(
+            src.bytes()
+                .enumerate()
+                .filter(|&(_, b)| b == b'\n')
+                .map(|(i, _)| i + 1),
+        );
+        Parser {
+            lex: Lexer::new(src),
+            peeked: None,
+            prev_end: 0,
+            prev_prev_end: 0,
+            line_starts,
+        }
+    }
+
+    fn loc(&self, pos: usize) -> SrcLoc {
+        let line = self.line_starts.partition_point(|&s| s <= pos);
+        let col = pos - self.line_starts[line - 1] + 1;
+        SrcLoc {
+            line: line as u32,
+            col: col as u32,
+        }
+    }
+
+    fn err(&self, pos: usize, msg: impl Into<String>) -> Diagnostic {
+        Diagnostic::at(self.loc(pos), msg)
+    }
+
+    fn peek(&mut self) -> PResult<&Token<'a>> {
+        if self.peeked.is_none() {
+            let t = self.lex.next_token().map_err(|(pos, m)| self.err(pos, m))?;
+            self.peeked = Some(t);
+        }
+        Ok(self.peeked.as_ref().unwrap())
+    }
+
+    fn next(&mut self) -> PResult<Token<'a>> {
+        self.peek()?;
+        let t = self.peeked.take().unwrap();
+        self.prev_prev_end = std::mem::replace(&mut self.prev_end, t.end);
+        Ok(t)
+    }
+
+    /// "expected X, found Y", at Y, or just after the previous token when Y is on a later line
+    /// (a missing `:` at the end of a line is reported on that line, as rustc does).
+    fn unexpected(&self, t: &Token<'_>, expected: &str) -> Diagnostic {
+        // `t` may already be consumed; then the token before it ended at `prev_prev_end`.
+        let prev = if t.end == self.prev_end {
+            self.prev_prev_end
+        } else {
+            self.prev_end
+        };
+        let prev_line = self.loc(prev.saturating_sub(1)).line;
+        let at = if prev > 0 && self.loc(t.pos).line > prev_line {
+            prev
+        } else {
+            t.pos
+        };
+        self.err(
+            at,
+            format!("expected {expected}, found {}", t.tok.describe()),
+        )
+    }
+
+    fn eat_punct(&mut self, c: u8) -> PResult<bool> {
+        if self.peek()?.tok == Tok::Punct(c) {
+            self.next()?;
+            Ok(true)
+        } else {
+            Ok(false)
+        }
+    }
+
+    fn expect_punct(&mut self, c: u8) -> PResult<usize> {
+        let t = self.next()?;
+        if t.tok == Tok::Punct(c) {
+            Ok(t.pos)
+        } else {
+            Err(self.unexpected(&t, &format!("`{}`", c as char)))
+        }
+    }
+
+    fn expect_value(&mut self, what: &str) -> PResult<Named<'a>> {
+        let t = self.next()?;
+        match t.tok {
+            Tok::Value(n) => Ok((n, t.pos)),
+            _ => Err(self.unexpected(&t, what)),
+        }
+    }
+
+    fn peek_is_ident(&mut self, word: &str) -> PResult<bool> {
+        Ok(matches!(self.peek()?.tok, Tok::Ident(w) if w == word))
+    }
+
+    fn module(&mut self) -> Result<Module, Diagnostics> {
+        let mut m = Module::new();
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        loop {
+            let t = self.next()?;
+            match t.tok {
+                Tok::Eof if m.functions.is_empty() => {
+                    return Err(self
+                        .err(
+                            t.pos,
+                            "expected `func`, found end of file: the input defines no function",
+                        )
+                        .into());
+                }
+                Tok::Eof => return Ok(m),
+                Tok::Ident("func") => {
+                    let f = self.function()?;
+                    if let Some(&first) = seen.get(&f.name) {
+                        return Err(self
+                            .err(t.pos, format!("function `@{}` is defined twice", f.name))
+                            .note(format!("first defined at line {}", self.loc(first).line))
+                            .into());
+                    }
+                    seen.insert(f.name.clone(), t.pos);
+                    m.functions.push(f);
+                }
+                _ => return Err(self.unexpected(&t, "`func`").into()),
+            }
+        }
+    }
+
+    fn dim(&mut self) -> PResult<u64> {
+        let t = self.next()?;
+        let Tok::Num(s) = t.tok else {
+            return Err(self.unexpected(&t, "a dimension (a non-negative integer)"));
+        };
+        if s.starts_with('-') {
+            return Err(self.err(
+                t.pos,
+                format!("dimension must be non-negative, found `{s}`"),
+            ));
+        }
+        s.parse::<u64>().map_err(|_| {
+            let msg = if s.bytes().all(|b| b.is_ascii_digit()) {
+                format!("dimension `{s}` does not fit in 64 bits")
+            } else {
+                format!("dimension must be a non-negative integer, found `{s}`")
+            };
+            self.err(t.pos, msg)
+        })
+    }
+
+    fn tensor_type(&mut self) -> PResult<TensorType> {
+        let t = self.next()?;
+        let dtype = match t.tok {
+            Tok::Ident(w) => DType::from_name(w).ok_or_else(|| {
+                self.err(
+                    t.pos,
+                    format!(
+                        "unknown dtype `{w}`; expected one of f32, f64, i8, u8, i32, i64, bool"
+                    ),
+                )
+            })?,
+            _ => return Err(self.unexpected(&t, "a type such as `f32[2,3]`")),
+        };
+        self.expect_punct(b'[')?;
+        let mut dims = Vec::new();
+        if !self.eat_punct(b']')? {
+            loop {
+                dims.push(self.dim()?);
+                if self.eat_punct(b']')? {
+                    break;
+                }
+                self.expect_punct(b',')?;
+            }
+        }
+        TensorType::new(dtype, dims).map_err(|e| self.err(t.pos, e.to_string()))
+    }
+
+    fn types_list(&mut self) -> PResult<Vec<TensorType>> {
+        let mut v = vec![self.tensor_type()?];
+        while self.eat_punct(b',')? {
+            v.push(self.tensor_type()?);
+        }
+        Ok(v)
+    }
+
+    fn value_list(&mut self, what: &str) -> PResult<Vec<Named<'a>>> {
+        let mut v = vec![self.expect_value(what)?];
+        while self.eat_punct(b',')? {
+            v.push(self.expect_value(what)?);
+        }
+        Ok(v)
+    }
+
+    fn function(&mut self) -> Result<Function, Diagnostics> {
+        let t = self.next()?;
+        let (name, name_pos) = match t.tok {
+            Tok::Func(n) => (n, t.pos),
+            _ => {
+                return Err(self
+                    .unexpected(&t, "a function name such as `@main`")
+                    .into());
+            }
+        };
+        self.expect_punct(b'(')?;
+        let mut params: Vec<(Named<'a>, TensorType)> = Vec::new();
+        if !self.eat_punct(b')')? {
+            loop {
+                let n = self.expect_value("a parameter such as `%x: f32[4]`")?;
+                self.expect_punct(b':')?;
+                params.push((n, self.tensor_type()?));
+                if self.eat_punct(b')')? {
+                    break;
+                }
+                self.expect_punct(b',')?;
+            }
+        }
+        let t = self.next()?;
+        if t.tok != Tok::Arrow {
+            return Err(self.unexpected(&t, "`->` and the result types").into());
+        }
+        self.expect_punct(b'(')?;
+        let mut sig_results = Vec::new();
+        if !self.eat_punct(b')')? {
+            sig_results = self.types_list()?;
+            self.expect_punct(b')')?;
+        }
+        self.expect_punct(b'{')?;
+        let mut ops = Vec::new();
+        let (rets, ret_pos) = loop {
+            let pos = self.peek()?.pos;
+            if self.peek_is_ident("return")? {
+                self.next()?;
+                let rets = if matches!(self.peek()?.tok, Tok::Value(_)) {
+                    self.value_list("a result value")?
+                } else {
+                    Vec::new()
+                };
+                self.expect_punct(b'}')?;
+                break (rets, pos);
+            }
+            if matches!(self.peek()?.tok, Tok::Value(_)) {
+                ops.push(self.op()?);
+            } else {
+                let t = self.next()?;
+                return Err(self
+                    .unexpected(&t, "an op (`%name = ...`) or `return`")
+                    .into());
+            }
+        };
+        self.resolve(
+            name.into_owned(),
+            name_pos,
+            params,
+            sig_results,
+            ops,
+            rets,
+            ret_pos,
+        )
+    }
+
+    fn op(&mut self) -> PResult<OpSyntax<'a>> {
+        let results = self.value_list("a result name")?;
+        self.expect_punct(b'=')?;
+        let t = self.next()?;
+        let (mnemonic, mpos) = match t.tok {
+            Tok::Ident(m) => (m, t.pos),
+            _ => return Err(self.unexpected(&t, "an op mnemonic such as `add`")),
+        };
+        let args = if matches!(self.peek()?.tok, Tok::Value(_)) {
+            self.value_list("an operand")?
+        } else {
+            Vec::new()
+        };
+        let mut attrs: Vec<(&'a str, usize, AttrVal<'a>)> = Vec::new();
+        if self.eat_punct(b'{')? {
+            loop {
+                let t = self.next()?;
+                let key = match t.tok {
+                    Tok::Ident(k) => k,
+                    _ => return Err(self.unexpected(&t, "an attribute name")),
+                };
+                if attrs.iter().any(|a| a.0 == key) {
+                    return Err(self.err(t.pos, format!("attribute `{key}` is given twice")));
+                }
+                self.expect_punct(b'=')?;
+                let val = self.attr_value()?;
+                attrs.push((key, t.pos, val));
+                if self.eat_punct(b'}')? {
+                    break;
+                }
+                self.expect_punct(b',')?;
+            }
+        }
+        let deps = if self.peek_is_ident("after")? {
+            self.next()?;
+            self.value_list("a value whose op must run first")?
+        } else {
+            Vec::new()
+        };
+        let colon = self.peek()?.clone();
+        if colon.tok != Tok::Punct(b':') {
+            let what = if attrs.is_empty() && deps.is_empty() {
+                "`,`, `{`, `after` or `:` and the result types"
+            } else {
+                "`:` and the result types"
+            };
+            return Err(self.unexpected(&colon, what));
+        }
+        self.next()?;
+        let types = self.types_list()?;
+        if types.len() != results.len() {
+            return Err(self.err(
+                colon.pos,
+                format!(
+                    "{} result name(s) but {} result type(s); give one type per result",
+                    results.len(),
+                    types.len()
+                ),
+            ));
+        }
+        let kind = self.build_kind(mnemonic, mpos, attrs, &types)?;
+        Ok(OpSyntax {
+            results,
+            kind,
+            args,
+            deps,
+            types,
+            pos: mpos,
+        })
+    }
+
+    fn attr_value(&mut self) -> PResult<AttrVal<'a>> {
+        let t = self.next()?;
+        Ok(match t.tok {
+            Tok::Num(n) => AttrVal::Num(n),
+            Tok::Ident(w) => AttrVal::Word(w),
+            Tok::Punct(b'[') => {
+                let mut items = Vec::new();
+                if !self.eat_punct(b']')? {
+                    loop {
+                        let t = self.next()?;
+                        match t.tok {
+                            Tok::Num(n) | Tok::Ident(n) => items.push((n, t.pos)),
+                            _ => return Err(self.unexpected(&t, "a number")),
+                        }
+                        if self.eat_punct(b']')? {
+                            break;
+                        }
+                        self.expect_punct(b',')?;
+                    }
+                }
+                AttrVal::List(items)
+            }
+            _ => {
+                return Err(
+                    self.unexpected(&t, "an attribute value (a number, a word or a `[list]`)")
+                );
+            }
+        })
+    }
+
+    fn build_kind(
+        &self,
+        mnemonic: &'a str,
+        mpos: usize,
+        attrs: Vec<(&'a str, usize, AttrVal<'a>)>,
+        types: &[TensorType],
+    ) -> PResult<OpKind> {
+        let mut a = Attrs {
+            p: self,
+            mnemonic,
+            mpos,
+            items: attrs
+                .into_iter()
+                .map(|(k, pos, v)| (k, pos, Some(v)))
+                .collect(),
+            asked: Vec::new(),
+        };
+        let kind = if let Some(u) = UnaryOp::ALL.iter().find(|u| u.mnemonic() == mnemonic) {
+            OpKind::Unary(*u)
+        } else if let Some(b) = BinaryOp::ALL.iter().find(|b| b.mnemonic() == mnemonic) {
+            OpKind::Binary(*b)
+        } else if let Some(c) = CmpOp::ALL.iter().find(|c| c.mnemonic() == mnemonic) {
+            OpKind::Compare(*c)
+        } else if let Some(r) = ReduceOp::ALL.iter().find(|r| r.mnemonic() == mnemonic) {
+            OpKind::Reduce {
+                op: *r,
+                axes: a.ints("axes", None)?,
+                keepdims: a.boolean("keepdims", Some(false))?,
+            }
+        } else {
+            match mnemonic {
+                "const" => {
+                    let ty = types[0].clone();
+                    let value = a.literal("value", ty.dtype())?;
+                    OpKind::Const { ty, value }
+                }
+                "select" => OpKind::Select,
+                "broadcast_to" => OpKind::BroadcastTo {
+                    shape: a.uints("shape", None)?,
+                },
+                "cast" => OpKind::Cast { to: a.dtype("to")? },
+                "stop_gradient" => OpKind::StopGradient,
+                "identity" => OpKind::Identity,
+                "matmul" => OpKind::MatMul,
+                "conv2d" => {
+                    let d = Conv2d::default();
+                    OpKind::Conv2d(Conv2d {
+                        strides: a.fixed("strides", Some(d.strides))?,
+                        pads: a.fixed("pads", Some(d.pads))?,
+                        dilations: a.fixed("dilations", Some(d.dilations))?,
+                        groups: a.uint("groups", Some(1))?,
+                    })
+                }
+                "max_pool2d" => OpKind::MaxPool2d(a.pool()?),
+                "avg_pool2d" => OpKind::AvgPool2d {
+                    pool: a.pool()?,
+                    count_include_pad: a.boolean("count_include_pad", Some(false))?,
+                },
+                "global_avg_pool" => OpKind::GlobalAvgPool,
+                "softmax" => OpKind::Softmax {
+                    axis: a.int("axis", Some(-1))?,
+                },
+                "log_softmax" => OpKind::LogSoftmax {
+                    axis: a.int("axis", Some(-1))?,
+                },
+                "softmax_cross_entropy" => OpKind::SoftmaxCrossEntropy,
+                "batch_norm" => OpKind::BatchNorm {
+                    eps: F64(a.float("eps", 1e-5)?),
+                },
+                "batch_norm_train" => OpKind::BatchNormTrain {
+                    eps: F64(a.float("eps", 1e-5)?),
+                },
+                "reshape" => OpKind::Reshape {
+                    shape: a.uints("shape", None)?,
+                },
+                "transpose" => OpKind::Transpose {
+                    perm: a.uints("perm", None)?,
+                },
+                "concat" => OpKind::Concat {
+                    axis: a.int("axis", None)?,
+                },
+                "slice" => {
+                    let starts = a.ints("starts", None)?;
+                    let ends = a.ints("ends", None)?;
+                    let steps = a.ints("steps", Some(vec![1; starts.len()]))?;
+                    OpKind::Slice {
+                        starts,
+                        ends,
+                        steps,
+                    }
+                }
+                "gather" => OpKind::Gather {
+                    axis: a.int("axis", None)?,
+                },
+                "scatter_add" => OpKind::ScatterAdd {
+                    axis: a.int("axis", None)?,
+                },
+                _ => {
+                    let mut msg = format!("unknown op `{mnemonic}`");
+                    if let Some(s) = closest(mnemonic, &all_mnemonics()) {
+                        msg += &format!("; did you mean `{s}`?");
+                    }
+                    return Err(self.err(mpos, msg).note("docs/ir.md lists every op"));
+                }
+            }
+        };
+        a.finish()?;
+        Ok(kind)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn resolve(
+        &self,
+        name: String,
+        name_pos: usize,
+        params: Vec<(Named<'a>, TensorType)>,
+        sig_results: Vec<TensorType>,
+        ops: Vec<OpSyntax<'a>>,
+        rets: Vec<Named<'a>>,
+        ret_pos: usize,
+    ) -> Result<Function, Diagnostics> {
+        let mut f = Function::new(name);
+        let mut errors = Vec::new();
+        let mut defined: HashMap<&str, (Value, usize)> = HashMap::new();
+        let redefined = |n: &Cow<'a, str>, pos: usize, first: usize, errors: &mut Vec<_>| {
+            errors.push(
+                self.err(pos, format!("value `%{n}` is defined twice"))
+                    .note(format!("first defined at line {}", self.loc(first).line)),
+            );
+        };
+        for ((n, pos), ty) in &params {
+            if let Some(&(_, first)) = defined.get(n.as_ref()) {
+                redefined(n, *pos, first, &mut errors);
+                continue;
+            }
+            let v = f.add_param(n, ty.clone());
+            defined.insert(n.as_ref(), (v, *pos));
+        }
+        let mut created: Vec<Op> = Vec::with_capacity(ops.len());
+        for s in &ops {
+            let mut names: Vec<&str> = Vec::with_capacity(s.results.len());
+            for (n, pos) in &s.results {
+                if let Some(&(_, first)) = defined.get(n.as_ref()) {
+                    redefined(n, *pos, first, &mut errors);
+                }
+                names.push(n.as_ref());
+            }
+            let op = f.create_op(s.kind.clone(), Vec::new(), s.types.clone(), &names);
+            f.set_loc(op, self.loc(s.pos));
+            for (i, (n, pos)) in s.results.iter().enumerate() {
+                defined
+                    .entry(n.as_ref())
+                    .or_insert((f.op(op).results[i], *pos));
+            }
+            created.push(op);
+        }
+        let lookup = |n: &Cow<'a, str>, pos: usize, errors: &mut Vec<Diagnostic>| {
+            let found = defined.get(n.as_ref()).map(|&(v, _)| v);
+            if found.is_none() {
+                errors.push(self.err(pos, format!("undefined value `%{n}`")));
+            }
+            found
+        };
+        for (s, &op) in ops.iter().zip(&created) {
+            let args: Vec<Value> = s
+                .args
+                .iter()
+                .filter_map(|(n, p)| lookup(n, *p, &mut errors))
+                .collect();
+            let mut deps = Vec::new();
+            for (n, pos) in &s.deps {
+                if let Some(v) = lookup(n, *pos, &mut errors) {
+                    match f.value(v).def {
+                        ValueDef::Result(d, _) => deps.push(d),
+                        ValueDef::Param(_) => errors.push(self.err(
+                            *pos,
+                            format!("`after %{n}`: a control dependency must name an op's result, not a parameter"),
+                        )),
+                    }
+                }
+            }
+            let d = f.op_mut(op);
+            d.args = args;
+            d.deps = deps;
+            f.append(op);
+        }
+        let results: Vec<Value> = rets
+            .iter()
+            .filter_map(|(n, p)| lookup(n, *p, &mut errors))
+            .collect();
+        if errors.is_empty() {
+            if results.len() != sig_results.len() {
+                errors.push(self.err(
+                    ret_pos,
+                    format!(
+                        "`return` has {} value(s) but the signature of `@{}` declares {} result(s)",
+                        results.len(),
+                        f.name,
+                        sig_results.len()
+                    ),
+                ));
+            } else {
+                for (i, (&v, want)) in results.iter().zip(&sig_results).enumerate() {
+                    if f.ty(v) != want {
+                        errors.push(self.err(
+                            rets[i].1,
+                            format!(
+                                "result {i} `%{}` has type {} but the signature declares {want}",
+                                rets[i].0,
+                                f.ty(v)
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        if !errors.is_empty() {
+            return Err(Diagnostics(errors));
+        }
+        let _ = name_pos;
+        f.set_results(results);
+        Ok(f)
+    }
+}
+
+/// Attribute conversion for one op: each accessor takes its key (or uses the default), and
+/// [`Attrs::finish`] rejects keys nobody took.
+struct Attrs<'p, 'a> {
+    p: &'p Parser<'a>,
+    mnemonic: &'a str,
+    mpos: usize,
+    /// `(key, position, value)`; the value is moved out when an accessor takes it.
+    items: Vec<(&'a str, usize, Option<AttrVal<'a>>)>,
+    /// Every key an accessor asked for: the attributes this op takes.
+    asked: Vec<&'static str>,
+}
+
+impl<'a> Attrs<'_, 'a> {
+    fn take(&mut self, key: &'static str) -> Option<(usize, AttrVal<'a>)> {
+        self.asked.push(key);
+        let it = self.items.iter_mut().find(|i| i.0 == key)?;
+        Some((it.1, it.2.take()?))
+    }
+
+    fn missing(&self, key: &'static str) -> Diagnostic {
+        self.p.err(
+            self.mpos,
+            format!("`{}` needs the attribute `{key}`", self.mnemonic),
+        )
+    }
+
+    fn bad(&self, pos: usize, key: &'static str, want: &str) -> Diagnostic {
+        self.p.err(
+            pos,
+            format!("attribute `{key}` of `{}` must be {want}", self.mnemonic),
+        )
+    }
+
+    fn int_list(&self, pos: usize, key: &'static str, v: &AttrVal<'a>) -> PResult<Vec<i64>> {
+        match v {
+            AttrVal::List(items) => items
+                .iter()
+                .map(|(s, p)| {
+                    s.parse::<i64>()
+                        .map_err(|_| self.bad(*p, key, "a list of integers"))
+                })
+                .collect(),
+            _ => Err(self.bad(pos, key, "a list of integers such as `[0,1]`")),
+        }
+    }
+
+    fn ints(&mut self, key: &'static str, default: Option<Vec<i64>>) -> PResult<Vec<i64>> {
+        match self.take(key) {
+            Some((pos, v)) => self.int_list(pos, key, &v),
+            None => default.ok_or_else(|| self.missing(key)),
+        }
+    }
+
+    fn uints(&mut self, key: &'static str, default: Option<Vec<u64>>) -> PResult<Vec<u64>> {
+        match self.take(key) {
+            Some((pos, v)) => match v {
+                AttrVal::List(items) => items
+                    .iter()
+                    .map(|(s, p)| {
+                        s.parse::<u64>()
+                            .map_err(|_| self.bad(*p, key, "a list of non-negative integers"))
+                    })
+                    .collect(),
+                _ => Err(self.bad(pos, key, "a list of non-negative integers such as `[2,3]`")),
+            },
+            None => default.ok_or_else(|| self.missing(key)),
+        }
+    }
+
+    fn fixed<const N: usize>(
+        &mut self,
+        key: &'static str,
+        default: Option<[u64; N]>,
+    ) -> PResult<[u64; N]> {
+        let pos = self
+            .items
+            .iter()
+            .find(|i| i.0 == key)
+            .map_or(self.mpos, |i| i.1);
+        let v = self.uints(key, default.map(|d| d.to_vec()))?;
+        v.try_into()
+            .map_err(|_| self.bad(pos, key, &format!("a list of {N} non-negative integers")))
+    }
+
+    fn pool(&mut self) -> PResult<Pool2d> {
+        Ok(Pool2d {
+            kernel: self.fixed("kernel", None)?,
+            strides: self.fixed("strides", Some([1, 1]))?,
+            pads: self.fixed("pads", Some([0; 4]))?,
+        })
+    }
+
+    fn int(&mut self, key: &'static str, default: Option<i64>) -> PResult<i64> {
+        match self.take(key) {
+            Some((pos, AttrVal::Num(s))) => s.parse().map_err(|_| self.bad(pos, key, "an integer")),
+            Some((pos, _)) => Err(self.bad(pos, key, "an integer")),
+            None => default.ok_or_else(|| self.missing(key)),
+        }
+    }
+
+    fn uint(&mut self, key: &'static str, default: Option<u64>) -> PResult<u64> {
+        match self.take(key) {
+            Some((pos, AttrVal::Num(s))) => s
+                .parse()
+                .map_err(|_| self.bad(pos, key, "a non-negative integer")),
+            Some((pos, _)) => Err(self.bad(pos, key, "a non-negative integer")),
+            None => default.ok_or_else(|| self.missing(key)),
+        }
+    }
+
+    fn float(&mut self, key: &'static str, default: f64) -> PResult<f64> {
+        match self.take(key) {
+            Some((pos, AttrVal::Num(s))) => match Scalar::parse(DType::F64, s) {
+                Ok(x) => Ok(x.to_f64()),
+                Err(_) => Err(self.bad(pos, key, "a number")),
+            },
+            Some((pos, _)) => Err(self.bad(pos, key, "a number")),
+            None => Ok(default),
+        }
+    }
+
+    fn boolean(&mut self, key: &'static str, default: Option<bool>) -> PResult<bool> {
+        match self.take(key) {
+            Some((_, AttrVal::Word("true"))) => Ok(true),
+            Some((_, AttrVal::Word("false"))) => Ok(false),
+            Some((pos, _)) => Err(self.bad(pos, key, "`true` or `false`")),
+            None => default.ok_or_else(|| self.missing(key)),
+        }
+    }
+
+    fn dtype(&mut self, key: &'static str) -> PResult<DType> {
+        match self.take(key) {
+            Some((pos, AttrVal::Word(w))) => {
+                let w: &str = w;
+                DType::from_name(w)
+                    .ok_or_else(|| self.bad(pos, key, "a dtype (f32, f64, i8, u8, i32, i64, bool)"))
+            }
+            Some((pos, _)) => Err(self.bad(pos, key, "a dtype (f32, f64, i8, u8, i32, i64, bool)")),
+            None => Err(self.missing(key)),
+        }
+    }
+
+    fn literal(&mut self, key: &'static str, dtype: DType) -> PResult<Literal> {
+        let p = self.p;
+        match self.take(key) {
+            Some((pos, AttrVal::Num(s) | AttrVal::Word(s))) => Scalar::parse(dtype, s)
+                .map(Literal::Splat)
+                .map_err(|e| p.err(pos, e)),
+            Some((_, AttrVal::List(items))) => {
+                let mut d = Data::with_capacity(dtype, items.len());
+                for (s, pos) in items {
+                    let x = Scalar::parse(dtype, s).map_err(|e| p.err(pos, e))?;
+                    d.push(x).expect("parsed with the vector's dtype");
+                }
+                Ok(Literal::Dense(d))
+            }
+            None => Err(self.missing(key)),
+        }
+    }
+
+    fn finish(self) -> PResult<()> {
+        if let Some(&(key, pos, _)) = self.items.iter().find(|i| i.2.is_some()) {
+            let mut msg = format!("`{}` has no attribute `{key}`", self.mnemonic);
+            if self.asked.is_empty() {
+                msg += " (it takes none)";
+            } else {
+                msg += &format!(" (it takes {})", self.asked.join(", "));
+            }
+            return Err(self.p.err(pos, msg));
+        }
+        Ok(())
+    }
+}
+
+/// The candidate within edit distance 2 of `word`, if any.
+fn closest<'c>(word: &str, candidates: &[&'c str]) -> Option<&'c str> {
+    fn dist(a: &str, b: &str) -> usize {
+        let b: Vec<char> = b.chars().collect();
+        let mut prev: Vec<usize> = (0..=b.len()).collect();
+        for (i, ca) in a.chars().enumerate() {
+            let mut cur = vec![i + 1];
+            for (j, &cb) in b.iter().enumerate() {
+                cur.push(
+                    (prev[j] + (ca != cb) as usize)
+                        .min(prev[j + 1] + 1)
+                        .min(cur[j] + 1),
+                );
+            }
+            prev = cur;
+        }
+        prev[b.len()]
+    }
+    if word.len() > 64 {
+        return None;
+    }
+    candidates
+        .iter()
+        .map(|c| (dist(word, c), *c))
+        .filter(|&(d, _)| d <= 2)
+        .min()
+        .map(|(_, c)| c)
+}

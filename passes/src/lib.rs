@@ -1,0 +1,43 @@
+//! tcc's passes and the pass manager.
+//!
+//! Each pass is a free function over a [`tcc_ir::Function`] (`dce`, `cse`, `canonicalize`)
+//! wrapped by a thin [`Pass`] implementation and listed once in the registry, so that pipelines
+//! written as text (`canonicalize{fold-limit=64},cse,dce`) can name it.
+
+#![deny(missing_docs)]
+
+pub mod canonicalize;
+pub mod cse;
+pub mod dce;
+pub mod manager;
+
+pub use canonicalize::canonicalize;
+pub use cse::cse;
+pub use dce::dce;
+pub use manager::{
+    Options, Pass, PassError, PassInfo, PassManager, Pipeline, PipelineError, registry,
+};
+
+use manager::OptionInfo;
+
+/// The registry, sorted by name.
+pub(crate) static REGISTRY: &[PassInfo] = &[
+    PassInfo {
+        name: "canonicalize",
+        summary: "fold small constants and simplify identities (x*1, x+0, transpose of transpose, ...)",
+        options: canonicalize::OPTIONS,
+        create: canonicalize::create,
+    },
+    PassInfo {
+        name: "cse",
+        summary: "merge ops that compute the same thing from the same operands",
+        options: &[] as &[OptionInfo],
+        create: |_| Ok(Box::new(cse::Cse)),
+    },
+    PassInfo {
+        name: "dce",
+        summary: "remove ops whose results are never used",
+        options: &[],
+        create: |_| Ok(Box::new(dce::Dce)),
+    },
+];
