@@ -64,6 +64,14 @@ impl Diagnostic {
     }
 }
 
+/// A name or snippet for a message: at most 64 characters, with `...` when cut.
+pub fn clip(s: &str) -> String {
+    match s.char_indices().nth(64) {
+        Some((i, _)) => format!("{}...", &s[..i]),
+        None => s.to_string(),
+    }
+}
+
 fn floor_char_boundary(s: &str, mut i: usize) -> usize {
     while !s.is_char_boundary(i) {
         i -= 1;

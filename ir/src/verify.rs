@@ -6,7 +6,7 @@
 //! to the cycle it closes, if any); results are defined. Each diagnostic names the function and
 //! the op (`op7 (%h = matmul %x, %w)`) and carries the op's source location when it has one.
 
-use crate::diag::{Diagnostic, Diagnostics};
+use crate::diag::{Diagnostic, Diagnostics, clip};
 use crate::function::{Function, Module, Op, Value, ValueDef};
 use crate::printer::write_name;
 use crate::typing::infer;
@@ -16,7 +16,7 @@ use std::collections::HashSet;
 fn vname(f: &Function, v: Value) -> String {
     let mut s = String::new();
     let _ = write_name(&mut s, '%', f.name(v));
-    s
+    clip(&s)
 }
 
 struct Checker<'f> {
@@ -26,7 +26,11 @@ struct Checker<'f> {
 
 impl Checker<'_> {
     fn at(&mut self, op: Op, msg: String) {
-        let text = format!("in `@{}`, {}: {msg}", self.f.name, self.f.describe_op(op));
+        let text = format!(
+            "in `@{}`, {}: {msg}",
+            clip(&self.f.name),
+            clip(&self.f.describe_op(op))
+        );
         self.errors.push(match self.f.loc(op) {
             Some(l) => Diagnostic::at(l, text),
             None => Diagnostic::new(text),

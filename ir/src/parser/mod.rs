@@ -8,7 +8,7 @@
 
 mod lexer;
 
-use crate::diag::{Diagnostic, Diagnostics};
+use crate::diag::{Diagnostic, Diagnostics, clip};
 use crate::function::{Function, Module, Op, SrcLoc, Value, ValueDef};
 use crate::literal::{Data, Literal, Scalar};
 use crate::ops::{BinaryOp, CmpOp, Conv2d, F64, OpKind, Pool2d, ReduceOp, UnaryOp, all_mnemonics};
@@ -203,7 +203,10 @@ impl<'a> Parser<'a> {
                     let f = self.function()?;
                     if let Some(&first) = seen.get(&f.name) {
                         return Err(self
-                            .err(t.pos, format!("function `@{}` is defined twice", f.name))
+                            .err(
+                                t.pos,
+                                format!("function `@{}` is defined twice", clip(&f.name)),
+                            )
                             .note(format!("first defined at line {}", self.loc(first).line))
                             .into());
                     }
@@ -573,7 +576,7 @@ impl<'a> Parser<'a> {
         let mut defined: HashMap<&str, (Value, usize)> = HashMap::new();
         let redefined = |n: &Cow<'a, str>, pos: usize, first: usize, errors: &mut Vec<_>| {
             errors.push(
-                self.err(pos, format!("value `%{n}` is defined twice"))
+                self.err(pos, format!("value `%{}` is defined twice", clip(n)))
                     .note(format!("first defined at line {}", self.loc(first).line)),
             );
         };
@@ -606,7 +609,7 @@ impl<'a> Parser<'a> {
         let lookup = |n: &Cow<'a, str>, pos: usize, errors: &mut Vec<Diagnostic>| {
             let found = defined.get(n.as_ref()).map(|&(v, _)| v);
             if found.is_none() {
-                errors.push(self.err(pos, format!("undefined value `%{n}`")));
+                errors.push(self.err(pos, format!("undefined value `%{}`", clip(n))));
             }
             found
         };
@@ -623,7 +626,7 @@ impl<'a> Parser<'a> {
                         ValueDef::Result(d, _) => deps.push(d),
                         ValueDef::Param(_) => errors.push(self.err(
                             *pos,
-                            format!("`after %{n}`: a control dependency must name an op's result, not a parameter"),
+                            format!("`after %{}`: a control dependency must name an op's result, not a parameter", clip(n)),
                         )),
                     }
                 }
@@ -655,7 +658,7 @@ impl<'a> Parser<'a> {
                             rets[i].1,
                             format!(
                                 "result {i} `%{}` has type {} but the signature declares {want}",
-                                rets[i].0,
+                                clip(&rets[i].0),
                                 f.ty(v)
                             ),
                         ));
