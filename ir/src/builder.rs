@@ -248,6 +248,11 @@ impl FunctionBuilder {
         self.op1(OpKind::Softmax { axis }, &[x])
     }
 
+    /// Makes `op` wait for `dep` (a control dependency); `dep` must already be scheduled.
+    pub fn add_control_dep(&mut self, op: Op, dep: Op) {
+        self.f.op_mut(op).deps.push(dep);
+    }
+
     /// Renames a value (scoped names are not applied); returns the name it got.
     pub fn rename(&mut self, v: Value, name: &str) -> String {
         self.f.rename(v, name)

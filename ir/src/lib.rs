@@ -23,6 +23,7 @@ pub mod literal;
 pub mod ops;
 pub mod parser;
 pub mod printer;
+pub mod random;
 pub mod types;
 pub mod typing;
 pub mod verify;

@@ -1,0 +1,432 @@
+//! Random well-typed functions, for property tests, fuzzing seeds and benchmarks.
+//!
+//! [`random_function`] builds a function op by op through the [`FunctionBuilder`], so every op it
+//! emits passes its type rule. It covers every op category, broadcasting, multi-result ops,
+//! control dependencies, scoped names and names that need quoting. The same seed always gives the
+//! same function. Shapes stay small, so the functions are also cheap to execute.
+
+use crate::builder::FunctionBuilder;
+use crate::function::{Function, Value};
+use crate::literal::{Data, Literal, Scalar};
+use crate::ops::{BinaryOp, CmpOp, Conv2d, F64, OpKind, Pool2d, ReduceOp, UnaryOp};
+use crate::types::{DType, TensorType};
+
+/// SplitMix64: a small, fast, seedable generator.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator from a seed.
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (`n > 0`).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+
+    /// True with probability `p`.
+    pub fn chance(&mut self, p: f64) -> bool {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 <= p
+    }
+
+    /// A uniformly chosen element.
+    pub fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
+        &xs[self.below(xs.len() as u64) as usize]
+    }
+
+    /// A float in `[-2, 2)` with two decimals.
+    pub fn small_float(&mut self) -> f64 {
+        (self.below(400) as f64 - 200.0) / 100.0
+    }
+}
+
+struct Gen {
+    b: FunctionBuilder,
+    rng: Rng,
+    floats: Vec<Value>,
+}
+
+impl Gen {
+    fn ty(&self, v: Value) -> TensorType {
+        self.b.function().ty(v).clone()
+    }
+
+    fn pick_float(&mut self, min_rank: usize) -> Option<Value> {
+        let ok: Vec<Value> = self
+            .floats
+            .iter()
+            .copied()
+            .filter(|&v| self.ty(v).rank() >= min_rank)
+            .collect();
+        if ok.is_empty() {
+            return None;
+        }
+        // Prefer recent values so that chains form.
+        let n = ok.len() as u64;
+        let i = if self.rng.chance(0.7) {
+            n - 1 - self.rng.below(n.min(4))
+        } else {
+            self.rng.below(n)
+        };
+        Some(ok[i as usize])
+    }
+
+    fn splat_like(&mut self, dtype: DType, dims: &[u64]) -> Value {
+        let x = self.rng.small_float();
+        self.b.splat(dtype, dims, x).expect("small splat")
+    }
+
+    fn dense_like(&mut self, ty: &TensorType) -> Value {
+        let n = ty.numel() as usize;
+        let mut d = Data::with_capacity(ty.dtype(), n);
+        for _ in 0..n {
+            let x = self.rng.small_float();
+            let s = match ty.dtype() {
+                DType::F32 => Scalar::F32(x as f32),
+                _ => Scalar::F64(x),
+            };
+            d.push(s).expect("float dtype");
+        }
+        self.b
+            .constant(ty.clone(), Literal::Dense(d))
+            .expect("dense constant")
+    }
+
+    /// A value broadcastable against `dims`: a suffix of it with some axes set to 1.
+    fn broadcast_partner(&mut self, dtype: DType, dims: &[u64]) -> Value {
+        let keep = self.rng.below(dims.len() as u64 + 1) as usize;
+        let mut s: Vec<u64> = dims[dims.len() - keep..].to_vec();
+        for d in &mut s {
+            if self.rng.chance(0.3) {
+                *d = 1;
+            }
+        }
+        let ty = TensorType::new(dtype, s).expect("small");
+        if ty.numel() <= 16 && self.rng.chance(0.5) {
+            self.dense_like(&ty)
+        } else {
+            self.splat_like(dtype, ty.dims())
+        }
+    }
+
+    fn new_param(&mut self, dims: &[u64]) -> Value {
+        let dtype = if self.rng.chance(0.85) {
+            DType::F32
+        } else {
+            DType::F64
+        };
+        let k = self.b.function().params().len();
+        let v = self
+            .b
+            .param(&format!("p{k}"), dtype, dims)
+            .expect("small param");
+        self.floats.push(v);
+        v
+    }
+
+    fn random_dims(&mut self, max_rank: u64) -> Vec<u64> {
+        let rank = self.rng.below(max_rank + 1);
+        (0..rank).map(|_| 1 + self.rng.below(4)).collect()
+    }
+
+    fn step(&mut self) -> Option<Value> {
+        let choice = self.rng.below(20);
+        let x = self.pick_float(0)?;
+        let t = self.ty(x);
+        let r = t.rank();
+        let out = match choice {
+            0 | 1 => {
+                let u = *self.rng.pick(&UnaryOp::ALL);
+                self.b.unary(u, x)
+            }
+            2..=4 => {
+                let y = if self.rng.chance(0.5) {
+                    self.floats
+                        .iter()
+                        .copied()
+                        .rev()
+                        .find(|&y| y != x && self.ty(y) == t)
+                } else {
+                    None
+                };
+                let y = y.unwrap_or_else(|| self.broadcast_partner(t.dtype(), t.dims()));
+                let op = *self.rng.pick(&BinaryOp::ALL);
+                if self.rng.chance(0.5) {
+                    self.b.binary(op, x, y)
+                } else {
+                    self.b.binary(op, y, x)
+                }
+            }
+            5 => {
+                let y = self.broadcast_partner(t.dtype(), t.dims());
+                let c = self.b.compare(*self.rng.pick(&CmpOp::ALL), x, y).ok()?;
+                self.b.op1(OpKind::Select, &[c, x, y])
+            }
+            6 if r >= 1 => {
+                let mut axes: Vec<i64> = (0..r as i64).filter(|_| self.rng.chance(0.5)).collect();
+                if axes.is_empty() {
+                    axes.push(
+                        self.rng.below(r as u64) as i64
+                            - if self.rng.chance(0.5) { r as i64 } else { 0 },
+                    );
+                }
+                let op = *self.rng.pick(&ReduceOp::ALL);
+                let keep = self.rng.chance(0.5);
+                self.b.reduce(op, x, &axes, keep)
+            }
+            7 if r >= 2 => {
+                let mut perm: Vec<u64> = (0..r as u64).collect();
+                for i in (1..perm.len()).rev() {
+                    let j = self.rng.below(i as u64 + 1) as usize;
+                    perm.swap(i, j);
+                }
+                self.b.transpose(x, &perm)
+            }
+            8 => {
+                let dims: Vec<u64> = if self.rng.chance(0.5) {
+                    vec![t.numel()]
+                } else {
+                    t.dims().iter().rev().copied().collect()
+                };
+                self.b.reshape(x, &dims)
+            }
+            9 if r == 2 && t.numel() > 0 && self.rng.chance(0.3) => {
+                let (n, c) = (t.dims()[0], t.dims()[1]);
+                let labels: Vec<Scalar> = (0..n)
+                    .map(|_| Scalar::I64(self.rng.below(c) as i64))
+                    .collect();
+                let lty = TensorType::new(DType::I64, vec![n]).expect("small");
+                let lv = self
+                    .b
+                    .constant(lty, Literal::Dense(Data::from_scalars(DType::I64, labels)?))
+                    .ok()?;
+                self.b.op1(OpKind::SoftmaxCrossEntropy, &[x, lv])
+            }
+            9 if r >= 1 => {
+                let axis = self.rng.below(r as u64) as i64;
+                let kind = if self.rng.chance(0.5) {
+                    OpKind::Softmax { axis }
+                } else {
+                    OpKind::LogSoftmax { axis }
+                };
+                self.b.op1(kind, &[x])
+            }
+            10 if r >= 2 => {
+                let mut perm: Vec<u64> = (0..r as u64).collect();
+                perm.swap(r - 2, r - 1);
+                let xt = self.b.transpose(x, &perm).ok()?;
+                self.b.matmul(x, xt)
+            }
+            11 if r >= 1 => {
+                let axis = self.rng.below(r as u64) as i64;
+                self.b.op1(OpKind::Concat { axis }, &[x, x])
+            }
+            12 if r >= 1 => {
+                let mut starts = Vec::new();
+                let mut ends = Vec::new();
+                let mut steps = Vec::new();
+                for &d in t.dims() {
+                    let d = d as i64;
+                    starts.push(self.rng.below(d as u64 + 2) as i64 - 1);
+                    ends.push(self.rng.below(2 * d as u64 + 1) as i64 - d);
+                    steps.push(*self.rng.pick(&[1, 1, 2, -1]));
+                }
+                self.b.op1(
+                    OpKind::Slice {
+                        starts,
+                        ends,
+                        steps,
+                    },
+                    &[x],
+                )
+            }
+            13 => {
+                let to = if t.dtype() == DType::F32 {
+                    DType::F64
+                } else {
+                    DType::F32
+                };
+                let c = self.b.op1(OpKind::Cast { to }, &[x]).ok()?;
+                if self.rng.chance(0.5) {
+                    let i = self.b.op1(OpKind::Cast { to: DType::I32 }, &[c]).ok()?;
+                    let i = self.b.unary(UnaryOp::Abs, i).ok()?;
+                    self.b.op1(OpKind::Cast { to: t.dtype() }, &[i])
+                } else {
+                    Ok(c)
+                }
+            }
+            14 => {
+                let kind = if self.rng.chance(0.5) {
+                    OpKind::Identity
+                } else {
+                    OpKind::StopGradient
+                };
+                self.b.op1(kind, &[x])
+            }
+            15 => {
+                let mut shape = vec![1 + self.rng.below(3)];
+                shape.extend_from_slice(t.dims());
+                self.b.op1(OpKind::BroadcastTo { shape }, &[x])
+            }
+            16 if r >= 1 && t.numel() > 0 => {
+                let axis = self.rng.below(r as u64) as usize;
+                let n = 1 + self.rng.below(4);
+                let idx: Vec<Scalar> = (0..n)
+                    .map(|_| Scalar::I64(self.rng.below(t.dims()[axis]) as i64))
+                    .collect();
+                let ity = TensorType::new(DType::I64, vec![n]).expect("small");
+                let iv = self
+                    .b
+                    .constant(ity, Literal::Dense(Data::from_scalars(DType::I64, idx)?))
+                    .ok()?;
+                let g = self
+                    .b
+                    .op1(OpKind::Gather { axis: axis as i64 }, &[x, iv])
+                    .ok()?;
+                if self.rng.chance(0.5) {
+                    self.b
+                        .op1(OpKind::ScatterAdd { axis: axis as i64 }, &[x, iv, g])
+                } else {
+                    Ok(g)
+                }
+            }
+            17 if r >= 2 => {
+                let c = t.dims()[1];
+                let g = self.splat_like(t.dtype(), &[c]);
+                let be = self.splat_like(t.dtype(), &[c]);
+                let eps = F64(*self.rng.pick(&[1e-5, 1e-3]));
+                if self.rng.chance(0.5) {
+                    let res = self
+                        .b
+                        .op(OpKind::BatchNormTrain { eps }, &[x, g, be], Some("bn"))
+                        .ok()?;
+                    self.floats.extend_from_slice(&res[1..]);
+                    Ok(res[0])
+                } else {
+                    let m = self.splat_like(t.dtype(), &[c]);
+                    let var = self.splat_like(t.dtype(), &[c]);
+                    self.b.op1(OpKind::BatchNorm { eps }, &[x, g, be, m, var])
+                }
+            }
+            18 => {
+                // Image ops on a fresh NCHW parameter.
+                let ch = 1 + self.rng.below(3);
+                let groups = if self.rng.chance(0.5) { ch } else { 1 };
+                let (h, w) = (3 + self.rng.below(4), 3 + self.rng.below(4));
+                let n = 1 + self.rng.below(2);
+                let img = self.new_param(&[n, ch, h, w]);
+                let dt = self.ty(img).dtype();
+                let o = groups * (1 + self.rng.below(2));
+                let filt = self
+                    .b
+                    .param(
+                        "filter",
+                        dt,
+                        &[o, ch / groups, 1 + self.rng.below(3), 1 + self.rng.below(3)],
+                    )
+                    .ok()?;
+                let k = [1 + self.rng.below(2), 1 + self.rng.below(2)];
+                match self.rng.below(4) {
+                    0 => {
+                        let p = self.rng.below(2);
+                        let c = Conv2d {
+                            strides: [1 + self.rng.below(2), 1],
+                            pads: [p, 0, p, 1],
+                            dilations: [1, 1 + self.rng.below(2)],
+                            groups,
+                        };
+                        self.b.conv2d(img, filt, c)
+                    }
+                    1 => self.b.op1(
+                        OpKind::MaxPool2d(Pool2d {
+                            kernel: k,
+                            strides: [1, 2],
+                            pads: [0; 4],
+                        }),
+                        &[img],
+                    ),
+                    2 => self.b.op1(
+                        OpKind::AvgPool2d {
+                            pool: Pool2d {
+                                kernel: [2, 2],
+                                strides: [2, 1],
+                                pads: [1, 0, 1, 1],
+                            },
+                            count_include_pad: self.rng.chance(0.5),
+                        },
+                        &[img],
+                    ),
+                    _ => self.b.op1(OpKind::GlobalAvgPool, &[img]),
+                }
+            }
+            _ => {
+                let dims = self.random_dims(3);
+                Ok(self.new_param(&dims))
+            }
+        };
+        let v = out.ok()?;
+        if self.b.function().ty(v).dtype().is_float() {
+            self.floats.push(v);
+        }
+        Some(v)
+    }
+}
+
+/// A random well-typed function of about `n_ops` ops. The same seed gives the same function.
+pub fn random_function(seed: u64, n_ops: usize) -> Function {
+    let mut g = Gen {
+        b: FunctionBuilder::new(&format!("rand{seed}")),
+        rng: Rng::new(seed),
+        floats: Vec::new(),
+    };
+    for _ in 0..1 + g.rng.below(3) {
+        let dims = g.random_dims(3);
+        g.new_param(&dims);
+    }
+    let mut scope_depth = 0;
+    while g.b.function().schedule().len() < n_ops {
+        if g.rng.chance(0.05) {
+            g.b.push_scope(&format!("blk{}", g.rng.below(10)));
+            scope_depth += 1;
+        } else if scope_depth > 0 && g.rng.chance(0.05) {
+            g.b.pop_scope();
+            scope_depth -= 1;
+        }
+        let Some(v) = g.step() else { continue };
+        if g.rng.chance(0.02) {
+            // A name that needs quoting.
+            let name = format!("odd name:{} \"é\"", g.rng.below(1000));
+            g.b.rename(v, &name);
+        }
+        let n = g.b.function().schedule().len() as u64;
+        if n > 0 && g.rng.chance(0.05) {
+            let dep = g.b.function().schedule()[g.rng.below(n) as usize];
+            if let Some(op) = g.b.function().def_op(v)
+                && op != dep
+                && !g.b.function().op(op).deps.contains(&dep)
+            {
+                g.b.add_control_dep(op, dep);
+            }
+        }
+    }
+    let n_res = 1 + g.rng.below(3) as usize;
+    let mut results: Vec<Value> = Vec::new();
+    for _ in 0..n_res {
+        if let Some(v) = g.pick_float(0) {
+            results.push(v);
+        }
+    }
+    g.b.finish(&results)
+        .expect("generated functions are well typed")
+}
