@@ -62,24 +62,18 @@ impl Gen {
         self.b.function().ty(v).clone()
     }
 
-    fn pick_float(&mut self, min_rank: usize) -> Option<Value> {
-        let ok: Vec<Value> = self
-            .floats
-            .iter()
-            .copied()
-            .filter(|&v| self.ty(v).rank() >= min_rank)
-            .collect();
-        if ok.is_empty() {
+    /// A float value, usually one of the last few defined so that chains form. O(1).
+    fn pick_float(&mut self) -> Option<Value> {
+        let n = self.floats.len() as u64;
+        if n == 0 {
             return None;
         }
-        // Prefer recent values so that chains form.
-        let n = ok.len() as u64;
         let i = if self.rng.chance(0.7) {
             n - 1 - self.rng.below(n.min(4))
         } else {
             self.rng.below(n)
         };
-        Some(ok[i as usize])
+        Some(self.floats[i as usize])
     }
 
     fn splat_like(&mut self, dtype: DType, dims: &[u64]) -> Value {
@@ -142,7 +136,7 @@ impl Gen {
 
     fn step(&mut self) -> Option<Value> {
         let choice = self.rng.below(20);
-        let x = self.pick_float(0)?;
+        let x = self.pick_float()?;
         let t = self.ty(x);
         let r = t.rank();
         let out = match choice {
@@ -156,6 +150,7 @@ impl Gen {
                         .iter()
                         .copied()
                         .rev()
+                        .take(16)
                         .find(|&y| y != x && self.ty(y) == t)
                 } else {
                     None
@@ -423,7 +418,7 @@ pub fn random_function(seed: u64, n_ops: usize) -> Function {
     let n_res = 1 + g.rng.below(3) as usize;
     let mut results: Vec<Value> = Vec::new();
     for _ in 0..n_res {
-        if let Some(v) = g.pick_float(0) {
+        if let Some(v) = g.pick_float() {
             results.push(v);
         }
     }
