@@ -8,7 +8,7 @@
 use crate::ops::OpKind;
 use crate::types::TensorType;
 use cranelift_entity::{PrimaryMap, SecondaryMap, entity_impl};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 /// An SSA value: a function parameter or an op result.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -72,8 +72,8 @@ pub struct Function {
     params: Vec<Value>,
     results: Vec<Value>,
     order: Vec<Op>,
-    names: HashMap<String, Value>,
-    next_suffix: HashMap<String, u32>,
+    names: FxHashMap<String, Value>,
+    next_suffix: FxHashMap<String, u32>,
     locs: SecondaryMap<Op, Option<SrcLoc>>,
 }
 
@@ -87,10 +87,16 @@ impl Function {
             params: Vec::new(),
             results: Vec::new(),
             order: Vec::new(),
-            names: HashMap::new(),
-            next_suffix: HashMap::new(),
+            names: FxHashMap::default(),
+            next_suffix: FxHashMap::default(),
             locs: SecondaryMap::new(),
         }
+    }
+
+    /// Reserves room for `n` more values (and their names).
+    pub fn reserve_values(&mut self, n: usize) {
+        self.values.reserve(n);
+        self.names.reserve(n);
     }
 
     /// `base` if no value has that name, else `base.N` for the smallest free `N` tried so far.

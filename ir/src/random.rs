@@ -391,7 +391,7 @@ pub fn random_function(seed: u64, n_ops: usize) -> Function {
     }
     let mut scope_depth = 0;
     while g.b.function().schedule().len() < n_ops {
-        if g.rng.chance(0.05) {
+        if scope_depth < 3 && g.rng.chance(0.05) {
             g.b.push_scope(&format!("blk{}", g.rng.below(10)));
             scope_depth += 1;
         } else if scope_depth > 0 && g.rng.chance(0.05) {

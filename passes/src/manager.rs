@@ -315,8 +315,8 @@ impl std::error::Error for PassError {}
 
 /// Runs a pipeline.
 pub struct PassManager {
-    pipeline: Pipeline,
-    passes: Vec<Box<dyn Pass>>,
+    /// Each pass with the label it is reported under (its pipeline text).
+    passes: Vec<(String, Box<dyn Pass>)>,
     /// Verify after every pass (default: in debug builds).
     pub verify_each: bool,
     /// Print the module after every pass to the log.
@@ -326,21 +326,25 @@ pub struct PassManager {
 impl PassManager {
     /// A manager for a checked pipeline.
     pub fn new(pipeline: Pipeline) -> PassManager {
-        let passes = pipeline.build();
+        let passes = pipeline
+            .0
+            .iter()
+            .map(|spec| PassSpecDisplay(spec).to_string())
+            .zip(pipeline.build())
+            .collect();
         PassManager {
-            pipeline,
             passes,
             verify_each: cfg!(debug_assertions),
             print_after_all: false,
         }
     }
 
-    /// The pipeline.
-    pub fn pipeline(&self) -> &Pipeline {
-        &self.pipeline
+    /// Appends a pass that is not in the registry (an embedder's own), reported as `label`.
+    pub fn add(&mut self, label: &str, pass: Box<dyn Pass>) {
+        self.passes.push((label.to_string(), pass));
     }
 
-    /// Runs every pass in order. Returns each pass's name and wall time. With
+    /// Runs every pass in order. Returns each pass's label and wall time. With
     /// `print_after_all`, the module is written to `log` after each pass.
     pub fn run(
         &self,
@@ -348,8 +352,7 @@ impl PassManager {
         log: &mut dyn Write,
     ) -> Result<Vec<(String, Duration)>, PassError> {
         let mut times = Vec::new();
-        for (pass, spec) in self.passes.iter().zip(&self.pipeline.0) {
-            let label = PassSpecDisplay(spec).to_string();
+        for (label, pass) in &self.passes {
             let t = Instant::now();
             pass.run_on_module(m).map_err(|message| PassError::Failed {
                 pass: label.clone(),
@@ -390,6 +393,40 @@ mod tests {
         assert_eq!(
             Pipeline::parse(" cse , dce ").unwrap().to_string(),
             "cse,dce"
+        );
+    }
+
+    /// Drops the operands of the first op: the IR no longer verifies.
+    struct Breaker;
+    impl Pass for Breaker {
+        fn name(&self) -> &'static str {
+            "breaker"
+        }
+        fn run_on_function(&self, f: &mut Function) -> Result<(), String> {
+            let op = f.schedule()[0];
+            f.op_mut(op).args.clear();
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_pass_that_breaks_the_ir_is_named() {
+        let src = "func @f(%x: f32[4]) -> (f32[4]) {\n  %y = relu %x : f32[4]\n  return %y\n}\n";
+        let mut m = tcc_ir::parse_module(src).unwrap();
+        let mut pm = PassManager::new(Pipeline::parse("cse").unwrap());
+        pm.verify_each = true;
+        pm.add("breaker", Box::new(Breaker));
+        let e = pm
+            .run(&mut m, &mut std::io::sink())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("internal compiler error: the IR does not verify after pass `breaker`"),
+            "{e}"
+        );
+        assert!(
+            e.contains("op0 (%y = relu): `relu` takes 1 operand, found 0"),
+            "{e}"
         );
     }
 

@@ -13,6 +13,8 @@ use crate::function::{Function, Module, Op, SrcLoc, Value, ValueDef};
 use crate::literal::{Data, Literal, Scalar};
 use crate::ops::{BinaryOp, CmpOp, Conv2d, F64, OpKind, Pool2d, ReduceOp, UnaryOp, all_mnemonics};
 use crate::types::{DType, TensorType};
+use cranelift_entity::SecondaryMap;
+use cranelift_entity::packed_option::ReservedValue;
 use lexer::{Lexer, Tok, Token};
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -63,13 +65,24 @@ type PResult<T> = Result<T, Diagnostic>;
 /// A name and where it was written.
 type Named<'a> = (Cow<'a, str>, usize);
 
-struct OpSyntax<'a> {
-    results: Vec<Named<'a>>,
-    kind: OpKind,
-    args: Vec<Named<'a>>,
-    deps: Vec<Named<'a>>,
-    types: Vec<TensorType>,
+/// An operand or control dependency naming a value not defined yet where it is used. Resolved at
+/// the end of the function: a name defined later becomes a use-before-def for the verifier to
+/// report in schedule order; a name never defined is an error here.
+struct Pending<'a> {
+    op: Op,
+    index: usize,
+    name: Cow<'a, str>,
     pos: usize,
+    is_dep: bool,
+}
+
+/// A function being parsed.
+struct Body<'a> {
+    f: Function,
+    /// Where each value was defined, for "first defined at line N".
+    def_pos: SecondaryMap<Value, usize>,
+    pending: Vec<Pending<'a>>,
+    errors: Vec<Diagnostic>,
 }
 
 enum AttrVal<'a> {
@@ -79,6 +92,7 @@ enum AttrVal<'a> {
 }
 
 struct Parser<'a> {
+    src: &'a str,
     lex: Lexer<'a>,
     peeked: Option<Token<'a>>,
     /// Where the last consumed token ended, and the one before it.
@@ -97,6 +111,7 @@ impl<'a> Parser<'a> {
                 .map(|(i, _)| i + 1),
         );
         Parser {
+            src,
             lex: Lexer::new(src),
             peeked: None,
             prev_end: 0,
@@ -284,21 +299,33 @@ impl<'a> Parser<'a> {
 
     fn function(&mut self) -> Result<Function, Diagnostics> {
         let t = self.next()?;
-        let (name, name_pos) = match t.tok {
-            Tok::Func(n) => (n, t.pos),
+        let name = match t.tok {
+            Tok::Func(n) => n,
             _ => {
                 return Err(self
                     .unexpected(&t, "a function name such as `@main`")
                     .into());
             }
         };
+        let mut body = Body {
+            f: Function::new(name),
+            def_pos: SecondaryMap::new(),
+            pending: Vec::new(),
+            errors: Vec::new(),
+        };
         self.expect_punct(b'(')?;
-        let mut params: Vec<(Named<'a>, TensorType)> = Vec::new();
         if !self.eat_punct(b')')? {
             loop {
-                let n = self.expect_value("a parameter such as `%x: f32[4]`")?;
+                let (n, pos) = self.expect_value("a parameter such as `%x: f32[4]`")?;
                 self.expect_punct(b':')?;
-                params.push((n, self.tensor_type()?));
+                let ty = self.tensor_type()?;
+                if let Some(first) = body.f.lookup(&n) {
+                    body.errors
+                        .push(self.redefined(&n, pos, body.def_pos[first]));
+                } else {
+                    let v = body.f.add_param(&n, ty);
+                    body.def_pos[v] = pos;
+                }
                 if self.eat_punct(b')')? {
                     break;
                 }
@@ -315,8 +342,17 @@ impl<'a> Parser<'a> {
             sig_results = self.types_list()?;
             self.expect_punct(b')')?;
         }
-        self.expect_punct(b'{')?;
-        let mut ops = Vec::new();
+        let open = self.expect_punct(b'{')?;
+        // About one value per line: reserve for the lines up to the closing brace.
+        let rest = &self.src[open..];
+        let len = rest.find("\n}").unwrap_or(rest.len());
+        body.f.reserve_values(
+            rest.as_bytes()[..len]
+                .iter()
+                .filter(|&&b| b == b'\n')
+                .count(),
+        );
+        let mut names: Vec<Named<'a>> = Vec::new();
         let (rets, ret_pos) = loop {
             let pos = self.peek()?.pos;
             if self.peek_is_ident("return")? {
@@ -330,7 +366,7 @@ impl<'a> Parser<'a> {
                 break (rets, pos);
             }
             if matches!(self.peek()?.tok, Tok::Value(_)) {
-                ops.push(self.op()?);
+                self.op(&mut body, &mut names)?;
             } else {
                 let t = self.next()?;
                 return Err(self
@@ -338,30 +374,59 @@ impl<'a> Parser<'a> {
                     .into());
             }
         };
-        self.resolve(
-            name.into_owned(),
-            name_pos,
-            params,
-            sig_results,
-            ops,
-            rets,
-            ret_pos,
-        )
+        self.finish(body, sig_results, rets, ret_pos)
     }
 
-    fn op(&mut self) -> PResult<OpSyntax<'a>> {
-        let results = self.value_list("a result name")?;
+    fn redefined(&self, n: &str, pos: usize, first: usize) -> Diagnostic {
+        self.err(pos, format!("value `%{}` is defined twice", clip(n)))
+            .note(format!("first defined at line {}", self.loc(first).line))
+    }
+
+    /// The op defining the value a control dependency names; a parameter is an error.
+    fn dep_op(&self, f: &Function, v: Value, n: &str, pos: usize) -> Result<Op, Diagnostic> {
+        match f.value(v).def {
+            ValueDef::Result(d, _) => Ok(d),
+            ValueDef::Param(_) => Err(self.err(
+                pos,
+                format!(
+                    "`after %{}`: a control dependency must name an op's result, not a parameter",
+                    clip(n)
+                ),
+            )),
+        }
+    }
+
+    /// Parses one op and adds it to the function. `names` is scratch space for result names.
+    fn op(&mut self, body: &mut Body<'a>, names: &mut Vec<Named<'a>>) -> PResult<()> {
+        names.clear();
+        names.push(self.expect_value("a result name")?);
+        while self.eat_punct(b',')? {
+            names.push(self.expect_value("a result name")?);
+        }
         self.expect_punct(b'=')?;
         let t = self.next()?;
         let (mnemonic, mpos) = match t.tok {
             Tok::Ident(m) => (m, t.pos),
             _ => return Err(self.unexpected(&t, "an op mnemonic such as `add`")),
         };
-        let args = if matches!(self.peek()?.tok, Tok::Value(_)) {
-            self.value_list("an operand")?
-        } else {
-            Vec::new()
-        };
+        // Operands and dependencies not defined yet: (index, name, position, is_dep).
+        let mut unresolved: Vec<(usize, Named<'a>, bool)> = Vec::new();
+        let mut args = Vec::new();
+        if matches!(self.peek()?.tok, Tok::Value(_)) {
+            loop {
+                let (n, pos) = self.expect_value("an operand")?;
+                match body.f.lookup(&n) {
+                    Some(v) => args.push(v),
+                    None => {
+                        unresolved.push((args.len(), (n, pos), false));
+                        args.push(Value::reserved_value());
+                    }
+                }
+                if !self.eat_punct(b',')? {
+                    break;
+                }
+            }
+        }
         let mut attrs: Vec<(&'a str, usize, AttrVal<'a>)> = Vec::new();
         if self.eat_punct(b'{')? {
             loop {
@@ -382,15 +447,30 @@ impl<'a> Parser<'a> {
                 self.expect_punct(b',')?;
             }
         }
-        let deps = if self.peek_is_ident("after")? {
+        let mut deps = Vec::new();
+        let has_deps = self.peek_is_ident("after")?;
+        if has_deps {
             self.next()?;
-            self.value_list("a value whose op must run first")?
-        } else {
-            Vec::new()
-        };
+            loop {
+                let (n, pos) = self.expect_value("a value whose op must run first")?;
+                match body.f.lookup(&n) {
+                    Some(v) => match self.dep_op(&body.f, v, &n, pos) {
+                        Ok(d) => deps.push(d),
+                        Err(e) => body.errors.push(e),
+                    },
+                    None => {
+                        unresolved.push((deps.len(), (n, pos), true));
+                        deps.push(Op::reserved_value());
+                    }
+                }
+                if !self.eat_punct(b',')? {
+                    break;
+                }
+            }
+        }
         let colon = self.peek()?.clone();
         if colon.tok != Tok::Punct(b':') {
-            let what = if attrs.is_empty() && deps.is_empty() {
+            let what = if attrs.is_empty() && !has_deps {
                 "`,`, `{`, `after` or `:` and the result types"
             } else {
                 "`:` and the result types"
@@ -399,25 +479,110 @@ impl<'a> Parser<'a> {
         }
         self.next()?;
         let types = self.types_list()?;
-        if types.len() != results.len() {
+        if types.len() != names.len() {
             return Err(self.err(
                 colon.pos,
                 format!(
                     "{} result name(s) but {} result type(s); give one type per result",
-                    results.len(),
+                    names.len(),
                     types.len()
                 ),
             ));
         }
         let kind = self.build_kind(mnemonic, mpos, attrs, &types)?;
-        Ok(OpSyntax {
-            results,
-            kind,
-            args,
-            deps,
-            types,
-            pos: mpos,
-        })
+        for (n, pos) in names.iter() {
+            if let Some(first) = body.f.lookup(n) {
+                body.errors
+                    .push(self.redefined(n, *pos, body.def_pos[first]));
+            }
+        }
+        let op = if let [(n, _)] = names.as_slice() {
+            body.f.create_op(kind, args, types, &[n.as_ref()])
+        } else {
+            let ns: Vec<&str> = names.iter().map(|(n, _)| n.as_ref()).collect();
+            body.f.create_op(kind, args, types, &ns)
+        };
+        body.f.op_mut(op).deps = deps;
+        body.f.set_loc(op, self.loc(mpos));
+        body.f.append(op);
+        for i in 0..names.len() {
+            let v = body.f.op(op).results[i];
+            body.def_pos[v] = names[i].1;
+        }
+        for (index, (name, pos), is_dep) in unresolved {
+            body.pending.push(Pending {
+                op,
+                index,
+                name,
+                pos,
+                is_dep,
+            });
+        }
+        Ok(())
+    }
+
+    /// Resolves forward references and the results, and checks the signature.
+    fn finish(
+        &self,
+        mut body: Body<'a>,
+        sig_results: Vec<TensorType>,
+        rets: Vec<Named<'a>>,
+        ret_pos: usize,
+    ) -> Result<Function, Diagnostics> {
+        let f = &mut body.f;
+        let errors = &mut body.errors;
+        let undefined =
+            |n: &str, pos: usize| self.err(pos, format!("undefined value `%{}`", clip(n)));
+        for p in std::mem::take(&mut body.pending) {
+            match f.lookup(&p.name) {
+                None => errors.push(undefined(&p.name, p.pos)),
+                Some(v) if p.is_dep => match self.dep_op(f, v, &p.name, p.pos) {
+                    Ok(d) => f.op_mut(p.op).deps[p.index] = d,
+                    Err(e) => errors.push(e),
+                },
+                Some(v) => f.op_mut(p.op).args[p.index] = v,
+            }
+        }
+        let mut results = Vec::with_capacity(rets.len());
+        for (n, pos) in &rets {
+            match f.lookup(n) {
+                Some(v) => results.push(v),
+                None => errors.push(undefined(n, *pos)),
+            }
+        }
+        if errors.is_empty() {
+            if results.len() != sig_results.len() {
+                errors.push(self.err(
+                    ret_pos,
+                    format!(
+                        "`return` has {} value(s) but the signature of `@{}` declares {} result(s)",
+                        results.len(),
+                        clip(&f.name),
+                        sig_results.len()
+                    ),
+                ));
+            } else {
+                for (i, (&v, want)) in results.iter().zip(&sig_results).enumerate() {
+                    if f.ty(v) != want {
+                        errors.push(self.err(
+                            rets[i].1,
+                            format!(
+                                "result {i} `%{}` has type {} but the signature declares {want}",
+                                clip(&rets[i].0),
+                                f.ty(v)
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        if !errors.is_empty() {
+            let mut errors = std::mem::take(errors);
+            errors.sort_by_key(|d| d.loc.map(|l| (l.line, l.col)));
+            return Err(Diagnostics(errors));
+        }
+        f.set_results(results);
+        Ok(body.f)
     }
 
     fn attr_value(&mut self) -> PResult<AttrVal<'a>> {
@@ -558,120 +723,6 @@ impl<'a> Parser<'a> {
         };
         a.finish()?;
         Ok(kind)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn resolve(
-        &self,
-        name: String,
-        name_pos: usize,
-        params: Vec<(Named<'a>, TensorType)>,
-        sig_results: Vec<TensorType>,
-        ops: Vec<OpSyntax<'a>>,
-        rets: Vec<Named<'a>>,
-        ret_pos: usize,
-    ) -> Result<Function, Diagnostics> {
-        let mut f = Function::new(name);
-        let mut errors = Vec::new();
-        let mut defined: HashMap<&str, (Value, usize)> = HashMap::new();
-        let redefined = |n: &Cow<'a, str>, pos: usize, first: usize, errors: &mut Vec<_>| {
-            errors.push(
-                self.err(pos, format!("value `%{}` is defined twice", clip(n)))
-                    .note(format!("first defined at line {}", self.loc(first).line)),
-            );
-        };
-        for ((n, pos), ty) in &params {
-            if let Some(&(_, first)) = defined.get(n.as_ref()) {
-                redefined(n, *pos, first, &mut errors);
-                continue;
-            }
-            let v = f.add_param(n, ty.clone());
-            defined.insert(n.as_ref(), (v, *pos));
-        }
-        let mut created: Vec<Op> = Vec::with_capacity(ops.len());
-        for s in &ops {
-            let mut names: Vec<&str> = Vec::with_capacity(s.results.len());
-            for (n, pos) in &s.results {
-                if let Some(&(_, first)) = defined.get(n.as_ref()) {
-                    redefined(n, *pos, first, &mut errors);
-                }
-                names.push(n.as_ref());
-            }
-            let op = f.create_op(s.kind.clone(), Vec::new(), s.types.clone(), &names);
-            f.set_loc(op, self.loc(s.pos));
-            for (i, (n, pos)) in s.results.iter().enumerate() {
-                defined
-                    .entry(n.as_ref())
-                    .or_insert((f.op(op).results[i], *pos));
-            }
-            created.push(op);
-        }
-        let lookup = |n: &Cow<'a, str>, pos: usize, errors: &mut Vec<Diagnostic>| {
-            let found = defined.get(n.as_ref()).map(|&(v, _)| v);
-            if found.is_none() {
-                errors.push(self.err(pos, format!("undefined value `%{}`", clip(n))));
-            }
-            found
-        };
-        for (s, &op) in ops.iter().zip(&created) {
-            let args: Vec<Value> = s
-                .args
-                .iter()
-                .filter_map(|(n, p)| lookup(n, *p, &mut errors))
-                .collect();
-            let mut deps = Vec::new();
-            for (n, pos) in &s.deps {
-                if let Some(v) = lookup(n, *pos, &mut errors) {
-                    match f.value(v).def {
-                        ValueDef::Result(d, _) => deps.push(d),
-                        ValueDef::Param(_) => errors.push(self.err(
-                            *pos,
-                            format!("`after %{}`: a control dependency must name an op's result, not a parameter", clip(n)),
-                        )),
-                    }
-                }
-            }
-            let d = f.op_mut(op);
-            d.args = args;
-            d.deps = deps;
-            f.append(op);
-        }
-        let results: Vec<Value> = rets
-            .iter()
-            .filter_map(|(n, p)| lookup(n, *p, &mut errors))
-            .collect();
-        if errors.is_empty() {
-            if results.len() != sig_results.len() {
-                errors.push(self.err(
-                    ret_pos,
-                    format!(
-                        "`return` has {} value(s) but the signature of `@{}` declares {} result(s)",
-                        results.len(),
-                        f.name,
-                        sig_results.len()
-                    ),
-                ));
-            } else {
-                for (i, (&v, want)) in results.iter().zip(&sig_results).enumerate() {
-                    if f.ty(v) != want {
-                        errors.push(self.err(
-                            rets[i].1,
-                            format!(
-                                "result {i} `%{}` has type {} but the signature declares {want}",
-                                clip(&rets[i].0),
-                                f.ty(v)
-                            ),
-                        ));
-                    }
-                }
-            }
-        }
-        if !errors.is_empty() {
-            return Err(Diagnostics(errors));
-        }
-        let _ = name_pos;
-        f.set_results(results);
-        Ok(f)
     }
 }
 
