@@ -505,9 +505,8 @@ impl<'a> Parser<'a> {
         body.f.op_mut(op).deps = deps;
         body.f.set_loc(op, self.loc(mpos));
         body.f.append(op);
-        for i in 0..names.len() {
-            let v = body.f.op(op).results[i];
-            body.def_pos[v] = names[i].1;
+        for (&v, (_, pos)) in body.f.op(op).results.iter().zip(names.iter()) {
+            body.def_pos[v] = *pos;
         }
         for (index, (name, pos), is_dep) in unresolved {
             body.pending.push(Pending {
