@@ -45,8 +45,11 @@ impl Diagnostic {
         let mut out = String::new();
         match self.loc {
             Some(loc) => {
-                let line_text = src.lines().nth(loc.line as usize - 1).unwrap_or("");
-                let byte_col = (loc.col as usize - 1).min(line_text.len());
+                let line_text = src
+                    .lines()
+                    .nth((loc.line as usize).saturating_sub(1))
+                    .unwrap_or("");
+                let byte_col = (loc.col as usize).saturating_sub(1).min(line_text.len());
                 let byte_col = floor_char_boundary(line_text, byte_col);
                 let char_col = line_text[..byte_col].chars().count() + 1;
                 out += &format!("{file}:{}:{char_col}: error: {}\n", loc.line, self.message);

@@ -3,6 +3,8 @@
 //! [`run`] takes the arguments and the three standard streams and returns the exit code:
 //! 0 on success, 1 when the input has an error (diagnostics on stderr), 2 on bad usage.
 
+#![deny(missing_docs)]
+
 use clap::{Parser, Subcommand};
 use std::io::{Read, Write};
 use std::time::Duration;

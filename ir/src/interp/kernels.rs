@@ -1,0 +1,719 @@
+//! One plain implementation per op over wide values (see the module docs of `interp`).
+//! Operands are assumed to satisfy the type rules (the function was verified).
+
+use super::{Buf, Val, round, wrap};
+use crate::literal::{Literal, Scalar};
+use crate::ops::{BinaryOp, CmpOp, OpKind, ReduceOp, UnaryOp, normalize_axis};
+use crate::types::{DType, TensorType};
+use crate::typing::slice_range;
+
+type R<T> = Result<T, String>;
+
+fn numel(dims: &[u64]) -> usize {
+    dims.iter().product::<u64>() as usize
+}
+
+/// Row-major strides.
+fn strides(dims: &[u64]) -> Vec<usize> {
+    let mut s = vec![1usize; dims.len()];
+    for i in (0..dims.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * dims[i + 1] as usize;
+    }
+    s
+}
+
+/// Calls `f` with every multi-index of `dims`, in row-major order.
+fn for_each_index(dims: &[u64], mut f: impl FnMut(&[usize])) {
+    if numel(dims) == 0 {
+        return;
+    }
+    let mut idx = vec![0usize; dims.len()];
+    loop {
+        f(&idx);
+        let mut ax = dims.len();
+        loop {
+            if ax == 0 {
+                return;
+            }
+            ax -= 1;
+            idx[ax] += 1;
+            if idx[ax] < dims[ax] as usize {
+                break;
+            }
+            idx[ax] = 0;
+        }
+    }
+}
+
+/// For each element of `to`, the flat index of the element of `from` that broadcasts to it.
+fn bcast_map(from: &[u64], to: &[u64]) -> Vec<usize> {
+    let own = strides(from);
+    let mut st = vec![0usize; to.len()];
+    for (i, &d) in from.iter().enumerate() {
+        let o = to.len() - from.len() + i;
+        st[o] = if d == 1 { 0 } else { own[i] };
+    }
+    let mut out = Vec::with_capacity(numel(to));
+    for_each_index(to, |ix| {
+        out.push(ix.iter().zip(&st).map(|(i, s)| i * s).sum())
+    });
+    out
+}
+
+/// `(outer, n, inner)` sizes around `axis`.
+fn split(dims: &[u64], axis: usize) -> (usize, usize, usize) {
+    (
+        numel(&dims[..axis]),
+        dims[axis] as usize,
+        numel(&dims[axis + 1..]),
+    )
+}
+
+fn unary_f(op: UnaryOp, x: f64) -> f64 {
+    match op {
+        UnaryOp::Neg => -x,
+        UnaryOp::Abs => x.abs(),
+        UnaryOp::Exp => x.exp(),
+        UnaryOp::Log => x.ln(),
+        UnaryOp::Sqrt => x.sqrt(),
+        UnaryOp::Rsqrt => 1.0 / x.sqrt(),
+        UnaryOp::Reciprocal => 1.0 / x,
+        UnaryOp::Tanh => x.tanh(),
+        UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+        UnaryOp::Relu => {
+            if x > 0.0 || x.is_nan() {
+                x
+            } else {
+                0.0
+            }
+        }
+        UnaryOp::Erf => libm::erf(x),
+        UnaryOp::Gelu => 0.5 * x * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2)),
+    }
+}
+
+fn unary_i(op: UnaryOp, x: i64) -> i64 {
+    match op {
+        UnaryOp::Neg => x.wrapping_neg(),
+        UnaryOp::Abs => x.wrapping_abs(),
+        UnaryOp::Relu => x.max(0),
+        _ => unreachable!("type rules allow only neg, abs and relu on integers"),
+    }
+}
+
+fn binary_f(op: BinaryOp, a: f64, b: f64) -> f64 {
+    match op {
+        BinaryOp::Add => a + b,
+        BinaryOp::Sub => a - b,
+        BinaryOp::Mul => a * b,
+        BinaryOp::Div => a / b,
+        BinaryOp::Pow => a.powf(b),
+        BinaryOp::Max | BinaryOp::Min if a.is_nan() || b.is_nan() => f64::NAN,
+        BinaryOp::Max => {
+            if a >= b {
+                a
+            } else {
+                b
+            }
+        }
+        BinaryOp::Min => {
+            if a <= b {
+                a
+            } else {
+                b
+            }
+        }
+    }
+}
+
+/// Integer arithmetic in `i64`, wrapped to `dtype` by the caller. Division truncates; by zero it
+/// is an error; overflow wraps.
+fn binary_i(op: BinaryOp, dtype: DType, a: i64, b: i64) -> R<i64> {
+    Ok(match op {
+        BinaryOp::Add => a.wrapping_add(b),
+        BinaryOp::Sub => a.wrapping_sub(b),
+        BinaryOp::Mul => a.wrapping_mul(b),
+        BinaryOp::Div if b == 0 => return Err("integer division by zero".into()),
+        // In the operands' own width: i8 -128 / -1 wraps to -128, as i64 division then wrapping.
+        BinaryOp::Div => wrap(dtype, a).wrapping_div(wrap(dtype, b)),
+        BinaryOp::Max => a.max(b),
+        BinaryOp::Min => a.min(b),
+        BinaryOp::Pow => unreachable!("type rules allow pow only on floats"),
+    })
+}
+
+fn compare<T: PartialOrd>(op: CmpOp, a: T, b: T) -> bool {
+    match op {
+        CmpOp::Eq => a == b,
+        CmpOp::Ne => a != b,
+        CmpOp::Lt => a < b,
+        CmpOp::Le => a <= b,
+        CmpOp::Gt => a > b,
+        CmpOp::Ge => a >= b,
+    }
+}
+
+fn cast(v: &Val, to: DType) -> Buf {
+    fn f_to_i(x: f64, to: DType) -> i64 {
+        // Rust's `as`: truncate toward zero, saturate, NaN to 0.
+        match to {
+            DType::I8 => x as i8 as i64,
+            DType::U8 => x as u8 as i64,
+            DType::I32 => x as i32 as i64,
+            _ => x as i64,
+        }
+    }
+    match (&v.buf, to) {
+        (Buf::F(x), DType::Bool) => Buf::B(x.iter().map(|&a| a != 0.0).collect()),
+        (Buf::F(x), DType::F32 | DType::F64) => Buf::F(x.clone()),
+        (Buf::F(x), _) => Buf::I(x.iter().map(|&a| f_to_i(a, to)).collect()),
+        (Buf::I(x), DType::Bool) => Buf::B(x.iter().map(|&a| a != 0).collect()),
+        // Directly to f32, not through f64: one rounding.
+        (Buf::I(x), DType::F32) => Buf::F(x.iter().map(|&a| a as f32 as f64).collect()),
+        (Buf::I(x), DType::F64) => Buf::F(x.iter().map(|&a| a as f64).collect()),
+        (Buf::I(x), _) => Buf::I(x.clone()),
+        (Buf::B(x), DType::Bool) => Buf::B(x.clone()),
+        (Buf::B(x), DType::F32 | DType::F64) => Buf::F(x.iter().map(|&a| a as u8 as f64).collect()),
+        (Buf::B(x), _) => Buf::I(x.iter().map(|&a| a as i64).collect()),
+    }
+}
+
+fn literal(ty: &TensorType, value: &Literal) -> Buf {
+    let n = ty.numel() as usize;
+    let wide = |s: Scalar| -> Buf {
+        match s {
+            Scalar::F32(x) => Buf::F(vec![x as f64]),
+            Scalar::F64(x) => Buf::F(vec![x]),
+            Scalar::I8(x) => Buf::I(vec![x as i64]),
+            Scalar::U8(x) => Buf::I(vec![x as i64]),
+            Scalar::I32(x) => Buf::I(vec![x as i64]),
+            Scalar::I64(x) => Buf::I(vec![x]),
+            Scalar::Bool(x) => Buf::B(vec![x]),
+        }
+    };
+    let get = |i: usize| wide(value.get(i));
+    match get(0) {
+        Buf::F(_) => Buf::F(
+            (0..n)
+                .map(|i| {
+                    if let Buf::F(v) = get(i) {
+                        v[0]
+                    } else {
+                        unreachable!()
+                    }
+                })
+                .collect(),
+        ),
+        Buf::I(_) => Buf::I(
+            (0..n)
+                .map(|i| {
+                    if let Buf::I(v) = get(i) {
+                        v[0]
+                    } else {
+                        unreachable!()
+                    }
+                })
+                .collect(),
+        ),
+        Buf::B(_) => Buf::B(
+            (0..n)
+                .map(|i| {
+                    if let Buf::B(v) = get(i) {
+                        v[0]
+                    } else {
+                        unreachable!()
+                    }
+                })
+                .collect(),
+        ),
+    }
+}
+
+/// Normalises an index into an axis of size `n`: `[-n, n)`, negative counting from the end.
+fn index(i: i64, n: usize) -> R<usize> {
+    let j = if i < 0 { i + n as i64 } else { i };
+    if (0..n as i64).contains(&j) {
+        Ok(j as usize)
+    } else {
+        Err(format!("index {i} is out of range for an axis of size {n}"))
+    }
+}
+
+fn reduce(op: ReduceOp, x: &Val, axes: &[i64], out: &TensorType) -> R<Buf> {
+    let dims = x.dims();
+    let mut kept: Vec<u64> = dims.to_vec();
+    let mut reduced = vec![false; dims.len()];
+    for &a in axes {
+        let i = normalize_axis(a, dims.len()).expect("verified axes");
+        reduced[i] = true;
+        kept[i] = 1;
+    }
+    let ks = strides(&kept);
+    let st: Vec<usize> = (0..dims.len())
+        .map(|i| if reduced[i] { 0 } else { ks[i] })
+        .collect();
+    let n_out = out.numel() as usize;
+    let count: usize = (0..dims.len())
+        .filter(|&i| reduced[i])
+        .map(|i| dims[i] as usize)
+        .product();
+    if op == ReduceOp::Max && count == 0 && n_out > 0 {
+        return Err("reduce_max over an empty axis has no value".into());
+    }
+    let mut target = Vec::with_capacity(numel(dims));
+    for_each_index(dims, |ix| {
+        target.push(ix.iter().zip(&st).map(|(i, s)| i * s).sum::<usize>())
+    });
+    Ok(match &x.buf {
+        Buf::F(v) => {
+            let init = if op == ReduceOp::Max {
+                f64::NEG_INFINITY
+            } else {
+                0.0
+            };
+            let mut acc = vec![init; n_out];
+            for (k, &t) in target.iter().enumerate() {
+                acc[t] = match op {
+                    ReduceOp::Max => binary_f(BinaryOp::Max, acc[t], v[k]),
+                    _ => acc[t] + v[k],
+                };
+            }
+            if op == ReduceOp::Mean {
+                acc.iter_mut().for_each(|a| *a /= count as f64);
+            }
+            Buf::F(acc)
+        }
+        Buf::I(v) => {
+            let init = if op == ReduceOp::Max { i64::MIN } else { 0 };
+            let mut acc = vec![init; n_out];
+            for (k, &t) in target.iter().enumerate() {
+                acc[t] = if op == ReduceOp::Max {
+                    acc[t].max(v[k])
+                } else {
+                    acc[t].wrapping_add(v[k])
+                };
+            }
+            Buf::I(acc)
+        }
+        Buf::B(_) => unreachable!("type rules forbid reducing bool"),
+    })
+}
+
+fn softmax(x: &Val, axis: i64, log: bool) -> Buf {
+    let v = x.f();
+    let a = normalize_axis(axis, x.ty.rank()).expect("verified axis");
+    let (outer, n, inner) = split(x.dims(), a);
+    let mut out = vec![0.0; v.len()];
+    for o in 0..outer {
+        for i in 0..inner {
+            let at = |j: usize| (o * n + j) * inner + i;
+            let m = (0..n)
+                .map(|j| v[at(j)])
+                .fold(f64::NEG_INFINITY, |m, y| binary_f(BinaryOp::Max, m, y));
+            let s: f64 = (0..n).map(|j| (v[at(j)] - m).exp()).sum();
+            for j in 0..n {
+                out[at(j)] = if log {
+                    v[at(j)] - m - s.ln()
+                } else {
+                    (v[at(j)] - m).exp() / s
+                };
+            }
+        }
+    }
+    Buf::F(out)
+}
+
+/// Applies `(x - mean) / sqrt(var + eps) * gamma + beta` per channel (axis 1).
+fn normalize(x: &Val, gamma: &[f64], beta: &[f64], mean: &[f64], var: &[f64], eps: f64) -> Buf {
+    let (_, c, inner) = split(x.dims(), 1);
+    let v = x.f();
+    Buf::F(
+        (0..v.len())
+            .map(|k| {
+                let ch = (k / inner) % c;
+                (v[k] - mean[ch]) / (var[ch] + eps).sqrt() * gamma[ch] + beta[ch]
+            })
+            .collect(),
+    )
+}
+
+fn batch_stats(x: &Val) -> (Vec<f64>, Vec<f64>) {
+    let (outer, c, inner) = split(x.dims(), 1);
+    let v = x.f();
+    let count = (outer * inner) as f64;
+    let mut mean = vec![0.0; c];
+    for (k, &a) in v.iter().enumerate() {
+        mean[(k / inner) % c] += a;
+    }
+    mean.iter_mut().for_each(|m| *m /= count);
+    let mut var = vec![0.0; c];
+    for (k, &a) in v.iter().enumerate() {
+        let ch = (k / inner) % c;
+        var[ch] += (a - mean[ch]) * (a - mean[ch]);
+    }
+    var.iter_mut().for_each(|s| *s /= count);
+    (mean, var)
+}
+
+/// Gathers elements of `buf` by flat index.
+fn take(buf: &Buf, idx: impl Iterator<Item = usize>) -> Buf {
+    match buf {
+        Buf::F(v) => Buf::F(idx.map(|i| v[i]).collect()),
+        Buf::I(v) => Buf::I(idx.map(|i| v[i]).collect()),
+        Buf::B(v) => Buf::B(idx.map(|i| v[i]).collect()),
+    }
+}
+
+/// Evaluates `kind` on `args`, producing values of types `tys`.
+pub(crate) fn eval(kind: &OpKind, args: &[&Val], tys: &[TensorType]) -> R<Vec<Val>> {
+    let out = &tys[0];
+    let n = out.numel() as usize;
+    let make = |ty: &TensorType, buf: Buf| Val {
+        ty: ty.clone(),
+        buf: round(ty.dtype(), buf),
+    };
+    let buf = match kind {
+        OpKind::Const { ty, value } => literal(ty, value),
+        OpKind::Unary(u) => match &args[0].buf {
+            Buf::F(x) => Buf::F(x.iter().map(|&v| unary_f(*u, v)).collect()),
+            Buf::I(x) => Buf::I(x.iter().map(|&v| unary_i(*u, v)).collect()),
+            Buf::B(_) => unreachable!("type rules forbid unary ops on bool"),
+        },
+        OpKind::Binary(b) => {
+            let (ia, ib) = (
+                bcast_map(args[0].dims(), out.dims()),
+                bcast_map(args[1].dims(), out.dims()),
+            );
+            match (&args[0].buf, &args[1].buf) {
+                (Buf::F(x), Buf::F(y)) => {
+                    Buf::F((0..n).map(|k| binary_f(*b, x[ia[k]], y[ib[k]])).collect())
+                }
+                (Buf::I(x), Buf::I(y)) => Buf::I(
+                    (0..n)
+                        .map(|k| binary_i(*b, out.dtype(), x[ia[k]], y[ib[k]]))
+                        .collect::<R<_>>()?,
+                ),
+                _ => unreachable!("type rules: numeric operands of one dtype"),
+            }
+        }
+        OpKind::Compare(c) => {
+            let (ia, ib) = (
+                bcast_map(args[0].dims(), out.dims()),
+                bcast_map(args[1].dims(), out.dims()),
+            );
+            Buf::B(match (&args[0].buf, &args[1].buf) {
+                (Buf::F(x), Buf::F(y)) => (0..n).map(|k| compare(*c, x[ia[k]], y[ib[k]])).collect(),
+                (Buf::I(x), Buf::I(y)) => (0..n).map(|k| compare(*c, x[ia[k]], y[ib[k]])).collect(),
+                (Buf::B(x), Buf::B(y)) => (0..n).map(|k| compare(*c, x[ia[k]], y[ib[k]])).collect(),
+                _ => unreachable!("type rules: operands of one dtype"),
+            })
+        }
+        OpKind::Select => {
+            let ic = bcast_map(args[0].dims(), out.dims());
+            let (ia, ib) = (
+                bcast_map(args[1].dims(), out.dims()),
+                bcast_map(args[2].dims(), out.dims()),
+            );
+            let cond = args[0].b();
+            let pick = |k: usize| if cond[ic[k]] { (1, ia[k]) } else { (2, ib[k]) };
+            match &args[1].buf {
+                Buf::F(_) => Buf::F(
+                    (0..n)
+                        .map(|k| {
+                            let (w, i) = pick(k);
+                            args[w].f()[i]
+                        })
+                        .collect(),
+                ),
+                Buf::I(_) => Buf::I(
+                    (0..n)
+                        .map(|k| {
+                            let (w, i) = pick(k);
+                            args[w].i()[i]
+                        })
+                        .collect(),
+                ),
+                Buf::B(_) => Buf::B(
+                    (0..n)
+                        .map(|k| {
+                            let (w, i) = pick(k);
+                            args[w].b()[i]
+                        })
+                        .collect(),
+                ),
+            }
+        }
+        OpKind::BroadcastTo { .. } => take(
+            &args[0].buf,
+            bcast_map(args[0].dims(), out.dims()).into_iter(),
+        ),
+        OpKind::Cast { to } => cast(args[0], *to),
+        OpKind::StopGradient | OpKind::Identity | OpKind::Reshape { .. } => args[0].buf.clone(),
+        OpKind::MatMul => {
+            let (a, b) = (args[0], args[1]);
+            let (ad, bd, od) = (a.dims(), b.dims(), out.dims());
+            let (m, k) = (ad[ad.len() - 2] as usize, ad[ad.len() - 1] as usize);
+            let nn = bd[bd.len() - 1] as usize;
+            let batch = &od[..od.len() - 2];
+            let am = bcast_map(&ad[..ad.len() - 2], batch);
+            let bm = bcast_map(&bd[..bd.len() - 2], batch);
+            match (&a.buf, &b.buf) {
+                (Buf::F(x), Buf::F(y)) => {
+                    let mut o = vec![0.0; n];
+                    for (bi, (&ao, &bo)) in am.iter().zip(&bm).enumerate() {
+                        for i in 0..m {
+                            for j in 0..nn {
+                                let s: f64 = (0..k)
+                                    .map(|p| {
+                                        x[ao * m * k + i * k + p] * y[bo * k * nn + p * nn + j]
+                                    })
+                                    .sum();
+                                o[(bi * m + i) * nn + j] = s;
+                            }
+                        }
+                    }
+                    Buf::F(o)
+                }
+                (Buf::I(x), Buf::I(y)) => {
+                    let mut o = vec![0i64; n];
+                    for (bi, (&ao, &bo)) in am.iter().zip(&bm).enumerate() {
+                        for i in 0..m {
+                            for j in 0..nn {
+                                o[(bi * m + i) * nn + j] = (0..k).fold(0i64, |s, p| {
+                                    s.wrapping_add(
+                                        x[ao * m * k + i * k + p]
+                                            .wrapping_mul(y[bo * k * nn + p * nn + j]),
+                                    )
+                                });
+                            }
+                        }
+                    }
+                    Buf::I(o)
+                }
+                _ => unreachable!("type rules: numeric operands of one dtype"),
+            }
+        }
+        OpKind::Conv2d(c) => {
+            let (x, w) = (args[0].f(), args[1].f());
+            let [_, ch, h, wd] = [0, 1, 2, 3].map(|i| args[0].dims()[i] as usize);
+            let [_, cg, kh, kw] = [0, 1, 2, 3].map(|i| args[1].dims()[i] as usize);
+            let [nb, o, oh, ow] = [0, 1, 2, 3].map(|i| out.dims()[i] as usize);
+            let og = o / c.groups as usize;
+            let (sh, sw) = (c.strides[0] as i64, c.strides[1] as i64);
+            let (dh, dw) = (c.dilations[0] as i64, c.dilations[1] as i64);
+            let (pt, pl) = (c.pads[0] as i64, c.pads[1] as i64);
+            let mut res = vec![0.0; n];
+            for_each_index(&[nb as u64, o as u64, oh as u64, ow as u64], |ix| {
+                let [b, oc, y, xx] = [ix[0], ix[1], ix[2], ix[3]];
+                let g = oc / og;
+                let mut s = 0.0;
+                for ci in 0..cg {
+                    let cin = g * cg + ci;
+                    for ky in 0..kh {
+                        let iy = y as i64 * sh - pt + ky as i64 * dh;
+                        if iy < 0 || iy >= h as i64 {
+                            continue;
+                        }
+                        for kx in 0..kw {
+                            let ix_ = xx as i64 * sw - pl + kx as i64 * dw;
+                            if ix_ < 0 || ix_ >= wd as i64 {
+                                continue;
+                            }
+                            let xv = x[((b * ch + cin) * h + iy as usize) * wd + ix_ as usize];
+                            s += xv * w[((oc * cg + ci) * kh + ky) * kw + kx];
+                        }
+                    }
+                }
+                res[((b * o + oc) * oh + y) * ow + xx] = s;
+            });
+            Buf::F(res)
+        }
+        OpKind::MaxPool2d(p) | OpKind::AvgPool2d { pool: p, .. } => {
+            let x = args[0];
+            let [nb, ch, h, wd] = [0, 1, 2, 3].map(|i| x.dims()[i] as usize);
+            let [_, _, oh, ow] = [0, 1, 2, 3].map(|i| out.dims()[i] as usize);
+            let include_pad = matches!(
+                kind,
+                OpKind::AvgPool2d {
+                    count_include_pad: true,
+                    ..
+                }
+            );
+            let is_max = matches!(kind, OpKind::MaxPool2d(_));
+            // The flat indices of the real (unpadded) elements of each window.
+            let window = |b: usize, c: usize, y: usize, xx: usize| -> Vec<usize> {
+                let mut v = Vec::new();
+                for ky in 0..p.kernel[0] as i64 {
+                    let iy = y as i64 * p.strides[0] as i64 - p.pads[0] as i64 + ky;
+                    for kx in 0..p.kernel[1] as i64 {
+                        let ix_ = xx as i64 * p.strides[1] as i64 - p.pads[1] as i64 + kx;
+                        if (0..h as i64).contains(&iy) && (0..wd as i64).contains(&ix_) {
+                            v.push(((b * ch + c) * h + iy as usize) * wd + ix_ as usize);
+                        }
+                    }
+                }
+                v
+            };
+            let dims = [nb as u64, ch as u64, oh as u64, ow as u64];
+            let full = (p.kernel[0] * p.kernel[1]) as f64;
+            match &x.buf {
+                Buf::F(v) => {
+                    let mut res = Vec::with_capacity(n);
+                    for_each_index(&dims, |ix| {
+                        let w = window(ix[0], ix[1], ix[2], ix[3]);
+                        res.push(if is_max {
+                            w.iter()
+                                .fold(f64::NEG_INFINITY, |m, &i| binary_f(BinaryOp::Max, m, v[i]))
+                        } else {
+                            w.iter().map(|&i| v[i]).sum::<f64>()
+                                / if include_pad { full } else { w.len() as f64 }
+                        });
+                    });
+                    Buf::F(res)
+                }
+                Buf::I(v) => {
+                    let mut res = Vec::with_capacity(n);
+                    for_each_index(&dims, |ix| {
+                        let w = window(ix[0], ix[1], ix[2], ix[3]);
+                        res.push(
+                            w.iter()
+                                .map(|&i| v[i])
+                                .max()
+                                .expect("pads are smaller than the kernel"),
+                        );
+                    });
+                    Buf::I(res)
+                }
+                Buf::B(_) => unreachable!("type rules forbid pooling bool"),
+            }
+        }
+        OpKind::GlobalAvgPool => {
+            let x = args[0].f();
+            let hw = numel(&args[0].dims()[2..]);
+            Buf::F(
+                (0..n)
+                    .map(|k| x[k * hw..(k + 1) * hw].iter().sum::<f64>() / hw as f64)
+                    .collect(),
+            )
+        }
+        OpKind::Reduce { op, axes, .. } => reduce(*op, args[0], axes, out)?,
+        OpKind::Softmax { axis } => softmax(args[0], *axis, false),
+        OpKind::LogSoftmax { axis } => softmax(args[0], *axis, true),
+        OpKind::SoftmaxCrossEntropy => {
+            let (x, labels) = (args[0], args[1].i());
+            let (rows, classes) = (x.dims()[0] as usize, x.dims()[1] as usize);
+            let logp = softmax(x, 1, true);
+            let Buf::F(lp) = logp else { unreachable!() };
+            let mut total = 0.0;
+            for (r, &l) in labels.iter().enumerate() {
+                if !(0..classes as i64).contains(&l) {
+                    return Err(format!(
+                        "label {l} in row {r} is out of range for {classes} classes"
+                    ));
+                }
+                total -= lp[r * classes + l as usize];
+            }
+            Buf::F(vec![total / rows as f64])
+        }
+        OpKind::BatchNorm { eps } => {
+            let [g, b, m, v] = [1, 2, 3, 4].map(|i| args[i].f());
+            normalize(args[0], g, b, m, v, eps.0)
+        }
+        OpKind::BatchNormTrain { eps } => {
+            let (mean, var) = batch_stats(args[0]);
+            let y = normalize(args[0], args[1].f(), args[2].f(), &mean, &var, eps.0);
+            return Ok(vec![
+                make(&tys[0], y),
+                make(&tys[1], Buf::F(mean)),
+                make(&tys[2], Buf::F(var)),
+            ]);
+        }
+        OpKind::Transpose { perm } => {
+            let ins = strides(args[0].dims());
+            let st: Vec<usize> = perm.iter().map(|&p| ins[p as usize]).collect();
+            let mut idx = Vec::with_capacity(n);
+            for_each_index(out.dims(), |ix| {
+                idx.push(ix.iter().zip(&st).map(|(i, s)| i * s).sum())
+            });
+            take(&args[0].buf, idx.into_iter())
+        }
+        OpKind::Concat { axis } => {
+            let a = normalize_axis(*axis, out.rank()).expect("verified axis");
+            let (outer, _, inner) = split(out.dims(), a);
+            let mut idx: Vec<(usize, usize)> = Vec::with_capacity(n);
+            for o in 0..outer {
+                for (t, v) in args.iter().enumerate() {
+                    let slab = v.dims()[a] as usize * inner;
+                    idx.extend((0..slab).map(|i| (t, o * slab + i)));
+                }
+            }
+            match &args[0].buf {
+                Buf::F(_) => Buf::F(idx.iter().map(|&(t, i)| args[t].f()[i]).collect()),
+                Buf::I(_) => Buf::I(idx.iter().map(|&(t, i)| args[t].i()[i]).collect()),
+                Buf::B(_) => Buf::B(idx.iter().map(|&(t, i)| args[t].b()[i]).collect()),
+            }
+        }
+        OpKind::Slice {
+            starts,
+            ends,
+            steps,
+        } => {
+            let dims = args[0].dims();
+            let ins = strides(dims);
+            let starts: Vec<i64> = (0..dims.len())
+                .map(|i| slice_range(dims[i], starts[i], ends[i], steps[i]).0)
+                .collect();
+            let mut idx = Vec::with_capacity(n);
+            for_each_index(out.dims(), |ix| {
+                idx.push(
+                    (0..ix.len())
+                        .map(|a| (starts[a] + ix[a] as i64 * steps[a]) as usize * ins[a])
+                        .sum(),
+                )
+            });
+            take(&args[0].buf, idx.into_iter())
+        }
+        OpKind::Gather { axis } => {
+            let a = normalize_axis(*axis, args[0].ty.rank()).expect("verified axis");
+            let (outer, len, inner) = split(args[0].dims(), a);
+            let ids = args[1].i();
+            let mut idx = Vec::with_capacity(n);
+            for o in 0..outer {
+                for &j in ids {
+                    let j = index(j, len)?;
+                    idx.extend((0..inner).map(|i| (o * len + j) * inner + i));
+                }
+            }
+            take(&args[0].buf, idx.into_iter())
+        }
+        OpKind::ScatterAdd { axis } => {
+            let a = normalize_axis(*axis, args[0].ty.rank()).expect("verified axis");
+            let (outer, len, inner) = split(args[0].dims(), a);
+            let ids = args[1].i();
+            let mut targets = Vec::with_capacity(numel(args[2].dims()));
+            for o in 0..outer {
+                for &j in ids {
+                    let j = index(j, len)?;
+                    targets.extend((0..inner).map(|i| (o * len + j) * inner + i));
+                }
+            }
+            match (&args[0].buf, &args[2].buf) {
+                (Buf::F(d), Buf::F(u)) => {
+                    let mut o = d.clone();
+                    targets.iter().zip(u).for_each(|(&t, &x)| o[t] += x);
+                    Buf::F(o)
+                }
+                (Buf::I(d), Buf::I(u)) => {
+                    let mut o = d.clone();
+                    targets
+                        .iter()
+                        .zip(u)
+                        .for_each(|(&t, &x)| o[t] = o[t].wrapping_add(x));
+                    Buf::I(o)
+                }
+                _ => unreachable!("type rules: numeric data and updates of one dtype"),
+            }
+        }
+    };
+    Ok(vec![make(out, buf)])
+}

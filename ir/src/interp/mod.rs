@@ -1,0 +1,233 @@
+//! The reference interpreter: runs every op directly and simply. It is the oracle that the JIT
+//! and every pass that must not change results are tested against.
+//!
+//! Values are held in a wide form: floats as `f64`, integers as `i64`, booleans as `bool`. Each op
+//! computes in that form (so sums, dot products, convolutions and softmax accumulate in `f64`) and
+//! rounds its result to the declared dtype: `f32` results are rounded once, integer results wrap
+//! to their width. Floats of dtype `f64` therefore compute in plain `f64`.
+//!
+//! Run-time errors (integer division by zero, an index out of range, a reduction of `max` over an
+//! empty axis) name the op. Inputs are checked against the parameters before anything runs.
+//! Control dependencies do not affect results (ops are pure) and are ignored.
+
+mod kernels;
+
+use crate::function::{Function, Op, Value, ValueDef};
+use crate::literal::Data;
+use crate::printer::write_name;
+use crate::tensor::Tensor;
+use crate::types::{DType, TensorType};
+use cranelift_entity::SecondaryMap;
+use std::fmt;
+
+/// A failure while interpreting: bad inputs, or a run-time error in an op.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InterpError(pub String);
+
+impl fmt::Display for InterpError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for InterpError {}
+
+/// Elements in wide form.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Buf {
+    F(Vec<f64>),
+    I(Vec<i64>),
+    B(Vec<bool>),
+}
+
+/// A value during interpretation.
+#[derive(Clone, Debug)]
+pub(crate) struct Val {
+    pub ty: TensorType,
+    pub buf: Buf,
+}
+
+impl Val {
+    pub fn f(&self) -> &[f64] {
+        match &self.buf {
+            Buf::F(v) => v,
+            _ => unreachable!("verified IR: a float operand"),
+        }
+    }
+    pub fn i(&self) -> &[i64] {
+        match &self.buf {
+            Buf::I(v) => v,
+            _ => unreachable!("verified IR: an integer operand"),
+        }
+    }
+    pub fn b(&self) -> &[bool] {
+        match &self.buf {
+            Buf::B(v) => v,
+            _ => unreachable!("verified IR: a bool operand"),
+        }
+    }
+    pub fn dims(&self) -> &[u64] {
+        self.ty.dims()
+    }
+}
+
+/// Wraps an integer to the width of `dtype`.
+pub(crate) fn wrap(dtype: DType, v: i64) -> i64 {
+    match dtype {
+        DType::I8 => v as i8 as i64,
+        DType::U8 => v as u8 as i64,
+        DType::I32 => v as i32 as i64,
+        _ => v,
+    }
+}
+
+/// Rounds a wide buffer to `dtype`'s precision or width.
+pub(crate) fn round(dtype: DType, buf: Buf) -> Buf {
+    match (dtype, buf) {
+        (DType::F32, Buf::F(mut v)) => {
+            v.iter_mut().for_each(|x| *x = *x as f32 as f64);
+            Buf::F(v)
+        }
+        (DType::I8 | DType::U8 | DType::I32, Buf::I(mut v)) => {
+            v.iter_mut().for_each(|x| *x = wrap(dtype, *x));
+            Buf::I(v)
+        }
+        (_, buf) => buf,
+    }
+}
+
+fn widen(t: &Tensor) -> Val {
+    let buf = match t.data() {
+        Data::F32(v) => Buf::F(v.iter().map(|&x| x as f64).collect()),
+        Data::F64(v) => Buf::F(v.clone()),
+        Data::I8(v) => Buf::I(v.iter().map(|&x| x as i64).collect()),
+        Data::U8(v) => Buf::I(v.iter().map(|&x| x as i64).collect()),
+        Data::I32(v) => Buf::I(v.iter().map(|&x| x as i64).collect()),
+        Data::I64(v) => Buf::I(v.clone()),
+        Data::Bool(v) => Buf::B(v.clone()),
+    };
+    Val {
+        ty: t.ty().clone(),
+        buf,
+    }
+}
+
+fn narrow(v: Val) -> Tensor {
+    let data = match (v.ty.dtype(), v.buf) {
+        (DType::F32, Buf::F(x)) => Data::F32(x.into_iter().map(|a| a as f32).collect()),
+        (DType::F64, Buf::F(x)) => Data::F64(x),
+        (DType::I8, Buf::I(x)) => Data::I8(x.into_iter().map(|a| a as i8).collect()),
+        (DType::U8, Buf::I(x)) => Data::U8(x.into_iter().map(|a| a as u8).collect()),
+        (DType::I32, Buf::I(x)) => Data::I32(x.into_iter().map(|a| a as i32).collect()),
+        (DType::I64, Buf::I(x)) => Data::I64(x),
+        (DType::Bool, Buf::B(x)) => Data::Bool(x),
+        (d, _) => unreachable!("a {d} value with the wrong buffer kind"),
+    };
+    Tensor::new(v.ty, data).expect("the interpreter keeps types and element counts")
+}
+
+fn vname(f: &Function, v: Value) -> String {
+    let mut s = String::new();
+    let _ = write_name(&mut s, '%', f.name(v));
+    crate::diag::clip(&s)
+}
+
+/// Checks `inputs` against the parameters of `f`: count, dtype and shape.
+pub fn check_inputs(f: &Function, inputs: &[Tensor]) -> Result<(), InterpError> {
+    if inputs.len() != f.params().len() {
+        return Err(InterpError(format!(
+            "`@{}` takes {} input(s), got {}",
+            f.name,
+            f.params().len(),
+            inputs.len()
+        )));
+    }
+    for (&p, t) in f.params().iter().zip(inputs) {
+        if t.ty() != f.ty(p) {
+            return Err(InterpError(format!(
+                "input for parameter {} of `@{}`: expected {}, got {}",
+                vname(f, p),
+                f.name,
+                f.ty(p),
+                t.ty()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Runs `f` on `inputs` and returns its results. The function must verify.
+pub fn run(f: &Function, inputs: &[Tensor]) -> Result<Vec<Tensor>, InterpError> {
+    check_inputs(f, inputs)?;
+    let sched = f.schedule();
+    // Free each value after its last use; results live to the end.
+    let mut last_use: SecondaryMap<Value, usize> =
+        SecondaryMap::with_capacity(f.num_values_created());
+    for (i, &op) in sched.iter().enumerate() {
+        for &a in &f.op(op).args {
+            last_use[a] = i;
+        }
+    }
+    for &r in f.results() {
+        last_use[r] = usize::MAX;
+    }
+    let mut vals: SecondaryMap<Value, Option<Val>> =
+        SecondaryMap::with_capacity(f.num_values_created());
+    for (&p, t) in f.params().iter().zip(inputs) {
+        vals[p] = Some(widen(t));
+    }
+    for (i, &op) in sched.iter().enumerate() {
+        let d = f.op(op);
+        let outs = {
+            let args: Vec<&Val> = d
+                .args
+                .iter()
+                .map(|&a| {
+                    vals[a]
+                        .as_ref()
+                        .expect("verified IR: operands are defined before use")
+                })
+                .collect();
+            let tys: Vec<TensorType> = d.results.iter().map(|&r| f.ty(r).clone()).collect();
+            kernels::eval(&d.kind, &args, &tys).map_err(|e| op_error(f, op, e))?
+        };
+        for (&r, v) in d.results.iter().zip(outs) {
+            debug_assert_eq!(&v.ty, f.ty(r));
+            vals[r] = Some(v);
+        }
+        for &a in &d.args {
+            if last_use[a] == i && !matches!(f.value(a).def, ValueDef::Param(_)) {
+                vals[a] = None;
+            }
+        }
+    }
+    Ok(f.results()
+        .iter()
+        .map(|&r| {
+            let v = vals[r].clone().expect("verified IR: results are defined");
+            narrow(v)
+        })
+        .collect())
+}
+
+fn op_error(f: &Function, op: Op, msg: String) -> InterpError {
+    InterpError(format!(
+        "in `@{}`, {}: {msg}",
+        f.name,
+        crate::diag::clip(&f.describe_op(op))
+    ))
+}
+
+/// Evaluates one op on constant operands, for constant folding: `None` if it fails at run time
+/// (the error is left for run time to report).
+pub fn eval_op(
+    kind: &crate::ops::OpKind,
+    args: &[&Tensor],
+    out: &[TensorType],
+) -> Option<Vec<Tensor>> {
+    let wide: Vec<Val> = args.iter().map(|t| widen(t)).collect();
+    let refs: Vec<&Val> = wide.iter().collect();
+    kernels::eval(kind, &refs, out)
+        .ok()
+        .map(|vs| vs.into_iter().map(narrow).collect())
+}
