@@ -2,11 +2,14 @@
 //! - print, parse and print again gives the same text, and the parsed function verifies;
 //! - every pass, and pipelines of them, leave the IR valid (verified after each pass);
 //! - `cse`, `dce` and `canonicalize` reach a fixed point: running one again changes nothing;
-//! - `dce` and `cse` never add ops.
+//! - `dce` and `cse` never add ops;
+//! - every pass leaves results unchanged: the reference interpreter gives the same values before
+//!   and after, on random inputs (NaNs equal to NaNs, and the sign of zero not significant, since
+//!   `canonicalize` rewrites `x + 0` to `x`).
 
 use proptest::prelude::*;
-use tcc::ir::random::random_function;
-use tcc::ir::{Module, parse_module, verify_module};
+use tcc::ir::random::{Rng, random_function, random_tensor};
+use tcc::ir::{Data, Module, Tensor, parse_module, verify_module};
 use tcc::passes::{PassManager, Pipeline};
 
 fn module(seed: u64, n: usize) -> Module {
@@ -68,6 +71,47 @@ proptest! {
             run(&mut m, pass);
             prop_assert_eq!(m.to_string(), once, "{} is not idempotent", pass);
         }
+    }
+}
+
+/// Floats equal, or both NaN; zeros equal whatever their sign. Everything else exactly.
+fn same_results(a: &[Tensor], b: &[Tensor]) -> Result<(), String> {
+    fn close(x: f64, y: f64) -> bool {
+        x == y || (x.is_nan() && y.is_nan())
+    }
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        let ok = x.ty() == y.ty()
+            && match (x.data(), y.data()) {
+                (Data::F32(p), Data::F32(q)) => {
+                    p.iter().zip(q).all(|(&u, &v)| close(u as f64, v as f64))
+                }
+                (Data::F64(p), Data::F64(q)) => p.iter().zip(q).all(|(&u, &v)| close(u, v)),
+                (p, q) => p == q,
+            };
+        if !ok {
+            return Err(format!("result {i} differs:\n{x:?}\n{y:?}"));
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    #[test]
+    fn passes_do_not_change_results(seed in any::<u64>(), n in 1usize..50, order in 0usize..4) {
+        let pipelines = ["canonicalize", "cse", "dce", "canonicalize{fold-limit=100000},cse,dce"];
+        let m = module(seed, n);
+        let f = &m.functions[0];
+        let mut rng = Rng::new(seed ^ 0x5eed);
+        let inputs: Vec<Tensor> = f.params().iter().map(|&p| random_tensor(f.ty(p), &mut rng)).collect();
+        // A function that fails at run time (reduce_max of an empty axis) has nothing to compare.
+        let Ok(before) = tcc::ir::interp::run(f, &inputs) else { return Ok(()) };
+        let mut m2 = m.clone();
+        run(&mut m2, pipelines[order]);
+        let after = tcc::ir::interp::run(&m2.functions[0], &inputs)
+            .map_err(|e| TestCaseError::fail(format!("{}: {e}", pipelines[order])))?;
+        same_results(&before, &after).map_err(|e| TestCaseError::fail(format!("{}: {e}\n{m}\n{m2}", pipelines[order])))?;
     }
 }
 

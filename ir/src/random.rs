@@ -9,6 +9,7 @@ use crate::builder::FunctionBuilder;
 use crate::function::{Function, Value};
 use crate::literal::{Data, Literal, Scalar};
 use crate::ops::{BinaryOp, CmpOp, Conv2d, F64, OpKind, Pool2d, ReduceOp, UnaryOp};
+use crate::tensor::Tensor;
 use crate::types::{DType, TensorType};
 
 /// SplitMix64: a small, fast, seedable generator.
@@ -424,4 +425,21 @@ pub fn random_function(seed: u64, n_ops: usize) -> Function {
     }
     g.b.finish(&results)
         .expect("generated functions are well typed")
+}
+
+/// A tensor of random values: floats uniform in `[-1, 1)`, integers uniform in `[0, 8)`,
+/// booleans fair coin flips.
+pub fn random_tensor(ty: &TensorType, rng: &mut Rng) -> Tensor {
+    let n = ty.numel() as usize;
+    let mut unit = || (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0;
+    let data = match ty.dtype() {
+        DType::F32 => Data::F32((0..n).map(|_| unit() as f32).collect()),
+        DType::F64 => Data::F64((0..n).map(|_| unit()).collect()),
+        DType::I8 => Data::I8((0..n).map(|_| ((unit() + 1.0) * 4.0) as i8).collect()),
+        DType::U8 => Data::U8((0..n).map(|_| ((unit() + 1.0) * 4.0) as u8).collect()),
+        DType::I32 => Data::I32((0..n).map(|_| ((unit() + 1.0) * 4.0) as i32).collect()),
+        DType::I64 => Data::I64((0..n).map(|_| ((unit() + 1.0) * 4.0) as i64).collect()),
+        DType::Bool => Data::Bool((0..n).map(|_| unit() >= 0.0).collect()),
+    };
+    Tensor::new(ty.clone(), data).expect("generated to fit")
 }

@@ -396,3 +396,18 @@ fn inputs_are_checked_before_running() {
     let e = eval(&src, vec![]).unwrap_err();
     assert_eq!(e, "`@f` takes 1 input(s), got 0");
 }
+
+#[test]
+fn empty_tensors() {
+    let src = "func @f(%x: f32[0,3]) -> (f32[0,3], f32[3], f32[0]) {
+  %c = const {value=[]} : f32[0,3]
+  %s = add %x, %c : f32[0,3]
+  %r = reduce_sum %x {axes=[0]} : f32[3]
+  %m = reduce_mean %x {axes=[1]} : f32[0]
+  return %s, %r, %m
+}";
+    let r = eval(src, vec![f32s(&[0, 3], &[])]).unwrap();
+    assert!(floats(&r[0]).is_empty());
+    assert_close(&r[1], &[0., 0., 0.]);
+    assert!(floats(&r[2]).is_empty());
+}

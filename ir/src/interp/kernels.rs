@@ -180,52 +180,17 @@ fn cast(v: &Val, to: DType) -> Buf {
 
 fn literal(ty: &TensorType, value: &Literal) -> Buf {
     let n = ty.numel() as usize;
-    let wide = |s: Scalar| -> Buf {
-        match s {
-            Scalar::F32(x) => Buf::F(vec![x as f64]),
-            Scalar::F64(x) => Buf::F(vec![x]),
-            Scalar::I8(x) => Buf::I(vec![x as i64]),
-            Scalar::U8(x) => Buf::I(vec![x as i64]),
-            Scalar::I32(x) => Buf::I(vec![x as i64]),
-            Scalar::I64(x) => Buf::I(vec![x]),
-            Scalar::Bool(x) => Buf::B(vec![x]),
-        }
+    let int = |s: Scalar| match s {
+        Scalar::I8(x) => x as i64,
+        Scalar::U8(x) => x as i64,
+        Scalar::I32(x) => x as i64,
+        Scalar::I64(x) => x,
+        _ => unreachable!("verified constant: an integer literal"),
     };
-    let get = |i: usize| wide(value.get(i));
-    match get(0) {
-        Buf::F(_) => Buf::F(
-            (0..n)
-                .map(|i| {
-                    if let Buf::F(v) = get(i) {
-                        v[0]
-                    } else {
-                        unreachable!()
-                    }
-                })
-                .collect(),
-        ),
-        Buf::I(_) => Buf::I(
-            (0..n)
-                .map(|i| {
-                    if let Buf::I(v) = get(i) {
-                        v[0]
-                    } else {
-                        unreachable!()
-                    }
-                })
-                .collect(),
-        ),
-        Buf::B(_) => Buf::B(
-            (0..n)
-                .map(|i| {
-                    if let Buf::B(v) = get(i) {
-                        v[0]
-                    } else {
-                        unreachable!()
-                    }
-                })
-                .collect(),
-        ),
+    match ty.dtype() {
+        DType::F32 | DType::F64 => Buf::F((0..n).map(|i| value.get(i).to_f64()).collect()),
+        DType::Bool => Buf::B((0..n).map(|i| value.get(i) == Scalar::Bool(true)).collect()),
+        _ => Buf::I((0..n).map(|i| int(value.get(i))).collect()),
     }
 }
 
