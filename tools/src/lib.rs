@@ -5,9 +5,13 @@
 
 #![deny(missing_docs)]
 
+pub mod npy;
+
 use clap::{Parser, Subcommand};
 use std::io::{Read, Write};
 use std::time::Duration;
+use tcc_ir::random::{Rng, random_tensor};
+use tcc_ir::{Data, Function, Tensor};
 use tcc_ir::{Module, parse_bytes, verify_module};
 use tcc_passes::{PassManager, Pipeline};
 
@@ -66,6 +70,26 @@ enum Cmd {
         /// Verify after every pass (always on in debug builds).
         #[arg(long)]
         verify_each: bool,
+    },
+    /// Run a function on inputs and print a line per result.
+    #[command(
+        after_help = "Examples:\n  tcc run --interp examples/mlp.tir\n  tcc run --interp examples/mlp.tir --input x=x.npy --input labels=zeros --output out/\n\nAn input is PATH.npy, random[:SEED] (floats in [-1,1), integers in [0,8)) or zeros; inputs not\ngiven are random with a fixed seed. With --output, each result is written as DIR/<name>.npy."
+    )]
+    Run {
+        /// The IR file (`-` for stdin).
+        file: String,
+        /// The function to run (needed when the file defines several).
+        #[arg(long)]
+        func: Option<String>,
+        /// An input: NAME=PATH.npy, NAME=random[:SEED] or NAME=zeros (repeatable).
+        #[arg(long = "input", value_name = "NAME=SPEC")]
+        inputs: Vec<String>,
+        /// Write each result to DIR/<result name>.npy.
+        #[arg(long)]
+        output: Option<String>,
+        /// Run with the reference interpreter (the JIT backend is not built yet).
+        #[arg(long)]
+        interp: bool,
     },
     /// List the registered passes and their options.
     Passes,
@@ -186,6 +210,21 @@ pub fn run(
             stdout,
             stderr,
         ),
+        Cmd::Run {
+            file,
+            func,
+            inputs,
+            output,
+            interp,
+        } => run_cmd(
+            &file,
+            func.as_deref(),
+            &inputs,
+            output.as_deref(),
+            interp,
+            stdin,
+            stdout,
+        ),
         Cmd::Passes => {
             for p in tcc_passes::registry() {
                 let _ = writeln!(stdout, "{:<14} {}", p.name, p.summary);
@@ -238,6 +277,181 @@ fn opt(
             .map_err(|e| (EXIT_INPUT, format!("error: cannot write `{path}`: {e}")))?,
         _ => {
             let _ = write!(stdout, "{text}");
+        }
+    }
+    Ok(())
+}
+
+/// The function `run` should execute.
+fn pick_function<'m>(
+    m: &'m Module,
+    func: Option<&str>,
+    file: &str,
+) -> Result<&'m Function, String> {
+    let names = || {
+        m.functions
+            .iter()
+            .map(|f| format!("@{}", f.name))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match func {
+        Some(name) => {
+            let name = name.trim_start_matches('@');
+            m.function(name).ok_or_else(|| {
+                format!(
+                    "error: `{file}` has no function `@{name}`; it defines {}",
+                    names()
+                )
+            })
+        }
+        None if m.functions.len() == 1 => Ok(&m.functions[0]),
+        None => Err(format!(
+            "error: `{file}` defines {} functions ({}); choose one with --func",
+            m.functions.len(),
+            names()
+        )),
+    }
+}
+
+/// Builds the input for parameter `i` from its spec (default `random` with a per-parameter seed).
+fn make_input(f: &Function, i: usize, spec: Option<&str>) -> Result<Tensor, String> {
+    let p = f.params()[i];
+    let ty = f.ty(p);
+    let name = f.name(p);
+    let spec = spec.unwrap_or("random");
+    if spec == "zeros" {
+        return Tensor::zeros(ty.clone()).map_err(|e| format!("error: input `{name}`: {e}"));
+    }
+    if let Some(rest) = spec.strip_prefix("random") {
+        let seed = match rest.strip_prefix(':') {
+            Some(s) => s.parse::<u64>().map_err(|_| {
+                format!(
+                    "error: input `{name}`: bad seed `{s}` in `{spec}`; expected random:<integer>"
+                )
+            })?,
+            None if rest.is_empty() => 0x7cc0_0000 + i as u64,
+            None => {
+                return Err(format!(
+                    "error: input `{name}`: bad spec `{spec}`; expected PATH.npy, random[:SEED] or zeros"
+                ));
+            }
+        };
+        return Ok(random_tensor(ty, &mut Rng::new(seed)));
+    }
+    let bytes = std::fs::read(spec)
+        .map_err(|e| format!("error: input `{name}`: cannot read `{spec}`: {e}"))?;
+    let t = npy::read(&bytes).map_err(|e| format!("error: input `{name}`: `{spec}`: {e}"))?;
+    if t.ty() != ty {
+        return Err(format!(
+            "error: input `{name}`: `{spec}` holds {}, but the parameter is {ty}",
+            t.ty()
+        ));
+    }
+    Ok(t)
+}
+
+/// One line describing a result: its type and the range and mean of its elements.
+fn summary(t: &Tensor) -> String {
+    let vals: Vec<f64> = match t.data() {
+        Data::F32(v) => v.iter().map(|&x| x as f64).collect(),
+        Data::F64(v) => v.clone(),
+        Data::I8(v) => v.iter().map(|&x| x as f64).collect(),
+        Data::U8(v) => v.iter().map(|&x| x as f64).collect(),
+        Data::I32(v) => v.iter().map(|&x| x as f64).collect(),
+        Data::I64(v) => v.iter().map(|&x| x as f64).collect(),
+        Data::Bool(v) => v.iter().map(|&x| x as u8 as f64).collect(),
+    };
+    if vals.is_empty() {
+        return format!("{} (empty)", t.ty());
+    }
+    let nans = vals.iter().filter(|x| x.is_nan()).count();
+    let finite = vals.iter().copied().filter(|x| !x.is_nan());
+    let min = finite.clone().fold(f64::INFINITY, f64::min);
+    let max = finite.fold(f64::NEG_INFINITY, f64::max);
+    let mean = vals.iter().sum::<f64>() / vals.len() as f64;
+    let mut s = format!("{}  min {min:.6}  max {max:.6}  mean {mean:.6}", t.ty());
+    if nans > 0 {
+        s += &format!("  ({nans} NaN)");
+    }
+    s
+}
+
+/// A file name for a result: its name with characters outside `[A-Za-z0-9_.-]` replaced by `_`.
+fn file_stem(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+fn run_cmd(
+    file: &str,
+    func: Option<&str>,
+    specs: &[String],
+    output: Option<&str>,
+    interp: bool,
+    stdin: &mut dyn Read,
+    stdout: &mut dyn Write,
+) -> Result<(), (i32, String)> {
+    if !interp {
+        return Err((
+            EXIT_USAGE,
+            "error: the JIT backend is not built yet; run with --interp to use the reference interpreter".into(),
+        ));
+    }
+    let input = read_input(file, stdin).map_err(|e| (EXIT_INPUT, e))?;
+    let m = load(&input).map_err(|e| (EXIT_INPUT, e))?;
+    let f = pick_function(&m, func, &input.name).map_err(|e| (EXIT_INPUT, e))?;
+    tcc_ir::interp::check_sizes(f).map_err(|e| (EXIT_INPUT, format!("error: {e}")))?;
+    let mut given: Vec<Option<&str>> = vec![None; f.params().len()];
+    for s in specs {
+        let (name, spec) = s.split_once('=').ok_or_else(|| {
+            (
+                EXIT_USAGE,
+                format!("error: --input `{s}`: expected NAME=SPEC"),
+            )
+        })?;
+        let name = name.trim_start_matches('%');
+        let i = f.params().iter().position(|&p| f.name(p) == name).ok_or_else(|| {
+            let params: Vec<&str> = f.params().iter().map(|&p| f.name(p)).collect();
+            (EXIT_USAGE, format!("error: --input `{s}`: `@{}` has no parameter `{name}`; its parameters are {}", f.name, params.join(", ")))
+        })?;
+        given[i] = Some(spec);
+    }
+    let inputs: Vec<Tensor> = (0..f.params().len())
+        .map(|i| make_input(f, i, given[i]))
+        .collect::<Result<_, _>>()
+        .map_err(|e| (EXIT_INPUT, e))?;
+    let results =
+        tcc_ir::interp::run(f, &inputs).map_err(|e| (EXIT_INPUT, format!("error: {e}")))?;
+    if let Some(dir) = output {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| (EXIT_INPUT, format!("error: cannot create `{dir}`: {e}")))?;
+    }
+    let mut used = std::collections::HashSet::new();
+    for (i, (&r, t)) in f.results().iter().zip(&results).enumerate() {
+        let mut line = String::new();
+        let _ = tcc_ir::printer::write_name(&mut line, '%', f.name(r));
+        let _ = writeln!(stdout, "{line}: {}", summary(t));
+        if let Some(dir) = output {
+            let mut stem = file_stem(f.name(r));
+            if !used.insert(stem.clone()) {
+                stem = i.to_string();
+                used.insert(stem.clone());
+            }
+            let path = std::path::Path::new(dir).join(format!("{stem}.npy"));
+            std::fs::write(&path, npy::write(t)).map_err(|e| {
+                (
+                    EXIT_INPUT,
+                    format!("error: cannot write `{}`: {e}", path.display()),
+                )
+            })?;
         }
     }
     Ok(())

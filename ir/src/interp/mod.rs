@@ -156,8 +156,32 @@ pub fn check_inputs(f: &Function, inputs: &[Tensor]) -> Result<(), InterpError> 
     Ok(())
 }
 
+/// The most elements one value may have in the interpreter (2^30: 8 GiB in wide form).
+pub const MAX_ELEMENTS: u64 = 1 << 30;
+
+/// Checks that every parameter and op result of `f` is small enough to interpret, so that an
+/// absurd shape is an error before anything is allocated.
+pub fn check_sizes(f: &Function) -> Result<(), InterpError> {
+    let values = f
+        .params()
+        .iter()
+        .chain(f.schedule().iter().flat_map(|&op| f.op(op).results.iter()));
+    for &v in values {
+        if f.ty(v).numel() > MAX_ELEMENTS {
+            return Err(InterpError(format!(
+                "{} has type {} ({} elements); the interpreter holds at most 2^30 elements per value",
+                vname(f, v),
+                f.ty(v),
+                f.ty(v).numel()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Runs `f` on `inputs` and returns its results. The function must verify.
 pub fn run(f: &Function, inputs: &[Tensor]) -> Result<Vec<Tensor>, InterpError> {
+    check_sizes(f)?;
     check_inputs(f, inputs)?;
     let sched = f.schedule();
     // Free each value after its last use; results live to the end.

@@ -1,0 +1,233 @@
+//! `tcc run`: inputs from `.npy` files, `random` and `zeros`; results printed and written as
+//! `.npy`; the reader checked against files numpy 2.4 wrote (tests/data/npy); and the errors a
+//! user can cause.
+
+use std::path::PathBuf;
+use tcc::ir::{DType, Data};
+use tcc_tools::npy;
+
+fn tcc(args: &[&str], stdin: &str) -> (i32, String, String) {
+    let args: Vec<String> = std::iter::once("tcc")
+        .chain(args.iter().copied())
+        .map(String::from)
+        .collect();
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = tcc_tools::run(&args, &mut stdin.as_bytes(), &mut out, &mut err);
+    (
+        code,
+        String::from_utf8(out).unwrap(),
+        String::from_utf8(err).unwrap(),
+    )
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("tcc-run-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn fixture(name: &str) -> tcc::ir::Tensor {
+    npy::read(&std::fs::read(format!("tests/data/npy/{name}")).unwrap()).unwrap()
+}
+
+#[test]
+fn reads_what_numpy_writes() {
+    let t = fixture("f32_2x3.npy");
+    assert_eq!(t.ty().to_string(), "f32[2,3]");
+    assert_eq!(
+        t.data(),
+        &Data::F32(vec![-0.5, -0.25, 0.0, 0.25, 0.5, 0.75])
+    );
+    assert_eq!(fixture("f64_scalar.npy").data(), &Data::F64(vec![-2.5]));
+    assert_eq!(
+        fixture("i8_4.npy").data(),
+        &Data::I8(vec![-128, -1, 0, 127])
+    );
+    assert_eq!(
+        fixture("u8_2x2.npy").data(),
+        &Data::U8(vec![0, 1, 254, 255])
+    );
+    assert_eq!(
+        fixture("i32_3.npy").data(),
+        &Data::I32(vec![i32::MIN, 7, i32::MAX])
+    );
+    assert_eq!(
+        fixture("i64_2.npy").data(),
+        &Data::I64(vec![i64::MIN, i64::MAX])
+    );
+    assert_eq!(
+        fixture("bool_3.npy").data(),
+        &Data::Bool(vec![true, false, true])
+    );
+    assert_eq!(
+        fixture("f32_big_endian.npy").data(),
+        &Data::F32(vec![1.5, -2.0])
+    );
+    assert_eq!(fixture("f32_empty_0x3.npy").ty().to_string(), "f32[0,3]");
+    // What we write for numpy's own arrays is byte-for-byte what numpy wrote.
+    for f in [
+        "f32_2x3.npy",
+        "f64_scalar.npy",
+        "i32_3.npy",
+        "i64_2.npy",
+        "f32_empty_0x3.npy",
+    ] {
+        let bytes = std::fs::read(format!("tests/data/npy/{f}")).unwrap();
+        assert_eq!(npy::write(&npy::read(&bytes).unwrap()), bytes, "{f}");
+    }
+}
+
+#[test]
+fn rejects_what_it_cannot_represent() {
+    let err =
+        |f: &str| npy::read(&std::fs::read(format!("tests/data/npy/{f}")).unwrap()).unwrap_err();
+    assert!(err("f32_fortran.npy").contains("Fortran order"));
+    assert!(err("f16_2.npy").contains("unsupported dtype '<f2'"));
+}
+
+#[test]
+fn runs_on_npy_inputs_and_writes_npy_results() {
+    let dir = scratch("npy");
+    let src = "func @f(%x: f32[2,3]) -> (f32[2,3], f32[]) {
+  %sq = mul %x, %x : f32[2,3]
+  %s = reduce_sum %sq {axes=[0,1]} : f32[]
+  return %sq, %s
+}";
+    let out_dir = dir.to_str().unwrap();
+    let (code, out, err) = tcc(
+        &[
+            "run",
+            "--interp",
+            "-",
+            "--input",
+            "x=tests/data/npy/f32_2x3.npy",
+            "--output",
+            out_dir,
+        ],
+        src,
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        out,
+        "%sq: f32[2,3]  min 0.000000  max 0.562500  mean 0.197917\n%s: f32[]  min 1.187500  max 1.187500  mean 1.187500\n"
+    );
+    let sq = npy::read(&std::fs::read(dir.join("sq.npy")).unwrap()).unwrap();
+    assert_eq!(
+        sq.data(),
+        &Data::F32(vec![0.25, 0.0625, 0.0, 0.0625, 0.25, 0.5625])
+    );
+    let s = npy::read(&std::fs::read(dir.join("s.npy")).unwrap()).unwrap();
+    assert_eq!(s.dtype(), DType::F32);
+    assert_eq!(s.dims(), &[] as &[u64]);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn random_inputs_are_reproducible_and_zeros_are_zeros() {
+    let (c1, a, _) = tcc(&["run", "--interp", "examples/mlp.tir"], "");
+    let (c2, b, _) = tcc(&["run", "--interp", "examples/mlp.tir"], "");
+    assert_eq!((c1, c2), (0, 0));
+    assert_eq!(a, b);
+    let (_, c, _) = tcc(
+        &[
+            "run",
+            "--interp",
+            "examples/mlp.tir",
+            "--input",
+            "fc1/w=random:7",
+        ],
+        "",
+    );
+    assert_ne!(a, c, "another seed gives other results");
+    let src = "func @f(%x: f32[3]) -> (f32[3]) {\n  %y = exp %x : f32[3]\n  return %y\n}";
+    let (_, out, _) = tcc(&["run", "--interp", "-", "--input", "%x=zeros"], src);
+    assert_eq!(
+        out,
+        "%y: f32[3]  min 1.000000  max 1.000000  mean 1.000000\n"
+    );
+}
+
+#[test]
+fn file_names_are_sanitized() {
+    let dir = scratch("names");
+    let src = "func @f(%x: f32[1]) -> (f32[1], f32[1]) {\n  %a/b = neg %x : f32[1]\n  %a_b = abs %x : f32[1]\n  return %a/b, %a_b\n}";
+    let (code, _, err) = tcc(
+        &["run", "--interp", "-", "--output", dir.to_str().unwrap()],
+        src,
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(dir.join("a_b.npy").exists());
+    assert!(
+        dir.join("1.npy").exists(),
+        "a clash falls back to the result's index"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn user_errors_are_reported() {
+    let src = "func @f(%x: f32[2,3]) -> (f32[2,3]) {\n  %y = neg %x : f32[2,3]\n  return %y\n}";
+    let (code, _, err) = tcc(
+        &[
+            "run",
+            "--interp",
+            "-",
+            "--input",
+            "x=tests/data/npy/i32_3.npy",
+        ],
+        src,
+    );
+    assert_eq!(code, 1);
+    assert!(
+        err.contains(
+            "input `x`: `tests/data/npy/i32_3.npy` holds i32[3], but the parameter is f32[2,3]"
+        ),
+        "{err}"
+    );
+    let (code, _, err) = tcc(&["run", "--interp", "-", "--input", "w=zeros"], src);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("`@f` has no parameter `w`; its parameters are x"),
+        "{err}"
+    );
+    let (code, _, err) = tcc(&["run", "--interp", "-", "--input", "x=ones"], src);
+    assert_eq!(code, 1);
+    assert!(err.contains("cannot read `ones`"), "{err}");
+    let (code, _, err) = tcc(&["run", "--interp", "-", "--input", "x=random:abc"], src);
+    assert_eq!(code, 1);
+    assert!(err.contains("bad seed `abc`"), "{err}");
+    let (code, _, err) = tcc(&["run", "--interp", "-", "--input", "x"], src);
+    assert_eq!(code, 2);
+    assert!(err.contains("expected NAME=SPEC"), "{err}");
+    let two = format!("{src}\nfunc @g() -> () {{\n  return\n}}");
+    let (code, _, err) = tcc(&["run", "--interp", "-"], &two);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("defines 2 functions (@f, @g); choose one with --func"),
+        "{err}"
+    );
+    let (code, _, err) = tcc(&["run", "--interp", "-", "--func", "h"], &two);
+    assert_eq!(code, 1);
+    assert!(err.contains("has no function `@h`"), "{err}");
+    let (code, _, _) = tcc(&["run", "--interp", "-", "--func", "@g"], &two);
+    assert_eq!(code, 0);
+}
+
+#[test]
+fn absurd_sizes_are_refused_before_allocating() {
+    let src = "func @f(%x: f32[100000000000]) -> (f32[100000000000]) {\n  %y = neg %x : f32[100000000000]\n  return %y\n}";
+    let (code, _, err) = tcc(&["run", "--interp", "-"], src);
+    assert_eq!(code, 1);
+    assert!(err.contains("%x has type f32[100000000000] (100000000000 elements); the interpreter holds at most 2^30"), "{err}");
+}
+
+#[test]
+fn run_time_errors_name_the_op() {
+    let src = "func @f(%x: i32[2]) -> (i32[2]) {\n  %z = const {value=0} : i32[]\n  %q = div %x, %z : i32[2]\n  return %q\n}";
+    let (code, _, err) = tcc(&["run", "--interp", "-"], src);
+    assert_eq!(code, 1);
+    assert_eq!(
+        err,
+        "error: in `@f`, op1 (%q = div %x, %z): integer division by zero\n"
+    );
+}
