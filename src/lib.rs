@@ -1,6 +1,7 @@
 //! tcc, a tensor compiler.
 //!
-//! This facade re-exports the IR ([`ir`]) and the passes ([`passes`]). A function can be
+//! This facade re-exports the IR ([`ir`]), the passes ([`passes`]) and kernel and memory
+//! planning ([`codegen`]). A function can be
 //! written as text or built in Rust, verified, and transformed by a textual pipeline:
 //!
 //! ```
@@ -24,5 +25,6 @@
 
 #![deny(missing_docs)]
 
+pub use tcc_codegen as codegen;
 pub use tcc_ir as ir;
 pub use tcc_passes as passes;

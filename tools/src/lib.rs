@@ -91,6 +91,12 @@ enum Cmd {
         #[arg(long)]
         interp: bool,
     },
+    /// Print how each function is cut into kernels and where its values live in the arena.
+    #[command(after_help = "Example:\n  tcc plan examples/mlp.tir")]
+    Plan {
+        /// The IR file (`-` for stdin).
+        file: String,
+    },
     /// List the registered passes and their options.
     Passes,
 }
@@ -225,6 +231,22 @@ pub fn run(
             stdin,
             stdout,
         ),
+        Cmd::Plan { file } => read_input(&file, stdin)
+            .map_err(|e| (EXIT_INPUT, e))
+            .and_then(|i| load(&i).map_err(|e| (EXIT_INPUT, e)))
+            .map(|m| {
+                for (i, f) in m.functions.iter().enumerate() {
+                    let p = tcc_codegen::plan(f);
+                    let mem = tcc_codegen::plan_memory(f, &p);
+                    let mut text = String::new();
+                    if i > 0 {
+                        text.push('\n');
+                    }
+                    let _ = tcc_codegen::write_plan(&mut text, f, &p);
+                    let _ = tcc_codegen::write_memory(&mut text, f, &mem);
+                    let _ = write!(stdout, "{text}");
+                }
+            }),
         Cmd::Passes => {
             for p in tcc_passes::registry() {
                 let _ = writeln!(stdout, "{:<14} {}", p.name, p.summary);

@@ -1,0 +1,244 @@
+//! Memory planning: one arena for every value a kernel stores, with offsets chosen so that values
+//! alive at the same time never overlap.
+//!
+//! - Parameters and constants live outside the arena (the caller's inputs, the constant pool).
+//! - A `reshape` (a view kernel) stores nothing: its result shares its operand's storage.
+//! - Lifetimes are kernel indices: a buffer is live from the kernel that writes it through the
+//!   last kernel that reads it (through views too); results are live to the end.
+//! - In place: an elementwise kernel may write an output over an input buffer of the same size
+//!   whose last reader it is (each element is read before it is written at the same index). Such
+//!   chains share one slot.
+//! - Slots are placed greedily by size, largest first, each at the lowest offset that overlaps no
+//!   placed slot with an intersecting lifetime (TFLite's "greedy by size"). Offsets are 64-byte
+//!   aligned. `arena_bytes` is the resulting peak; `live_peak_bytes` is the lower bound any
+//!   placement must reach (the most bytes live at one kernel).
+
+use crate::plan::{KernelKind, Plan};
+use cranelift_entity::SecondaryMap;
+use tcc_ir::{Function, OpKind, Value};
+
+/// Byte alignment of every arena offset.
+pub const ALIGN: u64 = 64;
+
+fn align(n: u64) -> u64 {
+    n.div_ceil(ALIGN) * ALIGN
+}
+
+/// Where a value is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Storage {
+    /// Not stored (internal to a kernel, or not computed).
+    #[default]
+    None,
+    /// A function parameter (the caller's buffer).
+    Param,
+    /// A constant (the constant pool).
+    Const,
+    /// In the arena at this byte offset.
+    Arena(u64),
+}
+
+/// One arena slot: values that share storage (an in-place chain), with their combined lifetime.
+#[derive(Clone, Debug)]
+pub struct Slot {
+    /// The values stored in it, in order of definition.
+    pub values: Vec<Value>,
+    /// Size in bytes, aligned.
+    pub size: u64,
+    /// First kernel index at which it is written.
+    pub first: usize,
+    /// Last kernel index at which it is read (the kernel count for results).
+    pub last: usize,
+    /// Byte offset in the arena.
+    pub offset: u64,
+}
+
+/// The memory plan of one function.
+#[derive(Clone, Debug)]
+pub struct MemoryPlan {
+    /// Where each value lives.
+    pub storage: SecondaryMap<Value, Storage>,
+    /// The arena slots.
+    pub slots: Vec<Slot>,
+    /// Arena size: the highest end offset of any slot.
+    pub arena_bytes: u64,
+    /// The most bytes live at any one kernel: a lower bound on `arena_bytes`.
+    pub live_peak_bytes: u64,
+    /// Bytes of parameters.
+    pub param_bytes: u64,
+    /// Bytes of non-splat constants.
+    pub const_bytes: u64,
+}
+
+/// Plans storage for `f` cut into kernels by `plan`.
+pub fn plan_memory(f: &Function, plan: &Plan) -> MemoryPlan {
+    let n_kernels = plan.kernels.len();
+    let mut storage: SecondaryMap<Value, Storage> =
+        SecondaryMap::with_capacity(f.num_values_created());
+    // The value whose storage each value uses (itself, or a view's source).
+    let mut root: SecondaryMap<Value, Option<Value>> =
+        SecondaryMap::with_capacity(f.num_values_created());
+    let mut param_bytes = 0;
+    for &p in f.params() {
+        storage[p] = Storage::Param;
+        root[p] = Some(p);
+        param_bytes += f.ty(p).size_bytes();
+    }
+    let mut const_bytes = 0;
+    for &op in &plan.constants {
+        let r = f.op(op).results[0];
+        storage[r] = Storage::Const;
+        root[r] = Some(r);
+        if let OpKind::Const {
+            value: tcc_ir::Literal::Dense(_),
+            ty,
+        } = &f.op(op).kind
+        {
+            const_bytes += ty.size_bytes();
+        }
+    }
+    // Slots: index by root value. Lifetimes from writes and reads.
+    let mut slot_of: SecondaryMap<Value, Option<usize>> =
+        SecondaryMap::with_capacity(f.num_values_created());
+    let mut slots: Vec<Slot> = Vec::new();
+    for (ki, (_, kd)) in plan.kernels.iter().enumerate() {
+        // Reads extend the lifetime of the slot behind each input.
+        for &a in &kd.inputs {
+            if let Some(s) = root[a].and_then(|r| slot_of[r]) {
+                slots[s].last = slots[s].last.max(ki);
+            }
+        }
+        if kd.kind == KernelKind::View {
+            let op = kd.ops[0];
+            let (src, out) = (f.op(op).args[0], f.op(op).results[0]);
+            root[out] = root[src];
+            storage[out] = root[src].map_or(Storage::None, |r| storage[r]);
+            continue;
+        }
+        for &o in &kd.outputs {
+            root[o] = Some(o);
+            let size = align(f.ty(o).size_bytes());
+            // In place over an input this kernel reads last, of the same size.
+            let reuse = (kd.kind == KernelKind::Elementwise)
+                .then(|| {
+                    kd.inputs.iter().find_map(|&a| {
+                        let s = root[a].and_then(|r| slot_of[r])?;
+                        let sole = slots[s].last == ki
+                            && slots[s].size == size
+                            && root[a] == Some(*slots[s].values.last()?);
+                        let still_needed = f.results().iter().any(|&r| root[r] == root[a]);
+                        (sole && !still_needed && !slots[s].values.contains(&o)).then_some(s)
+                    })
+                })
+                .flatten();
+            let s = match reuse {
+                Some(s) => {
+                    slots[s].values.push(o);
+                    s
+                }
+                None => {
+                    slots.push(Slot {
+                        values: vec![o],
+                        size,
+                        first: ki,
+                        last: ki,
+                        offset: 0,
+                    });
+                    slots.len() - 1
+                }
+            };
+            slot_of[o] = Some(s);
+        }
+    }
+    for &r in f.results() {
+        if let Some(s) = root[r].and_then(|x| slot_of[x]) {
+            slots[s].last = n_kernels;
+        }
+    }
+    // Greedy by size: largest first, lowest offset that fits among time-overlapping slots.
+    let mut order: Vec<usize> = (0..slots.len()).collect();
+    order.sort_by_key(|&i| (std::cmp::Reverse(slots[i].size), slots[i].first));
+    let mut placed: Vec<usize> = Vec::new(); // kept sorted by offset
+    let mut arena_bytes = 0;
+    for i in order {
+        let (first, last, size) = (slots[i].first, slots[i].last, slots[i].size);
+        let mut offset = 0;
+        for &j in &placed {
+            let sj = &slots[j];
+            if sj.first > last || first > sj.last {
+                continue;
+            }
+            if offset + size <= sj.offset {
+                break;
+            }
+            offset = offset.max(sj.offset + sj.size);
+        }
+        slots[i].offset = offset;
+        arena_bytes = arena_bytes.max(offset + size);
+        let at = placed.partition_point(|&j| slots[j].offset <= offset);
+        placed.insert(at, i);
+    }
+    for s in &slots {
+        for &v in &s.values {
+            storage[v] = Storage::Arena(s.offset);
+        }
+    }
+    // Views of arena values share their source's offset.
+    for (_, kd) in plan.kernels.iter() {
+        if kd.kind == KernelKind::View {
+            let out = f.op(kd.ops[0]).results[0];
+            if let Some(r) = root[out] {
+                storage[out] = storage[r];
+            }
+        }
+    }
+    let mut live = vec![0u64; n_kernels + 1];
+    for s in &slots {
+        for l in &mut live[s.first..=s.last] {
+            *l += s.size;
+        }
+    }
+    MemoryPlan {
+        storage,
+        live_peak_bytes: live.into_iter().max().unwrap_or(0),
+        slots,
+        arena_bytes,
+        param_bytes,
+        const_bytes,
+    }
+}
+
+/// Writes a memory plan as text: the totals, then one line per slot.
+pub fn write_memory(
+    w: &mut impl std::fmt::Write,
+    f: &Function,
+    m: &MemoryPlan,
+) -> std::fmt::Result {
+    writeln!(
+        w,
+        "memory: arena {} bytes (live peak {}), {} slots; parameters {} bytes, constants {} bytes",
+        m.arena_bytes,
+        m.live_peak_bytes,
+        m.slots.len(),
+        m.param_bytes,
+        m.const_bytes
+    )?;
+    for (i, s) in m.slots.iter().enumerate() {
+        let mut names = String::new();
+        for (j, &v) in s.values.iter().enumerate() {
+            if j > 0 {
+                names.push_str(", ");
+            }
+            tcc_ir::printer::write_name(&mut names, '%', f.name(v))?;
+        }
+        writeln!(
+            w,
+            "  slot {i}: [{}, {}) kernels {}..={}: {names}",
+            s.offset,
+            s.offset + s.size,
+            s.first,
+            s.last
+        )?;
+    }
+    Ok(())
+}

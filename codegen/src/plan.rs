@@ -1,0 +1,286 @@
+//! Kernel planning: cutting a function into kernels, decided once for every backend.
+//!
+//! A kernel is a region of ops that a backend compiles into one loop nest (or one library call
+//! plus a fused epilogue). Planning walks the schedule once and grows the most recent kernel
+//! while the next op fits it:
+//!
+//! - **elementwise**: elementwise ops (and `broadcast_to`) producing one shape; operands may
+//!   broadcast into it. Values used only inside the kernel are never stored.
+//! - **reduction**: an elementwise prologue over the input shape, one reduction
+//!   (`reduce_*`, `softmax_cross_entropy`), and an elementwise epilogue over the output shape.
+//! - **row**: `softmax` or `log_softmax` with an elementwise prologue and epilogue of the same
+//!   shape: a pass over each row for its max and sum, then the row itself.
+//! - **library**: `matmul` or `conv2d` (a tuned GEMM call) with a fused elementwise epilogue over
+//!   the output shape, such as a bias add and an activation.
+//! - **view**: `reshape`, which moves no data.
+//! - **generic**: any other op, alone (transpose, slice, concat, gather, pooling, batch norm...).
+//!
+//! Constants belong to no kernel: small splats are inlined by backends and the rest are data.
+//! Only the most recent kernel grows, so kernels run in order without reordering the schedule;
+//! fusion across independent interleaved chains is not attempted.
+
+use cranelift_entity::{PrimaryMap, SecondaryMap, entity_impl};
+use std::fmt::{self, Write};
+use tcc_ir::printer::write_name;
+use tcc_ir::{Function, Op, OpKind, TensorType, Value};
+
+/// A kernel in a plan.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Kernel(u32);
+entity_impl!(Kernel, "k");
+
+/// What kind of loop nest a kernel is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KernelKind {
+    /// Elementwise ops over one shape.
+    Elementwise,
+    /// Prologue, one reduction, epilogue. `root` is the reduction.
+    Reduction {
+        /// The reduction op.
+        root: Op,
+    },
+    /// Softmax-like: prologue, a row-wise normalisation, epilogue.
+    Row {
+        /// The softmax or log_softmax op.
+        root: Op,
+    },
+    /// A matmul or conv2d, then an epilogue.
+    Library {
+        /// The matmul or conv2d op.
+        root: Op,
+    },
+    /// A reshape: no data moves.
+    View,
+    /// One op of any other kind.
+    Generic,
+}
+
+/// A kernel's ops and its interface.
+#[derive(Clone, Debug)]
+pub struct KernelData {
+    /// What kind of kernel.
+    pub kind: KernelKind,
+    /// Member ops in schedule order.
+    pub ops: Vec<Op>,
+    /// Values read from outside the kernel (parameters, constants, other kernels' outputs), in
+    /// order of first use.
+    pub inputs: Vec<Value>,
+    /// Values the kernel stores: used by a later kernel or returned.
+    pub outputs: Vec<Value>,
+}
+
+/// How a function is cut into kernels.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// The kernels, in execution order.
+    pub kernels: PrimaryMap<Kernel, KernelData>,
+    /// The kernel of each scheduled non-constant op.
+    pub kernel_of: SecondaryMap<Op, Option<Kernel>>,
+    /// Constant ops, in schedule order.
+    pub constants: Vec<Op>,
+}
+
+/// Where a kernel being grown accepts more elementwise ops.
+struct Open {
+    kernel: Kernel,
+    /// The shape (and so iteration space) a new elementwise member must produce.
+    shape: TensorType,
+    /// Whether the kernel still accepts a root (a reduction or row op) after its prologue.
+    prologue: bool,
+}
+
+fn is_elementwise(kind: &OpKind) -> bool {
+    kind.is_elementwise() || matches!(kind, OpKind::BroadcastTo { .. })
+}
+
+/// Plans `f`, which must verify.
+pub fn plan(f: &Function) -> Plan {
+    let mut kernels: PrimaryMap<Kernel, KernelData> = PrimaryMap::new();
+    let mut kernel_of: SecondaryMap<Op, Option<Kernel>> =
+        SecondaryMap::with_capacity(f.num_ops_created());
+    let mut constants = Vec::new();
+    let mut open: Option<Open> = None;
+    let new = |kernels: &mut PrimaryMap<Kernel, KernelData>, kind: KernelKind, op: Op| {
+        kernels.push(KernelData {
+            kind,
+            ops: vec![op],
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+        })
+    };
+    for &op in f.schedule() {
+        let d = f.op(op);
+        let out_ty = f.ty(d.results[0]).clone();
+        // Whether `op` reads a value computed by the open kernel.
+        let reads_open = |open: &Open, kernel_of: &SecondaryMap<Op, Option<Kernel>>| {
+            d.args.iter().any(|&a| {
+                f.def_op(a)
+                    .is_some_and(|p| kernel_of[p] == Some(open.kernel))
+            })
+        };
+        let k = match &d.kind {
+            OpKind::Const { .. } => {
+                constants.push(op);
+                continue;
+            }
+            kind if is_elementwise(kind) => match &open {
+                Some(o) if o.shape == out_ty => {
+                    kernels[o.kernel].ops.push(op);
+                    o.kernel
+                }
+                _ => {
+                    let k = new(&mut kernels, KernelKind::Elementwise, op);
+                    open = Some(Open {
+                        kernel: k,
+                        shape: out_ty,
+                        prologue: true,
+                    });
+                    k
+                }
+            },
+            OpKind::Reduce { .. }
+            | OpKind::SoftmaxCrossEntropy
+            | OpKind::Softmax { .. }
+            | OpKind::LogSoftmax { .. } => {
+                let row = matches!(d.kind, OpKind::Softmax { .. } | OpKind::LogSoftmax { .. });
+                let kind = if row {
+                    KernelKind::Row { root: op }
+                } else {
+                    KernelKind::Reduction { root: op }
+                };
+                let in_ty = f.ty(d.args[0]);
+                match &open {
+                    Some(o)
+                        if o.prologue
+                            && &o.shape == in_ty
+                            && kernels[o.kernel].kind == KernelKind::Elementwise
+                            && reads_open(o, &kernel_of) =>
+                    {
+                        let k = o.kernel;
+                        kernels[k].kind = kind;
+                        kernels[k].ops.push(op);
+                        open = Some(Open {
+                            kernel: k,
+                            shape: out_ty,
+                            prologue: false,
+                        });
+                        k
+                    }
+                    _ => {
+                        let k = new(&mut kernels, kind, op);
+                        open = Some(Open {
+                            kernel: k,
+                            shape: out_ty,
+                            prologue: false,
+                        });
+                        k
+                    }
+                }
+            }
+            OpKind::MatMul | OpKind::Conv2d(_) => {
+                let k = new(&mut kernels, KernelKind::Library { root: op }, op);
+                open = Some(Open {
+                    kernel: k,
+                    shape: out_ty,
+                    prologue: false,
+                });
+                k
+            }
+            OpKind::Reshape { .. } => {
+                open = None;
+                new(&mut kernels, KernelKind::View, op)
+            }
+            _ => {
+                open = None;
+                new(&mut kernels, KernelKind::Generic, op)
+            }
+        };
+        kernel_of[op] = Some(k);
+    }
+    // Interfaces: inputs come from outside the kernel; outputs are needed outside it.
+    let mut needed_outside: SecondaryMap<Value, bool> =
+        SecondaryMap::with_capacity(f.num_values_created());
+    for &r in f.results() {
+        needed_outside[r] = true;
+    }
+    for &op in f.schedule() {
+        for &a in &f.op(op).args {
+            let from = f.def_op(a).and_then(|p| kernel_of[p]);
+            if from.is_some() && from != kernel_of[op] {
+                needed_outside[a] = true;
+            }
+        }
+    }
+    for (_, kd) in kernels.iter_mut() {
+        let members: Vec<Op> = kd.ops.clone();
+        for &op in &members {
+            for &a in &f.op(op).args {
+                let inside = f.def_op(a).is_some_and(|p| members.contains(&p));
+                if !inside && !kd.inputs.contains(&a) {
+                    kd.inputs.push(a);
+                }
+            }
+            kd.outputs.extend(
+                f.op(op)
+                    .results
+                    .iter()
+                    .copied()
+                    .filter(|&r| needed_outside[r]),
+            );
+        }
+    }
+    Plan {
+        kernels,
+        kernel_of,
+        constants,
+    }
+}
+
+impl KernelKind {
+    fn label(&self, f: &Function) -> String {
+        match self {
+            KernelKind::Elementwise => "elementwise".into(),
+            KernelKind::Reduction { root } => {
+                format!("reduction ({})", f.op(*root).kind.mnemonic())
+            }
+            KernelKind::Row { root } => format!("row ({})", f.op(*root).kind.mnemonic()),
+            KernelKind::Library { root } => format!("library ({})", f.op(*root).kind.mnemonic()),
+            KernelKind::View => "view".into(),
+            KernelKind::Generic => "generic".into(),
+        }
+    }
+}
+
+fn names(f: &Function, vs: &[Value]) -> String {
+    let mut s = String::new();
+    for (i, &v) in vs.iter().enumerate() {
+        if i > 0 {
+            s.push_str(", ");
+        }
+        let _ = write_name(&mut s, '%', f.name(v));
+    }
+    s
+}
+
+/// Writes a plan as text: one block per kernel with its ops, inputs and outputs.
+pub fn write_plan(w: &mut impl Write, f: &Function, p: &Plan) -> fmt::Result {
+    let mut head = String::new();
+    write_name(&mut head, '@', &f.name)?;
+    writeln!(
+        w,
+        "plan {head}: {} kernels, {} constants",
+        p.kernels.len(),
+        p.constants.len()
+    )?;
+    for (k, kd) in p.kernels.iter() {
+        writeln!(w, "  {k}: {}", kd.kind.label(f))?;
+        for &op in &kd.ops {
+            let mut line = String::new();
+            f.write_op(&mut line, op, false)?;
+            writeln!(w, "      {line} : {}", f.ty(f.op(op).results[0]))?;
+        }
+        writeln!(w, "    in:  {}", names(f, &kd.inputs))?;
+        writeln!(w, "    out: {}", names(f, &kd.outputs))?;
+    }
+    Ok(())
+}

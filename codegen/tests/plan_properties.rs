@@ -1,0 +1,74 @@
+//! Kernel and memory plans of random functions: every op is planned once and after what it
+//! needs; no two arena slots that are live at the same time overlap; every value a kernel reads
+//! is stored somewhere.
+
+use proptest::prelude::*;
+use std::collections::HashMap;
+use tcc_codegen::{KernelKind, Storage, plan, plan_memory};
+use tcc_ir::random::random_function;
+use tcc_ir::{OpKind, ValueDef};
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+    #[test]
+    fn plans_are_complete_ordered_and_never_overlap(seed in any::<u64>(), n in 1usize..80) {
+        let f = random_function(seed, n);
+        let p = plan(&f);
+        let m = plan_memory(&f, &p);
+
+        // Every scheduled op is a constant or in exactly one kernel, in schedule order.
+        let pos: HashMap<_, _> = f.schedule().iter().enumerate().map(|(i, &o)| (o, i)).collect();
+        let mut seen = 0;
+        for (k, kd) in p.kernels.iter() {
+            prop_assert!(!kd.ops.is_empty());
+            prop_assert!(kd.ops.windows(2).all(|w| pos[&w[0]] < pos[&w[1]]));
+            for &op in &kd.ops {
+                prop_assert_eq!(p.kernel_of[op], Some(k));
+                seen += 1;
+            }
+        }
+        prop_assert_eq!(seen + p.constants.len(), f.schedule().len());
+
+        // Kernels run after every kernel whose outputs they read.
+        let kernel_index: HashMap<_, _> = p.kernels.keys().enumerate().map(|(i, k)| (k, i)).collect();
+        for (i, (_, kd)) in p.kernels.iter().enumerate() {
+            for &v in &kd.inputs {
+                match f.value(v).def {
+                    ValueDef::Param(_) => prop_assert_eq!(m.storage[v], Storage::Param),
+                    ValueDef::Result(op, _) => {
+                        if matches!(f.op(op).kind, OpKind::Const { .. }) {
+                            prop_assert_eq!(m.storage[v], Storage::Const);
+                        } else {
+                            let producer = p.kernel_of[op].expect("planned");
+                            prop_assert!(kernel_index[&producer] < i, "input from a later kernel");
+                            let out = &p.kernels[producer].outputs;
+                            prop_assert!(out.contains(&v), "an input that its kernel does not store");
+                            prop_assert!(m.storage[v] != Storage::None, "an input with no storage");
+                        }
+                    }
+                }
+            }
+            for &o in &kd.outputs {
+                prop_assert!(matches!(m.storage[o], Storage::Arena(_) | Storage::Param | Storage::Const));
+            }
+        }
+
+        // Slots live at the same time do not overlap in memory.
+        for (a, sa) in m.slots.iter().enumerate() {
+            prop_assert!(sa.offset % 64 == 0 && sa.size % 64 == 0);
+            prop_assert!(sa.offset + sa.size <= m.arena_bytes);
+            for sb in &m.slots[a + 1..] {
+                let live_together = sa.first <= sb.last && sb.first <= sa.last;
+                let disjoint = sa.offset + sa.size <= sb.offset || sb.offset + sb.size <= sa.offset;
+                prop_assert!(!live_together || disjoint, "slots {sa:?} and {sb:?} overlap while both live");
+            }
+            // In-place chains: each later value is written by an elementwise kernel.
+            for &v in &sa.values[1..] {
+                let k = p.kernel_of[f.def_op(v).unwrap()].unwrap();
+                prop_assert_eq!(&p.kernels[k].kind, &KernelKind::Elementwise);
+            }
+        }
+        prop_assert!(m.arena_bytes >= m.live_peak_bytes);
+    }
+}
