@@ -7,8 +7,10 @@
 
 #![deny(missing_docs)]
 
+pub mod cpu;
 pub mod memory;
 pub mod plan;
 
+pub use cpu::{CompileError, Executable, RunError, Stats};
 pub use memory::{MemoryPlan, Storage, plan_memory, write_memory};
 pub use plan::{Kernel, KernelData, KernelKind, Plan, plan, write_plan};

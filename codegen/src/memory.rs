@@ -97,15 +97,14 @@ pub fn plan_memory(f: &Function, plan: &Plan) -> MemoryPlan {
             const_bytes += ty.size_bytes();
         }
     }
-    // Slots: index by root value. Lifetimes from writes and reads.
-    let mut slot_of: SecondaryMap<Value, Option<usize>> =
+    // Pass 1: the storage root of every value (views share their source's) and the last kernel
+    // that reads each root; results are read at the end.
+    let mut last_use: SecondaryMap<Value, usize> =
         SecondaryMap::with_capacity(f.num_values_created());
-    let mut slots: Vec<Slot> = Vec::new();
     for (ki, (_, kd)) in plan.kernels.iter().enumerate() {
-        // Reads extend the lifetime of the slot behind each input.
         for &a in &kd.inputs {
-            if let Some(s) = root[a].and_then(|r| slot_of[r]) {
-                slots[s].last = slots[s].last.max(ki);
+            if let Some(r) = root[a] {
+                last_use[r] = last_use[r].max(ki);
             }
         }
         if kd.kind == KernelKind::View {
@@ -113,46 +112,61 @@ pub fn plan_memory(f: &Function, plan: &Plan) -> MemoryPlan {
             let (src, out) = (f.op(op).args[0], f.op(op).results[0]);
             root[out] = root[src];
             storage[out] = root[src].map_or(Storage::None, |r| storage[r]);
+        } else {
+            for &o in &kd.outputs {
+                root[o] = Some(o);
+                last_use[o] = ki;
+            }
+        }
+    }
+    for &r in f.results() {
+        if let Some(x) = root[r] {
+            last_use[x] = n_kernels;
+        }
+    }
+    // Pass 2: slots. An elementwise kernel writes an output over an input slot when it is the
+    // last reader of the value there and the two have the same size and element size.
+    let mut slot_of: SecondaryMap<Value, Option<usize>> =
+        SecondaryMap::with_capacity(f.num_values_created());
+    let mut slots: Vec<Slot> = Vec::new();
+    for (ki, (_, kd)) in plan.kernels.iter().enumerate() {
+        if kd.kind == KernelKind::View {
             continue;
         }
         for &o in &kd.outputs {
-            root[o] = Some(o);
-            let size = align(f.ty(o).size_bytes());
-            // In place over an input this kernel reads last, of the same size.
-            let reuse = (kd.kind == KernelKind::Elementwise)
-                .then(|| {
-                    kd.inputs.iter().find_map(|&a| {
-                        let s = root[a].and_then(|r| slot_of[r])?;
-                        let sole = slots[s].last == ki
-                            && slots[s].size == size
-                            && root[a] == Some(*slots[s].values.last()?);
-                        let still_needed = f.results().iter().any(|&r| root[r] == root[a]);
-                        (sole && !still_needed && !slots[s].values.contains(&o)).then_some(s)
-                    })
+            let ty = f.ty(o);
+            let reuse = if kd.kind == KernelKind::Elementwise {
+                kd.inputs.iter().find_map(|&a| {
+                    let r = root[a]?;
+                    let s = slot_of[r]?;
+                    let ta = f.ty(r);
+                    let fits = ta.size_bytes() == ty.size_bytes()
+                        && ta.dtype().size_bytes() == ty.dtype().size_bytes();
+                    let holds_r = slots[s].values.last() == Some(&r);
+                    (last_use[r] == ki && fits && holds_r).then_some(s)
                 })
-                .flatten();
+            } else {
+                None
+            };
             let s = match reuse {
                 Some(s) => {
                     slots[s].values.push(o);
+                    slots[s].last = slots[s].last.max(last_use[o]);
                     s
                 }
                 None => {
+                    let size = align(ty.size_bytes());
                     slots.push(Slot {
                         values: vec![o],
                         size,
                         first: ki,
-                        last: ki,
+                        last: last_use[o],
                         offset: 0,
                     });
                     slots.len() - 1
                 }
             };
             slot_of[o] = Some(s);
-        }
-    }
-    for &r in f.results() {
-        if let Some(s) = root[r].and_then(|x| slot_of[x]) {
-            slots[s].last = n_kernels;
         }
     }
     // Greedy by size: largest first, lowest offset that fits among time-overlapping slots.

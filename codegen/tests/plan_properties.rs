@@ -54,6 +54,28 @@ proptest! {
             }
         }
 
+        // The last kernel reading each stored value (through views), or the end for results.
+        let mut origin: HashMap<tcc_ir::Value, tcc_ir::Value> = HashMap::new();
+        let mut last_read: HashMap<tcc_ir::Value, usize> = HashMap::new();
+        for (i, (_, kd)) in p.kernels.iter().enumerate() {
+            for &v in &kd.inputs {
+                let r = origin.get(&v).copied().unwrap_or(v);
+                let e = last_read.entry(r).or_insert(i);
+                *e = (*e).max(i);
+            }
+            if kd.kind == KernelKind::View {
+                let op = kd.ops[0];
+                let src = f.op(op).args[0];
+                origin.insert(f.op(op).results[0], origin.get(&src).copied().unwrap_or(src));
+            }
+            for &o in &kd.outputs {
+                last_read.entry(o).or_insert(i);
+            }
+        }
+        for &r in f.results() {
+            last_read.insert(origin.get(&r).copied().unwrap_or(r), p.kernels.len());
+        }
+
         // Slots live at the same time do not overlap in memory.
         for (a, sa) in m.slots.iter().enumerate() {
             prop_assert!(sa.offset % 64 == 0 && sa.size % 64 == 0);
@@ -63,10 +85,13 @@ proptest! {
                 let disjoint = sa.offset + sa.size <= sb.offset || sb.offset + sb.size <= sa.offset;
                 prop_assert!(!live_together || disjoint, "slots {sa:?} and {sb:?} overlap while both live");
             }
-            // In-place chains: each later value is written by an elementwise kernel.
-            for &v in &sa.values[1..] {
-                let k = p.kernel_of[f.def_op(v).unwrap()].unwrap();
+            // In-place chains: each later value is written by an elementwise kernel that is the
+            // last reader of the value before it (lifetimes computed here, independently).
+            for w in sa.values.windows(2) {
+                let k = p.kernel_of[f.def_op(w[1]).unwrap()].unwrap();
                 prop_assert_eq!(&p.kernels[k].kind, &KernelKind::Elementwise);
+                let def_next = kernel_index[&k];
+                prop_assert!(last_read[&w[0]] <= def_next, "{:?} is overwritten by {:?} at kernel {} but read until {}", w[0], w[1], def_next, last_read[&w[0]]);
             }
         }
         prop_assert!(m.arena_bytes >= m.live_peak_bytes);

@@ -242,16 +242,14 @@ fn op_error(f: &Function, op: Op, msg: String) -> InterpError {
     ))
 }
 
-/// Evaluates one op on constant operands, for constant folding: `None` if it fails at run time
-/// (the error is left for run time to report).
+/// Evaluates one op on operands given as tensors (for constant folding, and for runtimes that
+/// fall back to the reference kernels). The error is the run-time error, without the op's name.
 pub fn eval_op(
     kind: &crate::ops::OpKind,
     args: &[&Tensor],
     out: &[TensorType],
-) -> Option<Vec<Tensor>> {
+) -> Result<Vec<Tensor>, String> {
     let wide: Vec<Val> = args.iter().map(|t| widen(t)).collect();
     let refs: Vec<&Val> = wide.iter().collect();
-    kernels::eval(kind, &refs, out)
-        .ok()
-        .map(|vs| vs.into_iter().map(narrow).collect())
+    kernels::eval(kind, &refs, out).map(|vs| vs.into_iter().map(narrow).collect())
 }

@@ -1,0 +1,481 @@
+//! Cranelift code for fused elementwise kernels over `f32`.
+//!
+//! A compiled kernel has the C signature `fn(ptrs: *const *mut u8, start: u64, end: u64)`:
+//! `ptrs` holds the base address of each input (in kernel input order) and then of each output;
+//! the kernel computes elements `start..end` of its iteration space (so work can be split).
+//! It runs an `f32x4` loop while every operand allows it, then a scalar loop for the tail.
+//!
+//! Operands are read by one of three patterns: the same index as the output, one scalar (a
+//! splat constant is an immediate), or a broadcast block, element `(i / inner) % n`, which covers
+//! a bias `[C]` over `[N, C]` (`inner = 1`) and a per-channel `[C,1,1]` over `[N,C,H,W]`.
+//!
+//! `exp` is Cephes' `expf`: range reduction by `ln 2` (two-part constant), a degree-6 polynomial,
+//! and scaling by `2^n` split in two factors so that the results overflow to `inf` and underflow
+//! through the subnormals as they should. `tanh` uses Cephes' odd polynomial below 0.625 and
+//! `1 - 2/(e^{2|x|}+1)` above; `sigmoid` is `1/(1+e^{-x})`. Their measured errors are in
+//! docs/perf.md.
+
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+use cranelift_codegen::ir::{AbiParam, InstBuilder, MemFlags, Type, Value as CValue, types};
+use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
+use cranelift_jit::JITModule;
+use cranelift_module::{FuncId, Linkage, Module};
+use std::collections::HashMap;
+use tcc_ir::{BinaryOp, DType, Function, OpKind, UnaryOp, Value};
+
+use crate::plan::{KernelData, KernelKind};
+
+/// The entry point of a compiled kernel.
+pub(crate) type KernelFn = unsafe extern "C" fn(ptrs: *const *mut u8, start: u64, end: u64);
+
+/// How an operand is indexed for output element `i`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Access {
+    /// Element `i`.
+    Same,
+    /// One value for every element (an immediate if `Some`).
+    Scalar(Option<f32>),
+    /// Element `(i / inner) % n`.
+    Block { inner: u64, n: u64 },
+}
+
+/// The access pattern for an operand of `dims` broadcast to `out`, if it is one of the three.
+fn access(dims: &[u64], out: &[u64]) -> Option<Access> {
+    let numel: u64 = dims.iter().product();
+    let out_numel: u64 = out.iter().product();
+    if dims.len() > out.len() {
+        return None;
+    }
+    if dims == out {
+        return Some(Access::Same);
+    }
+    if numel == 1 {
+        return Some(Access::Scalar(None));
+    }
+    // The operand's non-1 axes must be one contiguous run of output axes, matching them.
+    let offset = out.len() - dims.len();
+    let non1: Vec<usize> = (0..dims.len())
+        .filter(|&k| dims[k] != 1)
+        .map(|k| k + offset)
+        .collect();
+    let (a, b) = (non1[0], non1[non1.len() - 1] + 1);
+    if non1.len() != b - a || (a..b).any(|o| out[o] != dims[o - offset]) {
+        return None;
+    }
+    let n: u64 = out[a..b].iter().product();
+    let inner: u64 = out[b..].iter().product();
+    if n * inner == out_numel && inner == 1 && a == 0 {
+        return Some(Access::Same);
+    }
+    Some(Access::Block { inner, n })
+}
+
+fn supported_op(kind: &OpKind) -> bool {
+    use UnaryOp::*;
+    match kind {
+        OpKind::Unary(u) => matches!(
+            u,
+            Neg | Abs | Sqrt | Rsqrt | Reciprocal | Relu | Exp | Tanh | Sigmoid
+        ),
+        OpKind::Binary(b) => !matches!(b, BinaryOp::Pow),
+        OpKind::Identity | OpKind::StopGradient | OpKind::BroadcastTo { .. } => true,
+        _ => false,
+    }
+}
+
+/// The splat value of `v` if it is defined by a splat `f32` constant.
+fn splat_f32(f: &Function, v: Value) -> Option<f32> {
+    match f.def_op(v).map(|op| &f.op(op).kind) {
+        Some(OpKind::Const { value, .. }) => match value.as_splat()? {
+            tcc_ir::Scalar::F32(x) => Some(x),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// Whether this JIT compiles `k`: an elementwise kernel over `f32` made of supported ops whose
+/// operands it can index.
+pub(crate) fn can_compile(f: &Function, k: &KernelData) -> bool {
+    if k.kind != KernelKind::Elementwise {
+        return false;
+    }
+    let out = f.ty(f.op(k.ops[0]).results[0]).dims();
+    let all_f32 = k.ops.iter().all(|&op| {
+        let d = f.op(op);
+        d.args
+            .iter()
+            .chain(&d.results)
+            .all(|&v| f.ty(v).dtype() == DType::F32)
+    });
+    all_f32
+        && k.ops.iter().all(|&op| supported_op(&f.op(op).kind))
+        && k.inputs
+            .iter()
+            .all(|&v| access(f.ty(v).dims(), out).is_some())
+}
+
+/// Emits a constant of lane type `ty` (`F32` or `F32X4`).
+fn fconst(b: &mut FunctionBuilder, ty: Type, x: f32) -> CValue {
+    let c = b.ins().f32const(x);
+    if ty == types::F32 {
+        c
+    } else {
+        b.ins().splat(ty, c)
+    }
+}
+
+fn iconst32(b: &mut FunctionBuilder, ity: Type, x: i64) -> CValue {
+    let c = b.ins().iconst(types::I32, x);
+    if ity == types::I32 {
+        c
+    } else {
+        b.ins().splat(ity, c)
+    }
+}
+
+/// `if a < b { t } else { e }`, lane-wise.
+fn select_lt(
+    b: &mut FunctionBuilder,
+    ty: Type,
+    a: CValue,
+    bb: CValue,
+    t: CValue,
+    e: CValue,
+) -> CValue {
+    let m = b.ins().fcmp(FloatCC::LessThan, a, bb);
+    if ty == types::F32 {
+        b.ins().select(m, t, e)
+    } else {
+        let m = b.ins().bitcast(ty, MemFlags::new(), m);
+        b.ins().bitselect(m, t, e)
+    }
+}
+
+/// `a*x + c` evaluated as Horner steps over `coeffs` (highest degree first).
+fn horner(b: &mut FunctionBuilder, ty: Type, x: CValue, coeffs: &[f32]) -> CValue {
+    let mut acc = fconst(b, ty, coeffs[0]);
+    for &c in &coeffs[1..] {
+        let m = b.ins().fmul(acc, x);
+        let k = fconst(b, ty, c);
+        acc = b.ins().fadd(m, k);
+    }
+    acc
+}
+
+fn exp(b: &mut FunctionBuilder, ty: Type, x: CValue) -> CValue {
+    let ity = if ty == types::F32 {
+        types::I32
+    } else {
+        types::I32X4
+    };
+    let lo = fconst(b, ty, -104.0);
+    let hi = fconst(b, ty, 89.0);
+    let x = b.ins().fmax(x, lo);
+    let x = b.ins().fmin(x, hi);
+    let log2e = fconst(b, ty, std::f32::consts::LOG2_E);
+    let t = b.ins().fmul(x, log2e);
+    let n = b.ins().nearest(t);
+    let c1 = fconst(b, ty, 0.693_359_4);
+    let c2 = fconst(b, ty, -2.121_944_4e-4);
+    let r = b.ins().fmul(n, c1);
+    let r = b.ins().fsub(x, r);
+    let r2 = b.ins().fmul(n, c2);
+    let r = b.ins().fsub(r, r2);
+    let p = horner(
+        b,
+        ty,
+        r,
+        &[
+            1.987_569_1e-4,
+            1.398_199_9e-3,
+            8.333_452e-3,
+            4.166_579_6e-2,
+            1.666_666_5e-1,
+            0.5,
+        ],
+    );
+    let rr = b.ins().fmul(r, r);
+    let y = b.ins().fmul(rr, p);
+    let y = b.ins().fadd(y, r);
+    let one = fconst(b, ty, 1.0);
+    let y = b.ins().fadd(y, one);
+    // 2^n as 2^(n>>1) * 2^(n - (n>>1)): each factor's exponent stays in the normal range.
+    let ni = b.ins().fcvt_to_sint_sat(ity, n);
+    let n1 = b.ins().sshr_imm(ni, 1);
+    let n2 = b.ins().isub(ni, n1);
+    let bias = iconst32(b, ity, 127);
+    let mut out = y;
+    for e in [n1, n2] {
+        let e = b.ins().iadd(e, bias);
+        let e = b.ins().ishl_imm(e, 23);
+        let s = b.ins().bitcast(ty, MemFlags::new(), e);
+        out = b.ins().fmul(out, s);
+    }
+    out
+}
+
+fn tanh(b: &mut FunctionBuilder, ty: Type, x: CValue) -> CValue {
+    let ax = b.ins().fabs(x);
+    // Small |x|: x + x z P(z), z = x^2.
+    let z = b.ins().fmul(x, x);
+    let p = horner(
+        b,
+        ty,
+        z,
+        &[
+            -5.704_988_7e-3,
+            2.063_909e-2,
+            -5.373_971_6e-2,
+            1.333_144_2e-1,
+            -3.333_328e-1,
+        ],
+    );
+    let xz = b.ins().fmul(x, z);
+    let small = b.ins().fmul(xz, p);
+    let small = b.ins().fadd(small, x);
+    // Large |x|: 1 - 2 / (e^{2|x|} + 1), with the sign of x.
+    let two = fconst(b, ty, 2.0);
+    let one = fconst(b, ty, 1.0);
+    let e = b.ins().fmul(ax, two);
+    let e = exp(b, ty, e);
+    let e = b.ins().fadd(e, one);
+    let q = b.ins().fdiv(two, e);
+    let large = b.ins().fsub(one, q);
+    // Give `large` (which is >= 0) the sign of x: fcopysign has no f32x4 lowering on x86.
+    let ity = if ty == types::F32 {
+        types::I32
+    } else {
+        types::I32X4
+    };
+    let xi = b.ins().bitcast(ity, MemFlags::new(), x);
+    let sign_mask = iconst32(b, ity, i32::MIN as i64);
+    let sign = b.ins().band(xi, sign_mask);
+    let li = b.ins().bitcast(ity, MemFlags::new(), large);
+    let li = b.ins().bor(li, sign);
+    let large = b.ins().bitcast(ty, MemFlags::new(), li);
+    let cut = fconst(b, ty, 0.625);
+    select_lt(b, ty, ax, cut, small, large)
+}
+
+/// Emits the kernel body for one element (or four) given operand values.
+fn emit_ops(
+    b: &mut FunctionBuilder,
+    ty: Type,
+    f: &Function,
+    k: &KernelData,
+    vals: &mut HashMap<Value, CValue>,
+) {
+    for &op in &k.ops {
+        let d = f.op(op);
+        let a: Vec<CValue> = d.args.iter().map(|v| vals[v]).collect();
+        let r = match &d.kind {
+            OpKind::Unary(u) => match u {
+                UnaryOp::Neg => b.ins().fneg(a[0]),
+                UnaryOp::Abs => b.ins().fabs(a[0]),
+                UnaryOp::Sqrt => b.ins().sqrt(a[0]),
+                UnaryOp::Rsqrt => {
+                    let s = b.ins().sqrt(a[0]);
+                    let one = fconst(b, ty, 1.0);
+                    b.ins().fdiv(one, s)
+                }
+                UnaryOp::Reciprocal => {
+                    let one = fconst(b, ty, 1.0);
+                    b.ins().fdiv(one, a[0])
+                }
+                UnaryOp::Relu => {
+                    let zero = fconst(b, ty, 0.0);
+                    b.ins().fmax(a[0], zero)
+                }
+                UnaryOp::Exp => exp(b, ty, a[0]),
+                UnaryOp::Tanh => tanh(b, ty, a[0]),
+                UnaryOp::Sigmoid => {
+                    let nx = b.ins().fneg(a[0]);
+                    let e = exp(b, ty, nx);
+                    let one = fconst(b, ty, 1.0);
+                    let d = b.ins().fadd(one, e);
+                    b.ins().fdiv(one, d)
+                }
+                _ => unreachable!("checked by can_compile"),
+            },
+            OpKind::Binary(op) => match op {
+                BinaryOp::Add => b.ins().fadd(a[0], a[1]),
+                BinaryOp::Sub => b.ins().fsub(a[0], a[1]),
+                BinaryOp::Mul => b.ins().fmul(a[0], a[1]),
+                BinaryOp::Div => b.ins().fdiv(a[0], a[1]),
+                BinaryOp::Max => b.ins().fmax(a[0], a[1]),
+                BinaryOp::Min => b.ins().fmin(a[0], a[1]),
+                BinaryOp::Pow => unreachable!("checked by can_compile"),
+            },
+            OpKind::Identity | OpKind::StopGradient | OpKind::BroadcastTo { .. } => a[0],
+            _ => unreachable!("checked by can_compile"),
+        };
+        vals.insert(d.results[0], r);
+    }
+}
+
+/// Compiles `k` (for which [`can_compile`] holds) into `module` under `name`.
+pub(crate) fn compile(
+    module: &mut JITModule,
+    f: &Function,
+    k: &KernelData,
+    name: &str,
+) -> Result<FuncId, String> {
+    let out_dims = f.ty(f.op(k.ops[0]).results[0]).dims().to_vec();
+    let accesses: Vec<Access> = k
+        .inputs
+        .iter()
+        .map(
+            |&v| match access(f.ty(v).dims(), &out_dims).expect("checked by can_compile") {
+                Access::Scalar(_) => Access::Scalar(splat_f32(f, v)),
+                a => a,
+            },
+        )
+        .collect();
+    let vectorizable = accesses.iter().all(|a| match *a {
+        Access::Same | Access::Scalar(_) => true,
+        Access::Block { inner, n } => (inner == 1 && n % 4 == 0) || inner % 4 == 0,
+    });
+    let ptr = module.target_config().pointer_type();
+    let mut sig = module.make_signature();
+    sig.params.extend([
+        AbiParam::new(ptr),
+        AbiParam::new(types::I64),
+        AbiParam::new(types::I64),
+    ]);
+    let id = module
+        .declare_function(name, Linkage::Local, &sig)
+        .map_err(|e| e.to_string())?;
+    let mut ctx = module.make_context();
+    ctx.func.signature = sig;
+    let mut fctx = FunctionBuilderContext::new();
+    {
+        let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
+        let entry = b.create_block();
+        b.append_block_params_for_function_params(entry);
+        b.switch_to_block(entry);
+        let (table, start, end) = {
+            let p = b.block_params(entry);
+            (p[0], p[1], p[2])
+        };
+        let flags = MemFlags::trusted();
+        let n_in = k.inputs.len();
+        let bases: Vec<CValue> = (0..n_in + k.outputs.len())
+            .map(|j| b.ins().load(ptr, flags, table, (j * 8) as i32))
+            .collect();
+        // Scalars are loaded (or materialised) once.
+        let scalars: Vec<Option<CValue>> = accesses
+            .iter()
+            .enumerate()
+            .map(|(j, a)| match a {
+                Access::Scalar(Some(x)) => Some(b.ins().f32const(*x)),
+                Access::Scalar(None) => Some(b.ins().load(types::F32, flags, bases[j], 0)),
+                _ => None,
+            })
+            .collect();
+        let i = b.declare_var(types::I64);
+        b.def_var(i, start);
+        let vec_end = if vectorizable {
+            let len = b.ins().isub(end, start);
+            let len4 = b.ins().band_imm(len, !3i64);
+            b.ins().iadd(start, len4)
+        } else {
+            start
+        };
+        for (lane, limit) in [(types::F32X4, vec_end), (types::F32, end)] {
+            let head = b.create_block();
+            let body = b.create_block();
+            let next = b.create_block();
+            b.ins().jump(head, &[]);
+            b.switch_to_block(head);
+            let iv = b.use_var(i);
+            let c = b.ins().icmp(IntCC::UnsignedLessThan, iv, limit);
+            b.ins().brif(c, body, &[], next, &[]);
+            b.switch_to_block(body);
+            let iv = b.use_var(i);
+            let mut vals: HashMap<Value, CValue> = HashMap::new();
+            for (j, (&v, a)) in k.inputs.iter().zip(&accesses).enumerate() {
+                let x = match *a {
+                    Access::Scalar(_) => {
+                        let s = scalars[j].expect("preloaded");
+                        if lane == types::F32 {
+                            s
+                        } else {
+                            b.ins().splat(lane, s)
+                        }
+                    }
+                    Access::Same => {
+                        let off = b.ins().ishl_imm(iv, 2);
+                        let addr = b.ins().iadd(bases[j], off);
+                        b.ins().load(lane, flags, addr, 0)
+                    }
+                    Access::Block { inner, n } => {
+                        let q = if inner == 1 {
+                            iv
+                        } else {
+                            b.ins().udiv_imm(iv, inner as i64)
+                        };
+                        let idx = b.ins().urem_imm(q, n as i64);
+                        let off = b.ins().ishl_imm(idx, 2);
+                        let addr = b.ins().iadd(bases[j], off);
+                        if lane == types::F32 || inner == 1 {
+                            b.ins().load(lane, flags, addr, 0)
+                        } else {
+                            let s = b.ins().load(types::F32, flags, addr, 0);
+                            b.ins().splat(lane, s)
+                        }
+                    }
+                };
+                vals.insert(v, x);
+            }
+            emit_ops(&mut b, lane, f, k, &mut vals);
+            for (j, o) in k.outputs.iter().enumerate() {
+                let off = b.ins().ishl_imm(iv, 2);
+                let addr = b.ins().iadd(bases[n_in + j], off);
+                b.ins().store(flags, vals[o], addr, 0);
+            }
+            let step = if lane == types::F32 { 1 } else { 4 };
+            let iv2 = b.ins().iadd_imm(iv, step);
+            b.def_var(i, iv2);
+            b.ins().jump(head, &[]);
+            b.switch_to_block(next);
+        }
+        b.ins().return_(&[]);
+        b.seal_all_blocks();
+        b.finalize();
+    }
+    module
+        .define_function(id, &mut ctx)
+        .map_err(|e| format!("{e:?}"))?;
+    module.clear_context(&mut ctx);
+    Ok(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn access_patterns() {
+        assert_eq!(access(&[4, 8], &[4, 8]), Some(Access::Same));
+        assert_eq!(access(&[], &[4, 8]), Some(Access::Scalar(None)));
+        assert_eq!(access(&[1, 1], &[4, 8]), Some(Access::Scalar(None)));
+        assert_eq!(
+            access(&[8], &[4, 8]),
+            Some(Access::Block { inner: 1, n: 8 })
+        );
+        assert_eq!(
+            access(&[16, 1, 1], &[2, 16, 5, 5]),
+            Some(Access::Block { inner: 25, n: 16 })
+        );
+        assert_eq!(
+            access(&[4, 1], &[4, 8]),
+            Some(Access::Block { inner: 8, n: 4 })
+        );
+        assert_eq!(
+            access(&[1, 8], &[4, 8]),
+            Some(Access::Block { inner: 1, n: 8 })
+        );
+        assert_eq!(access(&[3, 1, 5], &[3, 4, 5]), None);
+    }
+}

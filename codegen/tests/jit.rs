@@ -1,0 +1,281 @@
+//! The CPU runtime against the reference interpreter: compiled elementwise kernels at sizes that
+//! are and are not multiples of the vector width, every broadcast pattern, special values, whole
+//! random functions (compiled and reference kernels together), and concurrent runs.
+
+use proptest::prelude::*;
+use tcc_codegen::Executable;
+use tcc_ir::random::{Rng, random_function, random_tensor};
+use tcc_ir::{Data, Function, Tensor, parse_function};
+
+/// `|a - b| <= atol + rtol |b|`, NaN equal to NaN, infinities equal to themselves.
+fn close(a: f64, b: f64, rtol: f64, atol: f64) -> bool {
+    (a.is_nan() && b.is_nan()) || a == b || (a - b).abs() <= atol + rtol * b.abs()
+}
+
+fn check(got: &[Tensor], want: &[Tensor], rtol: f64, atol: f64) -> Result<(), String> {
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        if g.ty() != w.ty() {
+            return Err(format!("result {i}: type {} vs {}", g.ty(), w.ty()));
+        }
+        let ok = match (g.data(), w.data()) {
+            (Data::F32(p), Data::F32(q)) => p
+                .iter()
+                .zip(q)
+                .position(|(&x, &y)| !close(x as f64, y as f64, rtol, atol)),
+            (Data::F64(p), Data::F64(q)) => p
+                .iter()
+                .zip(q)
+                .position(|(&x, &y)| !close(x, y, rtol, atol)),
+            (p, q) => (p != q).then_some(0),
+        };
+        if let Some(at) = ok {
+            return Err(format!(
+                "result {i} differs at element {at}:\n got {:?}\nwant {:?}",
+                g.data(),
+                w.data()
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn both(f: &Function, inputs: &[Tensor]) -> (Vec<Tensor>, Vec<Tensor>, Executable) {
+    let exe = Executable::compile(f).unwrap();
+    let got = exe.run(inputs).unwrap();
+    let want = tcc_ir::interp::run(f, inputs).unwrap();
+    (got, want, exe)
+}
+
+fn randoms(f: &Function, seed: u64) -> Vec<Tensor> {
+    let mut rng = Rng::new(seed);
+    f.params()
+        .iter()
+        .map(|&p| random_tensor(f.ty(p), &mut rng))
+        .collect()
+}
+
+#[test]
+fn fused_chain_at_awkward_sizes() {
+    for n in [1u64, 3, 4, 5, 7, 8, 17, 1000, 1027] {
+        let src = format!(
+            "func @f(%x: f32[{n}], %a: f32[], %b: f32[{n}]) -> (f32[{n}]) {{
+  %m = mul %x, %a : f32[{n}]
+  %s = add %m, %b : f32[{n}]
+  %t = tanh %s : f32[{n}]
+  %y = mul %t, %x : f32[{n}]
+  return %y
+}}"
+        );
+        let f = parse_function(&src).unwrap();
+        let (got, want, exe) = both(&f, &randoms(&f, n));
+        assert_eq!(exe.stats().compiled, 1, "the chain is one compiled kernel");
+        check(&got, &want, 2e-6, 1e-7).unwrap_or_else(|e| panic!("n={n}: {e}"));
+    }
+}
+
+#[test]
+fn every_compiled_op_on_special_values() {
+    let xs: Vec<f32> = vec![
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        0.5,
+        -0.5,
+        1e-8,
+        -1e-8,
+        0.624,
+        0.626,
+        -0.63,
+        3.0,
+        -3.0,
+        9.5,
+        -9.5,
+        20.0,
+        -20.0,
+        80.0,
+        88.5,
+        88.8,
+        100.0,
+        -87.0,
+        -90.0,
+        -103.0,
+        -110.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        f32::MIN_POSITIVE,
+        1e30,
+        -1e30,
+        7.25,
+    ];
+    let n = xs.len();
+    for op in [
+        "neg",
+        "abs",
+        "sqrt",
+        "rsqrt",
+        "reciprocal",
+        "relu",
+        "exp",
+        "tanh",
+        "sigmoid",
+    ] {
+        let src = format!(
+            "func @f(%x: f32[{n}]) -> (f32[{n}]) {{\n  %y = {op} %x : f32[{n}]\n  return %y\n}}"
+        );
+        let f = parse_function(&src).unwrap();
+        let input = vec![Tensor::from_f32(&[n as u64], xs.clone()).unwrap()];
+        let (got, want, exe) = both(&f, &input);
+        assert_eq!(exe.stats().compiled, 1, "{op} compiles");
+        // The polynomial exp and its users are within a few ulp; the rest are exact or 1 ulp.
+        check(&got, &want, 1e-6, 1e-30).unwrap_or_else(|e| panic!("{op}: {e}"));
+    }
+    for op in ["add", "sub", "mul", "div", "max", "min"] {
+        let src = format!(
+            "func @f(%x: f32[{n}], %y: f32[{n}]) -> (f32[{n}]) {{\n  %z = {op} %x, %y : f32[{n}]\n  return %z\n}}"
+        );
+        let f = parse_function(&src).unwrap();
+        let mut ys = xs.clone();
+        ys.rotate_left(5);
+        let input = vec![
+            Tensor::from_f32(&[n as u64], xs.clone()).unwrap(),
+            Tensor::from_f32(&[n as u64], ys).unwrap(),
+        ];
+        let (got, want, _) = both(&f, &input);
+        check(&got, &want, 0.0, 0.0).unwrap_or_else(|e| panic!("{op}: {e}"));
+    }
+}
+
+#[test]
+fn broadcast_patterns() {
+    let cases = [
+        ("f32[6,8]", "f32[8]"),           // bias over rows, vector loads
+        ("f32[5,7]", "f32[7]"),           // bias, scalar loop
+        ("f32[2,16,5,5]", "f32[16,1,1]"), // per channel, inner 25
+        ("f32[2,3,4,4]", "f32[3,1,1]"),   // per channel, inner 16: splatted in the vector loop
+        ("f32[4,8]", "f32[4,1]"),         // per row
+        ("f32[3,4]", "f32[1,1]"),         // a one-element operand
+        ("f32[3,4]", "f32[]"),            // a scalar parameter
+    ];
+    for (big, small) in cases {
+        let src = format!(
+            "func @f(%x: {big}, %b: {small}) -> ({big}) {{\n  %y = add %x, %b : {big}\n  %z = mul %y, %b : {big}\n  return %z\n}}"
+        );
+        let f = parse_function(&src).unwrap();
+        let (got, want, exe) = both(&f, &randoms(&f, 3));
+        assert_eq!(exe.stats().compiled, 1, "{big} with {small}");
+        check(&got, &want, 2e-7, 0.0).unwrap_or_else(|e| panic!("{big} + {small}: {e}"));
+    }
+}
+
+#[test]
+fn constants_inline_or_from_memory() {
+    let src = "func @f(%x: f32[2,4]) -> (f32[2,4]) {
+  %h = const {value=0.5} : f32[]
+  %d = const {value=[1.0, 2.0, 3.0, 4.0]} : f32[4]
+  %a = mul %x, %h : f32[2,4]
+  %b = add %a, %d : f32[2,4]
+  return %b
+}";
+    let f = parse_function(src).unwrap();
+    let (got, want, _) = both(&f, &randoms(&f, 9));
+    check(&got, &want, 0.0, 0.0).unwrap();
+}
+
+#[test]
+fn reference_kernels_views_and_results_that_are_inputs() {
+    let src = "func @f(%x: f32[4,6], %w: f32[6,3]) -> (f32[3,4], f32[4,6], f32[24]) {
+  %m = matmul %x, %w : f32[4,3]
+  %t = transpose %m {perm=[1,0]} : f32[3,4]
+  %e = exp %x : f32[4,6]
+  %r = reshape %e {shape=[24]} : f32[24]
+  %n = neg %r : f32[24]
+  return %t, %x, %n
+}";
+    let f = parse_function(src).unwrap();
+    let (got, want, exe) = both(&f, &randoms(&f, 5));
+    let s = exe.stats();
+    assert_eq!((s.compiled, s.views), (2, 1), "{s:?}");
+    check(&got, &want, 1e-6, 1e-7).unwrap();
+}
+
+#[test]
+fn inputs_are_checked() {
+    let f =
+        parse_function("func @f(%x: f32[4]) -> (f32[4]) {\n  %y = exp %x : f32[4]\n  return %y\n}")
+            .unwrap();
+    let exe = Executable::compile(&f).unwrap();
+    let e = exe
+        .run(&[Tensor::from_f32(&[5], vec![0.0; 5]).unwrap()])
+        .unwrap_err();
+    assert_eq!(
+        e.0,
+        "input for parameter %x of `@f`: expected f32[4], got f32[5]"
+    );
+    let e = exe.run(&[]).unwrap_err();
+    assert_eq!(e.0, "`@f` takes 1 input(s), got 0");
+}
+
+#[test]
+fn run_time_errors_name_the_op() {
+    let f = parse_function(
+        "func @f(%t: f32[3,2], %i: i64[2]) -> (f32[2,2]) {\n  %g = gather %t, %i {axis=0} : f32[2,2]\n  return %g\n}",
+    )
+    .unwrap();
+    let exe = Executable::compile(&f).unwrap();
+    let inputs = [
+        Tensor::from_f32(&[3, 2], vec![0.0; 6]).unwrap(),
+        Tensor::from_data(&[2], Data::I64(vec![0, 5])).unwrap(),
+    ];
+    let e = exe.run(&inputs).unwrap_err();
+    assert_eq!(
+        e.0,
+        "in `@f`, op0 (%g = gather %t, %i): index 5 is out of range for an axis of size 3"
+    );
+}
+
+#[test]
+fn concurrent_runs_share_one_executable() {
+    let src = "func @f(%x: f32[4099], %b: f32[4099]) -> (f32[4099]) {
+  %s = add %x, %b : f32[4099]
+  %t = tanh %s : f32[4099]
+  %e = exp %t : f32[4099]
+  return %e
+}";
+    let f = parse_function(src).unwrap();
+    let exe = std::sync::Arc::new(Executable::compile(&f).unwrap());
+    let inputs = randoms(&f, 11);
+    let expected = exe.run(&inputs).unwrap();
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let exe = exe.clone();
+            let inputs = inputs.clone();
+            std::thread::spawn(move || {
+                (0..20)
+                    .map(|_| exe.run(&inputs).unwrap())
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    for t in threads {
+        for r in t.join().unwrap() {
+            assert_eq!(r, expected, "every run gives the same bits");
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    /// Whole random functions: every kernel kind, views, in-place slots and results.
+    #[test]
+    fn random_functions_match_the_interpreter(seed in any::<u64>(), n in 1usize..50) {
+        let f = random_function(seed, n);
+        let inputs = randoms(&f, seed ^ 1);
+        let Ok(want) = tcc_ir::interp::run(&f, &inputs) else { return Ok(()) };
+        let exe = Executable::compile(&f).map_err(|e| TestCaseError::fail(e.0))?;
+        let got = exe.run(&inputs).map_err(|e| TestCaseError::fail(format!("{e}\n{f}")))?;
+        check(&got, &want, 1e-5, 1e-6).map_err(|e| TestCaseError::fail(format!("{e}\n{f}")))?;
+    }
+}
