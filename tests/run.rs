@@ -231,3 +231,24 @@ fn run_time_errors_name_the_op() {
         "error: in `@f`, op1 (%q = div %x, %z): integer division by zero\n"
     );
 }
+
+#[test]
+fn compiled_and_interpreted_runs_agree() {
+    let (c1, compiled, err) = tcc(&["run", "examples/mlp.tir"], "");
+    let (c2, interpreted, _) = tcc(&["run", "--interp", "examples/mlp.tir"], "");
+    assert_eq!((c1, c2), (0, 0), "{err}");
+    assert_eq!(compiled, interpreted);
+    let (code, _, err) = tcc(
+        &[
+            "run",
+            "--stats",
+            "tests/filetests/plan/elementwise_chain.tir",
+        ],
+        "",
+    );
+    assert_eq!(code, 0);
+    assert_eq!(
+        err,
+        "kernels: 1 compiled, 0 on reference kernels, 0 views; arena 4096 bytes\n"
+    );
+}

@@ -73,7 +73,7 @@ enum Cmd {
     },
     /// Run a function on inputs and print a line per result.
     #[command(
-        after_help = "Examples:\n  tcc run --interp examples/mlp.tir\n  tcc run --interp examples/mlp.tir --input x=x.npy --input labels=zeros --output out/\n\nAn input is PATH.npy, random[:SEED] (floats in [-1,1), integers in [0,8)) or zeros; inputs not\ngiven are random with a fixed seed. With --output, each result is written as DIR/<name>.npy."
+        after_help = "Examples:\n  tcc run examples/mlp.tir\n  tcc run examples/mlp.tir --input x=x.npy --input labels=zeros --output out/ --stats\n\nAn input is PATH.npy, random[:SEED] (floats in [-1,1), integers in [0,8)) or zeros; inputs not\ngiven are random with a fixed seed. With --output, each result is written as DIR/<name>.npy."
     )]
     Run {
         /// The IR file (`-` for stdin).
@@ -87,9 +87,12 @@ enum Cmd {
         /// Write each result to DIR/<result name>.npy.
         #[arg(long)]
         output: Option<String>,
-        /// Run with the reference interpreter (the JIT backend is not built yet).
+        /// Run with the reference interpreter instead of the compiled code.
         #[arg(long)]
         interp: bool,
+        /// Print to stderr how the kernels ran (compiled or reference) and the arena size.
+        #[arg(long)]
+        stats: bool,
     },
     /// Print how each function is cut into kernels and where its values live in the arena.
     #[command(after_help = "Example:\n  tcc plan examples/mlp.tir")]
@@ -222,14 +225,16 @@ pub fn run(
             inputs,
             output,
             interp,
+            stats,
         } => run_cmd(
             &file,
             func.as_deref(),
             &inputs,
             output.as_deref(),
-            interp,
+            (interp, stats),
             stdin,
             stdout,
+            stderr,
         ),
         Cmd::Plan { file } => read_input(&file, stdin)
             .map_err(|e| (EXIT_INPUT, e))
@@ -412,21 +417,17 @@ fn file_stem(name: &str) -> String {
         .collect()
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run_cmd(
     file: &str,
     func: Option<&str>,
     specs: &[String],
     output: Option<&str>,
-    interp: bool,
+    (interp, stats): (bool, bool),
     stdin: &mut dyn Read,
     stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
 ) -> Result<(), (i32, String)> {
-    if !interp {
-        return Err((
-            EXIT_USAGE,
-            "error: the JIT backend is not built yet; run with --interp to use the reference interpreter".into(),
-        ));
-    }
     let input = read_input(file, stdin).map_err(|e| (EXIT_INPUT, e))?;
     let m = load(&input).map_err(|e| (EXIT_INPUT, e))?;
     let f = pick_function(&m, func, &input.name).map_err(|e| (EXIT_INPUT, e))?;
@@ -450,8 +451,22 @@ fn run_cmd(
         .map(|i| make_input(f, i, given[i]))
         .collect::<Result<_, _>>()
         .map_err(|e| (EXIT_INPUT, e))?;
-    let results =
-        tcc_ir::interp::run(f, &inputs).map_err(|e| (EXIT_INPUT, format!("error: {e}")))?;
+    let results = if interp {
+        tcc_ir::interp::run(f, &inputs).map_err(|e| (EXIT_INPUT, format!("error: {e}")))?
+    } else {
+        let exe =
+            tcc_codegen::Executable::compile(f).map_err(|e| (EXIT_INPUT, format!("error: {e}")))?;
+        if stats {
+            let s = exe.stats();
+            let _ = writeln!(
+                stderr,
+                "kernels: {} compiled, {} on reference kernels, {} views; arena {} bytes",
+                s.compiled, s.reference, s.views, s.arena_bytes
+            );
+        }
+        exe.run(&inputs)
+            .map_err(|e| (EXIT_INPUT, format!("error: {e}")))?
+    };
     if let Some(dir) = output {
         std::fs::create_dir_all(dir)
             .map_err(|e| (EXIT_INPUT, format!("error: cannot create `{dir}`: {e}")))?;
