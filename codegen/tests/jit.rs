@@ -196,7 +196,11 @@ fn reference_kernels_views_and_results_that_are_inputs() {
     let f = parse_function(src).unwrap();
     let (got, want, exe) = both(&f, &randoms(&f, 5));
     let s = exe.stats();
-    assert_eq!((s.compiled, s.views), (2, 1), "{s:?}");
+    assert_eq!(
+        (s.compiled, s.reference, s.views),
+        (3, 1, 1),
+        "matmul, exp and neg compile; transpose does not: {s:?}"
+    );
     check(&got, &want, 1e-6, 1e-7).unwrap();
 }
 
@@ -277,5 +281,45 @@ proptest! {
         let exe = Executable::compile(&f).map_err(|e| TestCaseError::fail(e.0))?;
         let got = exe.run(&inputs).map_err(|e| TestCaseError::fail(format!("{e}\n{f}")))?;
         check(&got, &want, 1e-5, 1e-6).map_err(|e| TestCaseError::fail(format!("{e}\n{f}")))?;
+    }
+}
+
+#[test]
+fn matmuls_through_gemm_with_epilogues() {
+    let cases = [
+        // A dense layer: the bias and gelu run in the epilogue, in place over the product.
+        "func @f(%x: f32[33,70], %w: f32[70,17], %b: f32[17]) -> (f32[33,17]) {
+  %h = matmul %x, %w : f32[33,17]
+  %z = add %h, %b : f32[33,17]
+  %y = relu %z : f32[33,17]
+  return %y
+}",
+        // The product is returned too, so it has its own storage.
+        "func @f(%x: f32[8,16], %w: f32[16,12], %b: f32[12]) -> (f32[8,12], f32[8,12]) {
+  %h = matmul %x, %w : f32[8,12]
+  %z = add %h, %b : f32[8,12]
+  %y = tanh %z : f32[8,12]
+  return %y, %h
+}",
+        // Batched, with the right operand broadcast over the batch.
+        "func @f(%a: f32[3,2,5,7], %b: f32[2,7,4]) -> (f32[3,2,5,4]) {
+  %c = matmul %a, %b : f32[3,2,5,4]
+  return %c
+}",
+        "func @f(%a: f64[64,64], %b: f64[64,64]) -> (f64[64,64]) {
+  %c = matmul %a, %b : f64[64,64]
+  return %c
+}",
+        // Large enough to run on both cores.
+        "func @f(%a: f32[96,128], %b: f32[128,80]) -> (f32[96,80]) {
+  %c = matmul %a, %b : f32[96,80]
+  return %c
+}",
+    ];
+    for src in cases {
+        let f = parse_function(src).unwrap();
+        let (got, want, exe) = both(&f, &randoms(&f, 21));
+        assert_eq!(exe.stats().reference, 0, "{src}");
+        check(&got, &want, 1e-5, 1e-5).unwrap_or_else(|e| panic!("{src}\n{e}"));
     }
 }

@@ -12,7 +12,7 @@
 mod jit;
 
 use crate::memory::{MemoryPlan, Storage, plan_memory};
-use crate::plan::{Kernel, KernelKind, Plan, plan};
+use crate::plan::{Kernel, KernelData, KernelKind, Plan, plan};
 use cranelift_jit::{JITBuilder, JITModule};
 use std::collections::HashMap;
 use std::fmt;
@@ -71,16 +71,193 @@ impl Drop for Code {
     }
 }
 
+/// A compiled elementwise loop: its entry point, the values whose addresses it takes (inputs,
+/// then outputs) and its element count.
+struct Loop {
+    code: jit::KernelFn,
+    args: Vec<Value>,
+    n: u64,
+}
+
+/// A matrix product through `gemm`, batch by batch, into the storage of `dst`.
+struct MatMul {
+    a: Value,
+    b: Value,
+    dst: Value,
+    dtype: DType,
+    m: usize,
+    n: usize,
+    k: usize,
+    /// For each output batch, the batch index into `a` and into `b` (batch dims broadcast).
+    batches: Vec<(usize, usize)>,
+}
+
 enum Step {
-    /// A compiled kernel: its entry point, the values whose addresses it takes (inputs, then
-    /// outputs) and its element count.
-    Jit {
-        code: jit::KernelFn,
-        args: Vec<Value>,
-        n: u64,
-    },
+    /// A compiled elementwise kernel.
+    Jit(Loop),
+    /// A matmul, then its epilogue compiled as an elementwise loop reading the product.
+    Library { mm: MatMul, epilogue: Option<Loop> },
     /// A kernel run by the reference kernels.
     Reference(Kernel),
+}
+
+/// For each element of the broadcast batch shape `out`, the flat batch index into `from`.
+fn batch_map(from: &[u64], out: &[u64]) -> Vec<usize> {
+    let mut st = vec![0usize; out.len()];
+    let mut s = 1usize;
+    for (i, &d) in from.iter().enumerate().rev() {
+        let o = out.len() - from.len() + i;
+        st[o] = if d == 1 { 0 } else { s };
+        s *= d as usize;
+    }
+    let total: u64 = out.iter().product();
+    (0..total as usize)
+        .map(|mut i| {
+            let mut idx = 0;
+            for (k, &d) in out.iter().enumerate().rev() {
+                idx += (i % d as usize) * st[k];
+                i /= d as usize;
+            }
+            idx
+        })
+        .collect()
+}
+
+/// A library kernel's matmul and, if it has one, its epilogue as an elementwise kernel that
+/// reads the product (the value returned with it). `None` when this backend cannot run it that
+/// way yet (then it runs on the reference kernels).
+fn library_step(f: &Function, kd: &KernelData) -> Option<(MatMul, Option<(KernelData, Value)>)> {
+    let d = f.op(kd.ops[0]);
+    let OpKind::MatMul = d.kind else { return None };
+    let r = d.results[0];
+    let dtype = f.ty(r).dtype();
+    if !matches!(dtype, DType::F32 | DType::F64) {
+        return None;
+    }
+    let (ad, bd, od) = (
+        f.ty(d.args[0]).dims(),
+        f.ty(d.args[1]).dims(),
+        f.ty(r).dims(),
+    );
+    let (m, k, n) = (
+        ad[ad.len() - 2] as usize,
+        ad[ad.len() - 1] as usize,
+        bd[bd.len() - 1] as usize,
+    );
+    let batch = &od[..od.len() - 2];
+    let batches = batch_map(&ad[..ad.len() - 2], batch)
+        .into_iter()
+        .zip(batch_map(&bd[..bd.len() - 2], batch))
+        .collect();
+    let mut mm = MatMul {
+        a: d.args[0],
+        b: d.args[1],
+        dst: r,
+        dtype,
+        m,
+        n,
+        k,
+        batches,
+    };
+    if kd.ops.len() == 1 {
+        return Some((mm, None));
+    }
+    let ops = kd.ops[1..].to_vec();
+    let mut inputs = Vec::new();
+    for &op in &ops {
+        for &a in &f.op(op).args {
+            if !ops.iter().any(|&o| f.op(o).results.contains(&a)) && !inputs.contains(&a) {
+                inputs.push(a);
+            }
+        }
+    }
+    let outputs: Vec<Value> = kd.outputs.iter().copied().filter(|&o| o != r).collect();
+    let epi = KernelData {
+        kind: KernelKind::Elementwise,
+        ops,
+        inputs,
+        outputs,
+    };
+    if !jit::can_compile(f, &epi) {
+        return None;
+    }
+    // The product goes to its own storage if it is stored, else over an output of its type
+    // (the epilogue then runs in place, reading each element before writing it).
+    if !kd.outputs.contains(&r) {
+        mm.dst = *epi.outputs.iter().find(|&&o| f.ty(o) == f.ty(r))?;
+    }
+    Some((mm, Some((epi, r))))
+}
+
+fn run_loop(l: &Loop, addr: &dyn Fn(Value) -> *mut u8) {
+    let ptrs: Vec<*mut u8> = l.args.iter().map(|&v| addr(v)).collect();
+    // SAFETY: each pointer addresses storage of its value's type (inputs are checked, the arena
+    // is sized by the memory plan), and the kernel touches elements 0..n only.
+    unsafe { (l.code)(ptrs.as_ptr(), 0, l.n) };
+}
+
+/// Below this many multiply-adds a matmul runs on one thread.
+const PARALLEL_FLOPS: usize = 1 << 18;
+
+fn run_matmul(mm: &MatMul, addr: &dyn Fn(Value) -> *mut u8) {
+    let (a, b, dst) = (addr(mm.a), addr(mm.b), addr(mm.dst));
+    let (m, n, k) = (mm.m, mm.n, mm.k);
+    let par = if m * n * k >= PARALLEL_FLOPS {
+        gemm::Parallelism::Rayon(0)
+    } else {
+        gemm::Parallelism::None
+    };
+    for (i, &(ab, bb)) in mm.batches.iter().enumerate() {
+        // SAFETY: a, b and dst hold [batches.., m, k], [.., k, n] and [.., m, n] row-major
+        // elements of `dtype`; the offsets stay inside them.
+        unsafe {
+            match mm.dtype {
+                DType::F32 => gemm::gemm(
+                    m,
+                    n,
+                    k,
+                    (dst as *mut f32).add(i * m * n),
+                    1,
+                    n as isize,
+                    false,
+                    (a as *const f32).add(ab * m * k),
+                    1,
+                    k as isize,
+                    (b as *const f32).add(bb * k * n),
+                    1,
+                    n as isize,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    par,
+                ),
+                DType::F64 => gemm::gemm(
+                    m,
+                    n,
+                    k,
+                    (dst as *mut f64).add(i * m * n),
+                    1,
+                    n as isize,
+                    false,
+                    (a as *const f64).add(ab * m * k),
+                    1,
+                    k as isize,
+                    (b as *const f64).add(bb * k * n),
+                    1,
+                    n as isize,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    par,
+                ),
+                _ => unreachable!("library matmuls are f32 or f64"),
+            }
+        }
+    }
 }
 
 /// A compiled function.
@@ -104,6 +281,8 @@ pub struct Stats {
     pub reference: usize,
     /// View kernels (no work).
     pub views: usize,
+    /// Kernels none of whose results are used (skipped).
+    pub dead: usize,
     /// Arena bytes per run.
     pub arena_bytes: u64,
 }
@@ -174,11 +353,17 @@ impl Executable {
             .map_err(|e| CompileError(format!("cannot set up the JIT for this CPU: {e}")))?;
         let mut module = JITModule::new(builder);
         let mut ids = Vec::new();
+        let mut libraries: HashMap<Kernel, (MatMul, Option<(KernelData, Value)>)> = HashMap::new();
         for (k, kd) in plan.kernels.iter() {
+            let name = format!("{}_{k}", f.name);
+            let err = |e: String| CompileError(format!("compiling kernel {k}: {e}"));
             if jit::can_compile(f, kd) {
-                let id = jit::compile(&mut module, f, kd, &format!("{}_{k}", f.name))
-                    .map_err(|e| CompileError(format!("compiling kernel {k}: {e}")))?;
-                ids.push((k, id));
+                ids.push((k, jit::compile(&mut module, f, kd, &name).map_err(err)?));
+            } else if let Some(lib) = library_step(f, kd) {
+                if let Some((epi, _)) = &lib.1 {
+                    ids.push((k, jit::compile(&mut module, f, epi, &name).map_err(err)?));
+                }
+                libraries.insert(k, lib);
             }
         }
         module
@@ -204,13 +389,31 @@ impl Executable {
                 origin.insert(out, root);
                 continue;
             }
-            steps.push(match compiled.get(&k) {
-                Some(&code) => Step::Jit {
+            if kd.outputs.is_empty() {
+                // Nothing it computes is used: dead code the planner kept, skipped at run time.
+                continue;
+            }
+            steps.push(match (libraries.remove(&k), compiled.get(&k)) {
+                (Some((mm, epi)), code) => {
+                    let epilogue = epi.map(|(e, product)| Loop {
+                        code: *code.expect("epilogue compiled"),
+                        // The epilogue reads the product where the matmul wrote it.
+                        args: e
+                            .inputs
+                            .iter()
+                            .map(|&v| if v == product { mm.dst } else { v })
+                            .chain(e.outputs.iter().copied())
+                            .collect(),
+                        n: f.ty(product).numel(),
+                    });
+                    Step::Library { mm, epilogue }
+                }
+                (None, Some(&code)) => Step::Jit(Loop {
                     code,
                     args: kd.inputs.iter().chain(&kd.outputs).copied().collect(),
                     n: f.ty(f.op(kd.ops[0]).results[0]).numel(),
-                },
-                None => Step::Reference(k),
+                }),
+                (None, None) => Step::Reference(k),
             });
         }
         let mut consts = HashMap::new();
@@ -245,12 +448,23 @@ impl Executable {
         let compiled = self
             .steps
             .iter()
-            .filter(|s| matches!(s, Step::Jit { .. }))
+            .filter(|s| !matches!(s, Step::Reference(_)))
             .count();
         Stats {
             compiled,
             reference: self.steps.len() - compiled,
-            views: self.plan.kernels.len() - self.steps.len(),
+            dead: self
+                .plan
+                .kernels
+                .values()
+                .filter(|k| k.outputs.is_empty())
+                .count(),
+            views: self
+                .plan
+                .kernels
+                .values()
+                .filter(|k| k.kind == KernelKind::View)
+                .count(),
             arena_bytes: self.mem.arena_bytes,
         }
     }
@@ -280,12 +494,12 @@ impl Executable {
         };
         for step in &self.steps {
             match step {
-                Step::Jit { code, args, n } => {
-                    let ptrs: Vec<*mut u8> = args.iter().map(|&v| addr(v)).collect();
-                    // SAFETY: each pointer addresses storage of its value's type (inputs are
-                    // checked, the arena is sized by the memory plan), and the kernel touches
-                    // elements 0..n of its iteration space only.
-                    unsafe { code(ptrs.as_ptr(), 0, *n) };
+                Step::Jit(l) => run_loop(l, &addr),
+                Step::Library { mm, epilogue } => {
+                    run_matmul(mm, &addr);
+                    if let Some(l) = epilogue {
+                        run_loop(l, &addr);
+                    }
                 }
                 Step::Reference(k) => self.run_reference(*k, &addr)?,
             }
