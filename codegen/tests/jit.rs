@@ -323,3 +323,17 @@ fn matmuls_through_gemm_with_epilogues() {
         check(&got, &want, 1e-5, 1e-5).unwrap_or_else(|e| panic!("{src}\n{e}"));
     }
 }
+
+#[test]
+fn large_loops_split_across_threads() {
+    // 300,007 rows of 4: split in pieces, with a broadcast operand and an odd tail.
+    let src = "func @f(%x: f32[300007,4], %b: f32[4]) -> (f32[300007,4]) {
+  %s = add %x, %b : f32[300007,4]
+  %t = sigmoid %s : f32[300007,4]
+  return %t
+}";
+    let f = parse_function(src).unwrap();
+    let (got, want, exe) = both(&f, &randoms(&f, 4));
+    assert_eq!(exe.stats().compiled, 1);
+    check(&got, &want, 1e-6, 1e-7).unwrap();
+}

@@ -189,11 +189,35 @@ fn library_step(f: &Function, kd: &KernelData) -> Option<(MatMul, Option<(Kernel
     Some((mm, Some((epi, r))))
 }
 
+/// Loops of at least this many elements are split across threads.
+const PARALLEL_ELEMENTS: u64 = 1 << 16;
+
+/// The pointer table of a kernel call, shareable across the threads that run its pieces.
+struct Ptrs(Vec<*mut u8>);
+
+// SAFETY: the pieces of one loop write disjoint element ranges of its outputs and only read
+// its inputs, so sharing the table between threads for the duration of the call is sound.
+unsafe impl Sync for Ptrs {}
+
 fn run_loop(l: &Loop, addr: &dyn Fn(Value) -> *mut u8) {
-    let ptrs: Vec<*mut u8> = l.args.iter().map(|&v| addr(v)).collect();
-    // SAFETY: each pointer addresses storage of its value's type (inputs are checked, the arena
-    // is sized by the memory plan), and the kernel touches elements 0..n only.
-    unsafe { (l.code)(ptrs.as_ptr(), 0, l.n) };
+    let ptrs = Ptrs(l.args.iter().map(|&v| addr(v)).collect());
+    let threads = rayon::current_num_threads() as u64;
+    if l.n < PARALLEL_ELEMENTS || threads < 2 {
+        // SAFETY: each pointer addresses storage of its value's type (inputs are checked, the
+        // arena is sized by the memory plan), and the kernel touches elements 0..n only.
+        unsafe { (l.code)(ptrs.0.as_ptr(), 0, l.n) };
+        return;
+    }
+    // Pieces start at multiples of 64 elements so every piece but the last vectorises fully.
+    let piece = l.n.div_ceil(threads).div_ceil(64) * 64;
+    let ptrs = &ptrs;
+    rayon::scope(|s| {
+        for start in (0..l.n).step_by(piece as usize) {
+            let end = (start + piece).min(l.n);
+            // SAFETY: as above; pieces cover disjoint ranges of an elementwise loop.
+            s.spawn(move |_| unsafe { (l.code)(ptrs.0.as_ptr(), start, end) });
+        }
+    });
 }
 
 /// Below this many multiply-adds a matmul runs on one thread.
