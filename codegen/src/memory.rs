@@ -51,6 +51,26 @@ pub struct Slot {
     pub last: usize,
     /// Byte offset in the arena.
     pub offset: u64,
+    /// For a scratch slot (no values), the kernel that uses it.
+    pub scratch_for: Option<crate::plan::Kernel>,
+}
+
+/// Bytes of scratch space a kernel needs while it runs: im2col columns for a convolution that
+/// is not a plain 1x1. Backends use the same rule to find the space the plan set aside.
+pub fn scratch_bytes(f: &Function, kd: &crate::plan::KernelData) -> u64 {
+    let KernelKind::Library { root } = kd.kind else {
+        return 0;
+    };
+    let d = f.op(root);
+    let OpKind::Conv2d(c) = &d.kind else { return 0 };
+    let (x, w, y) = (f.ty(d.args[0]), f.ty(d.args[1]), f.ty(d.results[0]));
+    let (kh, kw) = (w.dims()[2], w.dims()[3]);
+    let direct = kh == 1 && kw == 1 && c.strides == [1, 1] && c.pads == [0; 4];
+    if direct {
+        return 0;
+    }
+    let cols = w.dims()[1] * kh * kw * y.dims()[2] * y.dims()[3];
+    cols * x.dtype().size_bytes()
 }
 
 /// The memory plan of one function.
@@ -162,6 +182,7 @@ pub fn plan_memory(f: &Function, plan: &Plan) -> MemoryPlan {
                         first: ki,
                         last: last_use[o],
                         offset: 0,
+                        scratch_for: None,
                     });
                     slots.len() - 1
                 }
@@ -170,6 +191,19 @@ pub fn plan_memory(f: &Function, plan: &Plan) -> MemoryPlan {
         }
     }
     // Greedy by size: largest first, lowest offset that fits among time-overlapping slots.
+    for (ki, (k, kd)) in plan.kernels.iter().enumerate() {
+        let bytes = scratch_bytes(f, kd);
+        if bytes > 0 {
+            slots.push(Slot {
+                values: Vec::new(),
+                size: align(bytes),
+                first: ki,
+                last: ki,
+                offset: 0,
+                scratch_for: Some(k),
+            });
+        }
+    }
     let mut order: Vec<usize> = (0..slots.len()).collect();
     order.sort_by_key(|&i| (std::cmp::Reverse(slots[i].size), slots[i].first));
     let mut placed: Vec<usize> = Vec::new(); // kept sorted by offset
@@ -238,7 +272,9 @@ pub fn write_memory(
         m.const_bytes
     )?;
     for (i, s) in m.slots.iter().enumerate() {
-        let mut names = String::new();
+        let mut names = s
+            .scratch_for
+            .map_or(String::new(), |k| format!("scratch for {k}"));
         for (j, &v) in s.values.iter().enumerate() {
             if j > 0 {
                 names.push_str(", ");

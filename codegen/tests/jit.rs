@@ -337,3 +337,55 @@ fn large_loops_split_across_threads() {
     assert_eq!(exe.stats().compiled, 1);
     check(&got, &want, 1e-6, 1e-7).unwrap();
 }
+
+#[test]
+fn convolutions_through_im2col_and_gemm() {
+    let cases = [
+        ("f32[2,3,9,9]", "f32[4,3,3,3]", "", "f32[2,4,7,7]"),
+        (
+            "f32[1,4,8,8]",
+            "f32[6,4,3,3]",
+            "{strides=[2,2], pads=[1,1,1,1]}",
+            "f32[1,6,4,4]",
+        ),
+        (
+            "f32[1,4,9,9]",
+            "f32[4,1,3,3]",
+            "{pads=[2,2,2,2], dilations=[2,2], groups=4}",
+            "f32[1,4,9,9]",
+        ),
+        (
+            "f32[2,6,5,7]",
+            "f32[4,3,2,3]",
+            "{strides=[1,2], pads=[0,1,1,0], groups=2}",
+            "f32[2,4,5,3]",
+        ),
+        ("f32[2,8,6,6]", "f32[5,8,1,1]", "", "f32[2,5,6,6]"),
+        (
+            "f64[1,2,5,5]",
+            "f64[3,2,3,3]",
+            "{pads=[1,1,1,1]}",
+            "f64[1,3,5,5]",
+        ),
+    ];
+    for (x, w, attrs, y) in cases {
+        let src = format!(
+            "func @f(%x: {x}, %w: {w}) -> ({y}) {{\n  %y = conv2d %x, %w {attrs} : {y}\n  return %y\n}}"
+        );
+        let f = parse_function(&src).unwrap();
+        let (got, want, exe) = both(&f, &randoms(&f, 31));
+        assert_eq!(exe.stats().reference, 0, "{src}");
+        check(&got, &want, 1e-5, 1e-5).unwrap_or_else(|e| panic!("{src}\n{e}"));
+    }
+    // A convolution with a per-channel bias and relu in its epilogue.
+    let src = "func @f(%x: f32[1,3,12,12], %w: f32[8,3,3,3], %b: f32[8,1,1]) -> (f32[1,8,10,10]) {
+  %c = conv2d %x, %w : f32[1,8,10,10]
+  %z = add %c, %b : f32[1,8,10,10]
+  %y = relu %z : f32[1,8,10,10]
+  return %y
+}";
+    let f = parse_function(src).unwrap();
+    let (got, want, exe) = both(&f, &randoms(&f, 32));
+    assert_eq!((exe.stats().compiled, exe.stats().reference), (1, 0));
+    check(&got, &want, 1e-5, 1e-5).unwrap();
+}

@@ -9,6 +9,8 @@
 //! splat constant is an immediate), or a broadcast block, element `(i / inner) % n`, which covers
 //! a bias `[C]` over `[N, C]` (`inner = 1`) and a per-channel `[C,1,1]` over `[N,C,H,W]`.
 //!
+//! Setting `TCC_DUMP_JIT=1` prints each kernel's machine code to stderr.
+//!
 //! `exp` is Cephes' `expf`: range reduction by `ln 2` (two-part constant), a degree-6 polynomial,
 //! and scaling by `2^n` split in two factors so that the results overflow to `inf` and underflow
 //! through the subnormals as they should. `tanh` uses Cephes' odd polynomial below 0.625 and
@@ -153,26 +155,48 @@ fn select_lt(
 }
 
 /// `a*x + c` evaluated as Horner steps over `coeffs` (highest degree first).
-fn horner(b: &mut FunctionBuilder, ty: Type, x: CValue, coeffs: &[f32]) -> CValue {
+fn horner(b: &mut FunctionBuilder, tg: Target, ty: Type, x: CValue, coeffs: &[f32]) -> CValue {
     let mut acc = fconst(b, ty, coeffs[0]);
     for &c in &coeffs[1..] {
-        let m = b.ins().fmul(acc, x);
         let k = fconst(b, ty, c);
-        acc = b.ins().fadd(m, k);
+        acc = mul_add(b, tg, acc, x, k);
     }
     acc
 }
 
-fn exp(b: &mut FunctionBuilder, ty: Type, x: CValue) -> CValue {
+/// Code generation settings that depend on the target.
+#[derive(Clone, Copy)]
+pub(crate) struct Target {
+    /// Whether fused multiply-add instructions are available.
+    pub fma: bool,
+}
+
+/// `a * x + c`, fused when the target has FMA.
+fn mul_add(b: &mut FunctionBuilder, tg: Target, a: CValue, x: CValue, c: CValue) -> CValue {
+    if tg.fma {
+        b.ins().fma(a, x, c)
+    } else {
+        let m = b.ins().fmul(a, x);
+        b.ins().fadd(m, c)
+    }
+}
+
+/// `x` clamped to `[lo, hi]` by comparisons (NaN stays NaN): cheaper than `fmax`/`fmin`, whose
+/// exact NaN and signed-zero rules take several instructions each on x86.
+fn clamp(b: &mut FunctionBuilder, ty: Type, x: CValue, lo: f32, hi: f32) -> CValue {
+    let lo = fconst(b, ty, lo);
+    let hi = fconst(b, ty, hi);
+    let x = select_lt(b, ty, x, lo, lo, x);
+    select_lt(b, ty, hi, x, hi, x)
+}
+
+fn exp(b: &mut FunctionBuilder, tg: Target, ty: Type, x: CValue) -> CValue {
     let ity = if ty == types::F32 {
         types::I32
     } else {
         types::I32X4
     };
-    let lo = fconst(b, ty, -104.0);
-    let hi = fconst(b, ty, 89.0);
-    let x = b.ins().fmax(x, lo);
-    let x = b.ins().fmin(x, hi);
+    let x = clamp(b, ty, x, -104.0, 89.0);
     let log2e = fconst(b, ty, std::f32::consts::LOG2_E);
     let t = b.ins().fmul(x, log2e);
     let n = b.ins().nearest(t);
@@ -184,6 +208,7 @@ fn exp(b: &mut FunctionBuilder, ty: Type, x: CValue) -> CValue {
     let r = b.ins().fsub(r, r2);
     let p = horner(
         b,
+        tg,
         ty,
         r,
         &[
@@ -201,7 +226,13 @@ fn exp(b: &mut FunctionBuilder, ty: Type, x: CValue) -> CValue {
     let one = fconst(b, ty, 1.0);
     let y = b.ins().fadd(y, one);
     // 2^n as 2^(n>>1) * 2^(n - (n>>1)): each factor's exponent stays in the normal range.
-    let ni = b.ins().fcvt_to_sint_sat(ity, n);
+    // n is integral and within [-150, 129], so plain truncation is exact (for NaN the scales are
+    // garbage, but y is NaN and so is the product).
+    let ni = if ty == types::F32 {
+        b.ins().fcvt_to_sint_sat(ity, n)
+    } else {
+        b.ins().x86_cvtt2dq(ity, n)
+    };
     let n1 = b.ins().sshr_imm(ni, 1);
     let n2 = b.ins().isub(ni, n1);
     let bias = iconst32(b, ity, 127);
@@ -215,12 +246,13 @@ fn exp(b: &mut FunctionBuilder, ty: Type, x: CValue) -> CValue {
     out
 }
 
-fn tanh(b: &mut FunctionBuilder, ty: Type, x: CValue) -> CValue {
+fn tanh(b: &mut FunctionBuilder, tg: Target, ty: Type, x: CValue) -> CValue {
     let ax = b.ins().fabs(x);
     // Small |x|: x + x z P(z), z = x^2.
     let z = b.ins().fmul(x, x);
     let p = horner(
         b,
+        tg,
         ty,
         z,
         &[
@@ -238,7 +270,7 @@ fn tanh(b: &mut FunctionBuilder, ty: Type, x: CValue) -> CValue {
     let two = fconst(b, ty, 2.0);
     let one = fconst(b, ty, 1.0);
     let e = b.ins().fmul(ax, two);
-    let e = exp(b, ty, e);
+    let e = exp(b, tg, ty, e);
     let e = b.ins().fadd(e, one);
     let q = b.ins().fdiv(two, e);
     let large = b.ins().fsub(one, q);
@@ -261,6 +293,7 @@ fn tanh(b: &mut FunctionBuilder, ty: Type, x: CValue) -> CValue {
 /// Emits the kernel body for one element (or four) given operand values.
 fn emit_ops(
     b: &mut FunctionBuilder,
+    tg: Target,
     ty: Type,
     f: &Function,
     k: &KernelData,
@@ -284,14 +317,15 @@ fn emit_ops(
                     b.ins().fdiv(one, a[0])
                 }
                 UnaryOp::Relu => {
+                    // x < 0 ? 0 : x, so NaN stays NaN.
                     let zero = fconst(b, ty, 0.0);
-                    b.ins().fmax(a[0], zero)
+                    select_lt(b, ty, a[0], zero, zero, a[0])
                 }
-                UnaryOp::Exp => exp(b, ty, a[0]),
-                UnaryOp::Tanh => tanh(b, ty, a[0]),
+                UnaryOp::Exp => exp(b, tg, ty, a[0]),
+                UnaryOp::Tanh => tanh(b, tg, ty, a[0]),
                 UnaryOp::Sigmoid => {
                     let nx = b.ins().fneg(a[0]);
-                    let e = exp(b, ty, nx);
+                    let e = exp(b, tg, ty, nx);
                     let one = fconst(b, ty, 1.0);
                     let d = b.ins().fadd(one, e);
                     b.ins().fdiv(one, d)
@@ -317,6 +351,7 @@ fn emit_ops(
 /// Compiles `k` (for which [`can_compile`] holds) into `module` under `name`.
 pub(crate) fn compile(
     module: &mut JITModule,
+    tg: Target,
     f: &Function,
     k: &KernelData,
     name: &str,
@@ -428,7 +463,7 @@ pub(crate) fn compile(
                 };
                 vals.insert(v, x);
             }
-            emit_ops(&mut b, lane, f, k, &mut vals);
+            emit_ops(&mut b, tg, lane, f, k, &mut vals);
             for (j, o) in k.outputs.iter().enumerate() {
                 let off = b.ins().ishl_imm(iv, 2);
                 let addr = b.ins().iadd(bases[n_in + j], off);
@@ -444,9 +479,14 @@ pub(crate) fn compile(
         b.seal_all_blocks();
         b.finalize();
     }
+    let dump = std::env::var_os("TCC_DUMP_JIT").is_some();
+    ctx.set_disasm(dump);
     module
         .define_function(id, &mut ctx)
         .map_err(|e| format!("{e:?}"))?;
+    if dump && let Some(code) = ctx.compiled_code().and_then(|c| c.vcode.as_ref()) {
+        eprintln!("; kernel {name}\n{code}");
+    }
     module.clear_context(&mut ctx);
     Ok(id)
 }

@@ -5,8 +5,9 @@
 //! constants. Kernels it does not compile yet run through the reference interpreter's kernels on
 //! the same arena, so every function runs; [`Executable::stats`] says how many of each there are.
 //!
-//! Each [`Executable::run`] checks its inputs against the parameters, allocates its own arena of
-//! the planned size, runs the steps in order and copies the results out. Executables are
+//! Each [`Executable::run`] checks its inputs against the parameters, takes an arena of the
+//! planned size (reused from an earlier run when one is free, so concurrent runs never share one),
+//! runs the steps in order and copies the results out. Executables are
 //! `Send + Sync`: compiled code and constants are immutable, and runs share nothing else.
 
 mod jit;
@@ -14,6 +15,7 @@ mod jit;
 use crate::memory::{MemoryPlan, Storage, plan_memory};
 use crate::plan::{Kernel, KernelData, KernelKind, Plan, plan};
 use cranelift_jit::{JITBuilder, JITModule};
+use cranelift_module::Module;
 use std::collections::HashMap;
 use std::fmt;
 use tcc_ir::interp::{check_inputs, eval_op};
@@ -92,11 +94,49 @@ struct MatMul {
     batches: Vec<(usize, usize)>,
 }
 
+/// A convolution as im2col into scratch space (skipped for a plain 1x1) and one `gemm` per
+/// image and group, into the storage of `dst`.
+struct Conv {
+    x: Value,
+    w: Value,
+    dst: Value,
+    dtype: DType,
+    attrs: tcc_ir::Conv2d,
+    /// `[N, C, H, W]`, `[O, C/groups, kH, kW]` and `[N, O, oH, oW]`.
+    xd: [usize; 4],
+    wd: [usize; 4],
+    yd: [usize; 4],
+    /// Arena offset of the im2col columns, unless the convolution is a plain 1x1.
+    scratch: Option<u64>,
+}
+
+/// The library call a library kernel starts with.
+enum LibOp {
+    MatMul(MatMul),
+    Conv(Conv),
+}
+
+impl LibOp {
+    fn dst(&self) -> Value {
+        match self {
+            LibOp::MatMul(m) => m.dst,
+            LibOp::Conv(c) => c.dst,
+        }
+    }
+
+    fn set_dst(&mut self, v: Value) {
+        match self {
+            LibOp::MatMul(m) => m.dst = v,
+            LibOp::Conv(c) => c.dst = v,
+        }
+    }
+}
+
 enum Step {
     /// A compiled elementwise kernel.
     Jit(Loop),
-    /// A matmul, then its epilogue compiled as an elementwise loop reading the product.
-    Library { mm: MatMul, epilogue: Option<Loop> },
+    /// A library call, then its epilogue compiled as an elementwise loop reading the result.
+    Library { op: LibOp, epilogue: Option<Loop> },
     /// A kernel run by the reference kernels.
     Reference(Kernel),
 }
@@ -126,19 +166,44 @@ fn batch_map(from: &[u64], out: &[u64]) -> Vec<usize> {
 /// A library kernel's matmul and, if it has one, its epilogue as an elementwise kernel that
 /// reads the product (the value returned with it). `None` when this backend cannot run it that
 /// way yet (then it runs on the reference kernels).
-fn library_step(f: &Function, kd: &KernelData) -> Option<(MatMul, Option<(KernelData, Value)>)> {
+fn library_step(
+    f: &Function,
+    kd: &KernelData,
+    scratch: Option<u64>,
+) -> Option<(LibOp, Option<(KernelData, Value)>)> {
     let d = f.op(kd.ops[0]);
-    let OpKind::MatMul = d.kind else { return None };
     let r = d.results[0];
     let dtype = f.ty(r).dtype();
     if !matches!(dtype, DType::F32 | DType::F64) {
         return None;
     }
-    let (ad, bd, od) = (
-        f.ty(d.args[0]).dims(),
-        f.ty(d.args[1]).dims(),
-        f.ty(r).dims(),
-    );
+    let dims4 = |v: Value| -> [usize; 4] { std::array::from_fn(|i| f.ty(v).dims()[i] as usize) };
+    let mut lib = match &d.kind {
+        OpKind::MatMul => LibOp::MatMul(matmul_step(f, d.args[0], d.args[1], r)),
+        OpKind::Conv2d(c) => LibOp::Conv(Conv {
+            x: d.args[0],
+            w: d.args[1],
+            dst: r,
+            dtype,
+            attrs: c.clone(),
+            xd: dims4(d.args[0]),
+            wd: dims4(d.args[1]),
+            yd: dims4(r),
+            scratch,
+        }),
+        _ => return None,
+    };
+    if kd.ops.len() == 1 {
+        return Some((lib, None));
+    }
+    let (epi, dst) = epilogue(f, kd, r)?;
+    lib.set_dst(dst);
+    Some((lib, Some((epi, r))))
+}
+
+fn matmul_step(f: &Function, a: Value, b: Value, r: Value) -> MatMul {
+    let dtype = f.ty(r).dtype();
+    let (ad, bd, od) = (f.ty(a).dims(), f.ty(b).dims(), f.ty(r).dims());
     let (m, k, n) = (
         ad[ad.len() - 2] as usize,
         ad[ad.len() - 1] as usize,
@@ -149,19 +214,23 @@ fn library_step(f: &Function, kd: &KernelData) -> Option<(MatMul, Option<(Kernel
         .into_iter()
         .zip(batch_map(&bd[..bd.len() - 2], batch))
         .collect();
-    let mut mm = MatMul {
-        a: d.args[0],
-        b: d.args[1],
+    MatMul {
+        a,
+        b,
         dst: r,
         dtype,
         m,
         n,
         k,
         batches,
-    };
-    if kd.ops.len() == 1 {
-        return Some((mm, None));
     }
+}
+
+/// The epilogue of a library kernel whose call produces `r`, as an elementwise kernel reading
+/// `r`, and where the call should write `r`: its own storage if it is stored, else over an
+/// epilogue output of its type (the epilogue then runs in place, reading each element before
+/// writing it). `None` if the epilogue cannot be compiled or no storage fits.
+fn epilogue(f: &Function, kd: &KernelData, r: Value) -> Option<(KernelData, Value)> {
     let ops = kd.ops[1..].to_vec();
     let mut inputs = Vec::new();
     for &op in &ops {
@@ -181,12 +250,12 @@ fn library_step(f: &Function, kd: &KernelData) -> Option<(MatMul, Option<(Kernel
     if !jit::can_compile(f, &epi) {
         return None;
     }
-    // The product goes to its own storage if it is stored, else over an output of its type
-    // (the epilogue then runs in place, reading each element before writing it).
-    if !kd.outputs.contains(&r) {
-        mm.dst = *epi.outputs.iter().find(|&&o| f.ty(o) == f.ty(r))?;
-    }
-    Some((mm, Some((epi, r))))
+    let dst = if kd.outputs.contains(&r) {
+        r
+    } else {
+        *epi.outputs.iter().find(|&&o| f.ty(o) == f.ty(r))?
+    };
+    Some((epi, dst))
 }
 
 /// Loops of at least this many elements are split across threads.
@@ -293,6 +362,8 @@ pub struct Executable {
     /// The value whose storage each value uses (itself, or a view's source).
     origin: HashMap<Value, Value>,
     consts: HashMap<Value, Vec<Line>>,
+    /// Arenas of finished runs, reused by later ones (one per concurrent run at most).
+    arenas: std::sync::Mutex<Vec<Vec<Line>>>,
     _code: Code,
 }
 
@@ -366,6 +437,128 @@ fn data_ptr(t: &Tensor) -> *const u8 {
     }
 }
 
+/// The arena offset of the scratch space the memory plan set aside for kernel `k`.
+fn scratch_offset(mem: &MemoryPlan, k: Kernel) -> Option<u64> {
+    mem.slots
+        .iter()
+        .find(|s| s.scratch_for == Some(k))
+        .map(|s| s.offset)
+}
+
+fn run_conv(cv: &Conv, addr: &dyn Fn(Value) -> *mut u8, base: *mut u8) {
+    let (x, w, y) = (addr(cv.x), addr(cv.w), addr(cv.dst));
+    let scratch = cv.scratch.map(|off| base.wrapping_add(off as usize));
+    // SAFETY: x, w and y hold tensors of the dims recorded at compile time, and the scratch
+    // slot holds C/groups * kH * kW * oH * oW elements (memory::scratch_bytes).
+    unsafe {
+        match cv.dtype {
+            DType::F32 => conv_gemm::<f32>(
+                cv,
+                x as *const f32,
+                w as *const f32,
+                y as *mut f32,
+                scratch.map(|p| p as *mut f32),
+                1.0,
+            ),
+            DType::F64 => conv_gemm::<f64>(
+                cv,
+                x as *const f64,
+                w as *const f64,
+                y as *mut f64,
+                scratch.map(|p| p as *mut f64),
+                1.0,
+            ),
+            _ => unreachable!("library convolutions are f32 or f64"),
+        }
+    }
+}
+
+/// Convolution by im2col and `gemm`.
+///
+/// # Safety
+/// As for `run_conv`; `scratch` is `None` only for a plain 1x1 convolution.
+unsafe fn conv_gemm<T: Copy + Default + 'static>(
+    cv: &Conv,
+    x: *const T,
+    w: *const T,
+    y: *mut T,
+    scratch: Option<*mut T>,
+    one: T,
+) {
+    let [nb, c, h, wd] = cv.xd;
+    let [o, cg, kh, kw] = cv.wd;
+    let [_, _, oh, ow] = cv.yd;
+    let g = cv.attrs.groups as usize;
+    let og = o / g;
+    let (kk, m) = (cg * kh * kw, oh * ow);
+    let [sh, sw] = cv.attrs.strides.map(|v| v as isize);
+    let [dh, dw] = cv.attrs.dilations.map(|v| v as isize);
+    let (pt, pl) = (cv.attrs.pads[0] as isize, cv.attrs.pads[1] as isize);
+    let par = if og * m * kk >= PARALLEL_FLOPS {
+        gemm::Parallelism::Rayon(0)
+    } else {
+        gemm::Parallelism::None
+    };
+    for n in 0..nb {
+        for gi in 0..g {
+            let image = unsafe { x.add((n * c + gi * cg) * h * wd) };
+            let cols: *const T = match scratch {
+                None => image,
+                Some(cols) => {
+                    for ci in 0..cg {
+                        for ky in 0..kh {
+                            for kx in 0..kw {
+                                let row = unsafe { cols.add(((ci * kh + ky) * kw + kx) * m) };
+                                for oy in 0..oh {
+                                    let iy = oy as isize * sh + ky as isize * dh - pt;
+                                    for ox in 0..ow {
+                                        let ix = ox as isize * sw + kx as isize * dw - pl;
+                                        let inside = (0..h as isize).contains(&iy)
+                                            && (0..wd as isize).contains(&ix);
+                                        let v = if inside {
+                                            unsafe {
+                                                *image
+                                                    .add((ci * h + iy as usize) * wd + ix as usize)
+                                            }
+                                        } else {
+                                            T::default()
+                                        };
+                                        unsafe { *row.add(oy * ow + ox) = v };
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    cols
+                }
+            };
+            unsafe {
+                gemm::gemm(
+                    og,
+                    m,
+                    kk,
+                    y.add((n * o + gi * og) * m),
+                    1,
+                    m as isize,
+                    false,
+                    w.add(gi * og * kk),
+                    1,
+                    kk as isize,
+                    cols,
+                    1,
+                    m as isize,
+                    T::default(),
+                    one,
+                    false,
+                    false,
+                    false,
+                    par,
+                )
+            };
+        }
+    }
+}
+
 impl Executable {
     /// Compiles `f`, which must verify, for the host CPU.
     pub fn compile(f: &Function) -> Result<Executable, CompileError> {
@@ -373,19 +566,32 @@ impl Executable {
             .map_err(|d| CompileError(format!("the function does not verify:\n{d}")))?;
         let plan = plan(f);
         let mem = plan_memory(f, &plan);
-        let builder = JITBuilder::new(cranelift_module::default_libcall_names())
-            .map_err(|e| CompileError(format!("cannot set up the JIT for this CPU: {e}")))?;
+        let builder = JITBuilder::with_flags(
+            &[("opt_level", "speed")],
+            cranelift_module::default_libcall_names(),
+        )
+        .map_err(|e| CompileError(format!("cannot set up the JIT for this CPU: {e}")))?;
         let mut module = JITModule::new(builder);
+        let tg = jit::Target {
+            fma: module
+                .isa()
+                .isa_flags()
+                .iter()
+                .any(|f| f.name == "has_fma" && f.as_bool() == Some(true)),
+        };
         let mut ids = Vec::new();
-        let mut libraries: HashMap<Kernel, (MatMul, Option<(KernelData, Value)>)> = HashMap::new();
+        let mut libraries: HashMap<Kernel, (LibOp, Option<(KernelData, Value)>)> = HashMap::new();
         for (k, kd) in plan.kernels.iter() {
             let name = format!("{}_{k}", f.name);
             let err = |e: String| CompileError(format!("compiling kernel {k}: {e}"));
             if jit::can_compile(f, kd) {
-                ids.push((k, jit::compile(&mut module, f, kd, &name).map_err(err)?));
-            } else if let Some(lib) = library_step(f, kd) {
+                ids.push((k, jit::compile(&mut module, tg, f, kd, &name).map_err(err)?));
+            } else if let Some(lib) = library_step(f, kd, scratch_offset(&mem, k)) {
                 if let Some((epi, _)) = &lib.1 {
-                    ids.push((k, jit::compile(&mut module, f, epi, &name).map_err(err)?));
+                    ids.push((
+                        k,
+                        jit::compile(&mut module, tg, f, epi, &name).map_err(err)?,
+                    ));
                 }
                 libraries.insert(k, lib);
             }
@@ -418,19 +624,20 @@ impl Executable {
                 continue;
             }
             steps.push(match (libraries.remove(&k), compiled.get(&k)) {
-                (Some((mm, epi)), code) => {
+                (Some((op, epi)), code) => {
+                    let dst = op.dst();
                     let epilogue = epi.map(|(e, product)| Loop {
                         code: *code.expect("epilogue compiled"),
                         // The epilogue reads the product where the matmul wrote it.
                         args: e
                             .inputs
                             .iter()
-                            .map(|&v| if v == product { mm.dst } else { v })
+                            .map(|&v| if v == product { dst } else { v })
                             .chain(e.outputs.iter().copied())
                             .collect(),
                         n: f.ty(product).numel(),
                     });
-                    Step::Library { mm, epilogue }
+                    Step::Library { op, epilogue }
                 }
                 (None, Some(&code)) => Step::Jit(Loop {
                     code,
@@ -463,6 +670,7 @@ impl Executable {
             steps,
             origin,
             consts,
+            arenas: std::sync::Mutex::new(Vec::new()),
             _code: Code(Some(module)),
         })
     }
@@ -502,7 +710,8 @@ impl Executable {
     pub fn run(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, RunError> {
         let f = &self.func;
         check_inputs(f, inputs).map_err(|e| RunError(e.0))?;
-        let mut arena = lines(self.mem.arena_bytes);
+        let pooled = self.arenas.lock().map(|mut p| p.pop()).unwrap_or(None);
+        let mut arena = pooled.unwrap_or_else(|| lines(self.mem.arena_bytes));
         let base = arena.as_mut_ptr() as *mut u8;
         let addr = |v: Value| -> *mut u8 {
             let v = self.origin.get(&v).copied().unwrap_or(v);
@@ -519,8 +728,11 @@ impl Executable {
         for step in &self.steps {
             match step {
                 Step::Jit(l) => run_loop(l, &addr),
-                Step::Library { mm, epilogue } => {
-                    run_matmul(mm, &addr);
+                Step::Library { op, epilogue } => {
+                    match op {
+                        LibOp::MatMul(mm) => run_matmul(mm, &addr),
+                        LibOp::Conv(cv) => run_conv(cv, &addr, base),
+                    }
                     if let Some(l) = epilogue {
                         run_loop(l, &addr);
                     }
@@ -530,10 +742,15 @@ impl Executable {
         }
         // SAFETY: every result is stored (a parameter, a constant or an arena slot) and holds
         // a value of its type after the last step.
-        Ok(f.results()
+        let results = f
+            .results()
             .iter()
             .map(|&r| unsafe { read_data(addr(r), f.ty(r)) })
-            .collect())
+            .collect();
+        if let Ok(mut pool) = self.arenas.lock() {
+            pool.push(arena);
+        }
+        Ok(results)
     }
 
     /// Runs one kernel with the reference kernels. All inputs are read before any output is

@@ -1,0 +1,203 @@
+//! CPU backend benchmarks against numpy, in the same run.
+//!
+//! `benches/run.sh` (or `cargo bench --bench cpu` with numpy importable by `python3`, or by the
+//! interpreter named in `TCC_PYTHON`) times each case with tcc's compiled executable and runs
+//! `benches/numpy_peer.py` for the same computations, then prints times, GFLOP/s and the ratio.
+//! Timings are the best of several runs after a warm-up. Figures go in docs/perf.md.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+use tcc::codegen::Executable;
+use tcc::ir::random::{Rng, random_tensor};
+use tcc::ir::{Tensor, parse_function};
+
+struct Case {
+    name: &'static str,
+    ir: String,
+    flops: f64,
+    runs: usize,
+}
+
+fn best(mut f: impl FnMut(), runs: usize) -> Duration {
+    f();
+    (0..runs)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed()
+        })
+        .min()
+        .unwrap()
+}
+
+fn matmul(m: u64, k: u64, n: u64) -> String {
+    format!(
+        "func @mm(%a: f32[{m},{k}], %b: f32[{k},{n}]) -> (f32[{m},{n}]) {{\n  %c = matmul %a, %b : f32[{m},{n}]\n  return %c\n}}"
+    )
+}
+
+fn cases() -> Vec<Case> {
+    let mut v: Vec<Case> = [256u64, 512, 1024, 2048]
+        .into_iter()
+        .map(|n| Case {
+            name: Box::leak(format!("sgemm {n}").into_boxed_str()),
+            ir: matmul(n, n, n),
+            flops: 2.0 * (n * n * n) as f64,
+            runs: if n == 2048 { 3 } else { 10 },
+        })
+        .collect();
+    v.push(Case {
+        name: "sgemm 64x4096x4096",
+        ir: matmul(64, 4096, 4096),
+        flops: 2.0 * 64.0 * 4096.0 * 4096.0,
+        runs: 10,
+    });
+    let n = 1u64 << 24;
+    v.push(Case {
+        name: "chain tanh(x*a+b)*x 16M",
+        ir: format!(
+            "func @chain(%x: f32[{n}], %b: f32[{n}]) -> (f32[{n}]) {{
+  %a = const {{value=0.75}} : f32[]
+  %m = mul %x, %a : f32[{n}]
+  %s = add %m, %b : f32[{n}]
+  %t = tanh %s : f32[{n}]
+  %y = mul %t, %x : f32[{n}]
+  return %y
+}}"
+        ),
+        flops: 0.0,
+        runs: 5,
+    });
+    v.push(Case {
+        name: "softmax 4096x4096",
+        ir: "func @sm(%x: f32[4096,4096]) -> (f32[4096,4096]) {\n  %p = softmax %x : f32[4096,4096]\n  return %p\n}".into(),
+        flops: 0.0,
+        runs: 3,
+    });
+    v.push(Case {
+        name: "conv2d 3x3 64->64 56x56",
+        ir: "func @conv(%x: f32[1,64,56,56], %w: f32[64,64,3,3]) -> (f32[1,64,56,56]) {
+  %y = conv2d %x, %w {pads=[1,1,1,1]} : f32[1,64,56,56]
+  return %y
+}"
+        .into(),
+        flops: 2.0 * 64.0 * 64.0 * 9.0 * 56.0 * 56.0,
+        runs: 2,
+    });
+    v.push(Case {
+        name: "mlp 784-512-10 batch 64",
+        ir: "func @mlp(%x: f32[64,784], %w1: f32[784,512], %b1: f32[512], %w2: f32[512,10], %b2: f32[10]) -> (f32[64,10]) {
+  %h = matmul %x, %w1 : f32[64,512]
+  %z = add %h, %b1 : f32[64,512]
+  %r = relu %z : f32[64,512]
+  %o = matmul %r, %w2 : f32[64,10]
+  %l = add %o, %b2 : f32[64,10]
+  %p = softmax %l : f32[64,10]
+  return %p
+}"
+        .into(),
+        flops: 2.0 * 64.0 * (784.0 * 512.0 + 512.0 * 10.0),
+        runs: 20,
+    });
+    v
+}
+
+fn numpy() -> Result<HashMap<String, f64>, String> {
+    let python = std::env::var("TCC_PYTHON").unwrap_or_else(|_| {
+        let venv = concat!(env!("CARGO_MANIFEST_DIR"), "/target/bench-venv/bin/python");
+        if std::path::Path::new(venv).exists() {
+            venv.into()
+        } else {
+            "python3".into()
+        }
+    });
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/numpy_peer.py");
+    let out = std::process::Command::new(&python)
+        .arg(script)
+        .output()
+        .map_err(|e| format!("cannot run {python}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{python} {script} failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    // A flat JSON object of string keys and numbers: parsed by hand to avoid a dependency.
+    let text = String::from_utf8_lossy(&out.stdout);
+    let body = text.trim().trim_start_matches('{').trim_end_matches('}');
+    body.split(", \"")
+        .map(|kv| {
+            let (k, v) = kv
+                .rsplit_once(": ")
+                .ok_or("bad JSON from the numpy script")?;
+            Ok((
+                k.trim_matches('"').to_string(),
+                v.trim().parse::<f64>().map_err(|e| e.to_string())?,
+            ))
+        })
+        .collect()
+}
+
+fn main() {
+    // Memory bandwidth for reference: copy 64 MiB.
+    let src = vec![1.0f32; 1 << 24];
+    let mut dst = vec![0.0f32; 1 << 24];
+    let t = best(
+        || {
+            dst.copy_from_slice(std::hint::black_box(&src));
+            std::hint::black_box(&mut dst);
+        },
+        10,
+    );
+    let copy_gbs = 2.0 * 4.0 * (1u64 << 24) as f64 / t.as_secs_f64() / 1e9;
+    println!("memory copy: {copy_gbs:.1} GB/s (read + write of 64 MiB)");
+
+    let peer = numpy();
+    if let Err(e) = &peer {
+        println!("numpy peer unavailable ({e}); run benches/run.sh");
+    }
+    println!(
+        "{:<26} {:>10} {:>10} {:>9} {:>12} {:>9}  kernels",
+        "case", "tcc ms", "numpy ms", "GFLOP/s", "numpy GF/s", "speedup"
+    );
+    for c in cases() {
+        let f = parse_function(&c.ir).expect("benchmark IR parses");
+        let exe = Executable::compile(&f).expect("compiles");
+        let mut rng = Rng::new(1);
+        let inputs: Vec<Tensor> = f
+            .params()
+            .iter()
+            .map(|&p| random_tensor(f.ty(p), &mut rng))
+            .collect();
+        let t = best(|| drop(exe.run(&inputs).expect("runs")), c.runs).as_secs_f64();
+        let np = peer.as_ref().ok().and_then(|p| p.get(c.name).copied());
+        let gf = |s: f64| {
+            if c.flops > 0.0 {
+                format!("{:.1}", c.flops / s / 1e9)
+            } else {
+                "-".into()
+            }
+        };
+        let s = exe.stats();
+        println!(
+            "{:<26} {:>10.3} {:>10} {:>9} {:>12} {:>9}  {} compiled, {} reference",
+            c.name,
+            t * 1e3,
+            np.map_or("-".into(), |x| format!("{:.3}", x * 1e3)),
+            gf(t),
+            np.map_or("-".into(), gf),
+            np.map_or("-".into(), |x| format!("{:.2}x", x / t)),
+            s.compiled,
+            s.reference
+        );
+        if c.name.starts_with("chain") {
+            let traffic = 3.0 * 4.0 * (1u64 << 24) as f64;
+            println!(
+                "{:<26} {:.1} GB/s = {:.0}% of memory copy",
+                "",
+                traffic / t / 1e9,
+                100.0 * traffic / t / 1e9 / copy_gbs
+            );
+        }
+    }
+}
