@@ -1,8 +1,27 @@
 //! tcc, a tensor compiler.
 //!
-//! This facade re-exports the IR ([`ir`]), the passes ([`passes`]) and kernel and memory
-//! planning ([`codegen`]). A function can be
-//! written as text or built in Rust, verified, and transformed by a textual pipeline:
+//! This facade re-exports the IR ([`ir`]), the passes ([`passes`]) and code generation
+//! ([`codegen`]), and is the embedding API: compile a function once, from IR text or from a
+//! function built in Rust, then run it on tensors as often as you like, from any thread.
+//!
+//! ```
+//! use tcc::{Program, Tensor};
+//!
+//! let program = Program::from_text(
+//!     "func @scale(%x: f32[4], %s: f32[]) -> (f32[4]) {
+//!        %y = mul %x, %s : f32[4]
+//!        %z = relu %y : f32[4]
+//!        return %z
+//!      }",
+//! )
+//! .unwrap();
+//! let x = Tensor::from_f32(&[4], vec![1.0, -2.0, 3.0, -4.0]).unwrap();
+//! let s = Tensor::from_f32(&[], vec![0.5]).unwrap();
+//! let out = program.run(&[x, s]).unwrap();
+//! assert_eq!(out[0].as_f32().unwrap(), &[0.5, 0.0, 1.5, 0.0]);
+//! ```
+//!
+//! Passes run as a textual pipeline before compiling:
 //!
 //! ```
 //! use tcc::ir::{parse_module, verify_module};
@@ -28,3 +47,68 @@
 pub use tcc_codegen as codegen;
 pub use tcc_ir as ir;
 pub use tcc_passes as passes;
+
+pub use tcc_ir::{DType, Data, Tensor, TensorType};
+
+use std::fmt;
+
+/// Why a program could not be built or run.
+#[derive(Debug)]
+pub enum Error {
+    /// The IR text has errors (rendered with `line:col`).
+    Parse(String),
+    /// The text holds no function, or more than one and none was chosen.
+    NoFunction(String),
+    /// The function does not verify, or could not be compiled.
+    Compile(String),
+    /// The inputs do not fit the parameters, or an op failed at run time.
+    Run(String),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Parse(m) | Error::NoFunction(m) | Error::Compile(m) | Error::Run(m) => {
+                f.write_str(m)
+            }
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// A compiled function, ready to run. `Send + Sync`: share it between threads with an `Arc`.
+pub struct Program {
+    exe: codegen::Executable,
+}
+
+impl Program {
+    /// Compiles the only function in `text` (IR text format, see docs/ir.md).
+    pub fn from_text(text: &str) -> Result<Program, Error> {
+        let m = ir::parse_module(text).map_err(|d| Error::Parse(d.render("<text>", text)))?;
+        match m.functions.as_slice() {
+            [f] => Program::from_function(f),
+            fs => Err(Error::NoFunction(format!(
+                "expected one function in the text, found {}; use Program::from_function",
+                fs.len()
+            ))),
+        }
+    }
+
+    /// Compiles a function built in Rust (see [`ir::FunctionBuilder`]) or parsed earlier.
+    pub fn from_function(f: &ir::Function) -> Result<Program, Error> {
+        let exe = codegen::Executable::compile(f).map_err(|e| Error::Compile(e.to_string()))?;
+        Ok(Program { exe })
+    }
+
+    /// The function's parameter types, in order.
+    pub fn inputs(&self) -> Vec<TensorType> {
+        let f = self.exe.function();
+        f.params().iter().map(|&p| f.ty(p).clone()).collect()
+    }
+
+    /// Runs on `inputs` (one per parameter, of its type) and returns the results.
+    pub fn run(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, Error> {
+        self.exe.run(inputs).map_err(|e| Error::Run(e.to_string()))
+    }
+}
