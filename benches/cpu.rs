@@ -138,7 +138,40 @@ fn numpy() -> Result<HashMap<String, f64>, String> {
         .collect()
 }
 
+/// Max error in f32 ulps of the compiled `op` over `n` points in `[lo, hi]` against `reference`.
+fn ulp_error(op: &str, lo: f32, hi: f32, n: usize, reference: fn(f64) -> f64) -> f64 {
+    let xs: Vec<f32> = (0..n)
+        .map(|i| lo + (hi - lo) * i as f32 / (n - 1) as f32)
+        .collect();
+    let src = format!(
+        "func @f(%x: f32[{n}]) -> (f32[{n}]) {{\n  %y = {op} %x : f32[{n}]\n  return %y\n}}"
+    );
+    let exe = Executable::compile(&parse_function(&src).unwrap()).unwrap();
+    let out = exe
+        .run(&[Tensor::from_f32(&[n as u64], xs.clone()).unwrap()])
+        .unwrap();
+    xs.iter()
+        .zip(out[0].as_f32().unwrap())
+        .map(|(&x, &y)| {
+            let r = reference(x as f64);
+            let r32 = (r as f32).abs();
+            ((y as f64) - r).abs() / (f32::from_bits(r32.to_bits() + 1) - r32) as f64
+        })
+        .fold(0.0, f64::max)
+}
+
 fn main() {
+    let sigmoid = |x: f64| 1.0 / (1.0 + (-x).exp());
+    for (op, lo, hi, reference) in [
+        ("exp", -87.0f32, 88.0f32, f64::exp as fn(f64) -> f64),
+        ("tanh", -9.0, 9.0, f64::tanh),
+        ("sigmoid", -80.0, 30.0, sigmoid),
+    ] {
+        println!(
+            "accuracy: compiled {op} on [{lo}, {hi}], 2^22 points: max error {:.2} ulp",
+            ulp_error(op, lo, hi, 1 << 22, reference)
+        );
+    }
     // Memory bandwidth for reference: copy 64 MiB.
     let src = vec![1.0f32; 1 << 24];
     let mut dst = vec![0.0f32; 1 << 24];

@@ -389,3 +389,49 @@ fn convolutions_through_im2col_and_gemm() {
     assert_eq!((exe.stats().compiled, exe.stats().reference), (1, 0));
     check(&got, &want, 1e-5, 1e-5).unwrap();
 }
+
+/// The largest error, in units in the last place of the f32 reference, of the compiled `op`
+/// over `n` points evenly spaced in `[lo, hi]`, against the f64 function `reference`.
+fn max_ulp_error(op: &str, lo: f32, hi: f32, n: usize, reference: fn(f64) -> f64) -> f64 {
+    let xs: Vec<f32> = (0..n)
+        .map(|i| lo + (hi - lo) * i as f32 / (n - 1) as f32)
+        .collect();
+    let src = format!(
+        "func @f(%x: f32[{n}]) -> (f32[{n}]) {{\n  %y = {op} %x : f32[{n}]\n  return %y\n}}"
+    );
+    let f = parse_function(&src).unwrap();
+    let exe = Executable::compile(&f).unwrap();
+    let out = exe
+        .run(&[Tensor::from_f32(&[n as u64], xs.clone()).unwrap()])
+        .unwrap();
+    let got = out[0].as_f32().unwrap();
+    xs.iter()
+        .zip(got)
+        .map(|(&x, &y)| {
+            let r = reference(x as f64);
+            let r32 = r as f32;
+            let ulp = (f32::from_bits(r32.abs().to_bits() + 1) - r32.abs()) as f64;
+            ((y as f64) - r).abs() / ulp
+        })
+        .fold(0.0, f64::max)
+}
+
+#[test]
+fn polynomial_accuracy() {
+    let sigmoid = |x: f64| 1.0 / (1.0 + (-x).exp());
+    type Case = (&'static str, f32, f32, fn(f64) -> f64, f64);
+    let cases: [Case; 5] = [
+        ("exp", -87.0, 88.0, f64::exp, 1.5),
+        ("exp", -1.0, 1.0, f64::exp, 1.5),
+        ("tanh", -9.0, 9.0, f64::tanh, 2.0),
+        ("tanh", -0.7, 0.7, f64::tanh, 2.0),
+        ("sigmoid", -80.0, 30.0, sigmoid, 3.0),
+    ];
+    for (op, lo, hi, reference, bound) in cases {
+        let e = max_ulp_error(op, lo, hi, 1 << 20, reference);
+        assert!(
+            e <= bound,
+            "{op} on [{lo}, {hi}]: max error {e:.2} ulp > {bound}"
+        );
+    }
+}
