@@ -435,3 +435,55 @@ fn polynomial_accuracy() {
         );
     }
 }
+
+#[test]
+fn softmax_rows_compile() {
+    let cases = [
+        // Prologue (scale by a temperature) and epilogue (scale the probabilities).
+        "func @f(%x: f32[37,129], %t: f32[]) -> (f32[37,129]) {
+  %s = div %x, %t : f32[37,129]
+  %p = softmax %s : f32[37,129]
+  %y = mul %p, %t : f32[37,129]
+  return %y
+}",
+        // Rows of 8 with a per-column bias: vector loads within each row.
+        "func @f(%x: f32[3,5,8], %b: f32[8]) -> (f32[3,5,8], f32[3,5,8]) {
+  %s = add %x, %b : f32[3,5,8]
+  %p = softmax %s {axis=2} : f32[3,5,8]
+  return %p, %s
+}",
+        // Rows shorter than the vector width, and one row of one element.
+        "func @f(%x: f32[6,3]) -> (f32[6,3]) {\n  %p = softmax %x : f32[6,3]\n  return %p\n}",
+        "func @f(%x: f32[1,1]) -> (f32[1,1]) {\n  %p = softmax %x : f32[1,1]\n  return %p\n}",
+        // Enough work to split across threads.
+        "func @f(%x: f32[512,300]) -> (f32[512,300]) {\n  %p = softmax %x : f32[512,300]\n  return %p\n}",
+    ];
+    for src in cases {
+        let f = parse_function(src).unwrap();
+        let (got, want, exe) = both(&f, &randoms(&f, 41));
+        assert_eq!(exe.stats().reference, 0, "{src}");
+        check(&got, &want, 2e-6, 1e-9).unwrap_or_else(|e| panic!("{src}\n{e}"));
+    }
+    // Large and special values: a huge logit, -inf, and NaN (the NaN row is all NaN).
+    let src = "func @f(%x: f32[3,5]) -> (f32[3,5]) {\n  %p = softmax %x : f32[3,5]\n  return %p\n}";
+    let f = parse_function(src).unwrap();
+    let x = vec![
+        1e30,
+        0.0,
+        -1.0,
+        5.0,
+        1.0,
+        f32::NEG_INFINITY,
+        0.0,
+        1.0,
+        2.0,
+        3.0,
+        0.0,
+        f32::NAN,
+        1.0,
+        2.0,
+        3.0,
+    ];
+    let (got, want, _) = both(&f, &[Tensor::from_f32(&[3, 5], x).unwrap()]);
+    check(&got, &want, 2e-6, 1e-9).unwrap();
+}

@@ -296,10 +296,10 @@ fn emit_ops(
     tg: Target,
     ty: Type,
     f: &Function,
-    k: &KernelData,
+    ops: &[tcc_ir::Op],
     vals: &mut HashMap<Value, CValue>,
 ) {
-    for &op in &k.ops {
+    for &op in ops {
         let d = f.op(op);
         let a: Vec<CValue> = d.args.iter().map(|v| vals[v]).collect();
         let r = match &d.kind {
@@ -428,42 +428,8 @@ pub(crate) fn compile(
             b.ins().brif(c, body, &[], next, &[]);
             b.switch_to_block(body);
             let iv = b.use_var(i);
-            let mut vals: HashMap<Value, CValue> = HashMap::new();
-            for (j, (&v, a)) in k.inputs.iter().zip(&accesses).enumerate() {
-                let x = match *a {
-                    Access::Scalar(_) => {
-                        let s = scalars[j].expect("preloaded");
-                        if lane == types::F32 {
-                            s
-                        } else {
-                            b.ins().splat(lane, s)
-                        }
-                    }
-                    Access::Same => {
-                        let off = b.ins().ishl_imm(iv, 2);
-                        let addr = b.ins().iadd(bases[j], off);
-                        b.ins().load(lane, flags, addr, 0)
-                    }
-                    Access::Block { inner, n } => {
-                        let q = if inner == 1 {
-                            iv
-                        } else {
-                            b.ins().udiv_imm(iv, inner as i64)
-                        };
-                        let idx = b.ins().urem_imm(q, n as i64);
-                        let off = b.ins().ishl_imm(idx, 2);
-                        let addr = b.ins().iadd(bases[j], off);
-                        if lane == types::F32 || inner == 1 {
-                            b.ins().load(lane, flags, addr, 0)
-                        } else {
-                            let s = b.ins().load(types::F32, flags, addr, 0);
-                            b.ins().splat(lane, s)
-                        }
-                    }
-                };
-                vals.insert(v, x);
-            }
-            emit_ops(&mut b, tg, lane, f, k, &mut vals);
+            let mut vals = load_operands(&mut b, lane, iv, &k.inputs, &accesses, &bases, &scalars);
+            emit_ops(&mut b, tg, lane, f, &k.ops, &mut vals);
             for (j, o) in k.outputs.iter().enumerate() {
                 let off = b.ins().ishl_imm(iv, 2);
                 let addr = b.ins().iadd(bases[n_in + j], off);
@@ -487,6 +453,325 @@ pub(crate) fn compile(
     if dump && let Some(code) = ctx.compiled_code().and_then(|c| c.vcode.as_ref()) {
         eprintln!("; kernel {name}\n{code}");
     }
+    module.clear_context(&mut ctx);
+    Ok(id)
+}
+
+/// Loads every operand of a kernel for element `e` (the first of four for `F32X4`).
+fn load_operands(
+    b: &mut FunctionBuilder,
+    lane: Type,
+    e: CValue,
+    inputs: &[Value],
+    accesses: &[Access],
+    bases: &[CValue],
+    scalars: &[Option<CValue>],
+) -> HashMap<Value, CValue> {
+    let flags = MemFlags::trusted();
+    let mut vals = HashMap::new();
+    for (j, (&v, a)) in inputs.iter().zip(accesses).enumerate() {
+        let x = match *a {
+            Access::Scalar(_) => {
+                let s = scalars[j].expect("preloaded");
+                if lane == types::F32 {
+                    s
+                } else {
+                    b.ins().splat(lane, s)
+                }
+            }
+            Access::Same => {
+                let off = b.ins().ishl_imm(e, 2);
+                let addr = b.ins().iadd(bases[j], off);
+                b.ins().load(lane, flags, addr, 0)
+            }
+            Access::Block { inner, n } => {
+                let q = if inner == 1 {
+                    e
+                } else {
+                    b.ins().udiv_imm(e, inner as i64)
+                };
+                let idx = b.ins().urem_imm(q, n as i64);
+                let off = b.ins().ishl_imm(idx, 2);
+                let addr = b.ins().iadd(bases[j], off);
+                if lane == types::F32 || inner == 1 {
+                    b.ins().load(lane, flags, addr, 0)
+                } else {
+                    let s = b.ins().load(types::F32, flags, addr, 0);
+                    b.ins().splat(lane, s)
+                }
+            }
+        };
+        vals.insert(v, x);
+    }
+    vals
+}
+
+/// Emits `for v in from..to step step { body(v) }` over the `I64` variable `var`.
+fn emit_for(
+    b: &mut FunctionBuilder,
+    var: cranelift_frontend::Variable,
+    from: CValue,
+    to: CValue,
+    step: i64,
+    mut body: impl FnMut(&mut FunctionBuilder, CValue),
+) {
+    b.def_var(var, from);
+    let head = b.create_block();
+    let block = b.create_block();
+    let next = b.create_block();
+    b.ins().jump(head, &[]);
+    b.switch_to_block(head);
+    let v = b.use_var(var);
+    let c = b.ins().icmp(IntCC::SignedLessThan, v, to);
+    b.ins().brif(c, block, &[], next, &[]);
+    b.switch_to_block(block);
+    let v = b.use_var(var);
+    body(b, v);
+    let v2 = b.ins().iadd_imm(v, step);
+    b.def_var(var, v2);
+    b.ins().jump(head, &[]);
+    b.switch_to_block(next);
+}
+
+/// The softmax op, its row length, and whether every operand can be read in fours within a row,
+/// if this JIT compiles row kernel `k`: a softmax over a contiguous last axis, in `f32`, whose
+/// prologue and epilogue it supports.
+fn row_shape(f: &Function, k: &KernelData) -> Option<(tcc_ir::Op, u64, bool)> {
+    let KernelKind::Row { root } = k.kind else {
+        return None;
+    };
+    let OpKind::Softmax { axis } = f.op(root).kind else {
+        return None;
+    };
+    let dims = f.ty(f.op(root).args[0]).dims();
+    let a = tcc_ir::ops::normalize_axis(axis, dims.len())?;
+    let len = dims[a];
+    if a + 1 != dims.len() || len == 0 {
+        return None;
+    }
+    let all_f32 = k.ops.iter().all(|&op| {
+        let d = f.op(op);
+        d.args
+            .iter()
+            .chain(&d.results)
+            .all(|&v| f.ty(v).dtype() == DType::F32)
+    });
+    let others = k
+        .ops
+        .iter()
+        .filter(|&&op| op != root)
+        .all(|&op| supported_op(&f.op(op).kind));
+    let accesses: Option<Vec<Access>> = k
+        .inputs
+        .iter()
+        .map(|&v| access(f.ty(v).dims(), dims))
+        .collect();
+    let accesses = accesses?;
+    let vec = len >= 4
+        && accesses.iter().all(|a| match *a {
+            Access::Same | Access::Scalar(_) => true,
+            Access::Block { inner, n } => {
+                len.is_multiple_of(4)
+                    && ((inner == 1 && n.is_multiple_of(4)) || inner.is_multiple_of(4))
+            }
+        });
+    (all_f32 && others).then_some((root, len, vec))
+}
+
+/// Whether this JIT compiles row kernel `k`.
+pub(crate) fn can_compile_row(f: &Function, k: &KernelData) -> bool {
+    row_shape(f, k).is_some()
+}
+
+/// The number of rows of a row kernel (its iteration space for `start..end`).
+pub(crate) fn row_count(f: &Function, k: &KernelData) -> u64 {
+    let (root, len, _) = row_shape(f, k).expect("a compilable row kernel");
+    f.ty(f.op(root).args[0]).numel() / len
+}
+
+/// The largest of the four lanes of `v`.
+fn hmax(b: &mut FunctionBuilder, v: CValue) -> CValue {
+    let mut m = b.ins().extractlane(v, 0);
+    for l in 1..4 {
+        let x = b.ins().extractlane(v, l);
+        m = select_lt(b, types::F32, m, x, x, m);
+    }
+    m
+}
+
+/// The sum of the four lanes of `v`.
+fn hsum(b: &mut FunctionBuilder, v: CValue) -> CValue {
+    let mut s = b.ins().extractlane(v, 0);
+    for l in 1..4 {
+        let x = b.ins().extractlane(v, l);
+        s = b.ins().fadd(s, x);
+    }
+    s
+}
+
+/// Compiles row kernel `k` (for which [`can_compile_row`] holds): for each row in
+/// `start..end`, one pass for the maximum, one for the sum of `exp(x - max)`, and one that writes
+/// `exp(x - max) / sum` and runs the epilogue. The prologue is recomputed in each pass rather than
+/// stored. NaN in a row makes the whole row NaN, as in the interpreter.
+pub(crate) fn compile_row(
+    module: &mut JITModule,
+    tg: Target,
+    f: &Function,
+    k: &KernelData,
+    name: &str,
+) -> Result<FuncId, String> {
+    let (root, len, vectorizable) = row_shape(f, k).expect("checked by can_compile_row");
+    let dims = f.ty(f.op(root).args[0]).dims().to_vec();
+    let pos = k
+        .ops
+        .iter()
+        .position(|&o| o == root)
+        .expect("the root is a member");
+    let (pro, epi) = (&k.ops[..pos], &k.ops[pos + 1..]);
+    let (x_in, y_out) = (f.op(root).args[0], f.op(root).results[0]);
+    let accesses: Vec<Access> = k
+        .inputs
+        .iter()
+        .map(|&v| match access(f.ty(v).dims(), &dims).expect("checked") {
+            Access::Scalar(_) => Access::Scalar(splat_f32(f, v)),
+            a => a,
+        })
+        .collect();
+    let ptr = module.target_config().pointer_type();
+    let mut sig = module.make_signature();
+    sig.params.extend([
+        AbiParam::new(ptr),
+        AbiParam::new(types::I64),
+        AbiParam::new(types::I64),
+    ]);
+    let id = module
+        .declare_function(name, Linkage::Local, &sig)
+        .map_err(|e| e.to_string())?;
+    let mut ctx = module.make_context();
+    ctx.func.signature = sig;
+    let mut fctx = FunctionBuilderContext::new();
+    {
+        let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
+        let entry = b.create_block();
+        b.append_block_params_for_function_params(entry);
+        b.switch_to_block(entry);
+        let (table, start, end) = {
+            let p = b.block_params(entry);
+            (p[0], p[1], p[2])
+        };
+        let flags = MemFlags::trusted();
+        let n_in = k.inputs.len();
+        let bases: Vec<CValue> = (0..n_in + k.outputs.len())
+            .map(|j| b.ins().load(ptr, flags, table, (j * 8) as i32))
+            .collect();
+        let scalars: Vec<Option<CValue>> = accesses
+            .iter()
+            .enumerate()
+            .map(|(j, a)| match a {
+                Access::Scalar(Some(x)) => Some(b.ins().f32const(*x)),
+                Access::Scalar(None) => Some(b.ins().load(types::F32, flags, bases[j], 0)),
+                _ => None,
+            })
+            .collect();
+        let (r, j) = (b.declare_var(types::I64), b.declare_var(types::I64));
+        let (m, vm, s, vs) = (
+            b.declare_var(types::F32),
+            b.declare_var(types::F32X4),
+            b.declare_var(types::F32),
+            b.declare_var(types::F32X4),
+        );
+        let len_v = b.ins().iconst(types::I64, len as i64);
+        let len4_v = b
+            .ins()
+            .iconst(types::I64, if vectorizable { (len & !3) as i64 } else { 0 });
+        let zero = b.ins().iconst(types::I64, 0);
+        // The prologue's value of the softmax input at element `e`, with the operands loaded.
+        let input_at = |b: &mut FunctionBuilder, lane: Type, e: CValue| {
+            let mut vals = load_operands(b, lane, e, &k.inputs, &accesses, &bases, &scalars);
+            emit_ops(b, tg, lane, f, pro, &mut vals);
+            let x = vals[&x_in];
+            (x, vals)
+        };
+        emit_for(&mut b, r, start, end, 1, |b, rv| {
+            let row = b.ins().imul_imm(rv, len as i64);
+            // Pass 1: the row's maximum.
+            let ninf = fconst(b, types::F32X4, f32::NEG_INFINITY);
+            b.def_var(vm, ninf);
+            emit_for(b, j, zero, len4_v, 4, |b, jv| {
+                let e = b.ins().iadd(row, jv);
+                let (x, _) = input_at(b, types::F32X4, e);
+                let cur = b.use_var(vm);
+                let nm = select_lt(b, types::F32X4, cur, x, x, cur);
+                b.def_var(vm, nm);
+            });
+            let v = b.use_var(vm);
+            let m0 = hmax(b, v);
+            b.def_var(m, m0);
+            emit_for(b, j, len4_v, len_v, 1, |b, jv| {
+                let e = b.ins().iadd(row, jv);
+                let (x, _) = input_at(b, types::F32, e);
+                let cur = b.use_var(m);
+                let nm = select_lt(b, types::F32, cur, x, x, cur);
+                b.def_var(m, nm);
+            });
+            // Pass 2: the sum of exp(x - max).
+            let mx = b.use_var(m);
+            let mxv = b.ins().splat(types::F32X4, mx);
+            let z4 = fconst(b, types::F32X4, 0.0);
+            b.def_var(vs, z4);
+            emit_for(b, j, zero, len4_v, 4, |b, jv| {
+                let e = b.ins().iadd(row, jv);
+                let (x, _) = input_at(b, types::F32X4, e);
+                let d = b.ins().fsub(x, mxv);
+                let t = exp(b, tg, types::F32X4, d);
+                let cur = b.use_var(vs);
+                let ns = b.ins().fadd(cur, t);
+                b.def_var(vs, ns);
+            });
+            let v = b.use_var(vs);
+            let s0 = hsum(b, v);
+            b.def_var(s, s0);
+            emit_for(b, j, len4_v, len_v, 1, |b, jv| {
+                let e = b.ins().iadd(row, jv);
+                let (x, _) = input_at(b, types::F32, e);
+                let d = b.ins().fsub(x, mx);
+                let t = exp(b, tg, types::F32, d);
+                let cur = b.use_var(s);
+                let ns = b.ins().fadd(cur, t);
+                b.def_var(s, ns);
+            });
+            // Pass 3: normalise, run the epilogue, store.
+            let sum = b.use_var(s);
+            let one = b.ins().f32const(1.0);
+            let inv = b.ins().fdiv(one, sum);
+            let invv = b.ins().splat(types::F32X4, inv);
+            for (lane, from, to, step, mxl, invl) in [
+                (types::F32X4, zero, len4_v, 4, mxv, invv),
+                (types::F32, len4_v, len_v, 1, mx, inv),
+            ] {
+                emit_for(b, j, from, to, step, |b, jv| {
+                    let e = b.ins().iadd(row, jv);
+                    let (x, mut vals) = input_at(b, lane, e);
+                    let d = b.ins().fsub(x, mxl);
+                    let t = exp(b, tg, lane, d);
+                    let y = b.ins().fmul(t, invl);
+                    vals.insert(y_out, y);
+                    emit_ops(b, tg, lane, f, epi, &mut vals);
+                    for (o, &v) in k.outputs.iter().enumerate() {
+                        let off = b.ins().ishl_imm(e, 2);
+                        let addr = b.ins().iadd(bases[n_in + o], off);
+                        b.ins().store(flags, vals[&v], addr, 0);
+                    }
+                });
+            }
+        });
+        b.ins().return_(&[]);
+        b.seal_all_blocks();
+        b.finalize();
+    }
+    module
+        .define_function(id, &mut ctx)
+        .map_err(|e| format!("{e:?}"))?;
     module.clear_context(&mut ctx);
     Ok(id)
 }

@@ -79,6 +79,9 @@ struct Loop {
     code: jit::KernelFn,
     args: Vec<Value>,
     n: u64,
+    /// Elements per index of the iteration space: 1 for elementwise loops, the row length for
+    /// row kernels.
+    unit: u64,
 }
 
 /// A matrix product through `gemm`, batch by batch, into the storage of `dst`.
@@ -271,14 +274,16 @@ unsafe impl Sync for Ptrs {}
 fn run_loop(l: &Loop, addr: &dyn Fn(Value) -> *mut u8) {
     let ptrs = Ptrs(l.args.iter().map(|&v| addr(v)).collect());
     let threads = rayon::current_num_threads() as u64;
-    if l.n < PARALLEL_ELEMENTS || threads < 2 {
+    if l.n * l.unit < PARALLEL_ELEMENTS || threads < 2 || l.n < 2 {
         // SAFETY: each pointer addresses storage of its value's type (inputs are checked, the
         // arena is sized by the memory plan), and the kernel touches elements 0..n only.
         unsafe { (l.code)(ptrs.0.as_ptr(), 0, l.n) };
         return;
     }
-    // Pieces start at multiples of 64 elements so every piece but the last vectorises fully.
-    let piece = l.n.div_ceil(threads).div_ceil(64) * 64;
+    // Elementwise pieces start at multiples of 64 elements so every piece but the last
+    // vectorises fully; row kernels split by rows.
+    let round = if l.unit == 1 { 64 } else { 1 };
+    let piece = l.n.div_ceil(threads).div_ceil(round) * round;
     let ptrs = &ptrs;
     rayon::scope(|s| {
         for start in (0..l.n).step_by(piece as usize) {
@@ -586,6 +591,11 @@ impl Executable {
             let err = |e: String| CompileError(format!("compiling kernel {k}: {e}"));
             if jit::can_compile(f, kd) {
                 ids.push((k, jit::compile(&mut module, tg, f, kd, &name).map_err(err)?));
+            } else if jit::can_compile_row(f, kd) {
+                ids.push((
+                    k,
+                    jit::compile_row(&mut module, tg, f, kd, &name).map_err(err)?,
+                ));
             } else if let Some(lib) = library_step(f, kd, scratch_offset(&mem, k)) {
                 if let Some((epi, _)) = &lib.1 {
                     ids.push((
@@ -636,14 +646,24 @@ impl Executable {
                             .chain(e.outputs.iter().copied())
                             .collect(),
                         n: f.ty(product).numel(),
+                        unit: 1,
                     });
                     Step::Library { op, epilogue }
                 }
-                (None, Some(&code)) => Step::Jit(Loop {
-                    code,
-                    args: kd.inputs.iter().chain(&kd.outputs).copied().collect(),
-                    n: f.ty(f.op(kd.ops[0]).results[0]).numel(),
-                }),
+                (None, Some(&code)) => {
+                    let elements = f.ty(f.op(kd.ops[0]).results[0]).numel();
+                    let n = if matches!(kd.kind, KernelKind::Row { .. }) {
+                        jit::row_count(f, kd)
+                    } else {
+                        elements
+                    };
+                    Step::Jit(Loop {
+                        code,
+                        args: kd.inputs.iter().chain(&kd.outputs).copied().collect(),
+                        n,
+                        unit: elements / n.max(1),
+                    })
+                }
                 (None, None) => Step::Reference(k),
             });
         }
