@@ -36,6 +36,9 @@ pub enum Storage {
     Const,
     /// In the arena at this byte offset.
     Arena(u64),
+    /// In output buffer `i` of the run, which becomes a returned result (its own allocation,
+    /// so results are not copied out of the arena).
+    Output(usize),
 }
 
 /// One arena slot: values that share storage (an in-place chain), with their combined lifetime.
@@ -53,6 +56,8 @@ pub struct Slot {
     pub offset: u64,
     /// For a scratch slot (no values), the kernel that uses it.
     pub scratch_for: Option<crate::plan::Kernel>,
+    /// For a slot holding a result, the output buffer it is (then it is not in the arena).
+    pub output: Option<usize>,
 }
 
 /// Bytes of scratch space a kernel needs while it runs: im2col columns for a convolution that
@@ -78,8 +83,13 @@ pub fn scratch_bytes(f: &Function, kd: &crate::plan::KernelData) -> u64 {
 pub struct MemoryPlan {
     /// Where each value lives.
     pub storage: SecondaryMap<Value, Storage>,
-    /// The arena slots.
+    /// The arena slots, and the output buffers (slots with `output` set).
     pub slots: Vec<Slot>,
+    /// For each output buffer, the result value whose type it has.
+    pub outputs: Vec<Value>,
+    /// Bytes of output buffers (results computed by kernels), allocated per run outside the
+    /// arena and returned.
+    pub output_bytes: u64,
     /// Arena size: the highest end offset of any slot.
     pub arena_bytes: u64,
     /// The most bytes live at any one kernel: a lower bound on `arena_bytes`.
@@ -183,11 +193,22 @@ pub fn plan_memory(f: &Function, plan: &Plan) -> MemoryPlan {
                         last: last_use[o],
                         offset: 0,
                         scratch_for: None,
+                        output: None,
                     });
                     slots.len() - 1
                 }
             };
             slot_of[o] = Some(s);
+        }
+    }
+    // Slots holding results are output buffers, in order of first appearance among the results.
+    let mut outputs: Vec<Value> = Vec::new();
+    for &r in f.results() {
+        if let Some(s) = root[r].and_then(|x| slot_of[x])
+            && slots[s].output.is_none()
+        {
+            slots[s].output = Some(outputs.len());
+            outputs.push(root[r].expect("stored"));
         }
     }
     // Greedy by size: largest first, lowest offset that fits among time-overlapping slots.
@@ -201,10 +222,13 @@ pub fn plan_memory(f: &Function, plan: &Plan) -> MemoryPlan {
                 last: ki,
                 offset: 0,
                 scratch_for: Some(k),
+                output: None,
             });
         }
     }
-    let mut order: Vec<usize> = (0..slots.len()).collect();
+    let mut order: Vec<usize> = (0..slots.len())
+        .filter(|&i| slots[i].output.is_none())
+        .collect();
     order.sort_by_key(|&i| (std::cmp::Reverse(slots[i].size), slots[i].first));
     let mut placed: Vec<usize> = Vec::new(); // kept sorted by offset
     let mut arena_bytes = 0;
@@ -228,7 +252,7 @@ pub fn plan_memory(f: &Function, plan: &Plan) -> MemoryPlan {
     }
     for s in &slots {
         for &v in &s.values {
-            storage[v] = Storage::Arena(s.offset);
+            storage[v] = s.output.map_or(Storage::Arena(s.offset), Storage::Output);
         }
     }
     // Views of arena values share their source's offset.
@@ -241,13 +265,20 @@ pub fn plan_memory(f: &Function, plan: &Plan) -> MemoryPlan {
         }
     }
     let mut live = vec![0u64; n_kernels + 1];
-    for s in &slots {
+    for s in slots.iter().filter(|s| s.output.is_none()) {
         for l in &mut live[s.first..=s.last] {
             *l += s.size;
         }
     }
+    let output_bytes = slots
+        .iter()
+        .filter(|s| s.output.is_some())
+        .map(|s| s.size)
+        .sum();
     MemoryPlan {
         storage,
+        outputs,
+        output_bytes,
         live_peak_bytes: live.into_iter().max().unwrap_or(0),
         slots,
         arena_bytes,
@@ -264,10 +295,11 @@ pub fn write_memory(
 ) -> std::fmt::Result {
     writeln!(
         w,
-        "memory: arena {} bytes (live peak {}), {} slots; parameters {} bytes, constants {} bytes",
+        "memory: arena {} bytes (live peak {}), {} slots; outputs {} bytes; parameters {} bytes, constants {} bytes",
         m.arena_bytes,
         m.live_peak_bytes,
         m.slots.len(),
+        m.output_bytes,
         m.param_bytes,
         m.const_bytes
     )?;
@@ -281,13 +313,14 @@ pub fn write_memory(
             }
             tcc_ir::printer::write_name(&mut names, '%', f.name(v))?;
         }
+        let place = match s.output {
+            Some(o) => format!("output {o}, {} bytes", s.size),
+            None => format!("[{}, {})", s.offset, s.offset + s.size),
+        };
         writeln!(
             w,
-            "  slot {i}: [{}, {}) kernels {}..={}: {names}",
-            s.offset,
-            s.offset + s.size,
-            s.first,
-            s.last
+            "  slot {i}: {place} kernels {}..={}: {names}",
+            s.first, s.last
         )?;
     }
     Ok(())

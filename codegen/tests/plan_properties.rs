@@ -50,7 +50,7 @@ proptest! {
                 }
             }
             for &o in &kd.outputs {
-                prop_assert!(matches!(m.storage[o], Storage::Arena(_) | Storage::Param | Storage::Const));
+                                prop_assert!(matches!(m.storage[o], Storage::Arena(_) | Storage::Output(_) | Storage::Param | Storage::Const));
             }
         }
 
@@ -76,22 +76,39 @@ proptest! {
             last_read.insert(origin.get(&r).copied().unwrap_or(r), p.kernels.len());
         }
 
-        // Slots live at the same time do not overlap in memory.
-        for (a, sa) in m.slots.iter().enumerate() {
+        // Results computed by kernels live in output buffers, one per distinct result value.
+        for &r in f.results() {
+            let root = origin.get(&r).copied().unwrap_or(r);
+            if let Storage::Output(i) = m.storage[root] {
+                prop_assert_eq!(m.outputs[i], root);
+            }
+        }
+
+        // Arena slots live at the same time do not overlap in memory.
+        let arena: Vec<_> = m.slots.iter().filter(|s| s.output.is_none()).collect();
+        for (a, sa) in arena.iter().enumerate() {
             prop_assert!(sa.offset % 64 == 0 && sa.size % 64 == 0);
             prop_assert!(sa.offset + sa.size <= m.arena_bytes);
-            for sb in &m.slots[a + 1..] {
+            for sb in &arena[a + 1..] {
                 let live_together = sa.first <= sb.last && sb.first <= sa.last;
                 let disjoint = sa.offset + sa.size <= sb.offset || sb.offset + sb.size <= sa.offset;
                 prop_assert!(!live_together || disjoint, "slots {sa:?} and {sb:?} overlap while both live");
             }
-            // In-place chains: each later value is written by an elementwise kernel that is the
-            // last reader of the value before it (lifetimes computed here, independently).
+        }
+
+        // In-place chains, in the arena or in an output buffer: each later value is written by
+        // an elementwise kernel that is the last reader of the value before it (lifetimes
+        // computed here, independently).
+        for sa in &m.slots {
             for w in sa.values.windows(2) {
                 let k = p.kernel_of[f.def_op(w[1]).unwrap()].unwrap();
                 prop_assert_eq!(&p.kernels[k].kind, &KernelKind::Elementwise);
                 let def_next = kernel_index[&k];
-                prop_assert!(last_read[&w[0]] <= def_next, "{:?} is overwritten by {:?} at kernel {} but read until {}", w[0], w[1], def_next, last_read[&w[0]]);
+                prop_assert!(
+                    last_read[&w[0]] <= def_next,
+                    "{:?} is overwritten by {:?} at kernel {} but read until {}",
+                    w[0], w[1], def_next, last_read[&w[0]]
+                );
             }
         }
         prop_assert!(m.arena_bytes >= m.live_peak_bytes);

@@ -460,8 +460,8 @@ fn run_cmd(
             let s = exe.stats();
             let _ = writeln!(
                 stderr,
-                "kernels: {} compiled, {} on reference kernels, {} views, {} dead; arena {} bytes",
-                s.compiled, s.reference, s.views, s.dead, s.arena_bytes
+                "kernels: {} compiled, {} on reference kernels, {} views, {} dead; arena {} bytes, outputs {} bytes",
+                s.compiled, s.reference, s.views, s.dead, s.arena_bytes, s.output_bytes
             );
         }
         exe.run(&inputs)

@@ -385,6 +385,8 @@ pub struct Stats {
     pub dead: usize,
     /// Arena bytes per run.
     pub arena_bytes: u64,
+    /// Bytes of results written straight into the returned tensors, per run.
+    pub output_bytes: u64,
 }
 
 /// The largest constant the runtime materialises (1 GiB).
@@ -427,6 +429,37 @@ unsafe fn read_data(src: *const u8, ty: &TensorType) -> Tensor {
             ),
         };
         Tensor::new(ty.clone(), data).expect("sized from the type")
+    }
+}
+
+/// The start of `d`'s allocation (its capacity), to be written through.
+fn capacity_ptr(d: &mut Data) -> *mut u8 {
+    match d {
+        Data::F32(v) => v.as_mut_ptr() as *mut u8,
+        Data::F64(v) => v.as_mut_ptr() as *mut u8,
+        Data::I8(v) => v.as_mut_ptr() as *mut u8,
+        Data::U8(v) => v.as_mut_ptr(),
+        Data::I32(v) => v.as_mut_ptr() as *mut u8,
+        Data::I64(v) => v.as_mut_ptr() as *mut u8,
+        Data::Bool(v) => v.as_mut_ptr() as *mut u8,
+    }
+}
+
+/// Sets the length of `d`'s vector.
+///
+/// # Safety
+/// The first `n` elements (within capacity) must have been initialised with valid values.
+unsafe fn set_len(d: &mut Data, n: usize) {
+    unsafe {
+        match d {
+            Data::F32(v) => v.set_len(n),
+            Data::F64(v) => v.set_len(n),
+            Data::I8(v) => v.set_len(n),
+            Data::U8(v) => v.set_len(n),
+            Data::I32(v) => v.set_len(n),
+            Data::I64(v) => v.set_len(n),
+            Data::Bool(v) => v.set_len(n),
+        }
     }
 }
 
@@ -718,6 +751,7 @@ impl Executable {
                 .filter(|k| k.kind == KernelKind::View)
                 .count(),
             arena_bytes: self.mem.arena_bytes,
+            output_bytes: self.mem.output_bytes,
         }
     }
 
@@ -733,10 +767,19 @@ impl Executable {
         let pooled = self.arenas.lock().map(|mut p| p.pop()).unwrap_or(None);
         let mut arena = pooled.unwrap_or_else(|| lines(self.mem.arena_bytes));
         let base = arena.as_mut_ptr() as *mut u8;
+        // Output buffers: allocated with capacity only, written by the kernels, returned.
+        let mut outs: Vec<Data> = self
+            .mem
+            .outputs
+            .iter()
+            .map(|&v| Data::with_capacity(f.ty(v).dtype(), f.ty(v).numel() as usize))
+            .collect();
+        let out_ptrs: Vec<*mut u8> = outs.iter_mut().map(capacity_ptr).collect();
         let addr = |v: Value| -> *mut u8 {
             let v = self.origin.get(&v).copied().unwrap_or(v);
             match self.mem.storage[v] {
                 Storage::Arena(off) => base.wrapping_add(off as usize),
+                Storage::Output(i) => out_ptrs[i],
                 Storage::Param => match f.value(v).def {
                     ValueDef::Param(i) => data_ptr(&inputs[i]) as *mut u8,
                     ValueDef::Result(..) => unreachable!("parameter storage for an op result"),
@@ -760,13 +803,32 @@ impl Executable {
                 Step::Reference(k) => self.run_reference(*k, &addr)?,
             }
         }
-        // SAFETY: every result is stored (a parameter, a constant or an arena slot) and holds
-        // a value of its type after the last step.
-        let results = f
-            .results()
-            .iter()
-            .map(|&r| unsafe { read_data(addr(r), f.ty(r)) })
-            .collect();
+        // Every step ran, so every output buffer is fully written.
+        for (d, &v) in outs.iter_mut().zip(&self.mem.outputs) {
+            // SAFETY: the kernels wrote all `numel` elements of the buffer, each a valid value
+            // of the buffer's dtype (bools as 0 or 1).
+            unsafe { set_len(d, f.ty(v).numel() as usize) };
+        }
+        let mut outs: Vec<Option<Data>> = outs.into_iter().map(Some).collect();
+        let mut given: HashMap<usize, usize> = HashMap::new();
+        let mut results: Vec<Tensor> = Vec::with_capacity(f.results().len());
+        for &r in f.results() {
+            let root = self.origin.get(&r).copied().unwrap_or(r);
+            let t = match self.mem.storage[root] {
+                Storage::Output(i) => {
+                    let data = match outs[i].take() {
+                        Some(d) => d,
+                        None => results[given[&i]].data().clone(),
+                    };
+                    given.entry(i).or_insert(results.len());
+                    Tensor::new(f.ty(r).clone(), data)
+                        .expect("an output buffer of the result's size")
+                }
+                // SAFETY: parameters and constants hold values of their type.
+                _ => unsafe { read_data(addr(r), f.ty(r)) },
+            };
+            results.push(t);
+        }
         if let Ok(mut pool) = self.arenas.lock() {
             pool.push(arena);
         }
