@@ -487,3 +487,33 @@ fn softmax_rows_compile() {
     let (got, want, _) = both(&f, &[Tensor::from_f32(&[3, 5], x).unwrap()]);
     check(&got, &want, 2e-6, 1e-9).unwrap();
 }
+
+#[test]
+fn targets_with_features_turned_off_agree() {
+    let src = "func @f(%x: f32[1030], %b: f32[1030]) -> (f32[1030]) {
+  %s = add %x, %b : f32[1030]
+  %t = tanh %s : f32[1030]
+  %e = sigmoid %t : f32[1030]
+  return %e
+}";
+    let f = parse_function(src).unwrap();
+    let inputs = randoms(&f, 51);
+    let want = tcc_ir::interp::run(&f, &inputs).unwrap();
+    let host = format!("{}", target_lexicon::Triple::host());
+    for spec in [
+        "host",
+        "host,-fma",
+        "host,-fma,-avx2,-avx",
+        "host,-sse41,-sse42",
+        host.as_str(),
+    ] {
+        let exe = Executable::compile_for(&f, Some(spec)).unwrap_or_else(|e| panic!("{spec}: {e}"));
+        check(&exe.run(&inputs).unwrap(), &want, 1e-6, 1e-7)
+            .unwrap_or_else(|e| panic!("{spec}: {e}"));
+    }
+    let err = |spec: &str| Executable::compile_for(&f, Some(spec)).err().unwrap().0;
+    assert!(err("aarch64-unknown-linux-gnu").contains("can only target the host"));
+    assert!(err("x86_64-frobnicated").contains("is not a target triple"));
+    assert!(err("host,+avx512f").contains("can only be turned off"));
+    assert!(err("host,-warp_drive").contains("unknown CPU feature `warp_drive`"));
+}

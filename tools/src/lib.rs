@@ -93,6 +93,10 @@ enum Cmd {
         /// Print to stderr how the kernels ran (compiled or reference) and the arena size.
         #[arg(long)]
         stats: bool,
+        /// What to compile for: `host` (the default) or the host's target triple, optionally
+        /// followed by CPU features to turn off, as in `host,-fma,-avx2`.
+        #[arg(long, value_name = "SPEC")]
+        target: Option<String>,
     },
     /// Print how each function is cut into kernels and where its values live in the arena.
     #[command(after_help = "Example:\n  tcc plan examples/mlp.tir")]
@@ -226,12 +230,13 @@ pub fn run(
             output,
             interp,
             stats,
+            target,
         } => run_cmd(
             &file,
             func.as_deref(),
             &inputs,
             output.as_deref(),
-            (interp, stats),
+            (interp, stats, target.as_deref()),
             stdin,
             stdout,
             stderr,
@@ -423,7 +428,7 @@ fn run_cmd(
     func: Option<&str>,
     specs: &[String],
     output: Option<&str>,
-    (interp, stats): (bool, bool),
+    (interp, stats, target): (bool, bool, Option<&str>),
     stdin: &mut dyn Read,
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
@@ -454,8 +459,8 @@ fn run_cmd(
     let results = if interp {
         tcc_ir::interp::run(f, &inputs).map_err(|e| (EXIT_INPUT, format!("error: {e}")))?
     } else {
-        let exe =
-            tcc_codegen::Executable::compile(f).map_err(|e| (EXIT_INPUT, format!("error: {e}")))?;
+        let exe = tcc_codegen::Executable::compile_for(f, target)
+            .map_err(|e| (EXIT_USAGE, format!("error: {e}")))?;
         if stats {
             let s = exe.stats();
             let _ = writeln!(

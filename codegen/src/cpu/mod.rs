@@ -11,6 +11,7 @@
 //! `Send + Sync`: compiled code and constants are immutable, and runs share nothing else.
 
 mod jit;
+mod target;
 
 use crate::memory::{MemoryPlan, Storage, plan_memory};
 use crate::plan::{Kernel, KernelData, KernelKind, Plan, plan};
@@ -598,17 +599,20 @@ unsafe fn conv_gemm<T: Copy + Default + 'static>(
 }
 
 impl Executable {
-    /// Compiles `f`, which must verify, for the host CPU.
+    /// Compiles `f`, which must verify, for the host CPU with every feature it has.
     pub fn compile(f: &Function) -> Result<Executable, CompileError> {
+        Executable::compile_for(f, None)
+    }
+
+    /// Compiles `f` for a target spec: `host` or the host's triple, optionally followed by
+    /// CPU features to turn off, as in `host,-fma,-avx2` (see `tcc run --target`).
+    pub fn compile_for(f: &Function, target: Option<&str>) -> Result<Executable, CompileError> {
         tcc_ir::verify_function(f)
             .map_err(|d| CompileError(format!("the function does not verify:\n{d}")))?;
         let plan = plan(f);
         let mem = plan_memory(f, &plan);
-        let builder = JITBuilder::with_flags(
-            &[("opt_level", "speed")],
-            cranelift_module::default_libcall_names(),
-        )
-        .map_err(|e| CompileError(format!("cannot set up the JIT for this CPU: {e}")))?;
+        let isa = target::isa(target).map_err(CompileError)?;
+        let builder = JITBuilder::with_isa(isa, cranelift_module::default_libcall_names());
         let mut module = JITModule::new(builder);
         let tg = jit::Target {
             fma: module

@@ -1,0 +1,84 @@
+//! Choosing what the JIT compiles for: the host, named by a target triple, with CPU features
+//! that can be turned off (to test or to run the same code on older machines).
+//!
+//! A target spec is `host` or a triple (`x86_64-unknown-linux-gnu`), then optionally
+//! `,-feature` items: `host,-fma,-avx2`. The JIT runs the code it compiles, so the triple's
+//! architecture must be the host's, and features can only be removed, never added.
+
+use cranelift_codegen::isa::OwnedTargetIsa;
+use cranelift_codegen::settings::{self, Configurable};
+use std::str::FromStr;
+use target_lexicon::Triple;
+
+/// The x86-64 features the spec may turn off, as Cranelift names them without `has_`.
+const X86_FEATURES: &[&str] = &[
+    "sse3",
+    "ssse3",
+    "sse41",
+    "sse42",
+    "popcnt",
+    "avx",
+    "avx2",
+    "fma",
+    "bmi1",
+    "bmi2",
+    "lzcnt",
+    "avx512f",
+    "avx512dq",
+    "avx512vl",
+    "avx512bitalg",
+    "avx512vbmi",
+    "cmpxchg16b",
+];
+
+/// Builds the ISA for `spec` (`None` means the host with every feature it has).
+pub(crate) fn isa(spec: Option<&str>) -> Result<OwnedTargetIsa, String> {
+    let mut flags = settings::builder();
+    for (k, v) in [
+        ("opt_level", "speed"),
+        ("is_pic", "false"),
+        ("use_colocated_libcalls", "false"),
+    ] {
+        flags.set(k, v).map_err(|e| e.to_string())?;
+    }
+    let mut parts = spec.unwrap_or("host").split(',').map(str::trim);
+    let name = parts.next().unwrap_or("host");
+    let host = Triple::host();
+    if name != "host" {
+        let triple = Triple::from_str(name).map_err(|e| {
+            format!(
+                "`{name}` is not a target triple ({e}); use `host` or a triple such as `{host}`"
+            )
+        })?;
+        if triple.architecture != host.architecture {
+            return Err(format!(
+                "target `{name}` is {}, but this machine is {}: the JIT runs the code it compiles, so it can only target the host",
+                triple.architecture, host.architecture
+            ));
+        }
+    }
+    let mut isa = cranelift_native::builder()
+        .map_err(|e| format!("this CPU is not supported by Cranelift: {e}"))?;
+    for item in parts {
+        let Some(feature) = item.strip_prefix('-') else {
+            return Err(if item.starts_with('+') {
+                format!(
+                    "`{item}`: features can only be turned off (`-name`); the JIT already uses every feature this CPU has"
+                )
+            } else {
+                format!("`{item}`: expected `-feature` after the triple")
+            });
+        };
+        let feature = feature.trim_start_matches("has_").replace('.', "");
+        if !X86_FEATURES.contains(&feature.as_str()) {
+            return Err(format!(
+                "unknown CPU feature `{feature}`; the features are {}",
+                X86_FEATURES.join(", ")
+            ));
+        }
+        isa.set(&format!("has_{feature}"), "false")
+            .map_err(|e| format!("cannot turn off `{feature}`: {e}"))?;
+    }
+    isa.finish(settings::Flags::new(flags))
+        .map_err(|e| format!("cannot build the target: {e}"))
+}
