@@ -776,6 +776,308 @@ pub(crate) fn compile_row(
     Ok(id)
 }
 
+/// The layout of a compilable reduction kernel: the reduce op, its kind, and the input viewed as
+/// `[a, l, b]` with the reduced axes (contiguous) in the middle.
+struct ReduceShape {
+    root: tcc_ir::Op,
+    op: tcc_ir::ReduceOp,
+    a: u64,
+    l: u64,
+    b: u64,
+}
+
+/// The layout of reduction kernel `k` if this JIT compiles it: a `reduce_*` in `f32` over
+/// contiguous axes of a non-empty extent, with supported prologue and epilogue ops and no
+/// prologue value stored.
+fn reduce_shape(f: &Function, k: &KernelData) -> Option<ReduceShape> {
+    let KernelKind::Reduction { root } = k.kind else {
+        return None;
+    };
+    let OpKind::Reduce { op, axes, .. } = &f.op(root).kind else {
+        return None;
+    };
+    let dims = f.ty(f.op(root).args[0]).dims();
+    let mut ax: Vec<usize> = axes
+        .iter()
+        .map(|&a| tcc_ir::ops::normalize_axis(a, dims.len()))
+        .collect::<Option<_>>()?;
+    ax.sort_unstable();
+    let (i0, i1) = (ax[0], ax[ax.len() - 1]);
+    if i1 - i0 + 1 != ax.len() {
+        return None;
+    }
+    let (a, l, b) = (
+        dims[..i0].iter().product(),
+        dims[i0..=i1].iter().product::<u64>(),
+        dims[i1 + 1..].iter().product(),
+    );
+    let all_f32 = k.ops.iter().all(|&o| {
+        let d = f.op(o);
+        d.args
+            .iter()
+            .chain(&d.results)
+            .all(|&v| f.ty(v).dtype() == DType::F32)
+    });
+    let pos = k.ops.iter().position(|&o| o == root)?;
+    let supported = k
+        .ops
+        .iter()
+        .filter(|&&o| o != root)
+        .all(|&o| supported_op(&f.op(o).kind));
+    // Outputs may only be the reduction or epilogue values.
+    let late: Vec<Value> = k.ops[pos..]
+        .iter()
+        .flat_map(|&o| f.op(o).results.clone())
+        .collect();
+    let outputs_late = k.outputs.iter().all(|o| late.contains(o));
+    let (pro_in, epi_in) = reduce_inputs(f, k, pos);
+    let out_dims = f.ty(f.op(root).results[0]).dims();
+    let readable = pro_in
+        .iter()
+        .all(|&v| access(f.ty(v).dims(), dims).is_some())
+        && epi_in
+            .iter()
+            .all(|&v| access(f.ty(v).dims(), out_dims).is_some());
+    (l > 0 && all_f32 && supported && outputs_late && readable).then_some(ReduceShape {
+        root,
+        op: *op,
+        a,
+        l,
+        b,
+    })
+}
+
+/// Kernel inputs read before and at the reduction, and those read after it.
+fn reduce_inputs(f: &Function, k: &KernelData, pos: usize) -> (Vec<Value>, Vec<Value>) {
+    let reads = |ops: &[tcc_ir::Op]| -> Vec<Value> {
+        k.inputs
+            .iter()
+            .copied()
+            .filter(|v| ops.iter().any(|&o| f.op(o).args.contains(v)))
+            .collect()
+    };
+    (reads(&k.ops[..=pos]), reads(&k.ops[pos + 1..]))
+}
+
+/// Whether this JIT compiles reduction kernel `k`.
+pub(crate) fn can_compile_reduce(f: &Function, k: &KernelData) -> bool {
+    reduce_shape(f, k).is_some()
+}
+
+/// The iteration space of a compiled reduction kernel: its `a` extent.
+pub(crate) fn reduce_count(f: &Function, k: &KernelData) -> u64 {
+    reduce_shape(f, k).expect("a compilable reduction kernel").a
+}
+
+/// Combines an accumulator with a new value.
+fn combine(b: &mut FunctionBuilder, op: tcc_ir::ReduceOp, acc: CValue, x: CValue) -> CValue {
+    match op {
+        tcc_ir::ReduceOp::Max => b.ins().fmax(acc, x),
+        tcc_ir::ReduceOp::Sum | tcc_ir::ReduceOp::Mean => b.ins().fadd(acc, x),
+    }
+}
+
+/// Compiles reduction kernel `k` (for which [`can_compile_reduce`] holds). For each `a` in
+/// `start..end` and each output `b`, accumulates the prologue's values over `l` in `f32`; rows
+/// (`b == 1`) use two `f32x4` accumulators along `l`, other layouts compute four neighbouring
+/// outputs at once. Then the mean's division and the epilogue, and the stores.
+pub(crate) fn compile_reduce(
+    module: &mut JITModule,
+    tg: Target,
+    f: &Function,
+    k: &KernelData,
+    name: &str,
+) -> Result<FuncId, String> {
+    let ReduceShape {
+        root,
+        op,
+        l,
+        b: bext,
+        ..
+    } = reduce_shape(f, k).expect("checked by can_compile_reduce");
+    let in_dims = f.ty(f.op(root).args[0]).dims().to_vec();
+    let out_dims = f.ty(f.op(root).results[0]).dims().to_vec();
+    let pos = k
+        .ops
+        .iter()
+        .position(|&o| o == root)
+        .expect("the root is a member");
+    let (pro, epi) = (&k.ops[..pos], &k.ops[pos + 1..]);
+    let (x_in, y_out) = (f.op(root).args[0], f.op(root).results[0]);
+    let (pro_in, epi_in) = reduce_inputs(f, k, pos);
+    let acc_of = |v: Value, dims: &[u64]| match access(f.ty(v).dims(), dims).expect("checked") {
+        Access::Scalar(_) => Access::Scalar(splat_f32(f, v)),
+        a => a,
+    };
+    let pro_acc: Vec<Access> = pro_in.iter().map(|&v| acc_of(v, &in_dims)).collect();
+    let epi_acc: Vec<Access> = epi_in.iter().map(|&v| acc_of(v, &out_dims)).collect();
+    let simple = |acc: &[Access]| {
+        acc.iter()
+            .all(|a| matches!(a, Access::Same | Access::Scalar(_)))
+    };
+    let rows = bext == 1 && l >= 8 && simple(&pro_acc);
+    let cols = bext >= 4 && simple(&pro_acc) && simple(&epi_acc);
+    let init = match op {
+        tcc_ir::ReduceOp::Max => f32::NEG_INFINITY,
+        _ => 0.0,
+    };
+    let ptr = module.target_config().pointer_type();
+    let mut sig = module.make_signature();
+    sig.params.extend([
+        AbiParam::new(ptr),
+        AbiParam::new(types::I64),
+        AbiParam::new(types::I64),
+    ]);
+    let id = module
+        .declare_function(name, Linkage::Local, &sig)
+        .map_err(|e| e.to_string())?;
+    let mut ctx = module.make_context();
+    ctx.func.signature = sig;
+    let mut fctx = FunctionBuilderContext::new();
+    {
+        let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
+        let entry = b.create_block();
+        b.append_block_params_for_function_params(entry);
+        b.switch_to_block(entry);
+        let (table, start, end) = {
+            let p = b.block_params(entry);
+            (p[0], p[1], p[2])
+        };
+        let flags = MemFlags::trusted();
+        let base =
+            |b: &mut FunctionBuilder, j: usize| b.ins().load(ptr, flags, table, (j * 8) as i32);
+        let index = |v: &Value| k.inputs.iter().position(|x| x == v).expect("an input");
+        let pro_bases: Vec<CValue> = pro_in.iter().map(|v| base(&mut b, index(v))).collect();
+        let epi_bases: Vec<CValue> = epi_in.iter().map(|v| base(&mut b, index(v))).collect();
+        let out_bases: Vec<CValue> = (0..k.outputs.len())
+            .map(|j| base(&mut b, k.inputs.len() + j))
+            .collect();
+        let preload =
+            |b: &mut FunctionBuilder, acc: &[Access], bases: &[CValue]| -> Vec<Option<CValue>> {
+                acc.iter()
+                    .zip(bases)
+                    .map(|(a, &p)| match a {
+                        Access::Scalar(Some(x)) => Some(b.ins().f32const(*x)),
+                        Access::Scalar(None) => Some(b.ins().load(types::F32, flags, p, 0)),
+                        _ => None,
+                    })
+                    .collect()
+            };
+        let pro_sc = preload(&mut b, &pro_acc, &pro_bases);
+        let epi_sc = preload(&mut b, &epi_acc, &epi_bases);
+        let value_at = |b: &mut FunctionBuilder, lane: Type, e: CValue| {
+            let mut vals = load_operands(b, lane, e, &pro_in, &pro_acc, &pro_bases, &pro_sc);
+            emit_ops(b, tg, lane, f, pro, &mut vals);
+            vals[&x_in]
+        };
+        // The mean's division, the epilogue and the stores for output element `o`.
+        let finish = |b: &mut FunctionBuilder, lane: Type, o: CValue, acc: CValue| {
+            let r = if op == tcc_ir::ReduceOp::Mean {
+                let inv = fconst(b, lane, 1.0 / l as f32);
+                b.ins().fmul(acc, inv)
+            } else {
+                acc
+            };
+            let mut vals = load_operands(b, lane, o, &epi_in, &epi_acc, &epi_bases, &epi_sc);
+            vals.insert(y_out, r);
+            emit_ops(b, tg, lane, f, epi, &mut vals);
+            for (j, v) in k.outputs.iter().enumerate() {
+                let off = b.ins().ishl_imm(o, 2);
+                let addr = b.ins().iadd(out_bases[j], off);
+                b.ins().store(flags, vals[v], addr, 0);
+            }
+        };
+        let (av, bv, lv) = (
+            b.declare_var(types::I64),
+            b.declare_var(types::I64),
+            b.declare_var(types::I64),
+        );
+        let (acc, acc4a, acc4b) = (
+            b.declare_var(types::F32),
+            b.declare_var(types::F32X4),
+            b.declare_var(types::F32X4),
+        );
+        let zero = b.ins().iconst(types::I64, 0);
+        let l_v = b.ins().iconst(types::I64, l as i64);
+        emit_for(&mut b, av, start, end, 1, |b, a| {
+            if rows {
+                // One output per row: two f32x4 accumulators along the row, then the tail.
+                let row = b.ins().imul_imm(a, l as i64);
+                let i4 = fconst(b, types::F32X4, init);
+                b.def_var(acc4a, i4);
+                b.def_var(acc4b, i4);
+                let l8 = b.ins().iconst(types::I64, (l & !7) as i64);
+                emit_for(b, lv, zero, l8, 8, |b, j| {
+                    let e = b.ins().iadd(row, j);
+                    let x0 = value_at(b, types::F32X4, e);
+                    let e4 = b.ins().iadd_imm(e, 4);
+                    let x1 = value_at(b, types::F32X4, e4);
+                    let (p, q) = (b.use_var(acc4a), b.use_var(acc4b));
+                    let p = combine(b, op, p, x0);
+                    let q = combine(b, op, q, x1);
+                    b.def_var(acc4a, p);
+                    b.def_var(acc4b, q);
+                });
+                let (p, q) = (b.use_var(acc4a), b.use_var(acc4b));
+                let v = combine(b, op, p, q);
+                let mut s = b.ins().extractlane(v, 0);
+                for lane in 1..4 {
+                    let x = b.ins().extractlane(v, lane);
+                    s = combine(b, op, s, x);
+                }
+                b.def_var(acc, s);
+                emit_for(b, lv, l8, l_v, 1, |b, j| {
+                    let e = b.ins().iadd(row, j);
+                    let x = value_at(b, types::F32, e);
+                    let cur = b.use_var(acc);
+                    let n = combine(b, op, cur, x);
+                    b.def_var(acc, n);
+                });
+                let total = b.use_var(acc);
+                finish(b, types::F32, a, total);
+                return;
+            }
+            // Outputs b of this a: four at a time where allowed, then one at a time.
+            let b4 = b
+                .ins()
+                .iconst(types::I64, if cols { (bext & !3) as i64 } else { 0 });
+            let b_v = b.ins().iconst(types::I64, bext as i64);
+            for (lane, from, to, step, var) in [
+                (types::F32X4, zero, b4, 4, acc4a),
+                (types::F32, b4, b_v, 1, acc),
+            ] {
+                emit_for(b, bv, from, to, step, |b, o_b| {
+                    let i = fconst(b, lane, init);
+                    b.def_var(var, i);
+                    emit_for(b, lv, zero, l_v, 1, |b, j| {
+                        // e = (a * l + j) * b + o_b
+                        let al = b.ins().imul_imm(a, l as i64);
+                        let alj = b.ins().iadd(al, j);
+                        let row = b.ins().imul_imm(alj, bext as i64);
+                        let e = b.ins().iadd(row, o_b);
+                        let x = value_at(b, lane, e);
+                        let cur = b.use_var(var);
+                        let n = combine(b, op, cur, x);
+                        b.def_var(var, n);
+                    });
+                    let ab = b.ins().imul_imm(a, bext as i64);
+                    let o = b.ins().iadd(ab, o_b);
+                    let total = b.use_var(var);
+                    finish(b, lane, o, total);
+                });
+            }
+        });
+        b.ins().return_(&[]);
+        b.seal_all_blocks();
+        b.finalize();
+    }
+    module
+        .define_function(id, &mut ctx)
+        .map_err(|e| format!("{e:?}"))?;
+    module.clear_context(&mut ctx);
+    Ok(id)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

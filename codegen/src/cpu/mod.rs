@@ -633,6 +633,11 @@ impl Executable {
                     k,
                     jit::compile_row(&mut module, tg, f, kd, &name).map_err(err)?,
                 ));
+            } else if jit::can_compile_reduce(f, kd) {
+                ids.push((
+                    k,
+                    jit::compile_reduce(&mut module, tg, f, kd, &name).map_err(err)?,
+                ));
             } else if let Some(lib) = library_step(f, kd, scratch_offset(&mem, k)) {
                 if let Some((epi, _)) = &lib.1 {
                     ids.push((
@@ -689,16 +694,22 @@ impl Executable {
                 }
                 (None, Some(&code)) => {
                     let elements = f.ty(f.op(kd.ops[0]).results[0]).numel();
-                    let n = if matches!(kd.kind, KernelKind::Row { .. }) {
-                        jit::row_count(f, kd)
-                    } else {
-                        elements
+                    let (n, unit) = match kd.kind {
+                        KernelKind::Row { .. } => {
+                            let rows = jit::row_count(f, kd);
+                            (rows, elements / rows.max(1))
+                        }
+                        KernelKind::Reduction { root } => {
+                            let a = jit::reduce_count(f, kd);
+                            (a, f.ty(f.op(root).args[0]).numel() / a.max(1))
+                        }
+                        _ => (elements, 1),
                     };
                     Step::Jit(Loop {
                         code,
                         args: kd.inputs.iter().chain(&kd.outputs).copied().collect(),
                         n,
-                        unit: elements / n.max(1),
+                        unit,
                     })
                 }
                 (None, None) => Step::Reference(k),
