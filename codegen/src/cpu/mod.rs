@@ -11,6 +11,7 @@
 //! `Send + Sync`: compiled code and constants are immutable, and runs share nothing else.
 
 mod jit;
+mod sgemm;
 mod target;
 
 use crate::memory::{MemoryPlan, Storage, plan_memory};
@@ -306,7 +307,26 @@ fn run_matmul(mm: &MatMul, addr: &dyn Fn(Value) -> *mut u8) {
     } else {
         gemm::Parallelism::None
     };
+    let own = mm.dtype == DType::F32 && sgemm::available();
     for (i, &(ab, bb)) in mm.batches.iter().enumerate() {
+        if own {
+            // SAFETY: as below; AVX-512F is present.
+            unsafe {
+                sgemm::sgemm(
+                    m,
+                    n,
+                    k,
+                    (a as *const f32).add(ab * m * k),
+                    k,
+                    (b as *const f32).add(bb * k * n),
+                    n,
+                    (dst as *mut f32).add(i * m * n),
+                    n,
+                    rayon::current_num_threads(),
+                )
+            };
+            continue;
+        }
         // SAFETY: a, b and dst hold [batches.., m, k], [.., k, n] and [.., m, n] row-major
         // elements of `dtype`; the offsets stay inside them.
         unsafe {

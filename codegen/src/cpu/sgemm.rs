@@ -1,0 +1,274 @@
+//! Single-precision matrix product with an AVX-512 microkernel (BLIS-style).
+//!
+//! `C = A · B` for row-major `A [m, k]`, `B [k, n]`, `C [m, n]` with leading dimensions. B is
+//! packed into panels of `NR = 32` columns and A into panels of `MR = 12` rows, for blocks of
+//! `KC` along k; a 12×32 microkernel keeps 24 `zmm` accumulators and reads each packed element
+//! once per block. Threads take disjoint column ranges of C and pack their own panels. The
+//! `gemm` crate is used instead where AVX-512F is missing (its own AVX-512 kernels need a
+//! nightly compiler).
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+const MR: usize = 12;
+const NR: usize = 32;
+const KC: usize = 256;
+const MC: usize = 144;
+const NC: usize = 3072;
+
+/// Whether this CPU runs the AVX-512 kernel.
+pub(crate) fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// A raw pointer that may cross threads; the column ranges the threads write are disjoint.
+#[derive(Clone, Copy)]
+struct Shared(*mut f32);
+unsafe impl Send for Shared {}
+unsafe impl Sync for Shared {}
+
+/// `C = A · B`.
+///
+/// # Safety
+/// `available()` must be true; `a`, `b`, `c` must address `m×k`, `k×n` and `m×n` row-major
+/// matrices with leading dimensions `lda`, `ldb`, `ldc`; `c` must not overlap `a` or `b`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn sgemm(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+    threads: usize,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        for i in 0..m {
+            unsafe { std::ptr::write_bytes(c.add(i * ldc), 0, n) };
+        }
+        return;
+    }
+    // Split the columns among threads in multiples of NR, when there is enough work.
+    let parts = if m * n * k >= 1 << 18 {
+        threads.clamp(1, n.div_ceil(NR))
+    } else {
+        1
+    };
+    let cols = n.div_ceil(parts).div_ceil(NR) * NR;
+    let (a, b, c) = (Shared(a as *mut f32), Shared(b as *mut f32), Shared(c));
+    let run = move |j0: usize| {
+        // Move the wrappers (not their pointer fields) into the closure, so it is Send.
+        let (a, b, c) = (a, b, c);
+        let j1 = (j0 + cols).min(n);
+        // SAFETY: as for `sgemm`; this call writes columns j0..j1 of C only.
+        unsafe { block(m, j1 - j0, k, a.0, lda, b.0.add(j0), ldb, c.0.add(j0), ldc) };
+    };
+    if parts == 1 {
+        run(0);
+    } else {
+        rayon::scope(|s| {
+            for j0 in (0..n).step_by(cols) {
+                s.spawn(move |_| run(j0));
+            }
+        });
+    }
+}
+
+/// The blocked product on one thread.
+#[allow(clippy::too_many_arguments)]
+unsafe fn block(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+) {
+    let mut bp = vec![0.0f32; KC * NC.min(n.div_ceil(NR) * NR)];
+    let mut ap = vec![0.0f32; KC * MC.min(m.div_ceil(MR) * MR)];
+    for jc in (0..n).step_by(NC) {
+        let nc = NC.min(n - jc);
+        for pc in (0..k).step_by(KC) {
+            let kc = KC.min(k - pc);
+            // Pack B[pc.., jc..] into panels of NR columns, zero-padded.
+            for (jp, j0) in (0..nc).step_by(NR).enumerate() {
+                let w = NR.min(nc - j0);
+                let panel = &mut bp[jp * kc * NR..(jp + 1) * kc * NR];
+                for p in 0..kc {
+                    let row =
+                        unsafe { std::slice::from_raw_parts(b.add((pc + p) * ldb + jc + j0), w) };
+                    panel[p * NR..p * NR + w].copy_from_slice(row);
+                    panel[p * NR + w..(p + 1) * NR].fill(0.0);
+                }
+            }
+            for ic in (0..m).step_by(MC) {
+                let mc = MC.min(m - ic);
+                // Pack A[ic.., pc..] into panels of MR rows, zero-padded.
+                for (ip, i0) in (0..mc).step_by(MR).enumerate() {
+                    let h = MR.min(mc - i0);
+                    let panel = &mut ap[ip * kc * MR..(ip + 1) * kc * MR];
+                    for p in 0..kc {
+                        for ii in 0..MR {
+                            panel[p * MR + ii] = if ii < h {
+                                unsafe { *a.add((ic + i0 + ii) * lda + pc + p) }
+                            } else {
+                                0.0
+                            };
+                        }
+                    }
+                }
+                for (jp, j0) in (0..nc).step_by(NR).enumerate() {
+                    for (ip, i0) in (0..mc).step_by(MR).enumerate() {
+                        let cp = unsafe { c.add((ic + i0) * ldc + jc + j0) };
+                        unsafe {
+                            micro(
+                                kc,
+                                ap.as_ptr().add(ip * kc * MR),
+                                bp.as_ptr().add(jp * kc * NR),
+                                cp,
+                                ldc,
+                                pc > 0,
+                                MR.min(mc - i0),
+                                NR.min(nc - j0),
+                            )
+                        };
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One MR×NR tile: `C (+)= Ap · Bp` over `kc`, writing only the `h × w` valid part.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn micro(
+    kc: usize,
+    ap: *const f32,
+    bp: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+    h: usize,
+    w: usize,
+) {
+    let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+    for p in 0..kc {
+        let (b0, b1) = unsafe {
+            (
+                _mm512_loadu_ps(bp.add(p * NR)),
+                _mm512_loadu_ps(bp.add(p * NR + 16)),
+            )
+        };
+        for (i, row) in acc.iter_mut().enumerate() {
+            let av = _mm512_set1_ps(unsafe { *ap.add(p * MR + i) });
+            row[0] = _mm512_fmadd_ps(av, b0, row[0]);
+            row[1] = _mm512_fmadd_ps(av, b1, row[1]);
+        }
+    }
+    if h == MR && w == NR {
+        for (i, row) in acc.iter().enumerate() {
+            for (half, v) in row.iter().enumerate() {
+                let dst = unsafe { c.add(i * ldc + half * 16) };
+                let v = if accumulate {
+                    _mm512_add_ps(*v, unsafe { _mm512_loadu_ps(dst) })
+                } else {
+                    *v
+                };
+                unsafe { _mm512_storeu_ps(dst, v) };
+            }
+        }
+        return;
+    }
+    let mut tile = [0.0f32; MR * NR];
+    for (i, row) in acc.iter().enumerate() {
+        for (half, v) in row.iter().enumerate() {
+            unsafe { _mm512_storeu_ps(tile.as_mut_ptr().add(i * NR + half * 16), *v) };
+        }
+    }
+    for i in 0..h {
+        for j in 0..w {
+            let dst = unsafe { c.add(i * ldc + j) };
+            unsafe {
+                *dst = if accumulate {
+                    *dst + tile[i * NR + j]
+                } else {
+                    tile[i * NR + j]
+                }
+            };
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+#[allow(clippy::too_many_arguments)]
+unsafe fn micro(
+    _: usize,
+    _: *const f32,
+    _: *const f32,
+    _: *mut f32,
+    _: usize,
+    _: bool,
+    _: usize,
+    _: usize,
+) {
+    unreachable!("only called when available()")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matches_a_plain_product() {
+        if !available() {
+            return;
+        }
+        for &(m, n, k) in &[
+            (1, 1, 1),
+            (12, 32, 5),
+            (13, 33, 385),
+            (70, 100, 30),
+            (5, 3, 800),
+            (130, 65, 400),
+        ] {
+            let a: Vec<f32> = (0..m * k)
+                .map(|i| ((i * 7 % 13) as f32 - 6.0) / 8.0)
+                .collect();
+            let b: Vec<f32> = (0..k * n)
+                .map(|i| ((i * 5 % 11) as f32 - 5.0) / 4.0)
+                .collect();
+            let mut c = vec![f32::NAN; m * n];
+            unsafe { sgemm(m, n, k, a.as_ptr(), k, b.as_ptr(), n, c.as_mut_ptr(), n, 2) };
+            for i in 0..m {
+                for j in 0..n {
+                    let want: f64 = (0..k)
+                        .map(|p| a[i * k + p] as f64 * b[p * n + j] as f64)
+                        .sum();
+                    let got = c[i * n + j] as f64;
+                    assert!(
+                        (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                        "{m}x{n}x{k} at ({i},{j}): {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+}
