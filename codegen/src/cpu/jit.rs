@@ -13,9 +13,9 @@
 //!
 //! `exp` is Cephes' `expf`: range reduction by `ln 2` (two-part constant), a degree-6 polynomial,
 //! and scaling by `2^n` split in two factors so that the results overflow to `inf` and underflow
-//! through the subnormals as they should. `tanh` uses Cephes' odd polynomial below 0.625 and
-//! `1 - 2/(e^{2|x|}+1)` above; `sigmoid` is `1/(1+e^{-x})`. Their measured errors are in
-//! docs/perf.md.
+//! through the subnormals as they should. `tanh` is a rational function (odd degree 13 over even
+//! degree 6) on the input clamped to ±7.905, one division and no `exp`; `sigmoid` is
+//! `1/(1+e^{-x})`. Their measured errors are in docs/perf.md.
 
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{AbiParam, InstBuilder, MemFlags, Type, Value as CValue, types};
@@ -247,47 +247,34 @@ fn exp(b: &mut FunctionBuilder, tg: Target, ty: Type, x: CValue) -> CValue {
 }
 
 fn tanh(b: &mut FunctionBuilder, tg: Target, ty: Type, x: CValue) -> CValue {
-    let ax = b.ins().fabs(x);
-    // Small |x|: x + x z P(z), z = x^2.
-    let z = b.ins().fmul(x, x);
+    // A rational approximation, odd degree 13 over even degree 6, on x clamped to +-7.905
+    // (beyond which tanh rounds to +-1 in f32): one division, no exp, no branches.
+    let x = clamp(b, ty, x, -7.905_311, 7.905_311);
+    let x2 = b.ins().fmul(x, x);
     let p = horner(
         b,
         tg,
         ty,
-        z,
+        x2,
         &[
-            -5.704_988_7e-3,
-            2.063_909e-2,
-            -5.373_971_6e-2,
-            1.333_144_2e-1,
-            -3.333_328e-1,
+            -2.760_768_5e-16,
+            2.000_188e-13,
+            -8.604_672e-11,
+            5.122_297e-8,
+            1.485_722_4e-5,
+            6.372_619_3e-4,
+            4.893_524_6e-3,
         ],
     );
-    let xz = b.ins().fmul(x, z);
-    let small = b.ins().fmul(xz, p);
-    let small = b.ins().fadd(small, x);
-    // Large |x|: 1 - 2 / (e^{2|x|} + 1), with the sign of x.
-    let two = fconst(b, ty, 2.0);
-    let one = fconst(b, ty, 1.0);
-    let e = b.ins().fmul(ax, two);
-    let e = exp(b, tg, ty, e);
-    let e = b.ins().fadd(e, one);
-    let q = b.ins().fdiv(two, e);
-    let large = b.ins().fsub(one, q);
-    // Give `large` (which is >= 0) the sign of x: fcopysign has no f32x4 lowering on x86.
-    let ity = if ty == types::F32 {
-        types::I32
-    } else {
-        types::I32X4
-    };
-    let xi = b.ins().bitcast(ity, MemFlags::new(), x);
-    let sign_mask = iconst32(b, ity, i32::MIN as i64);
-    let sign = b.ins().band(xi, sign_mask);
-    let li = b.ins().bitcast(ity, MemFlags::new(), large);
-    let li = b.ins().bor(li, sign);
-    let large = b.ins().bitcast(ty, MemFlags::new(), li);
-    let cut = fconst(b, ty, 0.625);
-    select_lt(b, ty, ax, cut, small, large)
+    let p = b.ins().fmul(x, p);
+    let q = horner(
+        b,
+        tg,
+        ty,
+        x2,
+        &[1.198_258_4e-6, 1.185_347_1e-4, 2.268_434_6e-3, 4.893_525e-3],
+    );
+    b.ins().fdiv(p, q)
 }
 
 /// Emits the kernel body for one element (or four) given operand values.
