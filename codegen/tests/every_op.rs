@@ -1,0 +1,325 @@
+//! Every op of the IR through the CPU runtime against the reference interpreter, at several
+//! shapes: broadcasting, size-1 dims, odd sizes and a large size. Compiled kernels and reference
+//! kernels both run through the same storage and arena, so this also checks the plumbing.
+//!
+//! Tolerances: exact for data movement and integer ops; 1e-5 relative for float arithmetic,
+//! which the compiled kernels do in f32 where the interpreter uses f64 (accumulations over up to
+//! a few hundred terms); tanh and sigmoid use polynomial approximations (docs/perf.md).
+
+use tcc_codegen::Executable;
+use tcc_ir::random::{Rng, random_tensor};
+use tcc_ir::{Data, Tensor, parse_function};
+
+fn close(a: f64, b: f64) -> bool {
+    (a.is_nan() && b.is_nan()) || a == b || (a - b).abs() <= 2e-5 * (1.0 + b.abs())
+}
+
+/// Runs `body` (ops over the given parameters, the last defining `%out : ty`) compiled and
+/// interpreted, and compares.
+fn case(params: &str, body: &str, out_ty: &str, seed: u64) {
+    let src = format!("func @f({params}) -> ({out_ty}) {{\n{body}\n  return %out\n}}");
+    let f = parse_function(&src).unwrap_or_else(|d| panic!("{src}\n{d}"));
+    tcc_ir::verify_function(&f).unwrap_or_else(|d| panic!("{src}\n{d}"));
+    let mut rng = Rng::new(seed);
+    let inputs: Vec<Tensor> = f
+        .params()
+        .iter()
+        .map(|&p| random_tensor(f.ty(p), &mut rng))
+        .collect();
+    let want = tcc_ir::interp::run(&f, &inputs).unwrap_or_else(|e| panic!("{src}\n{e}"));
+    let exe = Executable::compile(&f).unwrap_or_else(|e| panic!("{src}\n{e}"));
+    let got = exe.run(&inputs).unwrap_or_else(|e| panic!("{src}\n{e}"));
+    let ok = match (got[0].data(), want[0].data()) {
+        (Data::F32(p), Data::F32(q)) => p.iter().zip(q).all(|(&x, &y)| close(x as f64, y as f64)),
+        (Data::F64(p), Data::F64(q)) => p.iter().zip(q).all(|(&x, &y)| close(x, y)),
+        (p, q) => p == q,
+    };
+    assert!(
+        ok && got[0].ty() == want[0].ty(),
+        "{src}\ncompiled and interpreted results differ"
+    );
+}
+
+const SHAPES: [&str; 4] = ["[1]", "[3,1,5]", "[2,7,9]", "[1031]"];
+
+#[test]
+fn unary() {
+    for op in [
+        "neg",
+        "abs",
+        "exp",
+        "log",
+        "sqrt",
+        "rsqrt",
+        "reciprocal",
+        "tanh",
+        "sigmoid",
+        "relu",
+        "erf",
+        "gelu",
+    ] {
+        for s in SHAPES {
+            // log, sqrt, rsqrt and reciprocal get positive inputs: x*x + 0.5.
+            let body = format!(
+                "  %h = const {{value=0.5}} : f32[]\n  %sq = mul %x, %x : f32{s}\n  %p = add %sq, %h : f32{s}\n  %out = {op} %p : f32{s}"
+            );
+            case(&format!("%x: f32{s}"), &body, &format!("f32{s}"), 1);
+            case(
+                &format!("%x: f32{s}"),
+                &format!("  %out = {op} %x : f32{s}"),
+                &format!("f32{s}"),
+                2,
+            );
+        }
+    }
+    for op in ["neg", "abs", "relu"] {
+        case(
+            "%x: i32[5]",
+            &format!("  %out = {op} %x : i32[5]"),
+            "i32[5]",
+            3,
+        );
+    }
+}
+
+#[test]
+fn binary_and_comparisons_with_broadcasting() {
+    let pairs = [
+        ("[4,5]", "[5]", "[4,5]"),
+        ("[3,1,5]", "[1,4,1]", "[3,4,5]"),
+        ("[1031]", "[]", "[1031]"),
+        ("[2,3]", "[2,3]", "[2,3]"),
+    ];
+    for (a, b, o) in pairs {
+        for op in ["add", "sub", "mul", "div", "max", "min", "pow"] {
+            let body = if op == "pow" {
+                format!(
+                    "  %h = const {{value=1.5}} : f32[]\n  %aa = abs %a : f32{a}\n  %ap = add %aa, %h : f32{a}\n  %out = pow %ap, %b : f32{o}"
+                )
+            } else {
+                format!("  %out = {op} %a, %b : f32{o}")
+            };
+            case(
+                &format!("%a: f32{a}, %b: f32{b}"),
+                &body,
+                &format!("f32{o}"),
+                4,
+            );
+        }
+        for op in ["eq", "ne", "lt", "le", "gt", "ge"] {
+            case(
+                &format!("%a: f32{a}, %b: f32{b}"),
+                &format!("  %out = {op} %a, %b : bool{o}"),
+                &format!("bool{o}"),
+                5,
+            );
+        }
+        case(
+            &format!("%a: f32{a}, %b: f32{b}"),
+            &format!("  %c = lt %a, %b : bool{o}\n  %out = select %c, %a, %b : f32{o}"),
+            &format!("f32{o}"),
+            6,
+        );
+        for op in ["add", "sub", "mul", "max", "min"] {
+            case(
+                &format!("%a: i64{a}, %b: i64{b}"),
+                &format!("  %out = {op} %a, %b : i64{o}"),
+                &format!("i64{o}"),
+                7,
+            );
+        }
+    }
+}
+
+#[test]
+fn casts_broadcasts_and_identities() {
+    case(
+        "%x: f32[3,4]",
+        "  %s = mul %x, %x : f32[3,4]\n  %out = cast %s {to=i32} : i32[3,4]",
+        "i32[3,4]",
+        8,
+    );
+    case(
+        "%x: i64[6]",
+        "  %out = cast %x {to=f64} : f64[6]",
+        "f64[6]",
+        9,
+    );
+    case(
+        "%x: f32[6]",
+        "  %out = cast %x {to=bool} : bool[6]",
+        "bool[6]",
+        10,
+    );
+    case(
+        "%x: f32[1,5]",
+        "  %out = broadcast_to %x {shape=[2,3,5]} : f32[2,3,5]",
+        "f32[2,3,5]",
+        11,
+    );
+    case(
+        "%x: f32[7]",
+        "  %a = stop_gradient %x : f32[7]\n  %out = identity %a : f32[7]",
+        "f32[7]",
+        12,
+    );
+}
+
+#[test]
+fn linear_algebra_and_convolution() {
+    case(
+        "%a: f32[5,7], %b: f32[7,3]",
+        "  %out = matmul %a, %b : f32[5,3]",
+        "f32[5,3]",
+        13,
+    );
+    case(
+        "%a: f32[2,1,4,6], %b: f32[3,6,5]",
+        "  %out = matmul %a, %b : f32[2,3,4,5]",
+        "f32[2,3,4,5]",
+        14,
+    );
+    case(
+        "%a: i32[3,4], %b: i32[4,2]",
+        "  %out = matmul %a, %b : i32[3,2]",
+        "i32[3,2]",
+        15,
+    );
+    case(
+        "%a: f32[64,130], %b: f32[130,70]",
+        "  %out = matmul %a, %b : f32[64,70]",
+        "f32[64,70]",
+        16,
+    );
+    case(
+        "%x: f32[2,6,9,8], %w: f32[4,3,3,2]",
+        "  %out = conv2d %x, %w {strides=[2,1], pads=[1,0,1,1], dilations=[1,2], groups=2} : f32[2,4,5,7]",
+        "f32[2,4,5,7]",
+        17,
+    );
+}
+
+#[test]
+fn pooling_and_normalisation() {
+    case(
+        "%x: f32[2,3,7,6]",
+        "  %out = max_pool2d %x {kernel=[3,2], strides=[2,2], pads=[1,0,1,1]} : f32[2,3,4,3]",
+        "f32[2,3,4,3]",
+        18,
+    );
+    case(
+        "%x: f32[2,3,7,6]",
+        "  %out = avg_pool2d %x {kernel=[3,3], pads=[1,1,1,1]} : f32[2,3,7,6]",
+        "f32[2,3,7,6]",
+        19,
+    );
+    case(
+        "%x: f32[2,3,7,6]",
+        "  %out = avg_pool2d %x {kernel=[2,2], strides=[2,2], pads=[1,1,1,1], count_include_pad=true} : f32[2,3,4,4]",
+        "f32[2,3,4,4]",
+        20,
+    );
+    case(
+        "%x: f32[2,3,5,5]",
+        "  %out = global_avg_pool %x : f32[2,3,1,1]",
+        "f32[2,3,1,1]",
+        21,
+    );
+    case(
+        "%x: f32[4,3,5], %g: f32[3], %b: f32[3], %m: f32[3], %v: f32[3]",
+        "  %va = abs %v : f32[3]\n  %out = batch_norm %x, %g, %b, %m, %va {eps=0.01} : f32[4,3,5]",
+        "f32[4,3,5]",
+        22,
+    );
+    case(
+        "%x: f32[4,3,5], %g: f32[3], %b: f32[3]",
+        "  %out, %mean, %var = batch_norm_train %x, %g, %b : f32[4,3,5], f32[3], f32[3]",
+        "f32[4,3,5]",
+        23,
+    );
+}
+
+#[test]
+fn reductions_and_softmax() {
+    for (axes, keep, out) in [
+        ("[0]", "false", "[7,9]"),
+        ("[1,2]", "true", "[5,1,1]"),
+        ("[-1]", "false", "[5,7]"),
+        ("[0,2]", "false", "[7]"),
+    ] {
+        for op in ["reduce_sum", "reduce_mean", "reduce_max"] {
+            case(
+                "%x: f32[5,7,9]",
+                &format!("  %out = {op} %x {{axes={axes}, keepdims={keep}}} : f32{out}"),
+                &format!("f32{out}"),
+                24,
+            );
+        }
+    }
+    case(
+        "%x: i32[4,6]",
+        "  %out = reduce_sum %x {axes=[1]} : i32[4]",
+        "i32[4]",
+        25,
+    );
+    for (axis, shape) in [("-1", "[6,37]"), ("0", "[6,37]"), ("1", "[2,5,3]")] {
+        case(
+            &format!("%x: f32{shape}"),
+            &format!("  %out = softmax %x {{axis={axis}}} : f32{shape}"),
+            &format!("f32{shape}"),
+            26,
+        );
+        case(
+            &format!("%x: f32{shape}"),
+            &format!("  %out = log_softmax %x {{axis={axis}}} : f32{shape}"),
+            &format!("f32{shape}"),
+            27,
+        );
+    }
+    case(
+        "%x: f32[6,5]",
+        "  %l = const {value=[0, 4, 2, 2, 1, 3]} : i64[6]\n  %out = softmax_cross_entropy %x, %l : f32[]",
+        "f32[]",
+        28,
+    );
+}
+
+#[test]
+fn data_movement() {
+    case(
+        "%x: f32[2,3,4]",
+        "  %out = reshape %x {shape=[4,6]} : f32[4,6]",
+        "f32[4,6]",
+        29,
+    );
+    case(
+        "%x: f32[2,3,4]",
+        "  %out = transpose %x {perm=[2,0,1]} : f32[4,2,3]",
+        "f32[4,2,3]",
+        30,
+    );
+    case(
+        "%x: f32[2,3], %y: f32[2,5]",
+        "  %out = concat %x, %y, %x {axis=1} : f32[2,11]",
+        "f32[2,11]",
+        31,
+    );
+    case(
+        "%x: f32[7,6]",
+        "  %out = slice %x {starts=[-1,1], ends=[-8,6], steps=[-2,2]} : f32[4,3]",
+        "f32[4,3]",
+        32,
+    );
+    case(
+        "%t: f32[10,3]",
+        "  %i = const {value=[9, 0, -1, 4]} : i64[4]\n  %out = gather %t, %i {axis=0} : f32[4,3]",
+        "f32[4,3]",
+        33,
+    );
+    case(
+        "%t: f32[10,3], %u: f32[4,3]",
+        "  %i = const {value=[9, 0, 9, 4]} : i32[4]\n  %out = scatter_add %t, %i, %u {axis=0} : f32[10,3]",
+        "f32[10,3]",
+        34,
+    );
+}
