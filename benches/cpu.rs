@@ -160,12 +160,22 @@ fn ulp_error(op: &str, lo: f32, hi: f32, n: usize, reference: fn(f64) -> f64) ->
         .fold(0.0, f64::max)
 }
 
+/// The exact GELU in f64.
+fn gelu(x: f64) -> f64 {
+    0.5 * x * (1.0 + libm::erf(x / std::f64::consts::SQRT_2))
+}
+
 fn main() {
     let sigmoid = |x: f64| 1.0 / (1.0 + (-x).exp());
     for (op, lo, hi, reference) in [
         ("exp", -87.0f32, 88.0f32, f64::exp as fn(f64) -> f64),
         ("tanh", -9.0, 9.0, f64::tanh),
         ("sigmoid", -80.0, 30.0, sigmoid),
+        ("log", 1e-30, 1e30, f64::ln),
+        ("log", 0.5, 2.0, f64::ln),
+        ("erf", -5.0, 5.0, libm::erf),
+        ("gelu", -3.0, 10.0, gelu),
+        ("gelu", -1.0, 10.0, gelu),
     ] {
         println!(
             "accuracy: compiled {op} on [{lo}, {hi}], 2^22 points: max error {:.2} ulp",

@@ -420,7 +420,12 @@ fn max_ulp_error(op: &str, lo: f32, hi: f32, n: usize, reference: fn(f64) -> f64
 fn polynomial_accuracy() {
     let sigmoid = |x: f64| 1.0 / (1.0 + (-x).exp());
     type Case = (&'static str, f32, f32, fn(f64) -> f64, f64);
-    let cases: [Case; 5] = [
+    let gelu = |x: f64| 0.5 * x * (1.0 + libm::erf(x / std::f64::consts::SQRT_2));
+    let cases: [Case; 9] = [
+        ("log", 1e-30, 1e30, f64::ln, 1.0),
+        ("log", 0.5, 2.0, f64::ln, 1.0),
+        ("erf", -5.0, 5.0, libm::erf, 8.0),
+        ("gelu", -1.0, 10.0, gelu, 7.5),
         ("exp", -87.0, 88.0, f64::exp, 1.5),
         ("exp", -1.0, 1.0, f64::exp, 1.5),
         ("tanh", -9.0, 9.0, f64::tanh, 6.0),

@@ -73,12 +73,8 @@ fn access(dims: &[u64], out: &[u64]) -> Option<Access> {
 }
 
 fn supported_op(kind: &OpKind) -> bool {
-    use UnaryOp::*;
     match kind {
-        OpKind::Unary(u) => matches!(
-            u,
-            Neg | Abs | Sqrt | Rsqrt | Reciprocal | Relu | Exp | Tanh | Sigmoid
-        ),
+        OpKind::Unary(_) => true,
         OpKind::Binary(b) => !matches!(b, BinaryOp::Pow),
         OpKind::Identity | OpKind::StopGradient | OpKind::BroadcastTo { .. } => true,
         _ => false,
@@ -246,6 +242,135 @@ fn exp(b: &mut FunctionBuilder, tg: Target, ty: Type, x: CValue) -> CValue {
     out
 }
 
+/// `t` where `x cc y`, else `e`, lane-wise.
+#[allow(clippy::too_many_arguments)]
+fn select_cmp(
+    b: &mut FunctionBuilder,
+    ty: Type,
+    cc: FloatCC,
+    x: CValue,
+    y: CValue,
+    t: CValue,
+    e: CValue,
+) -> CValue {
+    let m = b.ins().fcmp(cc, x, y);
+    if ty == types::F32 {
+        b.ins().select(m, t, e)
+    } else {
+        let m = b.ins().bitcast(ty, MemFlags::new(), m);
+        b.ins().bitselect(m, t, e)
+    }
+}
+
+/// Natural logarithm (Cephes' `logf`): x = m 2^e with m in [sqrt(1/2), sqrt(2)), a degree-8
+/// polynomial in m - 1, and the two-part ln 2. Subnormals are scaled first; 0 gives -inf,
+/// negatives and NaN give NaN, inf gives inf.
+fn log(b: &mut FunctionBuilder, tg: Target, ty: Type, x0: CValue) -> CValue {
+    let ity = if ty == types::F32 {
+        types::I32
+    } else {
+        types::I32X4
+    };
+    let tiny = fconst(b, ty, f32::MIN_POSITIVE);
+    let scale = fconst(b, ty, 8_388_608.0);
+    let scaled = b.ins().fmul(x0, scale);
+    let x = select_lt(b, ty, x0, tiny, scaled, x0);
+    let zero = fconst(b, ty, 0.0);
+    let m23 = fconst(b, ty, -23.0);
+    let e_adj = select_lt(b, ty, x0, tiny, m23, zero);
+    let bits = b.ins().bitcast(ity, MemFlags::new(), x);
+    let e_bits = b.ins().ushr_imm(bits, 23);
+    let c127 = iconst32(b, ity, 127);
+    let e_i = b.ins().isub(e_bits, c127);
+    let e = b.ins().fcvt_from_sint(ty, e_i);
+    let e = b.ins().fadd(e, e_adj);
+    let mant_mask = iconst32(b, ity, 0x007f_ffff);
+    let one_bits = iconst32(b, ity, 0x3f80_0000);
+    let m_bits = b.ins().band(bits, mant_mask);
+    let m_bits = b.ins().bor(m_bits, one_bits);
+    let m1 = b.ins().bitcast(ty, MemFlags::new(), m_bits); // in [1, 2)
+    // Into [sqrt(1/2), sqrt(2)): above sqrt 2, halve m and add one to e.
+    let sqrt2 = fconst(b, ty, std::f32::consts::SQRT_2);
+    let half = fconst(b, ty, 0.5);
+    let one = fconst(b, ty, 1.0);
+    let m_half = b.ins().fmul(m1, half);
+    let e_plus = b.ins().fadd(e, one);
+    let m = select_lt(b, ty, sqrt2, m1, m_half, m1);
+    let e = select_lt(b, ty, sqrt2, m1, e_plus, e);
+    let f = b.ins().fsub(m, one);
+    let z = b.ins().fmul(f, f);
+    let p = horner(
+        b,
+        tg,
+        ty,
+        f,
+        &[
+            7.037_683_6e-2,
+            -1.151_461e-1,
+            1.167_699_9e-1,
+            -1.242_014_1e-1,
+            1.424_932_3e-1,
+            -1.666_805_8e-1,
+            2.000_071_4e-1,
+            -2.499_999_4e-1,
+            3.333_333e-1,
+        ],
+    );
+    let fz = b.ins().fmul(f, z);
+    let y = b.ins().fmul(fz, p);
+    let c2 = fconst(b, ty, -2.121_944_4e-4);
+    let y = mul_add(b, tg, e, c2, y);
+    let mhalf = fconst(b, ty, -0.5);
+    let y = mul_add(b, tg, z, mhalf, y);
+    let r = b.ins().fadd(f, y);
+    let c1 = fconst(b, ty, 0.693_359_4);
+    let r = mul_add(b, tg, e, c1, r);
+    let ninf = fconst(b, ty, f32::NEG_INFINITY);
+    let nan = fconst(b, ty, f32::NAN);
+    let inf = fconst(b, ty, f32::INFINITY);
+    let r = select_cmp(b, ty, FloatCC::Equal, x0, zero, ninf, r);
+    let r = select_cmp(b, ty, FloatCC::LessThan, x0, zero, nan, r);
+    let r = select_cmp(b, ty, FloatCC::Equal, x0, inf, inf, r);
+    select_cmp(b, ty, FloatCC::Unordered, x0, x0, x0, r)
+}
+
+/// The error function: a rational function, odd degree 13 over even degree 8, on the input
+/// clamped to +-4 (beyond which erf rounds to +-1 in f32).
+fn erf(b: &mut FunctionBuilder, tg: Target, ty: Type, x: CValue) -> CValue {
+    let x = clamp(b, ty, x, -4.0, 4.0);
+    let x2 = b.ins().fmul(x, x);
+    let p = horner(
+        b,
+        tg,
+        ty,
+        x2,
+        &[
+            -2.726_142_3e-10,
+            2.770_681_4e-8,
+            -2.101_024e-6,
+            -5.692_506_4e-5,
+            -7.349_906_3e-4,
+            -2.954_6e-3,
+            -1.609_603_3e-2,
+        ],
+    );
+    let p = b.ins().fmul(x, p);
+    let q = horner(
+        b,
+        tg,
+        ty,
+        x2,
+        &[
+            -1.456_607_2e-5,
+            -2.133_740_6e-4,
+            -1.682_827e-3,
+            -7.373_329e-3,
+            -1.426_474e-2,
+        ],
+    );
+    b.ins().fdiv(p, q)
+}
+
 fn tanh(b: &mut FunctionBuilder, tg: Target, ty: Type, x: CValue) -> CValue {
     // A rational approximation, odd degree 13 over even degree 6, on x clamped to +-7.905
     // (beyond which tanh rounds to +-1 in f32): one division, no exp, no branches.
@@ -309,6 +434,19 @@ fn emit_ops(
                     select_lt(b, ty, a[0], zero, zero, a[0])
                 }
                 UnaryOp::Exp => exp(b, tg, ty, a[0]),
+                UnaryOp::Log => log(b, tg, ty, a[0]),
+                UnaryOp::Erf => erf(b, tg, ty, a[0]),
+                UnaryOp::Gelu => {
+                    // x * (1 + erf(x / sqrt 2)) / 2
+                    let k = fconst(b, ty, std::f32::consts::FRAC_1_SQRT_2);
+                    let s = b.ins().fmul(a[0], k);
+                    let e = erf(b, tg, ty, s);
+                    let one = fconst(b, ty, 1.0);
+                    let e1 = b.ins().fadd(e, one);
+                    let half = fconst(b, ty, 0.5);
+                    let hx = b.ins().fmul(a[0], half);
+                    b.ins().fmul(hx, e1)
+                }
                 UnaryOp::Tanh => tanh(b, tg, ty, a[0]),
                 UnaryOp::Sigmoid => {
                     let nx = b.ins().fneg(a[0]);
@@ -317,7 +455,6 @@ fn emit_ops(
                     let d = b.ins().fadd(one, e);
                     b.ins().fdiv(one, d)
                 }
-                _ => unreachable!("checked by can_compile"),
             },
             OpKind::Binary(op) => match op {
                 BinaryOp::Add => b.ins().fadd(a[0], a[1]),
@@ -527,7 +664,7 @@ fn row_shape(f: &Function, k: &KernelData) -> Option<(tcc_ir::Op, u64, bool)> {
     let KernelKind::Row { root } = k.kind else {
         return None;
     };
-    let OpKind::Softmax { axis } = f.op(root).kind else {
+    let (OpKind::Softmax { axis } | OpKind::LogSoftmax { axis }) = f.op(root).kind else {
         return None;
     };
     let dims = f.ty(f.op(root).args[0]).dims();
@@ -608,6 +745,7 @@ pub(crate) fn compile_row(
     name: &str,
 ) -> Result<FuncId, String> {
     let (root, len, vectorizable) = row_shape(f, k).expect("checked by can_compile_row");
+    let log_softmax = matches!(f.op(root).kind, OpKind::LogSoftmax { .. });
     let dims = f.ty(f.op(root).args[0]).dims().to_vec();
     let pos = k
         .ops
@@ -732,16 +870,24 @@ pub(crate) fn compile_row(
             let one = b.ins().f32const(1.0);
             let inv = b.ins().fdiv(one, sum);
             let invv = b.ins().splat(types::F32X4, inv);
-            for (lane, from, to, step, mxl, invl) in [
-                (types::F32X4, zero, len4_v, 4, mxv, invv),
-                (types::F32, len4_v, len_v, 1, mx, inv),
+            // For log_softmax: max + log(sum), subtracted from x.
+            let lse = log(b, tg, types::F32, sum);
+            let shift = b.ins().fadd(mx, lse);
+            let shiftv = b.ins().splat(types::F32X4, shift);
+            for (lane, from, to, step, mxl, invl, shiftl) in [
+                (types::F32X4, zero, len4_v, 4, mxv, invv, shiftv),
+                (types::F32, len4_v, len_v, 1, mx, inv, shift),
             ] {
                 emit_for(b, j, from, to, step, |b, jv| {
                     let e = b.ins().iadd(row, jv);
                     let (x, mut vals) = input_at(b, lane, e);
-                    let d = b.ins().fsub(x, mxl);
-                    let t = exp(b, tg, lane, d);
-                    let y = b.ins().fmul(t, invl);
+                    let y = if log_softmax {
+                        b.ins().fsub(x, shiftl)
+                    } else {
+                        let d = b.ins().fsub(x, mxl);
+                        let t = exp(b, tg, lane, d);
+                        b.ins().fmul(t, invl)
+                    };
                     vals.insert(y_out, y);
                     emit_ops(b, tg, lane, f, epi, &mut vals);
                     for (o, &v) in k.outputs.iter().enumerate() {
