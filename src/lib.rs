@@ -15,8 +15,8 @@
 //!      }",
 //! )
 //! .unwrap();
-//! let x = Tensor::from_f32(&[4], vec![1.0, -2.0, 3.0, -4.0]).unwrap();
-//! let s = Tensor::from_f32(&[], vec![0.5]).unwrap();
+//! let x = Tensor::from_f32(&[4], vec![1.0, -2.0, 3.0, -4.0]).unwrap(); // from a Vec
+//! let s = Tensor::from_f32(&[], &[0.5][..]).unwrap(); // or a slice
 //! let out = program.run(&[x, s]).unwrap();
 //! assert_eq!(out[0].as_f32().unwrap(), &[0.5, 0.0, 1.5, 0.0]);
 //! ```

@@ -49,9 +49,9 @@ impl Tensor {
         Tensor::new(ty, data)
     }
 
-    /// An `f32` tensor.
-    pub fn from_f32(dims: &[u64], data: Vec<f32>) -> Result<Tensor, TensorError> {
-        Tensor::from_data(dims, Data::F32(data))
+    /// An `f32` tensor from a `Vec` (moved) or a slice (copied).
+    pub fn from_f32(dims: &[u64], data: impl Into<Vec<f32>>) -> Result<Tensor, TensorError> {
+        Tensor::from_data(dims, Data::F32(data.into()))
     }
 
     /// Every element equal to `s`.
