@@ -495,43 +495,14 @@ pub(crate) fn compile(
         Access::Same | Access::Scalar(_) => true,
         Access::Block { inner, n } => (inner == 1 && n % 4 == 0) || inner % 4 == 0,
     });
-    let ptr = module.target_config().pointer_type();
-    let mut sig = module.make_signature();
-    sig.params.extend([
-        AbiParam::new(ptr),
-        AbiParam::new(types::I64),
-        AbiParam::new(types::I64),
-    ]);
-    let id = module
-        .declare_function(name, Linkage::Local, &sig)
-        .map_err(|e| e.to_string())?;
-    let mut ctx = module.make_context();
-    ctx.func.signature = sig;
-    let mut fctx = FunctionBuilderContext::new();
-    {
-        let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
-        let entry = b.create_block();
-        b.append_block_params_for_function_params(entry);
-        b.switch_to_block(entry);
-        let (table, start, end) = {
-            let p = b.block_params(entry);
-            (p[0], p[1], p[2])
-        };
+    define_kernel(module, name, |b, ptr, table, start, end| {
         let flags = MemFlags::trusted();
         let n_in = k.inputs.len();
         let bases: Vec<CValue> = (0..n_in + k.outputs.len())
             .map(|j| b.ins().load(ptr, flags, table, (j * 8) as i32))
             .collect();
         // Scalars are loaded (or materialised) once.
-        let scalars: Vec<Option<CValue>> = accesses
-            .iter()
-            .enumerate()
-            .map(|(j, a)| match a {
-                Access::Scalar(Some(x)) => Some(b.ins().f32const(*x)),
-                Access::Scalar(None) => Some(b.ins().load(types::F32, flags, bases[j], 0)),
-                _ => None,
-            })
-            .collect();
+        let scalars = preload_scalars(b, &accesses, &bases);
         let i = b.declare_var(types::I64);
         b.def_var(i, start);
         let vec_end = if vectorizable {
@@ -552,8 +523,8 @@ pub(crate) fn compile(
             b.ins().brif(c, body, &[], next, &[]);
             b.switch_to_block(body);
             let iv = b.use_var(i);
-            let mut vals = load_operands(&mut b, lane, iv, &k.inputs, &accesses, &bases, &scalars);
-            emit_ops(&mut b, tg, lane, f, &k.ops, &mut vals);
+            let mut vals = load_operands(b, lane, iv, &k.inputs, &accesses, &bases, &scalars);
+            emit_ops(b, tg, lane, f, &k.ops, &mut vals);
             for (j, o) in k.outputs.iter().enumerate() {
                 let off = b.ins().ishl_imm(iv, 2);
                 let addr = b.ins().iadd(bases[n_in + j], off);
@@ -565,6 +536,37 @@ pub(crate) fn compile(
             b.ins().jump(head, &[]);
             b.switch_to_block(next);
         }
+    })
+}
+
+/// Declares and defines a kernel with the [`KernelFn`] signature. `body` emits the code after
+/// the entry block, given the builder, the pointer type and the three parameters (pointer table,
+/// start, end); the return is added here. `TCC_DUMP_JIT=1` prints the machine code.
+fn define_kernel(
+    module: &mut JITModule,
+    name: &str,
+    body: impl FnOnce(&mut FunctionBuilder, Type, CValue, CValue, CValue),
+) -> Result<FuncId, String> {
+    let ptr = module.target_config().pointer_type();
+    let mut sig = module.make_signature();
+    sig.params.extend([
+        AbiParam::new(ptr),
+        AbiParam::new(types::I64),
+        AbiParam::new(types::I64),
+    ]);
+    let id = module
+        .declare_function(name, Linkage::Local, &sig)
+        .map_err(|e| e.to_string())?;
+    let mut ctx = module.make_context();
+    ctx.func.signature = sig;
+    let mut fctx = FunctionBuilderContext::new();
+    {
+        let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
+        let entry = b.create_block();
+        b.append_block_params_for_function_params(entry);
+        b.switch_to_block(entry);
+        let p = b.block_params(entry).to_vec();
+        body(&mut b, ptr, p[0], p[1], p[2]);
         b.ins().return_(&[]);
         b.seal_all_blocks();
         b.finalize();
@@ -579,6 +581,23 @@ pub(crate) fn compile(
     }
     module.clear_context(&mut ctx);
     Ok(id)
+}
+
+/// Loads (or materialises) once the operands read as scalars; `None` for the others.
+fn preload_scalars(
+    b: &mut FunctionBuilder,
+    accesses: &[Access],
+    bases: &[CValue],
+) -> Vec<Option<CValue>> {
+    accesses
+        .iter()
+        .zip(bases)
+        .map(|(a, &p)| match a {
+            Access::Scalar(Some(x)) => Some(b.ins().f32const(*x)),
+            Access::Scalar(None) => Some(b.ins().load(types::F32, MemFlags::trusted(), p, 0)),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Loads every operand of a kernel for element `e` (the first of four for `F32X4`).
@@ -762,42 +781,13 @@ pub(crate) fn compile_row(
             a => a,
         })
         .collect();
-    let ptr = module.target_config().pointer_type();
-    let mut sig = module.make_signature();
-    sig.params.extend([
-        AbiParam::new(ptr),
-        AbiParam::new(types::I64),
-        AbiParam::new(types::I64),
-    ]);
-    let id = module
-        .declare_function(name, Linkage::Local, &sig)
-        .map_err(|e| e.to_string())?;
-    let mut ctx = module.make_context();
-    ctx.func.signature = sig;
-    let mut fctx = FunctionBuilderContext::new();
-    {
-        let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
-        let entry = b.create_block();
-        b.append_block_params_for_function_params(entry);
-        b.switch_to_block(entry);
-        let (table, start, end) = {
-            let p = b.block_params(entry);
-            (p[0], p[1], p[2])
-        };
+    define_kernel(module, name, |b, ptr, table, start, end| {
         let flags = MemFlags::trusted();
         let n_in = k.inputs.len();
         let bases: Vec<CValue> = (0..n_in + k.outputs.len())
             .map(|j| b.ins().load(ptr, flags, table, (j * 8) as i32))
             .collect();
-        let scalars: Vec<Option<CValue>> = accesses
-            .iter()
-            .enumerate()
-            .map(|(j, a)| match a {
-                Access::Scalar(Some(x)) => Some(b.ins().f32const(*x)),
-                Access::Scalar(None) => Some(b.ins().load(types::F32, flags, bases[j], 0)),
-                _ => None,
-            })
-            .collect();
+        let scalars = preload_scalars(b, &accesses, &bases);
         let (r, j) = (b.declare_var(types::I64), b.declare_var(types::I64));
         let (m, vm, s, vs) = (
             b.declare_var(types::F32),
@@ -817,7 +807,7 @@ pub(crate) fn compile_row(
             let x = vals[&x_in];
             (x, vals)
         };
-        emit_for(&mut b, r, start, end, 1, |b, rv| {
+        emit_for(b, r, start, end, 1, |b, rv| {
             let row = b.ins().imul_imm(rv, len as i64);
             // Pass 1: the row's maximum.
             let ninf = fconst(b, types::F32X4, f32::NEG_INFINITY);
@@ -898,15 +888,7 @@ pub(crate) fn compile_row(
                 });
             }
         });
-        b.ins().return_(&[]);
-        b.seal_all_blocks();
-        b.finalize();
-    }
-    module
-        .define_function(id, &mut ctx)
-        .map_err(|e| format!("{e:?}"))?;
-    module.clear_context(&mut ctx);
-    Ok(id)
+    })
 }
 
 /// The layout of a compilable reduction kernel: the reduce op, its kind, and the input viewed as
@@ -1054,50 +1036,18 @@ pub(crate) fn compile_reduce(
         tcc_ir::ReduceOp::Max => f32::NEG_INFINITY,
         _ => 0.0,
     };
-    let ptr = module.target_config().pointer_type();
-    let mut sig = module.make_signature();
-    sig.params.extend([
-        AbiParam::new(ptr),
-        AbiParam::new(types::I64),
-        AbiParam::new(types::I64),
-    ]);
-    let id = module
-        .declare_function(name, Linkage::Local, &sig)
-        .map_err(|e| e.to_string())?;
-    let mut ctx = module.make_context();
-    ctx.func.signature = sig;
-    let mut fctx = FunctionBuilderContext::new();
-    {
-        let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
-        let entry = b.create_block();
-        b.append_block_params_for_function_params(entry);
-        b.switch_to_block(entry);
-        let (table, start, end) = {
-            let p = b.block_params(entry);
-            (p[0], p[1], p[2])
-        };
+    define_kernel(module, name, |b, ptr, table, start, end| {
         let flags = MemFlags::trusted();
         let base =
             |b: &mut FunctionBuilder, j: usize| b.ins().load(ptr, flags, table, (j * 8) as i32);
         let index = |v: &Value| k.inputs.iter().position(|x| x == v).expect("an input");
-        let pro_bases: Vec<CValue> = pro_in.iter().map(|v| base(&mut b, index(v))).collect();
-        let epi_bases: Vec<CValue> = epi_in.iter().map(|v| base(&mut b, index(v))).collect();
+        let pro_bases: Vec<CValue> = pro_in.iter().map(|v| base(b, index(v))).collect();
+        let epi_bases: Vec<CValue> = epi_in.iter().map(|v| base(b, index(v))).collect();
         let out_bases: Vec<CValue> = (0..k.outputs.len())
-            .map(|j| base(&mut b, k.inputs.len() + j))
+            .map(|j| base(b, k.inputs.len() + j))
             .collect();
-        let preload =
-            |b: &mut FunctionBuilder, acc: &[Access], bases: &[CValue]| -> Vec<Option<CValue>> {
-                acc.iter()
-                    .zip(bases)
-                    .map(|(a, &p)| match a {
-                        Access::Scalar(Some(x)) => Some(b.ins().f32const(*x)),
-                        Access::Scalar(None) => Some(b.ins().load(types::F32, flags, p, 0)),
-                        _ => None,
-                    })
-                    .collect()
-            };
-        let pro_sc = preload(&mut b, &pro_acc, &pro_bases);
-        let epi_sc = preload(&mut b, &epi_acc, &epi_bases);
+        let pro_sc = preload_scalars(b, &pro_acc, &pro_bases);
+        let epi_sc = preload_scalars(b, &epi_acc, &epi_bases);
         let value_at = |b: &mut FunctionBuilder, lane: Type, e: CValue| {
             let mut vals = load_operands(b, lane, e, &pro_in, &pro_acc, &pro_bases, &pro_sc);
             emit_ops(b, tg, lane, f, pro, &mut vals);
@@ -1132,7 +1082,7 @@ pub(crate) fn compile_reduce(
         );
         let zero = b.ins().iconst(types::I64, 0);
         let l_v = b.ins().iconst(types::I64, l as i64);
-        emit_for(&mut b, av, start, end, 1, |b, a| {
+        emit_for(b, av, start, end, 1, |b, a| {
             if rows {
                 // One output per row: two f32x4 accumulators along the row, then the tail.
                 let row = b.ins().imul_imm(a, l as i64);
@@ -1200,15 +1150,7 @@ pub(crate) fn compile_reduce(
                 });
             }
         });
-        b.ins().return_(&[]);
-        b.seal_all_blocks();
-        b.finalize();
-    }
-    module
-        .define_function(id, &mut ctx)
-        .map_err(|e| format!("{e:?}"))?;
-    module.clear_context(&mut ctx);
-    Ok(id)
+    })
 }
 
 #[cfg(test)]
