@@ -87,6 +87,17 @@ pub(crate) unsafe fn sgemm(
     }
 }
 
+/// 16 floats on a 64-byte boundary: packed panels are built of these so that every `zmm` load
+/// of a panel is aligned (an unaligned one splits a cache line).
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([f32; 16]);
+
+/// A zeroed, 64-byte-aligned buffer of at least `n` floats.
+fn aligned(n: usize) -> Vec<Line> {
+    vec![Line([0.0; 16]); n.div_ceil(16)]
+}
+
 /// The blocked product on one thread.
 #[allow(clippy::too_many_arguments)]
 unsafe fn block(
@@ -100,8 +111,14 @@ unsafe fn block(
     c: *mut f32,
     ldc: usize,
 ) {
-    let mut bp = vec![0.0f32; KC * NC.min(n.div_ceil(NR) * NR)];
-    let mut ap = vec![0.0f32; KC * MC.min(m.div_ceil(MR) * MR)];
+    let (nb, na) = (
+        KC * NC.min(n.div_ceil(NR) * NR),
+        KC * MC.min(m.div_ceil(MR) * MR),
+    );
+    let (mut bp_buf, mut ap_buf) = (aligned(nb), aligned(na));
+    // SAFETY: `Line` is 16 plain f32s, so the buffers are `16 * len` contiguous floats.
+    let bp = unsafe { std::slice::from_raw_parts_mut(bp_buf.as_mut_ptr() as *mut f32, nb) };
+    let ap = unsafe { std::slice::from_raw_parts_mut(ap_buf.as_mut_ptr() as *mut f32, na) };
     for jc in (0..n).step_by(NC) {
         let nc = NC.min(n - jc);
         for pc in (0..k).step_by(KC) {
