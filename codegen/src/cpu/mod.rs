@@ -299,79 +299,106 @@ fn run_loop(l: &Loop, addr: &dyn Fn(Value) -> *mut u8) {
 /// Below this many multiply-adds a matmul runs on one thread.
 const PARALLEL_FLOPS: usize = 1 << 18;
 
-fn run_matmul(mm: &MatMul, addr: &dyn Fn(Value) -> *mut u8) {
-    let (a, b, dst) = (addr(mm.a), addr(mm.b), addr(mm.dst));
-    let (m, n, k) = (mm.m, mm.n, mm.k);
+/// `C = A · B` for row-major matrices with leading dimensions, through our AVX-512 kernel for
+/// f32 where the CPU has it and the `gemm` crate otherwise. The one place a GEMM is chosen.
+///
+/// # Safety
+/// `a`, `b` and `c` address `m×k`, `k×n` and `m×n` matrices of `T` with the given leading
+/// dimensions; `c` overlaps neither input.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_rows<T: Copy + Default + 'static>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: *const T,
+    lda: usize,
+    b: *const T,
+    ldb: usize,
+    c: *mut T,
+    ldc: usize,
+    one: T,
+) {
+    if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() && sgemm::available() {
+        let threads = rayon::current_num_threads();
+        // SAFETY: T is f32 here; the caller's contract is sgemm's.
+        unsafe {
+            sgemm::sgemm(
+                m,
+                n,
+                k,
+                a as *const f32,
+                lda,
+                b as *const f32,
+                ldb,
+                c as *mut f32,
+                ldc,
+                threads,
+            )
+        };
+        return;
+    }
     let par = if m * n * k >= PARALLEL_FLOPS {
         gemm::Parallelism::Rayon(0)
     } else {
         gemm::Parallelism::None
     };
-    let own = mm.dtype == DType::F32 && sgemm::available();
+    // SAFETY: the caller's contract; gemm computes c := 0 * c + 1 * a * b without reading c.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c,
+            1,
+            ldc as isize,
+            false,
+            a,
+            1,
+            lda as isize,
+            b,
+            1,
+            ldb as isize,
+            T::default(),
+            one,
+            false,
+            false,
+            false,
+            par,
+        )
+    };
+}
+
+fn run_matmul(mm: &MatMul, addr: &dyn Fn(Value) -> *mut u8) {
+    let (a, b, dst) = (addr(mm.a), addr(mm.b), addr(mm.dst));
+    let (m, n, k) = (mm.m, mm.n, mm.k);
     for (i, &(ab, bb)) in mm.batches.iter().enumerate() {
-        if own {
-            // SAFETY: as below; AVX-512F is present.
-            unsafe {
-                sgemm::sgemm(
-                    m,
-                    n,
-                    k,
-                    (a as *const f32).add(ab * m * k),
-                    k,
-                    (b as *const f32).add(bb * k * n),
-                    n,
-                    (dst as *mut f32).add(i * m * n),
-                    n,
-                    rayon::current_num_threads(),
-                )
-            };
-            continue;
-        }
         // SAFETY: a, b and dst hold [batches.., m, k], [.., k, n] and [.., m, n] row-major
         // elements of `dtype`; the offsets stay inside them.
         unsafe {
             match mm.dtype {
-                DType::F32 => gemm::gemm(
+                DType::F32 => gemm_rows::<f32>(
                     m,
                     n,
                     k,
-                    (dst as *mut f32).add(i * m * n),
-                    1,
-                    n as isize,
-                    false,
                     (a as *const f32).add(ab * m * k),
-                    1,
-                    k as isize,
+                    k,
                     (b as *const f32).add(bb * k * n),
-                    1,
-                    n as isize,
-                    0.0,
+                    n,
+                    (dst as *mut f32).add(i * m * n),
+                    n,
                     1.0,
-                    false,
-                    false,
-                    false,
-                    par,
                 ),
-                DType::F64 => gemm::gemm(
+                DType::F64 => gemm_rows::<f64>(
                     m,
                     n,
                     k,
-                    (dst as *mut f64).add(i * m * n),
-                    1,
-                    n as isize,
-                    false,
                     (a as *const f64).add(ab * m * k),
-                    1,
-                    k as isize,
+                    k,
                     (b as *const f64).add(bb * k * n),
-                    1,
-                    n as isize,
-                    0.0,
+                    n,
+                    (dst as *mut f64).add(i * m * n),
+                    n,
                     1.0,
-                    false,
-                    false,
-                    false,
-                    par,
                 ),
                 _ => unreachable!("library matmuls are f32 or f64"),
             }
@@ -572,11 +599,6 @@ unsafe fn conv_gemm<T: Copy + Default + 'static>(
     let [sh, sw] = cv.attrs.strides.map(|v| v as isize);
     let [dh, dw] = cv.attrs.dilations.map(|v| v as isize);
     let (pt, pl) = (cv.attrs.pads[0] as isize, cv.attrs.pads[1] as isize);
-    let par = if og * m * kk >= PARALLEL_FLOPS {
-        gemm::Parallelism::Rayon(0)
-    } else {
-        gemm::Parallelism::None
-    };
     for n in 0..nb {
         for gi in 0..g {
             let image = unsafe { x.add((n * c + gi * cg) * h * wd) };
@@ -610,27 +632,20 @@ unsafe fn conv_gemm<T: Copy + Default + 'static>(
                     cols
                 }
             };
+            // SAFETY: the filter rows of group gi, the columns and the output rows are disjoint
+            // buffers of the recorded dims.
             unsafe {
-                gemm::gemm(
+                gemm_rows(
                     og,
                     m,
                     kk,
-                    y.add((n * o + gi * og) * m),
-                    1,
-                    m as isize,
-                    false,
                     w.add(gi * og * kk),
-                    1,
-                    kk as isize,
+                    kk,
                     cols,
-                    1,
-                    m as isize,
-                    T::default(),
+                    m,
+                    y.add((n * o + gi * og) * m),
+                    m,
                     one,
-                    false,
-                    false,
-                    false,
-                    par,
                 )
             };
         }
