@@ -789,12 +789,7 @@ pub(crate) fn compile_row(
             .collect();
         let scalars = preload_scalars(b, &accesses, &bases);
         let (r, j) = (b.declare_var(types::I64), b.declare_var(types::I64));
-        let (m, vm, s, vs) = (
-            b.declare_var(types::F32),
-            b.declare_var(types::F32X4),
-            b.declare_var(types::F32),
-            b.declare_var(types::F32X4),
-        );
+        let (acc, vacc) = (b.declare_var(types::F32), b.declare_var(types::F32X4));
         let len_v = b.ins().iconst(types::I64, len as i64);
         let len4_v = b
             .ins()
@@ -807,56 +802,59 @@ pub(crate) fn compile_row(
             let x = vals[&x_in];
             (x, vals)
         };
+        // Folds `step` over the prologue's values of one row, four lanes at a time and then the
+        // scalar tail; `lanes` combines the four lanes of the vector accumulator.
+        type Step<'s> = &'s dyn Fn(&mut FunctionBuilder, Type, CValue, CValue) -> CValue;
+        let fold_row = |b: &mut FunctionBuilder,
+                        row: CValue,
+                        init: f32,
+                        step: Step<'_>,
+                        lanes: fn(&mut FunctionBuilder, CValue) -> CValue| {
+            let i4 = fconst(b, types::F32X4, init);
+            b.def_var(vacc, i4);
+            emit_for(b, j, zero, len4_v, 4, |b, jv| {
+                let e = b.ins().iadd(row, jv);
+                let (x, _) = input_at(b, types::F32X4, e);
+                let cur = b.use_var(vacc);
+                let n = step(b, types::F32X4, cur, x);
+                b.def_var(vacc, n);
+            });
+            let v = b.use_var(vacc);
+            let a0 = lanes(b, v);
+            b.def_var(acc, a0);
+            emit_for(b, j, len4_v, len_v, 1, |b, jv| {
+                let e = b.ins().iadd(row, jv);
+                let (x, _) = input_at(b, types::F32, e);
+                let cur = b.use_var(acc);
+                let n = step(b, types::F32, cur, x);
+                b.def_var(acc, n);
+            });
+            b.use_var(acc)
+        };
         emit_for(b, r, start, end, 1, |b, rv| {
             let row = b.ins().imul_imm(rv, len as i64);
             // Pass 1: the row's maximum.
-            let ninf = fconst(b, types::F32X4, f32::NEG_INFINITY);
-            b.def_var(vm, ninf);
-            emit_for(b, j, zero, len4_v, 4, |b, jv| {
-                let e = b.ins().iadd(row, jv);
-                let (x, _) = input_at(b, types::F32X4, e);
-                let cur = b.use_var(vm);
-                let nm = select_lt(b, types::F32X4, cur, x, x, cur);
-                b.def_var(vm, nm);
-            });
-            let v = b.use_var(vm);
-            let m0 = hmax(b, v);
-            b.def_var(m, m0);
-            emit_for(b, j, len4_v, len_v, 1, |b, jv| {
-                let e = b.ins().iadd(row, jv);
-                let (x, _) = input_at(b, types::F32, e);
-                let cur = b.use_var(m);
-                let nm = select_lt(b, types::F32, cur, x, x, cur);
-                b.def_var(m, nm);
-            });
+            let mx = fold_row(
+                b,
+                row,
+                f32::NEG_INFINITY,
+                &|b, lane, a, x| select_lt(b, lane, a, x, x, a),
+                hmax,
+            );
             // Pass 2: the sum of exp(x - max).
-            let mx = b.use_var(m);
             let mxv = b.ins().splat(types::F32X4, mx);
-            let z4 = fconst(b, types::F32X4, 0.0);
-            b.def_var(vs, z4);
-            emit_for(b, j, zero, len4_v, 4, |b, jv| {
-                let e = b.ins().iadd(row, jv);
-                let (x, _) = input_at(b, types::F32X4, e);
-                let d = b.ins().fsub(x, mxv);
-                let t = exp(b, tg, types::F32X4, d);
-                let cur = b.use_var(vs);
-                let ns = b.ins().fadd(cur, t);
-                b.def_var(vs, ns);
-            });
-            let v = b.use_var(vs);
-            let s0 = hsum(b, v);
-            b.def_var(s, s0);
-            emit_for(b, j, len4_v, len_v, 1, |b, jv| {
-                let e = b.ins().iadd(row, jv);
-                let (x, _) = input_at(b, types::F32, e);
-                let d = b.ins().fsub(x, mx);
-                let t = exp(b, tg, types::F32, d);
-                let cur = b.use_var(s);
-                let ns = b.ins().fadd(cur, t);
-                b.def_var(s, ns);
-            });
+            let sum = fold_row(
+                b,
+                row,
+                0.0,
+                &|b, lane, a, x| {
+                    let d = b.ins().fsub(x, if lane == types::F32 { mx } else { mxv });
+                    let t = exp(b, tg, lane, d);
+                    b.ins().fadd(a, t)
+                },
+                hsum,
+            );
             // Pass 3: normalise, run the epilogue, store.
-            let sum = b.use_var(s);
             let one = b.ins().f32const(1.0);
             let inv = b.ins().fdiv(one, sum);
             let invv = b.ins().splat(types::F32X4, inv);
