@@ -10,9 +10,12 @@
 //! runs the steps in order and copies the results out. Executables are
 //! `Send + Sync`: compiled code and constants are immutable, and runs share nothing else.
 
+mod accuracy;
 mod jit;
 mod sgemm;
 mod target;
+
+pub use accuracy::max_ulp_error;
 
 use crate::memory::{MemoryPlan, Storage, plan_memory};
 use crate::plan::{Kernel, KernelData, KernelKind, Plan, plan};
