@@ -258,6 +258,11 @@ impl FunctionBuilder {
         self.f.rename(v, name)
     }
 
+    /// Gives the function back as it is, without setting results or verifying.
+    pub fn into_function(self) -> Function {
+        self.f
+    }
+
     /// Finishes the function with the given results.
     pub fn finish(mut self, results: &[Value]) -> R<Function> {
         self.f.set_results(results.to_vec());

@@ -262,6 +262,48 @@ pub enum OpKind {
         /// The axis of `data` indexed.
         axis: i64,
     },
+
+    // --- Gradients (what `grad` emits where no composition of the ops above is good enough) ---
+    /// Gradient of `conv2d` with respect to its input: `(dy, filter) -> dx`, where `dx` has
+    /// `shape` and `conv2d(dx, filter)` would have `dy`'s shape (a transposed convolution).
+    Conv2dGradInput {
+        /// The forward convolution.
+        conv: Conv2d,
+        /// The forward input's shape `[N, C, H, W]`.
+        shape: Vec<u64>,
+    },
+    /// Gradient of `conv2d` with respect to its filter: `(x, dy) -> dw`, where `dw` has `shape`.
+    Conv2dGradFilter {
+        /// The forward convolution.
+        conv: Conv2d,
+        /// The filter's shape `[O, C/groups, kH, kW]`.
+        shape: Vec<u64>,
+    },
+    /// Gradient of `max_pool2d`: `(x, dy) -> dx`; each window's gradient goes to the first
+    /// (row-major) position holding its maximum.
+    MaxPool2dGrad(Pool2d),
+    /// Gradient of `avg_pool2d`: `(dy) -> dx`, each window's gradient spread evenly over the
+    /// positions its divisor counts.
+    AvgPool2dGrad {
+        /// The window.
+        pool: Pool2d,
+        /// As in the forward op.
+        count_include_pad: bool,
+        /// The forward input's shape.
+        shape: Vec<u64>,
+    },
+    /// Gradient of `slice`: `(dy) -> dx`, zeros of `shape` with `dy` at the positions `slice`
+    /// reads.
+    SliceGrad {
+        /// The forward input's shape.
+        shape: Vec<u64>,
+        /// As in the forward op.
+        starts: Vec<i64>,
+        /// As in the forward op.
+        ends: Vec<i64>,
+        /// As in the forward op.
+        steps: Vec<i64>,
+    },
 }
 
 /// How many operands an op takes.
@@ -417,6 +459,11 @@ pub const OTHER_MNEMONICS: &[&str] = &[
     "slice",
     "gather",
     "scatter_add",
+    "conv2d_grad_input",
+    "conv2d_grad_filter",
+    "max_pool2d_grad",
+    "avg_pool2d_grad",
+    "slice_grad",
 ];
 
 /// Every mnemonic in the IR.
@@ -460,6 +507,11 @@ impl OpKind {
             OpKind::Slice { .. } => "slice",
             OpKind::Gather { .. } => "gather",
             OpKind::ScatterAdd { .. } => "scatter_add",
+            OpKind::Conv2dGradInput { .. } => "conv2d_grad_input",
+            OpKind::Conv2dGradFilter { .. } => "conv2d_grad_filter",
+            OpKind::MaxPool2dGrad(_) => "max_pool2d_grad",
+            OpKind::AvgPool2dGrad { .. } => "avg_pool2d_grad",
+            OpKind::SliceGrad { .. } => "slice_grad",
         }
     }
 
@@ -481,13 +533,18 @@ impl OpKind {
             | OpKind::LogSoftmax { .. }
             | OpKind::Reshape { .. }
             | OpKind::Transpose { .. }
-            | OpKind::Slice { .. } => Exactly(1),
+            | OpKind::Slice { .. }
+            | OpKind::AvgPool2dGrad { .. }
+            | OpKind::SliceGrad { .. } => Exactly(1),
             OpKind::Binary(_)
             | OpKind::Compare(_)
             | OpKind::MatMul
             | OpKind::Conv2d(_)
             | OpKind::SoftmaxCrossEntropy
-            | OpKind::Gather { .. } => Exactly(2),
+            | OpKind::Gather { .. }
+            | OpKind::Conv2dGradInput { .. }
+            | OpKind::Conv2dGradFilter { .. }
+            | OpKind::MaxPool2dGrad(_) => Exactly(2),
             OpKind::Select | OpKind::BatchNormTrain { .. } | OpKind::ScatterAdd { .. } => {
                 Exactly(3)
             }

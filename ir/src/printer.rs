@@ -83,7 +83,35 @@ pub fn attrs(kind: &OpKind) -> Vec<(&'static str, String)> {
         OpKind::BroadcastTo { shape } | OpKind::Reshape { shape } => a.push(("shape", ints(shape))),
         OpKind::Cast { to } => a.push(("to", to.to_string())),
         OpKind::Conv2d(c) => conv_attrs(c, &mut a),
-        OpKind::MaxPool2d(p) => pool_attrs(p, &mut a),
+        OpKind::MaxPool2d(p) | OpKind::MaxPool2dGrad(p) => pool_attrs(p, &mut a),
+        OpKind::Conv2dGradInput { conv, shape } | OpKind::Conv2dGradFilter { conv, shape } => {
+            conv_attrs(conv, &mut a);
+            a.push(("shape", ints(shape)));
+        }
+        OpKind::AvgPool2dGrad {
+            pool,
+            count_include_pad,
+            shape,
+        } => {
+            pool_attrs(pool, &mut a);
+            if *count_include_pad {
+                a.push(("count_include_pad", "true".into()));
+            }
+            a.push(("shape", ints(shape)));
+        }
+        OpKind::SliceGrad {
+            shape,
+            starts,
+            ends,
+            steps,
+        } => {
+            a.push(("shape", ints(shape)));
+            a.push(("starts", ints(starts)));
+            a.push(("ends", ints(ends)));
+            if steps.iter().any(|&s| s != 1) {
+                a.push(("steps", ints(steps)));
+            }
+        }
         OpKind::AvgPool2d {
             pool,
             count_include_pad,

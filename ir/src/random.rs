@@ -238,14 +238,27 @@ impl Gen {
                     ends.push(self.rng.below(2 * d as u64 + 1) as i64 - d);
                     steps.push(*self.rng.pick(&[1, 1, 2, -1]));
                 }
-                self.b.op1(
+                let y = self.b.op1(
                     OpKind::Slice {
-                        starts,
-                        ends,
-                        steps,
+                        starts: starts.clone(),
+                        ends: ends.clone(),
+                        steps: steps.clone(),
                     },
                     &[x],
-                )
+                );
+                match y {
+                    // The gradient op, fed the forward result as its cotangent.
+                    Ok(y) if self.rng.chance(0.3) => self.b.op1(
+                        OpKind::SliceGrad {
+                            shape: t.dims().to_vec(),
+                            starts,
+                            ends,
+                            steps,
+                        },
+                        &[y],
+                    ),
+                    y => y,
+                }
             }
             13 => {
                 let to = if t.dtype() == DType::F32 {
@@ -342,27 +355,64 @@ impl Gen {
                             dilations: [1, 1 + self.rng.below(2)],
                             groups,
                         };
-                        self.b.conv2d(img, filt, c)
+                        let y = self.b.conv2d(img, filt, c.clone()).ok()?;
+                        let (xs, ws) =
+                            (self.ty(img).dims().to_vec(), self.ty(filt).dims().to_vec());
+                        // The gradient ops, fed the forward result as the cotangent.
+                        match self.rng.below(3) {
+                            0 => Ok(y),
+                            1 => self
+                                .b
+                                .op1(OpKind::Conv2dGradInput { conv: c, shape: xs }, &[y, filt]),
+                            _ => self
+                                .b
+                                .op1(OpKind::Conv2dGradFilter { conv: c, shape: ws }, &[img, y]),
+                        }
                     }
-                    1 => self.b.op1(
-                        OpKind::MaxPool2d(Pool2d {
+                    1 => {
+                        let p = Pool2d {
                             kernel: k,
                             strides: [1, 2],
                             pads: [0; 4],
-                        }),
-                        &[img],
-                    ),
-                    2 => self.b.op1(
-                        OpKind::AvgPool2d {
-                            pool: Pool2d {
-                                kernel: [2, 2],
-                                strides: [2, 1],
-                                pads: [1, 0, 1, 1],
-                            },
-                            count_include_pad: self.rng.chance(0.5),
-                        },
-                        &[img],
-                    ),
+                        };
+                        let y = self.b.op1(OpKind::MaxPool2d(p.clone()), &[img]).ok()?;
+                        if self.rng.chance(0.5) {
+                            self.b.op1(OpKind::MaxPool2dGrad(p), &[img, y])
+                        } else {
+                            Ok(y)
+                        }
+                    }
+                    2 => {
+                        let p = Pool2d {
+                            kernel: [2, 2],
+                            strides: [2, 1],
+                            pads: [1, 0, 1, 1],
+                        };
+                        let cip = self.rng.chance(0.5);
+                        let y = self
+                            .b
+                            .op1(
+                                OpKind::AvgPool2d {
+                                    pool: p.clone(),
+                                    count_include_pad: cip,
+                                },
+                                &[img],
+                            )
+                            .ok()?;
+                        if self.rng.chance(0.5) {
+                            let shape = self.ty(img).dims().to_vec();
+                            self.b.op1(
+                                OpKind::AvgPool2dGrad {
+                                    pool: p,
+                                    count_include_pad: cip,
+                                    shape,
+                                },
+                                &[y],
+                            )
+                        } else {
+                            Ok(y)
+                        }
+                    }
                     _ => self.b.op1(OpKind::GlobalAvgPool, &[img]),
                 }
             }

@@ -549,7 +549,70 @@ pub fn infer(kind: &OpKind, args: &[&TensorType]) -> R<Vec<TensorType>> {
             }
             one(data.clone())
         }
+        OpKind::Conv2dGradInput { conv, shape } => {
+            let (dy, w) = (args[0], args[1]);
+            let x = tt(dy.dtype(), shape.clone())?;
+            grad_of(&OpKind::Conv2d(conv.clone()), &[&x, w], dy, "the input")?;
+            one(x)
+        }
+        OpKind::Conv2dGradFilter { conv, shape } => {
+            let (x, dy) = (args[0], args[1]);
+            let w = tt(dy.dtype(), shape.clone())?;
+            grad_of(&OpKind::Conv2d(conv.clone()), &[x, &w], dy, "the filter")?;
+            one(w)
+        }
+        OpKind::MaxPool2dGrad(p) => {
+            let (x, dy) = (args[0], args[1]);
+            need_float(x, "the input")?;
+            grad_of(&OpKind::MaxPool2d(p.clone()), &[x], dy, "the input")?;
+            one(x.clone())
+        }
+        OpKind::AvgPool2dGrad {
+            pool,
+            count_include_pad,
+            shape,
+        } => {
+            let dy = args[0];
+            let x = tt(dy.dtype(), shape.clone())?;
+            let fwd = OpKind::AvgPool2d {
+                pool: pool.clone(),
+                count_include_pad: *count_include_pad,
+            };
+            grad_of(&fwd, &[&x], dy, "the input")?;
+            one(x)
+        }
+        OpKind::SliceGrad {
+            shape,
+            starts,
+            ends,
+            steps,
+        } => {
+            let dy = args[0];
+            need_float(dy, "the gradient")?;
+            let x = tt(dy.dtype(), shape.clone())?;
+            let fwd = OpKind::Slice {
+                starts: starts.clone(),
+                ends: ends.clone(),
+                steps: steps.clone(),
+            };
+            grad_of(&fwd, &[&x], dy, "the input")?;
+            one(x)
+        }
     }
+}
+
+/// Checks a gradient op against its forward op: `fwd(args)` must type-check and produce `dy`'s
+/// type. `what` names the operand whose gradient is computed.
+fn grad_of(fwd: &OpKind, args: &[&TensorType], dy: &TensorType, what: &str) -> R<()> {
+    let out = infer(fwd, args).map_err(|e| format!("forward `{}`: {e}", fwd.mnemonic()))?;
+    if &out[0] != dy {
+        return Err(format!(
+            "the gradient has type {dy}, but forward `{}` of {what} produces {}",
+            fwd.mnemonic(),
+            out[0]
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

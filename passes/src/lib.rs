@@ -9,11 +9,14 @@
 pub mod canonicalize;
 pub mod cse;
 pub mod dce;
+pub mod grad;
+
 pub mod manager;
 
 pub use canonicalize::canonicalize;
 pub use cse::cse;
 pub use dce::dce;
+pub use grad::{GradOptions, grad};
 pub use manager::{
     Options, Pass, PassError, PassInfo, PassManager, Pipeline, PipelineError, registry,
 };
@@ -39,5 +42,11 @@ pub(crate) static REGISTRY: &[PassInfo] = &[
         summary: "remove ops whose results are never used",
         options: &[],
         create: |_| Ok(Box::new(dce::Dce)),
+    },
+    PassInfo {
+        name: "grad",
+        summary: "reverse-mode autodiff: append d(sum of ys)/d(x) for each x to the results",
+        options: grad::OPTIONS,
+        create: grad::create,
     },
 ];

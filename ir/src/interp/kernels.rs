@@ -3,7 +3,7 @@
 
 use super::{Buf, Val, round, wrap};
 use crate::literal::{Literal, Scalar};
-use crate::ops::{BinaryOp, CmpOp, OpKind, ReduceOp, UnaryOp, normalize_axis};
+use crate::ops::{BinaryOp, CmpOp, Conv2d, OpKind, Pool2d, ReduceOp, UnaryOp, normalize_axis};
 use crate::types::{DType, TensorType};
 use crate::typing::slice_range;
 
@@ -320,6 +320,67 @@ fn batch_stats(x: &Val) -> (Vec<f64>, Vec<f64>) {
     (mean, var)
 }
 
+/// Calls `f(x_index, w_index, y_index)` for every multiply-add of a `conv2d` with input dims
+/// `xd`, filter dims `wd` and output dims `yd` (flat row-major indices), in the order the forward
+/// op accumulates them.
+fn conv_taps(
+    c: &Conv2d,
+    xd: &[u64],
+    wd: &[u64],
+    yd: &[u64],
+    mut f: impl FnMut(usize, usize, usize),
+) {
+    let [_, ch, h, w] = [0, 1, 2, 3].map(|i| xd[i] as usize);
+    let [_, cg, kh, kw] = [0, 1, 2, 3].map(|i| wd[i] as usize);
+    let [_, o, oh, ow] = [0, 1, 2, 3].map(|i| yd[i] as usize);
+    let og = o / c.groups as usize;
+    let (sh, sw) = (c.strides[0] as i64, c.strides[1] as i64);
+    let (dh, dw) = (c.dilations[0] as i64, c.dilations[1] as i64);
+    let (pt, pl) = (c.pads[0] as i64, c.pads[1] as i64);
+    let mut yi = 0;
+    for_each_index(yd, |ix| {
+        let [b, oc, y, xx] = [ix[0], ix[1], ix[2], ix[3]];
+        let g = oc / og;
+        for ci in 0..cg {
+            let cin = g * cg + ci;
+            for ky in 0..kh {
+                let iy = y as i64 * sh - pt + ky as i64 * dh;
+                if iy < 0 || iy >= h as i64 {
+                    continue;
+                }
+                for kx in 0..kw {
+                    let ix_ = xx as i64 * sw - pl + kx as i64 * dw;
+                    if ix_ < 0 || ix_ >= w as i64 {
+                        continue;
+                    }
+                    let xi = ((b * ch + cin) * h + iy as usize) * w + ix_ as usize;
+                    f(xi, ((oc * cg + ci) * kh + ky) * kw + kx, yi);
+                }
+            }
+        }
+        yi += 1;
+    });
+    debug_assert_eq!(yi, numel(&[yd[0], o as u64, oh as u64, ow as u64]));
+}
+
+/// The flat indices of the real (unpadded) input elements in the pooling window at output
+/// position `[b, c, y, x]` of an input with dims `xd`.
+fn pool_window(p: &Pool2d, xd: [usize; 4], at: [usize; 4]) -> Vec<usize> {
+    let [_, ch, h, wd] = xd;
+    let [b, c, y, xx] = at;
+    let mut v = Vec::new();
+    for ky in 0..p.kernel[0] as i64 {
+        let iy = y as i64 * p.strides[0] as i64 - p.pads[0] as i64 + ky;
+        for kx in 0..p.kernel[1] as i64 {
+            let ix_ = xx as i64 * p.strides[1] as i64 - p.pads[1] as i64 + kx;
+            if (0..h as i64).contains(&iy) && (0..wd as i64).contains(&ix_) {
+                v.push(((b * ch + c) * h + iy as usize) * wd + ix_ as usize);
+            }
+        }
+    }
+    v
+}
+
 /// Gathers elements of `buf` by flat index.
 fn take(buf: &Buf, idx: impl Iterator<Item = usize>) -> Buf {
     match buf {
@@ -460,37 +521,38 @@ pub(crate) fn eval(kind: &OpKind, args: &[&Val], tys: &[TensorType]) -> R<Vec<Va
         }
         OpKind::Conv2d(c) => {
             let (x, w) = (args[0].f(), args[1].f());
-            let [_, ch, h, wd] = [0, 1, 2, 3].map(|i| args[0].dims()[i] as usize);
-            let [_, cg, kh, kw] = [0, 1, 2, 3].map(|i| args[1].dims()[i] as usize);
-            let [nb, o, oh, ow] = [0, 1, 2, 3].map(|i| out.dims()[i] as usize);
-            let og = o / c.groups as usize;
-            let (sh, sw) = (c.strides[0] as i64, c.strides[1] as i64);
-            let (dh, dw) = (c.dilations[0] as i64, c.dilations[1] as i64);
-            let (pt, pl) = (c.pads[0] as i64, c.pads[1] as i64);
             let mut res = vec![0.0; n];
-            for_each_index(&[nb as u64, o as u64, oh as u64, ow as u64], |ix| {
-                let [b, oc, y, xx] = [ix[0], ix[1], ix[2], ix[3]];
-                let g = oc / og;
-                let mut s = 0.0;
-                for ci in 0..cg {
-                    let cin = g * cg + ci;
-                    for ky in 0..kh {
-                        let iy = y as i64 * sh - pt + ky as i64 * dh;
-                        if iy < 0 || iy >= h as i64 {
-                            continue;
-                        }
-                        for kx in 0..kw {
-                            let ix_ = xx as i64 * sw - pl + kx as i64 * dw;
-                            if ix_ < 0 || ix_ >= wd as i64 {
-                                continue;
-                            }
-                            let xv = x[((b * ch + cin) * h + iy as usize) * wd + ix_ as usize];
-                            s += xv * w[((oc * cg + ci) * kh + ky) * kw + kx];
-                        }
-                    }
-                }
-                res[((b * o + oc) * oh + y) * ow + xx] = s;
-            });
+            conv_taps(
+                c,
+                args[0].dims(),
+                args[1].dims(),
+                out.dims(),
+                |xi, wi, yi| res[yi] += x[xi] * w[wi],
+            );
+            Buf::F(res)
+        }
+        OpKind::Conv2dGradInput { conv, .. } => {
+            let (dy, w) = (args[0].f(), args[1].f());
+            let mut res = vec![0.0; n];
+            conv_taps(
+                conv,
+                out.dims(),
+                args[1].dims(),
+                args[0].dims(),
+                |xi, wi, yi| res[xi] += dy[yi] * w[wi],
+            );
+            Buf::F(res)
+        }
+        OpKind::Conv2dGradFilter { conv, .. } => {
+            let (x, dy) = (args[0].f(), args[1].f());
+            let mut res = vec![0.0; n];
+            conv_taps(
+                conv,
+                args[0].dims(),
+                out.dims(),
+                args[1].dims(),
+                |xi, wi, yi| res[wi] += dy[yi] * x[xi],
+            );
             Buf::F(res)
         }
         OpKind::MaxPool2d(p) | OpKind::AvgPool2d { pool: p, .. } => {
@@ -505,20 +567,7 @@ pub(crate) fn eval(kind: &OpKind, args: &[&Val], tys: &[TensorType]) -> R<Vec<Va
                 }
             );
             let is_max = matches!(kind, OpKind::MaxPool2d(_));
-            // The flat indices of the real (unpadded) elements of each window.
-            let window = |b: usize, c: usize, y: usize, xx: usize| -> Vec<usize> {
-                let mut v = Vec::new();
-                for ky in 0..p.kernel[0] as i64 {
-                    let iy = y as i64 * p.strides[0] as i64 - p.pads[0] as i64 + ky;
-                    for kx in 0..p.kernel[1] as i64 {
-                        let ix_ = xx as i64 * p.strides[1] as i64 - p.pads[1] as i64 + kx;
-                        if (0..h as i64).contains(&iy) && (0..wd as i64).contains(&ix_) {
-                            v.push(((b * ch + c) * h + iy as usize) * wd + ix_ as usize);
-                        }
-                    }
-                }
-                v
-            };
+            let window = |b, c, y, xx| pool_window(p, [nb, ch, h, wd], [b, c, y, xx]);
             let dims = [nb as u64, ch as u64, oh as u64, ow as u64];
             let full = (p.kernel[0] * p.kernel[1]) as f64;
             match &x.buf {
@@ -551,6 +600,49 @@ pub(crate) fn eval(kind: &OpKind, args: &[&Val], tys: &[TensorType]) -> R<Vec<Va
                 }
                 Buf::B(_) => unreachable!("type rules forbid pooling bool"),
             }
+        }
+        OpKind::MaxPool2dGrad(p) => {
+            let (x, dy) = (args[0].f(), args[1].f());
+            let xd = [0, 1, 2, 3].map(|i| args[0].dims()[i] as usize);
+            let mut res = vec![0.0; n];
+            let mut k = 0;
+            for_each_index(args[1].dims(), |ix| {
+                let w = pool_window(p, xd, [ix[0], ix[1], ix[2], ix[3]]);
+                // The first position holding the window's maximum (NaN counts as the maximum).
+                let mut best = w[0];
+                for &i in &w[1..] {
+                    if x[i] > x[best] || (x[i].is_nan() && !x[best].is_nan()) {
+                        best = i;
+                    }
+                }
+                res[best] += dy[k];
+                k += 1;
+            });
+            Buf::F(res)
+        }
+        OpKind::AvgPool2dGrad {
+            pool: p,
+            count_include_pad,
+            ..
+        } => {
+            let dy = args[0].f();
+            let xd = [0, 1, 2, 3].map(|i| out.dims()[i] as usize);
+            let full = (p.kernel[0] * p.kernel[1]) as f64;
+            let mut res = vec![0.0; n];
+            let mut k = 0;
+            for_each_index(args[0].dims(), |ix| {
+                let w = pool_window(p, xd, [ix[0], ix[1], ix[2], ix[3]]);
+                let div = if *count_include_pad {
+                    full
+                } else {
+                    w.len() as f64
+                };
+                for &i in &w {
+                    res[i] += dy[k] / div;
+                }
+                k += 1;
+            });
+            Buf::F(res)
         }
         OpKind::GlobalAvgPool => {
             let x = args[0].f();
@@ -637,6 +729,29 @@ pub(crate) fn eval(kind: &OpKind, args: &[&Val], tys: &[TensorType]) -> R<Vec<Va
                 )
             });
             take(&args[0].buf, idx.into_iter())
+        }
+        OpKind::SliceGrad {
+            starts,
+            ends,
+            steps,
+            ..
+        } => {
+            let dims = out.dims();
+            let outs = strides(dims);
+            let starts: Vec<i64> = (0..dims.len())
+                .map(|i| slice_range(dims[i], starts[i], ends[i], steps[i]).0)
+                .collect();
+            let dy = args[0].f();
+            let mut res = vec![0.0; n];
+            let mut k = 0;
+            for_each_index(args[0].dims(), |ix| {
+                let t: usize = (0..ix.len())
+                    .map(|a| (starts[a] + ix[a] as i64 * steps[a]) as usize * outs[a])
+                    .sum();
+                res[t] = dy[k];
+                k += 1;
+            });
+            Buf::F(res)
         }
         OpKind::Gather { axis } => {
             let a = normalize_axis(*axis, args[0].ty.rank()).expect("verified axis");

@@ -658,16 +658,22 @@ impl<'a> Parser<'a> {
                 "stop_gradient" => OpKind::StopGradient,
                 "identity" => OpKind::Identity,
                 "matmul" => OpKind::MatMul,
-                "conv2d" => {
-                    let d = Conv2d::default();
-                    OpKind::Conv2d(Conv2d {
-                        strides: a.fixed("strides", Some(d.strides))?,
-                        pads: a.fixed("pads", Some(d.pads))?,
-                        dilations: a.fixed("dilations", Some(d.dilations))?,
-                        groups: a.uint("groups", Some(1))?,
-                    })
-                }
+                "conv2d" => OpKind::Conv2d(a.conv()?),
+                "conv2d_grad_input" => OpKind::Conv2dGradInput {
+                    conv: a.conv()?,
+                    shape: a.uints("shape", None)?,
+                },
+                "conv2d_grad_filter" => OpKind::Conv2dGradFilter {
+                    conv: a.conv()?,
+                    shape: a.uints("shape", None)?,
+                },
                 "max_pool2d" => OpKind::MaxPool2d(a.pool()?),
+                "max_pool2d_grad" => OpKind::MaxPool2dGrad(a.pool()?),
+                "avg_pool2d_grad" => OpKind::AvgPool2dGrad {
+                    pool: a.pool()?,
+                    count_include_pad: a.boolean("count_include_pad", Some(false))?,
+                    shape: a.uints("shape", None)?,
+                },
                 "avg_pool2d" => OpKind::AvgPool2d {
                     pool: a.pool()?,
                     count_include_pad: a.boolean("count_include_pad", Some(false))?,
@@ -700,6 +706,18 @@ impl<'a> Parser<'a> {
                     let ends = a.ints("ends", None)?;
                     let steps = a.ints("steps", Some(vec![1; starts.len()]))?;
                     OpKind::Slice {
+                        starts,
+                        ends,
+                        steps,
+                    }
+                }
+                "slice_grad" => {
+                    let shape = a.uints("shape", None)?;
+                    let starts = a.ints("starts", None)?;
+                    let ends = a.ints("ends", None)?;
+                    let steps = a.ints("steps", Some(vec![1; starts.len()]))?;
+                    OpKind::SliceGrad {
+                        shape,
                         starts,
                         ends,
                         steps,
@@ -807,6 +825,16 @@ impl<'a> Attrs<'_, 'a> {
         let v = self.uints(key, default.map(|d| d.to_vec()))?;
         v.try_into()
             .map_err(|_| self.bad(pos, key, &format!("a list of {N} non-negative integers")))
+    }
+
+    fn conv(&mut self) -> PResult<Conv2d> {
+        let d = Conv2d::default();
+        Ok(Conv2d {
+            strides: self.fixed("strides", Some(d.strides))?,
+            pads: self.fixed("pads", Some(d.pads))?,
+            dilations: self.fixed("dilations", Some(d.dilations))?,
+            groups: self.uint("groups", Some(1))?,
+        })
     }
 
     fn pool(&mut self) -> PResult<Pool2d> {
