@@ -1,6 +1,7 @@
 //! tcc's passes and the pass manager.
 //!
-//! Each pass is a free function over a [`tcc_ir::Function`] (`dce`, `cse`, `canonicalize`)
+//! Each pass is a free function over a [`tcc_ir::Function`] (`dce`, `cse`, `canonicalize`,
+//! `grad`, the optimizers)
 //! wrapped by a thin [`Pass`] implementation and listed once in the registry, so that pipelines
 //! written as text (`canonicalize{fold-limit=64},cse,dce`) can name it.
 
@@ -12,6 +13,7 @@ pub mod dce;
 pub mod grad;
 
 pub mod manager;
+pub mod optim;
 
 pub use canonicalize::canonicalize;
 pub use cse::cse;
@@ -25,6 +27,12 @@ use manager::OptionInfo;
 
 /// The registry, sorted by name.
 pub(crate) static REGISTRY: &[PassInfo] = &[
+    PassInfo {
+        name: "adam",
+        summary: "turn a gradient function into an Adam train step (parameters and state in, new ones out)",
+        options: optim::ADAM_OPTIONS,
+        create: optim::create_adam,
+    },
     PassInfo {
         name: "canonicalize",
         summary: "fold small constants and simplify identities (x*1, x+0, transpose of transpose, ...)",
@@ -48,5 +56,17 @@ pub(crate) static REGISTRY: &[PassInfo] = &[
         summary: "reverse-mode autodiff: append d(sum of ys)/d(x) for each x to the results",
         options: grad::OPTIONS,
         create: grad::create,
+    },
+    PassInfo {
+        name: "momentum",
+        summary: "turn a gradient function into a momentum-SGD train step",
+        options: optim::MOMENTUM_OPTIONS,
+        create: optim::create_momentum,
+    },
+    PassInfo {
+        name: "sgd",
+        summary: "turn a gradient function into a plain SGD train step",
+        options: optim::SGD_OPTIONS,
+        create: optim::create_sgd,
     },
 ];

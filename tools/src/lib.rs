@@ -6,6 +6,7 @@
 #![deny(missing_docs)]
 
 pub mod npy;
+pub mod train;
 
 use clap::{Parser, Subcommand};
 use std::io::{Read, Write};
@@ -27,7 +28,7 @@ pub const EXIT_USAGE: i32 = 2;
     name = "tcc",
     version,
     about = "tcc, a tensor compiler: read, check, transform and run tensor IR",
-    after_help = "Examples:\n  tcc cat examples/mlp.tir\n  tcc opt --passes='canonicalize,cse,dce' examples/mlp.tir\n\nFILE may be `-` for standard input. Exit status: 0 ok, 1 error in the input, 2 bad usage."
+    after_help = "Examples:\n  tcc cat examples/mlp.tir\n  tcc opt --passes='canonicalize,cse,dce' examples/mlp.tir\n  tcc train examples/spirals_mlp.tir --data examples/data/spirals --steps 300\n\nFILE may be `-` for standard input. Exit status: 0 ok, 1 error in the input, 2 bad usage."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -103,6 +104,68 @@ enum Cmd {
     Plan {
         /// The IR file (`-` for stdin).
         file: String,
+    },
+    /// Differentiate: print each function with d(loss)/d(x) appended to its results.
+    #[command(
+        after_help = "Examples:\n  tcc grad examples/spirals_mlp.tir\n  tcc grad examples/spirals_mlp.tir --wrt fc1/w,fc2/ --stop %h\n\nThe same as `tcc opt --passes='grad{...}'`; the op counts before and after go to stderr."
+    )]
+    Grad {
+        /// The IR file (`-` for stdin).
+        file: String,
+        /// Differentiate only this function (default: every function).
+        #[arg(long)]
+        func: Option<String>,
+        /// What to differentiate with respect to: value names or `scope/` (default: every
+        /// floating-point parameter).
+        #[arg(long, value_delimiter = ',')]
+        wrt: Vec<String>,
+        /// The values to differentiate (default: the single floating-point scalar result).
+        #[arg(long, value_delimiter = ',')]
+        ys: Vec<String>,
+        /// Values to treat as constants.
+        #[arg(long, value_delimiter = ',')]
+        stop: Vec<String>,
+        /// Take the seed cotangents as new parameters `grad/<y>` instead of ones.
+        #[arg(long)]
+        grad_ys: bool,
+        /// Fail if some x does not affect the ys (default: its gradient is zeros).
+        #[arg(long)]
+        strict: bool,
+        /// Write the result here instead of stdout.
+        #[arg(short = 'o', long = "output")]
+        output: Option<String>,
+    },
+    /// Train: loop a train step (grad + optimizer) through the JIT and save the parameters.
+    #[command(
+        after_help = "Example:\n  tcc train examples/spirals_mlp.tir --data examples/data/spirals --steps 500 --lr 0.01 --save out/\n\nThe function's first result is the loss; other scalar results are printed beside it.\nParameters with a file DATA/<name>.npy are data (a file with a multiple of the parameter's rows\nis fed as consecutive mini-batches); the other floating-point parameters are trained, starting\nfrom INIT/<name>.npy or a fixed-seed initialisation. See docs/passes.md."
+    )]
+    Train {
+        /// The IR file (`-` for stdin).
+        file: String,
+        /// The loss function (needed when the file defines several).
+        #[arg(long)]
+        func: Option<String>,
+        /// Number of train steps.
+        #[arg(long)]
+        steps: usize,
+        /// Directory of data arrays, `<parameter name>.npy` (`/` in names becomes `_`).
+        #[arg(long)]
+        data: Option<String>,
+        /// Directory of initial parameter values.
+        #[arg(long)]
+        init: Option<String>,
+        /// sgd, momentum or adam.
+        #[arg(long, default_value = "adam")]
+        optimizer: String,
+        /// Learning rate.
+        #[arg(long, default_value_t = 0.01)]
+        lr: f64,
+        /// Print the loss every N steps (default: ten times in all).
+        #[arg(long, default_value_t = 0)]
+        every: usize,
+        /// Save the trained parameters as DIR/<name>.npy.
+        #[arg(long)]
+        save: Option<String>,
     },
     /// List the registered passes and their options.
     Passes,
@@ -257,6 +320,77 @@ pub fn run(
                     let _ = write!(stdout, "{text}");
                 }
             }),
+        Cmd::Grad {
+            file,
+            func,
+            wrt,
+            ys,
+            stop,
+            grad_ys,
+            strict,
+            output,
+        } => {
+            let opts = tcc_passes::GradOptions {
+                ys,
+                wrt: if wrt.is_empty() {
+                    tcc_passes::grad::Wrt::Params
+                } else {
+                    tcc_passes::grad::Wrt::Select(wrt)
+                },
+                stop,
+                grad_ys,
+                unconnected: if strict {
+                    tcc_passes::grad::Unconnected::Error
+                } else {
+                    tcc_passes::grad::Unconnected::Zero
+                },
+            };
+            grad_cmd(
+                &file,
+                func.as_deref(),
+                &opts,
+                output.as_deref(),
+                stdin,
+                stdout,
+                stderr,
+            )
+        }
+        Cmd::Train {
+            file,
+            func,
+            steps,
+            data,
+            init,
+            optimizer,
+            lr,
+            every,
+            save,
+        } => (|| {
+            let mut o = tcc_passes::Options::default();
+            o.0.push(("lr".into(), lr.to_string()));
+            let optimizer = match optimizer.as_str() {
+                "sgd" | "momentum" | "adam" => tcc_passes::optim::options(&optimizer, &o)
+                    .map_err(|e| (EXIT_USAGE, format!("error: {e}")))?,
+                other => {
+                    return Err((
+                        EXIT_USAGE,
+                        format!("error: unknown optimizer `{other}`; choose sgd, momentum or adam"),
+                    ));
+                }
+            };
+            let input = read_input(&file, stdin).map_err(|e| (EXIT_INPUT, e))?;
+            let m = load(&input).map_err(|e| (EXIT_INPUT, e))?;
+            let f = pick_function(&m, func.as_deref(), &input.name).map_err(|e| (EXIT_INPUT, e))?;
+            let args = train::TrainArgs {
+                steps,
+                data: data.as_deref(),
+                init: init.as_deref(),
+                optimizer,
+                save: save.as_deref(),
+                every,
+            };
+            train::train(f, &args, stdout, stderr).map_err(|e| (EXIT_INPUT, e))
+        })(),
         Cmd::Passes => {
             for p in tcc_passes::registry() {
                 let _ = writeln!(stdout, "{:<14} {}", p.name, p.summary);
@@ -302,6 +436,58 @@ fn opt(
         .map_err(|e| (EXIT_INPUT, format!("{}: error: {e}", input.name)))?;
     if time_passes {
         let _ = write!(stderr, "{}", time_table(&times));
+    }
+    let text = m.to_string();
+    match output {
+        Some(path) if path != "-" => std::fs::write(path, text)
+            .map_err(|e| (EXIT_INPUT, format!("error: cannot write `{path}`: {e}")))?,
+        _ => {
+            let _ = write!(stdout, "{text}");
+        }
+    }
+    Ok(())
+}
+
+fn grad_cmd(
+    file: &str,
+    func: Option<&str>,
+    opts: &tcc_passes::GradOptions,
+    output: Option<&str>,
+    stdin: &mut dyn Read,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> Result<(), (i32, String)> {
+    let input = read_input(file, stdin).map_err(|e| (EXIT_INPUT, e))?;
+    let mut m = load(&input).map_err(|e| (EXIT_INPUT, e))?;
+    if let Some(name) = func {
+        pick_function(&m, Some(name), &input.name).map_err(|e| (EXIT_INPUT, e))?;
+    }
+    let wanted = func.map(|n| n.trim_start_matches('@').to_string());
+    for f in &mut m.functions {
+        if wanted.as_ref().is_some_and(|w| *w != f.name) {
+            continue;
+        }
+        let s = tcc_passes::grad(f, opts).map_err(|e| {
+            (
+                EXIT_INPUT,
+                format!("{}: error: in `@{}`: {e}", input.name, f.name),
+            )
+        })?;
+        tcc_ir::verify_function(f).map_err(|d| {
+            (
+                EXIT_INPUT,
+                format!("internal compiler error: the gradient of `@{}` does not verify (a bug in tcc)\n{d}", f.name),
+            )
+        })?;
+        let _ = writeln!(
+            stderr,
+            "grad @{}: {} forward ops -> {} ops with the gradients of {} values ({:.2}x)",
+            f.name,
+            s.forward_ops,
+            s.total_ops,
+            s.xs,
+            s.total_ops as f64 / s.forward_ops.max(1) as f64
+        );
     }
     let text = m.to_string();
     match output {
@@ -409,19 +595,6 @@ fn summary(t: &Tensor) -> String {
     s
 }
 
-/// A file name for a result: its name with characters outside `[A-Za-z0-9_.-]` replaced by `_`.
-fn file_stem(name: &str) -> String {
-    name.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-') {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
-}
-
 #[allow(clippy::too_many_arguments)]
 fn run_cmd(
     file: &str,
@@ -482,7 +655,7 @@ fn run_cmd(
         let _ = tcc_ir::printer::write_name(&mut line, '%', f.name(r));
         let _ = writeln!(stdout, "{line}: {}", summary(t));
         if let Some(dir) = output {
-            let mut stem = file_stem(f.name(r));
+            let mut stem = train::file_stem(f.name(r));
             if !used.insert(stem.clone()) {
                 stem = i.to_string();
                 used.insert(stem.clone());

@@ -16,7 +16,7 @@
 //! - the gradient of `gather` is a `scatter_add` into zeros, never a dense one-hot product.
 //!
 //! The gradient of x is named `grad/<x>`; the ops of the rule for an op with first result `r`
-//! live in the scope `grad/<r>/`. The result is verified, and `dce` and `cse` clean it up.
+//! live in the scope `grad/<r>/`. `canonicalize`, `cse` and `dce` clean the result up.
 //! The rules themselves are in [`rules`]; docs/passes.md lists the choices they make at
 //! non-differentiable points.
 
@@ -369,13 +369,20 @@ pub fn grad(f: &mut Function, opts: &GradOptions) -> Result<GradStats, String> {
             return Err(e);
         }
     }
-    crate::cse(f);
-    crate::dce(f);
+    clean_up(f);
     Ok(GradStats {
         forward_ops,
         total_ops: f.schedule().len(),
         xs: xs.len(),
     })
+}
+
+/// What runs after autodiff and the optimizers: fold the scalar arithmetic the rules leave
+/// (seed times 1/N), merge duplicates, drop the dead.
+pub(crate) fn clean_up(f: &mut Function) {
+    crate::canonicalize(f, crate::canonicalize::DEFAULT_FOLD_LIMIT);
+    crate::cse(f);
+    crate::dce(f);
 }
 
 /// Parses a list option: `[a,b]` or a single word.

@@ -1,0 +1,386 @@
+//! `tcc train`: build a train step from a loss function and loop it through the JIT.
+//!
+//! The function's first result is the loss. Each parameter with a file `DATA/<name>.npy` is data;
+//! every other floating-point parameter is trained. A data file whose first dimension is a
+//! multiple of the parameter's (same trailing dimensions) is cut into consecutive mini-batches,
+//! used in turn. Trained parameters start from `INIT/<name>.npy` when given, otherwise from a
+//! fixed-seed initialisation: rank ≥ 2 uniform in ±sqrt(6 / fan_in) (fan_in is the first
+//! dimension of a matrix, the product of the trailing dimensions of a conv filter), rank ≤ 1
+//! zeros, except names ending in `gamma` or `scale`, which start at one. Optimizer state starts
+//! at zero. After each step every result `new/<name>` replaces the parameter `<name>`.
+
+use crate::npy;
+use std::io::{IsTerminal, Write};
+use std::path::Path;
+use std::time::Instant;
+use tcc_ir::random::Rng;
+use tcc_ir::{DType, Data, Function, Tensor, TensorType};
+use tcc_passes::grad::{GradOptions, Wrt, grad};
+use tcc_passes::optim::{Optimizer, apply_optimizer};
+
+/// What `tcc train` was asked to do.
+pub struct TrainArgs<'a> {
+    /// Number of steps.
+    pub steps: usize,
+    /// Directory of data arrays.
+    pub data: Option<&'a str>,
+    /// Directory of initial parameter values.
+    pub init: Option<&'a str>,
+    /// The optimizer.
+    pub optimizer: Optimizer,
+    /// Where to save the trained parameters.
+    pub save: Option<&'a str>,
+    /// Print the loss every this many steps (0: ten times in all).
+    pub every: usize,
+}
+
+/// A file name for a value: characters outside `[A-Za-z0-9_.-]` become `_`.
+pub fn file_stem(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+fn read_npy(path: &Path) -> Result<Tensor, String> {
+    let bytes =
+        std::fs::read(path).map_err(|e| format!("error: cannot read `{}`: {e}", path.display()))?;
+    npy::read(&bytes).map_err(|e| format!("error: `{}`: {e}", path.display()))
+}
+
+/// Rows `[start, start + rows)` along axis 0.
+fn rows(t: &Tensor, start: usize, rows: usize) -> Tensor {
+    let d = t.dims();
+    let per: usize = d[1..].iter().product::<u64>() as usize;
+    let r = start * per..(start + rows) * per;
+    let data = match t.data() {
+        Data::F32(v) => Data::F32(v[r].to_vec()),
+        Data::F64(v) => Data::F64(v[r].to_vec()),
+        Data::I8(v) => Data::I8(v[r].to_vec()),
+        Data::U8(v) => Data::U8(v[r].to_vec()),
+        Data::I32(v) => Data::I32(v[r].to_vec()),
+        Data::I64(v) => Data::I64(v[r].to_vec()),
+        Data::Bool(v) => Data::Bool(v[r].to_vec()),
+    };
+    let mut dims = d.to_vec();
+    dims[0] = rows as u64;
+    Tensor::from_data(&dims, data).expect("sliced to fit")
+}
+
+/// A data parameter: the whole array and how many batches it holds.
+struct Feed {
+    all: Tensor,
+    batch: usize,
+    batches: usize,
+}
+
+impl Feed {
+    fn new(name: &str, path: &Path, ty: &TensorType) -> Result<Feed, String> {
+        let all = read_npy(path)?;
+        let bad = || {
+            format!(
+                "error: data `{}` holds {}, but parameter `{name}` is {ty}; give exactly that, or more rows of it (a multiple of {})",
+                path.display(),
+                all.ty(),
+                ty.dims().first().copied().unwrap_or(1)
+            )
+        };
+        if all.ty() == ty {
+            return Ok(Feed {
+                batch: 0,
+                batches: 1,
+                all,
+            });
+        }
+        let (d, want) = (all.dims(), ty.dims());
+        if all.dtype() != ty.dtype()
+            || want.is_empty()
+            || d.len() != want.len()
+            || d[1..] != want[1..]
+            || want[0] == 0
+            || d[0] % want[0] != 0
+        {
+            return Err(bad());
+        }
+        Ok(Feed {
+            batch: want[0] as usize,
+            batches: (d[0] / want[0]) as usize,
+            all,
+        })
+    }
+
+    fn get(&self, step: usize) -> Tensor {
+        if self.batch == 0 {
+            self.all.clone()
+        } else {
+            rows(&self.all, (step % self.batches) * self.batch, self.batch)
+        }
+    }
+}
+
+/// The default initial value of a trained parameter (see the module docs).
+fn init_value(name: &str, ty: &TensorType, seed: u64) -> Tensor {
+    let d = ty.dims();
+    let n = ty.numel() as usize;
+    let vals: Vec<f64> = if d.len() >= 2 {
+        let fan_in = if d.len() == 2 {
+            d[0]
+        } else {
+            d[1..].iter().product()
+        };
+        let a = (6.0 / fan_in.max(1) as f64).sqrt();
+        let mut rng = Rng::new(seed);
+        (0..n)
+            .map(|_| ((rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) * a)
+            .collect()
+    } else if name.ends_with("gamma") || name.ends_with("scale") {
+        vec![1.0; n]
+    } else {
+        vec![0.0; n]
+    };
+    let data = match ty.dtype() {
+        DType::F64 => Data::F64(vals),
+        _ => Data::F32(vals.into_iter().map(|x| x as f32).collect()),
+    };
+    Tensor::new(ty.clone(), data).expect("sized to fit")
+}
+
+/// Where each step-function parameter gets its value.
+enum Source {
+    Data(Feed),
+    /// Carried from step to step: the current value and the result index that replaces it.
+    State(Tensor, usize),
+}
+
+/// Builds the train-step function from the loss function `f`: its data parameter names and the
+/// step function.
+pub fn train_step(
+    f: &Function,
+    data_names: &[String],
+    opt: Optimizer,
+) -> Result<(Function, Vec<String>), String> {
+    let Some(&loss) = f.results().first() else {
+        return Err(format!(
+            "error: `@{}` has no results; its first result must be the loss",
+            f.name
+        ));
+    };
+    if !f.ty(loss).dtype().is_float() || f.ty(loss).rank() != 0 {
+        return Err(format!(
+            "error: the first result of `@{}`, `%{}`, is {}; `tcc train` needs a floating-point scalar loss there",
+            f.name,
+            f.name(loss),
+            f.ty(loss)
+        ));
+    }
+    let trained: Vec<String> = f
+        .params()
+        .iter()
+        .filter(|&&p| f.ty(p).dtype().is_float() && !data_names.iter().any(|n| n == f.name(p)))
+        .map(|&p| f.name(p).to_string())
+        .collect();
+    if trained.is_empty() {
+        return Err(format!(
+            "error: every floating-point parameter of `@{}` has a data file, so there is nothing to train",
+            f.name
+        ));
+    }
+    let mut step = f.clone();
+    let opts = GradOptions {
+        ys: vec![f.name(loss).to_string()],
+        wrt: Wrt::Select(trained.clone()),
+        ..GradOptions::default()
+    };
+    grad(&mut step, &opts).map_err(|e| format!("error: grad: {e}"))?;
+    apply_optimizer(&mut step, opt).map_err(|e| format!("error: optimizer: {e}"))?;
+    tcc_ir::verify_function(&step)
+        .map_err(|d| format!("internal compiler error: the train step does not verify:\n{d}"))?;
+    Ok((step, trained))
+}
+
+/// Runs `tcc train` on `f`, writing the log to `out` and the progress bar to `err`.
+pub fn train(
+    f: &Function,
+    args: &TrainArgs<'_>,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<(), String> {
+    let data_dir = args.data.map(Path::new);
+    let data_names: Vec<String> = f
+        .params()
+        .iter()
+        .map(|&p| f.name(p).to_string())
+        .filter(|n| data_dir.is_some_and(|d| d.join(format!("{}.npy", file_stem(n))).exists()))
+        .collect();
+    let (step_fn, trained) = train_step(f, &data_names, args.optimizer)?;
+    let exe = tcc_codegen::Executable::compile(&step_fn).map_err(|e| format!("error: {e}"))?;
+    // Where each parameter of the step function comes from.
+    let result_of = |name: &str| {
+        let want = format!("new/{name}");
+        step_fn
+            .results()
+            .iter()
+            .position(|&r| step_fn.name(r) == want)
+    };
+    let mut sources = Vec::with_capacity(step_fn.params().len());
+    for (i, &p) in step_fn.params().iter().enumerate() {
+        let name = step_fn.name(p);
+        let ty = step_fn.ty(p);
+        let src = if data_names.iter().any(|n| n == name) {
+            let path = data_dir
+                .expect("data names come from the data directory")
+                .join(format!("{}.npy", file_stem(name)));
+            Source::Data(Feed::new(name, &path, ty)?)
+        } else if let Some(r) = result_of(name) {
+            let init = args
+                .init
+                .map(|d| Path::new(d).join(format!("{}.npy", file_stem(name))))
+                .filter(|p| p.exists());
+            let value = match init {
+                Some(path) => {
+                    let t = read_npy(&path)?;
+                    if t.ty() != ty {
+                        return Err(format!(
+                            "error: `{}` holds {}, but parameter `{name}` is {ty}",
+                            path.display(),
+                            t.ty()
+                        ));
+                    }
+                    t
+                }
+                None if trained.iter().any(|n| n == name) => {
+                    init_value(name, ty, 0x7cc0_0000 + i as u64)
+                }
+                None => Tensor::zeros(ty.clone()).map_err(|e| format!("error: {e}"))?,
+            };
+            Source::State(value, r)
+        } else {
+            return Err(format!(
+                "error: parameter `{name}` of `@{}` is neither trained nor in the data directory{}; add {}/{}.npy",
+                f.name,
+                if data_dir.is_none() {
+                    " (no --data given)"
+                } else {
+                    ""
+                },
+                args.data.unwrap_or("DATA"),
+                file_stem(name)
+            ));
+        };
+        sources.push(src);
+    }
+    // Scalar results other than the new values are reported with the loss.
+    let reported: Vec<(usize, String)> = step_fn
+        .results()
+        .iter()
+        .enumerate()
+        .filter(|&(_, &r)| step_fn.ty(r).rank() == 0 && !step_fn.name(r).starts_with("new/"))
+        .map(|(i, &r)| (i, step_fn.name(r).to_string()))
+        .collect();
+    let _ = writeln!(
+        out,
+        "training `@{}`: {} parameters ({} values), {} data inputs, {} steps; train step has {} ops",
+        f.name,
+        trained.len(),
+        sources
+            .iter()
+            .zip(step_fn.params())
+            .filter(|(_, p)| trained.iter().any(|n| n == step_fn.name(**p)))
+            .map(|(_, &p)| step_fn.ty(p).numel())
+            .sum::<u64>(),
+        data_names.len(),
+        args.steps,
+        step_fn.schedule().len()
+    );
+    let every = if args.every > 0 {
+        args.every
+    } else {
+        (args.steps / 10).max(1)
+    };
+    let bar = std::io::stderr().is_terminal();
+    let t0 = Instant::now();
+    let mut last = Vec::new();
+    for s in 0..args.steps {
+        let inputs: Vec<Tensor> = sources
+            .iter()
+            .map(|src| match src {
+                Source::Data(feed) => feed.get(s),
+                Source::State(t, _) => t.clone(),
+            })
+            .collect();
+        let results = exe
+            .run(&inputs)
+            .map_err(|e| format!("error: step {}: {e}", s + 1))?;
+        let line = reported
+            .iter()
+            .map(|(i, name)| format!("{name} {}", scalar_text(&results[*i])))
+            .collect::<Vec<_>>()
+            .join("  ");
+        if (s + 1) % every == 0 || s == 0 || s + 1 == args.steps {
+            if bar {
+                let _ = write!(err, "\r{:60}\r", "");
+            }
+            let ms = t0.elapsed().as_secs_f64() * 1e3 / (s + 1) as f64;
+            let _ = writeln!(
+                out,
+                "step {:>6}/{}  {line}  ({ms:.2} ms/step)",
+                s + 1,
+                args.steps
+            );
+        } else if bar && s % 8 == 0 {
+            let w = 30 * (s + 1) / args.steps;
+            let _ = write!(
+                err,
+                "\r[{}{}] {}/{}",
+                "=".repeat(w),
+                " ".repeat(30 - w),
+                s + 1,
+                args.steps
+            );
+            let _ = err.flush();
+        }
+        let mut results: Vec<Option<Tensor>> = results.into_iter().map(Some).collect();
+        for src in &mut sources {
+            if let Source::State(t, r) = src {
+                *t = results[*r].take().expect("each result feeds one parameter");
+            }
+        }
+        last = line.into_bytes();
+    }
+    if bar {
+        let _ = write!(err, "\r{:60}\r", "");
+    }
+    let _ = writeln!(
+        out,
+        "done: {} steps in {:.2} s; final {}",
+        args.steps,
+        t0.elapsed().as_secs_f64(),
+        String::from_utf8_lossy(&last)
+    );
+    if let Some(dir) = args.save {
+        std::fs::create_dir_all(dir).map_err(|e| format!("error: cannot create `{dir}`: {e}"))?;
+        for (src, &p) in sources.iter().zip(step_fn.params()) {
+            let name = step_fn.name(p);
+            if let (Source::State(t, _), true) = (src, trained.iter().any(|n| n == name)) {
+                let path = Path::new(dir).join(format!("{}.npy", file_stem(name)));
+                std::fs::write(&path, npy::write(t))
+                    .map_err(|e| format!("error: cannot write `{}`: {e}", path.display()))?;
+            }
+        }
+        let _ = writeln!(out, "saved {} parameters to {dir}", trained.len());
+    }
+    Ok(())
+}
+
+fn scalar_text(t: &Tensor) -> String {
+    match t.data() {
+        Data::F32(v) => format!("{:.6}", v[0]),
+        Data::F64(v) => format!("{:.6}", v[0]),
+        d => format!("{}", d.get(0)),
+    }
+}
