@@ -23,7 +23,7 @@
 mod rules;
 
 use crate::manager::{Options, Pass};
-use cranelift_entity::SecondaryMap;
+use cranelift_entity::{EntityRef, SecondaryMap};
 use rules::{OpGrad, Rules};
 use tcc_ir::{Function, FunctionBuilder, OpKind, Value, ValueDef};
 
@@ -234,7 +234,8 @@ pub fn grad(f: &mut Function, opts: &GradOptions) -> Result<GradStats, String> {
     let mut adj: SecondaryMap<Value, Option<Value>> = SecondaryMap::with_capacity(nv);
     // Values created by this pass that no adjoint has claimed as its name yet.
     let mut fresh: SecondaryMap<Value, bool> = SecondaryMap::new();
-    let mut marked_upto = b.function().num_values_created();
+    let first_new = b.function().num_values_created();
+    let mut marked_upto = first_new;
     let swept = (|| -> Result<Vec<Value>, String> {
         // Marks the op results created since the last call as fresh.
         let mut mark_fresh = |b: &FunctionBuilder, fresh: &mut SecondaryMap<Value, bool>| {
@@ -370,11 +371,39 @@ pub fn grad(f: &mut Function, opts: &GradOptions) -> Result<GradStats, String> {
         }
     }
     clean_up(f);
+    name_gradients(f, &xs, first_new);
     Ok(GradStats {
         forward_ops,
         total_ops: f.schedule().len(),
         xs: xs.len(),
     })
+}
+
+/// Makes the gradient result of each x carry the name `grad/<x>` after clean-up (which may have
+/// replaced a named value by an equal one): a value this pass created and no other result uses is
+/// renamed; anything else (a parameter, a forward value, a value shared by two gradients) gets an
+/// `identity` op with the name.
+fn name_gradients(f: &mut Function, xs: &[Value], first_new: usize) {
+    let mut results = f.results().to_vec();
+    let n = results.len() - xs.len();
+    for (i, &x) in xs.iter().enumerate() {
+        let r = results[n + i];
+        let want = format!("grad/{}", f.name(x));
+        if f.name(r) == want {
+            continue;
+        }
+        let ours = r.index() >= first_new
+            && matches!(f.value(r).def, ValueDef::Result(..))
+            && results.iter().filter(|&&q| q == r).count() == 1;
+        if ours {
+            f.rename(r, &want);
+        } else {
+            let ty = f.ty(r).clone();
+            let op = f.add_op(OpKind::Identity, vec![r], vec![ty], &[&want]);
+            results[n + i] = f.op(op).results[0];
+        }
+    }
+    f.set_results(results);
 }
 
 /// What runs after autodiff and the optimizers: fold the scalar arithmetic the rules leave
