@@ -284,6 +284,6 @@ fn compiled_and_interpreted_runs_agree() {
     assert_eq!(code, 0);
     assert_eq!(
         err,
-        "kernels: 1 compiled, 0 on reference kernels, 0 views, 0 dead; arena 0 bytes, outputs 4096 bytes\n"
+        "kernels: 1 compiled, 0 native, 0 on reference kernels, 0 views, 0 dead; arena 0 bytes, outputs 4096 bytes\n"
     );
 }

@@ -67,8 +67,14 @@ pub fn scratch_bytes(f: &Function, kd: &crate::plan::KernelData) -> u64 {
         return 0;
     };
     let d = f.op(root);
-    let OpKind::Conv2d(c) = &d.kind else { return 0 };
-    let (x, w, y) = (f.ty(d.args[0]), f.ty(d.args[1]), f.ty(d.results[0]));
+    // The forward input, filter and output types, whichever of them the op computes.
+    let (a0, a1, r) = (d.args[0], d.args[1], d.results[0]);
+    let (c, x, w, y) = match &d.kind {
+        OpKind::Conv2d(c) => (c, f.ty(a0), f.ty(a1), f.ty(r)),
+        OpKind::Conv2dGradInput { conv, .. } => (conv, f.ty(r), f.ty(a1), f.ty(a0)),
+        OpKind::Conv2dGradFilter { conv, .. } => (conv, f.ty(a0), f.ty(r), f.ty(a1)),
+        _ => return 0,
+    };
     let (kh, kw) = (w.dims()[2], w.dims()[3]);
     let direct = kh == 1 && kw == 1 && c.strides == [1, 1] && c.pads == [0; 4];
     if direct {

@@ -10,8 +10,8 @@
 //!   (`reduce_*`, `softmax_cross_entropy`), and an elementwise epilogue over the output shape.
 //! - **row**: `softmax` or `log_softmax` with an elementwise prologue and epilogue of the same
 //!   shape: a pass over each row for its max and sum, then the row itself.
-//! - **library**: `matmul` or `conv2d` (a tuned GEMM call) with a fused elementwise epilogue over
-//!   the output shape, such as a bias add and an activation.
+//! - **library**: `matmul`, `conv2d` or a convolution gradient (a tuned GEMM call) with a fused
+//!   elementwise epilogue over the output shape, such as a bias add and an activation.
 //! - **view**: `reshape`, which moves no data.
 //! - **generic**: any other op, alone (transpose, slice, concat, gather, pooling, batch norm...).
 //!
@@ -93,6 +93,73 @@ fn is_elementwise(kind: &OpKind) -> bool {
     kind.is_elementwise() || matches!(kind, OpKind::BroadcastTo { .. })
 }
 
+/// Whether elementwise `op` can join an open kernel producing values of type `open`: the same
+/// dims, and the same dtype, except that a comparison whose results only feed `select`s and
+/// casts may produce a `bool` mask inside an `f32` kernel (and those consumers join it).
+fn joins(
+    f: &Function,
+    uses: &SecondaryMap<Value, Vec<(Op, u32)>>,
+    op: Op,
+    open: &TensorType,
+) -> bool {
+    let d = f.op(op);
+    let out = f.ty(d.results[0]);
+    if out.dims() != open.dims() {
+        return false;
+    }
+    if out.dtype() == open.dtype() {
+        return true;
+    }
+    match d.kind {
+        OpKind::Compare(_) => uses[d.results[0]].iter().all(|&(u, i)| {
+            matches!(f.op(u).kind, OpKind::Select if i == 0)
+                || matches!(f.op(u).kind, OpKind::Cast { .. })
+        }),
+        OpKind::Select | OpKind::Cast { .. } => open.dtype() == tcc_ir::DType::Bool,
+        _ => false,
+    }
+}
+
+/// Whether reduction or row op `op` can take an elementwise prologue: reductions only over
+/// contiguous axes (the layout every backend's reduction loop handles).
+fn fusible_root(f: &Function, op: Op) -> bool {
+    let d = f.op(op);
+    match &d.kind {
+        OpKind::Reduce { axes, .. } => {
+            let rank = f.ty(d.args[0]).rank();
+            let mut ax: Vec<usize> = axes
+                .iter()
+                .filter_map(|&a| tcc_ir::ops::normalize_axis(a, rank))
+                .collect();
+            ax.sort_unstable();
+            ax.windows(2).all(|w| w[1] == w[0] + 1)
+        }
+        _ => true,
+    }
+}
+
+/// Whether every value kernel `k` computes is used only inside it or by `root`: a prologue whose
+/// values are also needed elsewhere stays its own kernel, so that the reduction does not have to
+/// store them.
+fn private_to(
+    f: &Function,
+    uses: &SecondaryMap<Value, Vec<(Op, u32)>>,
+    kernel_of: &SecondaryMap<Op, Option<Kernel>>,
+    kd: &KernelData,
+    k: Kernel,
+    root: Op,
+) -> bool {
+    let results = f.results();
+    kd.ops.iter().all(|&o| {
+        f.op(o).results.iter().all(|&v| {
+            !results.contains(&v)
+                && uses[v]
+                    .iter()
+                    .all(|&(user, _)| user == root || kernel_of[user] == Some(k))
+        })
+    })
+}
+
 /// Plans `f`, which must verify.
 pub fn plan(f: &Function) -> Plan {
     let mut kernels: PrimaryMap<Kernel, KernelData> = PrimaryMap::new();
@@ -100,6 +167,7 @@ pub fn plan(f: &Function) -> Plan {
         SecondaryMap::with_capacity(f.num_ops_created());
     let mut constants = Vec::new();
     let mut open: Option<Open> = None;
+    let uses = f.uses();
     let new = |kernels: &mut PrimaryMap<Kernel, KernelData>, kind: KernelKind, op: Op| {
         kernels.push(KernelData {
             kind,
@@ -124,7 +192,7 @@ pub fn plan(f: &Function) -> Plan {
                 continue;
             }
             kind if is_elementwise(kind) => match &open {
-                Some(o) if o.shape == out_ty => {
+                Some(o) if joins(f, &uses, op, &o.shape) => {
                     kernels[o.kernel].ops.push(op);
                     o.kernel
                 }
@@ -154,7 +222,16 @@ pub fn plan(f: &Function) -> Plan {
                         if o.prologue
                             && &o.shape == in_ty
                             && kernels[o.kernel].kind == KernelKind::Elementwise
-                            && reads_open(o, &kernel_of) =>
+                            && reads_open(o, &kernel_of)
+                            && fusible_root(f, op)
+                            && private_to(
+                                f,
+                                &uses,
+                                &kernel_of,
+                                &kernels[o.kernel],
+                                o.kernel,
+                                op,
+                            ) =>
                     {
                         let k = o.kernel;
                         kernels[k].kind = kind;
@@ -168,7 +245,8 @@ pub fn plan(f: &Function) -> Plan {
                     }
                     _ => {
                         let k = new(&mut kernels, kind, op);
-                        open = Some(Open {
+                        // A reduction no backend loop handles fused stays alone.
+                        open = fusible_root(f, op).then_some(Open {
                             kernel: k,
                             shape: out_ty,
                             prologue: false,
@@ -177,7 +255,10 @@ pub fn plan(f: &Function) -> Plan {
                     }
                 }
             }
-            OpKind::MatMul | OpKind::Conv2d(_) => {
+            OpKind::MatMul
+            | OpKind::Conv2d(_)
+            | OpKind::Conv2dGradInput { .. }
+            | OpKind::Conv2dGradFilter { .. } => {
                 let k = new(&mut kernels, KernelKind::Library { root: op }, op);
                 open = Some(Open {
                     kernel: k,

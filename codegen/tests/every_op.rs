@@ -323,3 +323,72 @@ fn data_movement() {
         34,
     );
 }
+
+#[test]
+fn gradient_ops() {
+    // (x dims, w dims, y dims, attributes): grouped+strided+dilated, depthwise, plain 1x1 (no
+    // im2col), a strided 1x1 and an f64 one through the gemm crate.
+    let convs = [
+        (
+            "[2,6,9,8]",
+            "[4,3,3,2]",
+            "[2,4,5,7]",
+            "strides=[2,1], pads=[1,0,1,1], dilations=[1,2], groups=2",
+        ),
+        (
+            "[2,3,6,6]",
+            "[3,1,3,3]",
+            "[2,3,3,3]",
+            "strides=[2,2], pads=[1,1,1,1], groups=3",
+        ),
+        ("[2,5,4,3]", "[7,5,1,1]", "[2,7,4,3]", ""),
+        ("[1,4,5,5]", "[2,4,1,1]", "[1,2,3,3]", "strides=[2,2]"),
+    ];
+    for (i, (xd, wd, yd, attrs)) in convs.iter().enumerate() {
+        let sep = if attrs.is_empty() { "" } else { ", " };
+        let x = xd.trim_matches(|c| c == '[' || c == ']');
+        let w = wd.trim_matches(|c| c == '[' || c == ']');
+        case(
+            &format!("%dy: f32{yd}, %w: f32{wd}"),
+            &format!("  %out = conv2d_grad_input %dy, %w {{{attrs}{sep}shape=[{x}]}} : f32{xd}"),
+            &format!("f32{xd}"),
+            40 + i as u64,
+        );
+        case(
+            &format!("%x: f32{xd}, %dy: f32{yd}"),
+            &format!("  %out = conv2d_grad_filter %x, %dy {{{attrs}{sep}shape=[{w}]}} : f32{wd}"),
+            &format!("f32{wd}"),
+            50 + i as u64,
+        );
+    }
+    case(
+        "%dy: f64[2,4,5,7], %w: f64[4,3,3,2]",
+        "  %out = conv2d_grad_input %dy, %w {strides=[2,1], pads=[1,0,1,1], dilations=[1,2], groups=2, shape=[2,6,9,8]} : f64[2,6,9,8]",
+        "f64[2,6,9,8]",
+        60,
+    );
+    case(
+        "%x: f32[2,3,7,6], %dy: f32[2,3,4,3]",
+        "  %out = max_pool2d_grad %x, %dy {kernel=[3,2], strides=[2,2], pads=[1,0,1,1]} : f32[2,3,7,6]",
+        "f32[2,3,7,6]",
+        61,
+    );
+    case(
+        "%dy: f32[2,3,4,4]",
+        "  %out = avg_pool2d_grad %dy {kernel=[2,2], strides=[2,2], pads=[1,1,1,1], count_include_pad=true, shape=[2,3,7,6]} : f32[2,3,7,6]",
+        "f32[2,3,7,6]",
+        62,
+    );
+    case(
+        "%dy: f32[2,3,7,6]",
+        "  %out = avg_pool2d_grad %dy {kernel=[3,3], pads=[1,1,1,1], shape=[2,3,7,6]} : f32[2,3,7,6]",
+        "f32[2,3,7,6]",
+        63,
+    );
+    case(
+        "%dy: f32[3,2]",
+        "  %out = slice_grad %dy {shape=[3,5], starts=[-1,1], ends=[-4,5], steps=[-1,2]} : f32[3,5]",
+        "f32[3,5]",
+        64,
+    );
+}

@@ -187,21 +187,22 @@ fn constants_inline_or_from_memory() {
 
 #[test]
 fn reference_kernels_views_and_results_that_are_inputs() {
-    let src = "func @f(%x: f32[4,6], %w: f32[6,3]) -> (f32[3,4], f32[4,6], f32[24]) {
+    let src = "func @f(%x: f32[4,6], %w: f32[6,3]) -> (f32[6,4], f32[4,6], f32[24]) {
   %m = matmul %x, %w : f32[4,3]
   %t = transpose %m {perm=[1,0]} : f32[3,4]
+  %c = concat %t, %t {axis=0} : f32[6,4]
   %e = exp %x : f32[4,6]
   %r = reshape %e {shape=[24]} : f32[24]
   %n = neg %r : f32[24]
-  return %t, %x, %n
+  return %c, %x, %n
 }";
     let f = parse_function(src).unwrap();
     let (got, want, exe) = both(&f, &randoms(&f, 5));
     let s = exe.stats();
     assert_eq!(
-        (s.compiled, s.reference, s.views),
-        (3, 1, 1),
-        "matmul, exp and neg compile; transpose does not: {s:?}"
+        (s.compiled, s.native, s.reference, s.views),
+        (3, 1, 1, 1),
+        "matmul, exp and neg compile; transpose is native; concat is on the reference kernels: {s:?}"
     );
     check(&got, &want, 1e-6, 1e-7).unwrap();
 }
@@ -545,7 +546,7 @@ fn reductions_compile() {
             "func @f(%x: f32[700,200]) -> (f32[700]) {\n  %s = reduce_sum %x {axes=[1]} : f32[700]\n  return %s\n}",
             true,
         ),
-        // Axes that are not contiguous stay on the reference kernels.
+        // Axes that are not contiguous run on the native kernel.
         (
             "func @f(%x: f32[2,3,4]) -> (f32[3]) {\n  %s = reduce_sum %x {axes=[0,2]} : f32[3]\n  return %s\n}",
             false,
@@ -554,7 +555,8 @@ fn reductions_compile() {
     for (src, compiled) in cases {
         let f = parse_function(src).unwrap();
         let (got, want, exe) = both(&f, &randoms(&f, 61));
-        assert_eq!(exe.stats().reference == 0, compiled, "{src}");
+        let s = exe.stats();
+        assert_eq!((s.reference, s.native == 0), (0, compiled), "{src}");
         // f32 accumulation against the interpreter's f64: up to 200 terms of size up to 1.
         check(&got, &want, 1e-5, 2e-5).unwrap_or_else(|e| panic!("{src}\n{e}"));
     }

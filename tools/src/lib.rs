@@ -638,9 +638,13 @@ fn run_cmd(
             let s = exe.stats();
             let _ = writeln!(
                 stderr,
-                "kernels: {} compiled, {} on reference kernels, {} views, {} dead; arena {} bytes, outputs {} bytes",
-                s.compiled, s.reference, s.views, s.dead, s.arena_bytes, s.output_bytes
+                "kernels: {} compiled, {} native, {} on reference kernels, {} views, {} dead; arena {} bytes, outputs {} bytes",
+                s.compiled, s.native, s.reference, s.views, s.dead, s.arena_bytes, s.output_bytes
             );
+            let slow = exe.reference_ops();
+            if !slow.is_empty() {
+                let _ = writeln!(stderr, "on reference kernels: {}", slow.join(" "));
+            }
         }
         exe.run(&inputs)
             .map_err(|e| (EXIT_INPUT, format!("error: {e}")))?

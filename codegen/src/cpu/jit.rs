@@ -23,7 +23,7 @@ use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_jit::JITModule;
 use cranelift_module::{FuncId, Linkage, Module};
 use std::collections::HashMap;
-use tcc_ir::{BinaryOp, DType, Function, OpKind, UnaryOp, Value};
+use tcc_ir::{BinaryOp, CmpOp, DType, Function, OpKind, UnaryOp, Value};
 
 use crate::plan::{KernelData, KernelKind};
 
@@ -77,8 +77,31 @@ fn supported_op(kind: &OpKind) -> bool {
         OpKind::Unary(_) => true,
         OpKind::Binary(b) => !matches!(b, BinaryOp::Pow),
         OpKind::Identity | OpKind::StopGradient | OpKind::BroadcastTo { .. } => true,
+        // Masks: comparisons of f32 values, used by `select` and casts in the same kernel.
+        OpKind::Compare(_) | OpKind::Select | OpKind::Cast { to: DType::F32 } => true,
         _ => false,
     }
+}
+
+/// Whether every value of elementwise kernel `k` is `f32`, except `bool` masks that comparisons
+/// inside the kernel produce and only `select` conditions and casts to `f32` inside it consume.
+fn f32_with_masks(f: &Function, k: &KernelData) -> bool {
+    let inside = |v: Value| {
+        f.def_op(v)
+            .is_some_and(|p| k.ops.contains(&p) && matches!(f.op(p).kind, OpKind::Compare(_)))
+    };
+    let f32 = |v: &Value| f.ty(*v).dtype() == DType::F32;
+    k.ops.iter().all(|&op| {
+        let d = f.op(op);
+        match d.kind {
+            OpKind::Compare(_) => d.args.iter().all(f32) && !k.outputs.contains(&d.results[0]),
+            OpKind::Select => inside(d.args[0]) && d.args[1..].iter().chain(&d.results).all(f32),
+            OpKind::Cast { .. } => {
+                (inside(d.args[0]) || f32(&d.args[0])) && d.results.iter().all(f32)
+            }
+            _ => d.args.iter().chain(&d.results).all(f32),
+        }
+    })
 }
 
 /// The splat value of `v` if it is defined by a splat `f32` constant.
@@ -99,14 +122,7 @@ pub(crate) fn can_compile(f: &Function, k: &KernelData) -> bool {
         return false;
     }
     let out = f.ty(f.op(k.ops[0]).results[0]).dims();
-    let all_f32 = k.ops.iter().all(|&op| {
-        let d = f.op(op);
-        d.args
-            .iter()
-            .chain(&d.results)
-            .all(|&v| f.ty(v).dtype() == DType::F32)
-    });
-    all_f32
+    f32_with_masks(f, k)
         && k.ops.iter().all(|&op| supported_op(&f.op(op).kind))
         && k.inputs
             .iter()
@@ -146,6 +162,15 @@ fn select_lt(
         b.ins().select(m, t, e)
     } else {
         let m = b.ins().bitcast(ty, MemFlags::new(), m);
+        b.ins().bitselect(m, t, e)
+    }
+}
+
+/// `if m { t } else { e }` for a mask made by a compare in `emit_ops`.
+fn pick(b: &mut FunctionBuilder, ty: Type, m: CValue, t: CValue, e: CValue) -> CValue {
+    if ty == types::F32 {
+        b.ins().select(m, t, e)
+    } else {
         b.ins().bitselect(m, t, e)
     }
 }
@@ -466,6 +491,29 @@ fn emit_ops(
                 BinaryOp::Pow => unreachable!("checked by can_compile"),
             },
             OpKind::Identity | OpKind::StopGradient | OpKind::BroadcastTo { .. } => a[0],
+            // A mask: `fcmp`'s i8 for scalars, its lanes reinterpreted as f32 bits for vectors.
+            OpKind::Compare(c) => {
+                let cc = match c {
+                    CmpOp::Eq => FloatCC::Equal,
+                    CmpOp::Ne => FloatCC::NotEqual,
+                    CmpOp::Lt => FloatCC::LessThan,
+                    CmpOp::Le => FloatCC::LessThanOrEqual,
+                    CmpOp::Gt => FloatCC::GreaterThan,
+                    CmpOp::Ge => FloatCC::GreaterThanOrEqual,
+                };
+                let m = b.ins().fcmp(cc, a[0], a[1]);
+                if ty == types::F32 {
+                    m
+                } else {
+                    b.ins().bitcast(ty, MemFlags::new(), m)
+                }
+            }
+            OpKind::Select => pick(b, ty, a[0], a[1], a[2]),
+            OpKind::Cast { .. } if f.ty(d.args[0]).dtype() == DType::Bool => {
+                let (one, zero) = (fconst(b, ty, 1.0), fconst(b, ty, 0.0));
+                pick(b, ty, a[0], one, zero)
+            }
+            OpKind::Cast { .. } => a[0],
             _ => unreachable!("checked by can_compile"),
         };
         vals.insert(d.results[0], r);
@@ -692,13 +740,7 @@ fn row_shape(f: &Function, k: &KernelData) -> Option<(tcc_ir::Op, u64, bool)> {
     if a + 1 != dims.len() || len == 0 {
         return None;
     }
-    let all_f32 = k.ops.iter().all(|&op| {
-        let d = f.op(op);
-        d.args
-            .iter()
-            .chain(&d.results)
-            .all(|&v| f.ty(v).dtype() == DType::F32)
-    });
+    let all_f32 = f32_with_masks(f, k);
     let others = k
         .ops
         .iter()
@@ -924,13 +966,7 @@ fn reduce_shape(f: &Function, k: &KernelData) -> Option<ReduceShape> {
         dims[i0..=i1].iter().product::<u64>(),
         dims[i1 + 1..].iter().product(),
     );
-    let all_f32 = k.ops.iter().all(|&o| {
-        let d = f.op(o);
-        d.args
-            .iter()
-            .chain(&d.results)
-            .all(|&v| f.ty(v).dtype() == DType::F32)
-    });
+    let all_f32 = f32_with_masks(f, k);
     let pos = k.ops.iter().position(|&o| o == root)?;
     let supported = k
         .ops

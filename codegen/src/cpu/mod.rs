@@ -12,6 +12,8 @@
 
 mod accuracy;
 mod jit;
+mod native;
+
 mod sgemm;
 mod target;
 
@@ -102,12 +104,25 @@ struct MatMul {
     batches: Vec<(usize, usize)>,
 }
 
-/// A convolution as im2col into scratch space (skipped for a plain 1x1) and one `gemm` per
-/// image and group, into the storage of `dst`.
+/// Which product a convolution step computes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ConvMode {
+    /// `y = conv2d(x, w)`: im2col, then `W · cols`.
+    Forward,
+    /// `x = conv2d_grad_input(y, w)`: `W^T · dy`, then col2im.
+    GradInput,
+    /// `w = conv2d_grad_filter(x, y)`: im2col, then `dW += dy · cols^T` over the batch.
+    GradFilter,
+}
+
+/// A convolution or one of its gradients as im2col/col2im through scratch space (skipped for a
+/// plain 1x1) and one `gemm` per image and group. `x`, `w` and `y` are the forward input, filter
+/// and output (or their gradients); the one the mode computes is written.
 struct Conv {
+    mode: ConvMode,
     x: Value,
     w: Value,
-    dst: Value,
+    y: Value,
     dtype: DType,
     attrs: tcc_ir::Conv2d,
     /// `[N, C, H, W]`, `[O, C/groups, kH, kW]` and `[N, O, oH, oW]`.
@@ -124,18 +139,28 @@ enum LibOp {
     Conv(Conv),
 }
 
+impl Conv {
+    fn dst(&mut self) -> &mut Value {
+        match self.mode {
+            ConvMode::Forward => &mut self.y,
+            ConvMode::GradInput => &mut self.x,
+            ConvMode::GradFilter => &mut self.w,
+        }
+    }
+}
+
 impl LibOp {
-    fn dst(&self) -> Value {
+    fn dst(&mut self) -> Value {
         match self {
             LibOp::MatMul(m) => m.dst,
-            LibOp::Conv(c) => c.dst,
+            LibOp::Conv(c) => *c.dst(),
         }
     }
 
     fn set_dst(&mut self, v: Value) {
         match self {
             LibOp::MatMul(m) => m.dst = v,
-            LibOp::Conv(c) => c.dst = v,
+            LibOp::Conv(c) => *c.dst() = v,
         }
     }
 }
@@ -145,6 +170,8 @@ enum Step {
     Jit(Loop),
     /// A library call, then its epilogue compiled as an elementwise loop reading the result.
     Library { op: LibOp, epilogue: Option<Loop> },
+    /// One op on a hand-written kernel.
+    Native(native::Native),
     /// A kernel run by the reference kernels.
     Reference(Kernel),
 }
@@ -186,19 +213,35 @@ fn library_step(
         return None;
     }
     let dims4 = |v: Value| -> [usize; 4] { std::array::from_fn(|i| f.ty(v).dims()[i] as usize) };
-    let mut lib = match &d.kind {
-        OpKind::MatMul => LibOp::MatMul(matmul_step(f, d.args[0], d.args[1], r)),
-        OpKind::Conv2d(c) => LibOp::Conv(Conv {
-            x: d.args[0],
-            w: d.args[1],
-            dst: r,
+    if !matches!(
+        d.kind,
+        OpKind::MatMul
+            | OpKind::Conv2d(_)
+            | OpKind::Conv2dGradInput { .. }
+            | OpKind::Conv2dGradFilter { .. }
+    ) {
+        return None;
+    }
+    let (a0, a1) = (d.args[0], d.args[1]);
+    let conv = |mode, attrs: &tcc_ir::Conv2d, x: Value, w: Value, y: Value| {
+        LibOp::Conv(Conv {
+            mode,
+            x,
+            w,
+            y,
             dtype,
-            attrs: c.clone(),
-            xd: dims4(d.args[0]),
-            wd: dims4(d.args[1]),
-            yd: dims4(r),
+            attrs: attrs.clone(),
+            xd: dims4(x),
+            wd: dims4(w),
+            yd: dims4(y),
             scratch,
-        }),
+        })
+    };
+    let mut lib = match &d.kind {
+        OpKind::MatMul => LibOp::MatMul(matmul_step(f, a0, a1, r)),
+        OpKind::Conv2d(c) => conv(ConvMode::Forward, c, a0, a1, r),
+        OpKind::Conv2dGradInput { conv: c, .. } => conv(ConvMode::GradInput, c, r, a1, a0),
+        OpKind::Conv2dGradFilter { conv: c, .. } => conv(ConvMode::GradFilter, c, a0, r, a1),
         _ => return None,
     };
     if kd.ops.len() == 1 {
@@ -302,42 +345,53 @@ fn run_loop(l: &Loop, addr: &dyn Fn(Value) -> *mut u8) {
 /// Below this many multiply-adds a matmul runs on one thread.
 const PARALLEL_FLOPS: usize = 1 << 18;
 
-/// `C = A · B` for row-major matrices with leading dimensions, through our AVX-512 kernel for
-/// f32 where the CPU has it and the `gemm` crate otherwise. The one place a GEMM is chosen.
+/// A matrix operand of [`gemm`]: element `(i, j)` at `ptr + i * rs + j * cs`.
+#[derive(Clone, Copy)]
+struct Mat<T> {
+    ptr: *const T,
+    rs: usize,
+    cs: usize,
+}
+
+impl<T> Mat<T> {
+    /// A row-major matrix with leading dimension `ld`.
+    fn rows(ptr: *const T, ld: usize) -> Mat<T> {
+        Mat { ptr, rs: ld, cs: 1 }
+    }
+
+    /// The transpose of a row-major matrix with leading dimension `ld`.
+    fn transposed(ptr: *const T, ld: usize) -> Mat<T> {
+        Mat { ptr, rs: 1, cs: ld }
+    }
+}
+
+/// `C = A · B` (or `C += A · B` with `accumulate`) for a row-major `C` with leading dimension
+/// `ldc` and strided `A`, `B`, through our AVX-512 kernel for f32 where the CPU has it and the
+/// `gemm` crate otherwise. The one place a GEMM is chosen.
 ///
 /// # Safety
-/// `a`, `b` and `c` address `m×k`, `k×n` and `m×n` matrices of `T` with the given leading
-/// dimensions; `c` overlaps neither input.
+/// `a`, `b` and `c` address `m×k`, `k×n` and `m×n` matrices of `T`; `c` overlaps neither input.
 #[allow(clippy::too_many_arguments)]
-unsafe fn gemm_rows<T: Copy + Default + 'static>(
+unsafe fn gemm<T: Copy + Default + 'static>(
     m: usize,
     n: usize,
     k: usize,
-    a: *const T,
-    lda: usize,
-    b: *const T,
-    ldb: usize,
+    a: Mat<T>,
+    b: Mat<T>,
     c: *mut T,
     ldc: usize,
+    accumulate: bool,
     one: T,
 ) {
     if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() && sgemm::available() {
         let threads = rayon::current_num_threads();
-        // SAFETY: T is f32 here; the caller's contract is sgemm's.
-        unsafe {
-            sgemm::sgemm(
-                m,
-                n,
-                k,
-                a as *const f32,
-                lda,
-                b as *const f32,
-                ldb,
-                c as *mut f32,
-                ldc,
-                threads,
-            )
+        let f = |x: Mat<T>| sgemm::Mat {
+            ptr: x.ptr as *const f32,
+            rs: x.rs,
+            cs: x.cs,
         };
+        // SAFETY: T is f32 here; the caller's contract is sgemm's.
+        unsafe { sgemm::sgemm(m, n, k, f(a), f(b), c as *mut f32, ldc, accumulate, threads) };
         return;
     }
     let par = if m * n * k >= PARALLEL_FLOPS {
@@ -345,7 +399,8 @@ unsafe fn gemm_rows<T: Copy + Default + 'static>(
     } else {
         gemm::Parallelism::None
     };
-    // SAFETY: the caller's contract; gemm computes c := 0 * c + 1 * a * b without reading c.
+    // SAFETY: the caller's contract; gemm computes c := alpha * c + 1 * a * b, reading c only
+    // when accumulating.
     unsafe {
         gemm::gemm(
             m,
@@ -354,14 +409,14 @@ unsafe fn gemm_rows<T: Copy + Default + 'static>(
             c,
             1,
             ldc as isize,
-            false,
-            a,
-            1,
-            lda as isize,
-            b,
-            1,
-            ldb as isize,
-            T::default(),
+            accumulate,
+            a.ptr,
+            a.cs as isize,
+            a.rs as isize,
+            b.ptr,
+            b.cs as isize,
+            b.rs as isize,
+            if accumulate { one } else { T::default() },
             one,
             false,
             false,
@@ -379,33 +434,41 @@ fn run_matmul(mm: &MatMul, addr: &dyn Fn(Value) -> *mut u8) {
         // elements of `dtype`; the offsets stay inside them.
         unsafe {
             match mm.dtype {
-                DType::F32 => gemm_rows::<f32>(
+                DType::F32 => gemm::<f32>(
                     m,
                     n,
                     k,
-                    (a as *const f32).add(ab * m * k),
-                    k,
-                    (b as *const f32).add(bb * k * n),
-                    n,
+                    Mat::rows((a as *const f32).add(ab * m * k), k),
+                    Mat::rows((b as *const f32).add(bb * k * n), n),
                     (dst as *mut f32).add(i * m * n),
                     n,
+                    false,
                     1.0,
                 ),
-                DType::F64 => gemm_rows::<f64>(
+                DType::F64 => gemm::<f64>(
                     m,
                     n,
                     k,
-                    (a as *const f64).add(ab * m * k),
-                    k,
-                    (b as *const f64).add(bb * k * n),
-                    n,
+                    Mat::rows((a as *const f64).add(ab * m * k), k),
+                    Mat::rows((b as *const f64).add(bb * k * n), n),
                     (dst as *mut f64).add(i * m * n),
                     n,
+                    false,
                     1.0,
                 ),
                 _ => unreachable!("library matmuls are f32 or f64"),
             }
         }
+    }
+}
+
+/// A single-op kernel on a hand-written kernel, if there is one for it.
+fn native_step(f: &Function, kd: &KernelData) -> Option<native::Native> {
+    match (&kd.kind, kd.ops.as_slice()) {
+        (KernelKind::Generic | KernelKind::Reduction { .. }, &[op]) => {
+            native::Native::for_op(f, op, &kd.outputs)
+        }
+        _ => None,
     }
 }
 
@@ -428,6 +491,8 @@ pub struct Executable {
 pub struct Stats {
     /// Kernels compiled to machine code.
     pub compiled: usize,
+    /// Single ops run by hand-written kernels.
+    pub native: usize,
     /// Kernels run by the reference kernels.
     pub reference: usize,
     /// View kernels (no work).
@@ -554,41 +619,80 @@ fn scratch_offset(mem: &MemoryPlan, k: Kernel) -> Option<u64> {
 }
 
 fn run_conv(cv: &Conv, addr: &dyn Fn(Value) -> *mut u8, base: *mut u8) {
-    let (x, w, y) = (addr(cv.x), addr(cv.w), addr(cv.dst));
+    let (x, w, y) = (addr(cv.x), addr(cv.w), addr(cv.y));
     let scratch = cv.scratch.map(|off| base.wrapping_add(off as usize));
     // SAFETY: x, w and y hold tensors of the dims recorded at compile time, and the scratch
     // slot holds C/groups * kH * kW * oH * oW elements (memory::scratch_bytes).
     unsafe {
         match cv.dtype {
-            DType::F32 => conv_gemm::<f32>(
-                cv,
-                x as *const f32,
-                w as *const f32,
-                y as *mut f32,
-                scratch.map(|p| p as *mut f32),
-                1.0,
-            ),
-            DType::F64 => conv_gemm::<f64>(
-                cv,
-                x as *const f64,
-                w as *const f64,
-                y as *mut f64,
-                scratch.map(|p| p as *mut f64),
-                1.0,
-            ),
+            DType::F32 => {
+                conv_gemm::<f32>(cv, x as _, w as _, y as _, scratch.map(|p| p as _), 1.0)
+            }
+            DType::F64 => {
+                conv_gemm::<f64>(cv, x as _, w as _, y as _, scratch.map(|p| p as _), 1.0)
+            }
             _ => unreachable!("library convolutions are f32 or f64"),
         }
     }
 }
 
-/// Convolution by im2col and `gemm`.
+/// The position in the padded input that tap `(ky, kx)` of output `(oy, ox)` reads, if it is
+/// inside the image: one function for im2col and col2im.
+struct Taps {
+    h: isize,
+    w: isize,
+    s: [isize; 2],
+    d: [isize; 2],
+    p: [isize; 2],
+}
+
+impl Taps {
+    fn new(cv: &Conv) -> Taps {
+        Taps {
+            h: cv.xd[2] as isize,
+            w: cv.xd[3] as isize,
+            s: cv.attrs.strides.map(|v| v as isize),
+            d: cv.attrs.dilations.map(|v| v as isize),
+            p: [cv.attrs.pads[0] as isize, cv.attrs.pads[1] as isize],
+        }
+    }
+
+    /// Calls `f(column row, column index, image index)` for every in-image tap of one channel.
+    fn each(&self, cv: &Conv, mut f: impl FnMut(usize, usize, usize)) {
+        let [_, cg, kh, kw] = cv.wd;
+        let [_, _, oh, ow] = cv.yd;
+        for ci in 0..cg {
+            for ky in 0..kh {
+                for kx in 0..kw {
+                    let row = (ci * kh + ky) * kw + kx;
+                    for oy in 0..oh {
+                        let iy = oy as isize * self.s[0] + ky as isize * self.d[0] - self.p[0];
+                        if iy < 0 || iy >= self.h {
+                            continue;
+                        }
+                        for ox in 0..ow {
+                            let ix = ox as isize * self.s[1] + kx as isize * self.d[1] - self.p[1];
+                            if ix >= 0 && ix < self.w {
+                                let img = (ci * self.h as usize + iy as usize) * self.w as usize
+                                    + ix as usize;
+                                f(row, oy * ow + ox, img);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A convolution or one of its gradients by im2col/col2im and `gemm`.
 ///
 /// # Safety
 /// As for `run_conv`; `scratch` is `None` only for a plain 1x1 convolution.
-unsafe fn conv_gemm<T: Copy + Default + 'static>(
+unsafe fn conv_gemm<T: Copy + Default + std::ops::AddAssign + 'static>(
     cv: &Conv,
-    x: *const T,
-    w: *const T,
+    x: *mut T,
+    w: *mut T,
     y: *mut T,
     scratch: Option<*mut T>,
     one: T,
@@ -599,58 +703,69 @@ unsafe fn conv_gemm<T: Copy + Default + 'static>(
     let g = cv.attrs.groups as usize;
     let og = o / g;
     let (kk, m) = (cg * kh * kw, oh * ow);
-    let [sh, sw] = cv.attrs.strides.map(|v| v as isize);
-    let [dh, dw] = cv.attrs.dilations.map(|v| v as isize);
-    let (pt, pl) = (cv.attrs.pads[0] as isize, cv.attrs.pads[1] as isize);
+    let taps = Taps::new(cv);
+    if cv.mode == ConvMode::GradInput {
+        // SAFETY: dx holds nb * c * h * wd elements.
+        unsafe { std::ptr::write_bytes(x, 0, nb * c * h * wd) };
+    }
     for n in 0..nb {
         for gi in 0..g {
-            let image = unsafe { x.add((n * c + gi * cg) * h * wd) };
-            let cols: *const T = match scratch {
-                None => image,
-                Some(cols) => {
-                    for ci in 0..cg {
-                        for ky in 0..kh {
-                            for kx in 0..kw {
-                                let row = unsafe { cols.add(((ci * kh + ky) * kw + kx) * m) };
-                                for oy in 0..oh {
-                                    let iy = oy as isize * sh + ky as isize * dh - pt;
-                                    for ox in 0..ow {
-                                        let ix = ox as isize * sw + kx as isize * dw - pl;
-                                        let inside = (0..h as isize).contains(&iy)
-                                            && (0..wd as isize).contains(&ix);
-                                        let v = if inside {
-                                            unsafe {
-                                                *image
-                                                    .add((ci * h + iy as usize) * wd + ix as usize)
-                                            }
-                                        } else {
-                                            T::default()
-                                        };
-                                        unsafe { *row.add(oy * ow + ox) = v };
-                                    }
-                                }
-                            }
+            // SAFETY (block): every pointer stays inside the tensor of recorded dims it
+            // addresses; the scratch slot holds kk * m elements; C never overlaps A or B.
+            unsafe {
+                let image = x.add((n * c + gi * cg) * h * wd);
+                let filt = w.add(gi * og * kk);
+                let out = y.add((n * o + gi * og) * m);
+                // The columns: the image itself for a plain 1x1, else im2col of it.
+                let cols = scratch.unwrap_or(image);
+                if cv.mode != ConvMode::GradInput
+                    && let Some(cols) = scratch
+                {
+                    std::ptr::write_bytes(cols, 0, kk * m);
+                    taps.each(cv, |row, j, i| *cols.add(row * m + j) = *image.add(i));
+                }
+                match cv.mode {
+                    ConvMode::Forward => gemm(
+                        og,
+                        m,
+                        kk,
+                        Mat::rows(filt, kk),
+                        Mat::rows(cols, m),
+                        out,
+                        m,
+                        false,
+                        one,
+                    ),
+                    ConvMode::GradFilter => gemm(
+                        og,
+                        kk,
+                        m,
+                        Mat::rows(out, m),
+                        Mat::transposed(cols, m),
+                        filt,
+                        kk,
+                        n > 0,
+                        one,
+                    ),
+                    ConvMode::GradInput => {
+                        // cols = W^T · dy, then each column element adds into its image pixel.
+                        gemm(
+                            kk,
+                            m,
+                            og,
+                            Mat::transposed(filt, kk),
+                            Mat::rows(out, m),
+                            cols,
+                            m,
+                            false,
+                            one,
+                        );
+                        if scratch.is_some() {
+                            taps.each(cv, |row, j, i| *image.add(i) += *cols.add(row * m + j));
                         }
                     }
-                    cols
                 }
-            };
-            // SAFETY: the filter rows of group gi, the columns and the output rows are disjoint
-            // buffers of the recorded dims.
-            unsafe {
-                gemm_rows(
-                    og,
-                    m,
-                    kk,
-                    w.add(gi * og * kk),
-                    kk,
-                    cols,
-                    m,
-                    y.add((n * o + gi * og) * m),
-                    m,
-                    one,
-                )
-            };
+            }
         }
     }
 }
@@ -733,7 +848,7 @@ impl Executable {
                 continue;
             }
             steps.push(match (libraries.remove(&k), compiled.get(&k)) {
-                (Some((op, epi)), code) => {
+                (Some((mut op, epi)), code) => {
                     let dst = op.dst();
                     let epilogue = epi.map(|(e, product)| Loop {
                         code: *code.expect("epilogue compiled"),
@@ -769,7 +884,10 @@ impl Executable {
                         unit,
                     })
                 }
-                (None, None) => Step::Reference(k),
+                (None, None) => match native_step(f, kd) {
+                    Some(n) => Step::Native(n),
+                    None => Step::Reference(k),
+                },
             });
         }
         let mut consts = HashMap::new();
@@ -802,14 +920,11 @@ impl Executable {
 
     /// How the kernels run, and the arena size.
     pub fn stats(&self) -> Stats {
-        let compiled = self
-            .steps
-            .iter()
-            .filter(|s| !matches!(s, Step::Reference(_)))
-            .count();
+        let count = |pred: fn(&Step) -> bool| self.steps.iter().filter(|s| pred(s)).count();
         Stats {
-            compiled,
-            reference: self.steps.len() - compiled,
+            compiled: count(|s| matches!(s, Step::Jit(_) | Step::Library { .. })),
+            native: count(|s| matches!(s, Step::Native(_))),
+            reference: count(|s| matches!(s, Step::Reference(_))),
             dead: self
                 .plan
                 .kernels
@@ -825,6 +940,19 @@ impl Executable {
             arena_bytes: self.mem.arena_bytes,
             output_bytes: self.mem.output_bytes,
         }
+    }
+
+    /// The mnemonics of the ops in kernels that run on the reference kernels, in order.
+    pub fn reference_ops(&self) -> Vec<&'static str> {
+        self.steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Reference(k) => Some(&self.plan.kernels[*k].ops),
+                _ => None,
+            })
+            .flatten()
+            .map(|&op| self.func.op(op).kind.mnemonic())
+            .collect()
     }
 
     /// The compiled function.
@@ -879,6 +1007,15 @@ impl Executable {
                         run_loop(l, &addr);
                     }
                 }
+                // SAFETY: the memory plan gives every value storage of its type, and only
+                // elementwise results share storage with their operands.
+                Step::Native(n) => unsafe { n.run(f, &addr) }.map_err(|msg| {
+                    RunError(format!(
+                        "in `@{}`, {}: {msg}",
+                        f.name,
+                        f.describe_op(n.op())
+                    ))
+                })?,
                 Step::Reference(k) => self.run_reference(*k, &addr)?,
             }
         }

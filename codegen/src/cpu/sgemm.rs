@@ -1,6 +1,7 @@
 //! Single-precision matrix product with an AVX-512 microkernel (BLIS-style).
 //!
-//! `C = A · B` for row-major `A [m, k]`, `B [k, n]`, `C [m, n]` with leading dimensions. B is
+//! `C (+)= A · B` for `A [m, k]` and `B [k, n]` with any row and column strides (so transposed
+//! operands cost nothing extra) and a row-major `C [m, n]` with a leading dimension. B is
 //! packed into panels of `NR = 32` columns and A into panels of `MR = 12` rows, for blocks of
 //! `KC` along k; a 12×32 microkernel keeps 24 `zmm` accumulators and reads each packed element
 //! once per block. Threads take disjoint column ranges of C and pack their own panels. The
@@ -34,25 +35,32 @@ struct Shared(*mut f32);
 unsafe impl Send for Shared {}
 unsafe impl Sync for Shared {}
 
-/// `C = A · B`.
+/// A matrix operand: element `(i, j)` is at `ptr + i * rs + j * cs`.
+#[derive(Clone, Copy)]
+pub(crate) struct Mat {
+    pub ptr: *const f32,
+    pub rs: usize,
+    pub cs: usize,
+}
+
+/// `C = A · B`, or `C += A · B` with `accumulate`.
 ///
 /// # Safety
-/// `available()` must be true; `a`, `b`, `c` must address `m×k`, `k×n` and `m×n` row-major
-/// matrices with leading dimensions `lda`, `ldb`, `ldc`; `c` must not overlap `a` or `b`.
+/// `available()` must be true; `a` and `b` must address `m×k` and `k×n` matrices with their
+/// strides, `c` an `m×n` row-major matrix with leading dimension `ldc` that overlaps neither.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn sgemm(
     m: usize,
     n: usize,
     k: usize,
-    a: *const f32,
-    lda: usize,
-    b: *const f32,
-    ldb: usize,
+    a: Mat,
+    b: Mat,
     c: *mut f32,
     ldc: usize,
+    accumulate: bool,
     threads: usize,
 ) {
-    if m == 0 || n == 0 {
+    if m == 0 || n == 0 || (k == 0 && accumulate) {
         return;
     }
     if k == 0 {
@@ -68,13 +76,22 @@ pub(crate) unsafe fn sgemm(
         1
     };
     let cols = n.div_ceil(parts).div_ceil(NR) * NR;
-    let (a, b, c) = (Shared(a as *mut f32), Shared(b as *mut f32), Shared(c));
+    let (ap, bp, cp) = (
+        Shared(a.ptr as *mut f32),
+        Shared(b.ptr as *mut f32),
+        Shared(c),
+    );
     let run = move |j0: usize| {
         // Move the wrappers (not their pointer fields) into the closure, so it is Send.
-        let (a, b, c) = (a, b, c);
+        let (ap, bp, cp) = (ap, bp, cp);
         let j1 = (j0 + cols).min(n);
+        let a = Mat { ptr: ap.0, ..a };
+        let b = Mat {
+            ptr: unsafe { bp.0.add(j0 * b.cs) },
+            ..b
+        };
         // SAFETY: as for `sgemm`; this call writes columns j0..j1 of C only.
-        unsafe { block(m, j1 - j0, k, a.0, lda, b.0.add(j0), ldb, c.0.add(j0), ldc) };
+        unsafe { block(m, j1 - j0, k, a, b, cp.0.add(j0), ldc, accumulate) };
     };
     if parts == 1 {
         run(0);
@@ -104,12 +121,11 @@ unsafe fn block(
     m: usize,
     n: usize,
     k: usize,
-    a: *const f32,
-    lda: usize,
-    b: *const f32,
-    ldb: usize,
+    a: Mat,
+    b: Mat,
     c: *mut f32,
     ldc: usize,
+    accumulate: bool,
 ) {
     let (nb, na) = (
         KC * NC.min(n.div_ceil(NR) * NR),
@@ -128,9 +144,15 @@ unsafe fn block(
                 let w = NR.min(nc - j0);
                 let panel = &mut bp[jp * kc * NR..(jp + 1) * kc * NR];
                 for p in 0..kc {
-                    let row =
-                        unsafe { std::slice::from_raw_parts(b.add((pc + p) * ldb + jc + j0), w) };
-                    panel[p * NR..p * NR + w].copy_from_slice(row);
+                    let start = unsafe { b.ptr.add((pc + p) * b.rs + (jc + j0) * b.cs) };
+                    let dst = &mut panel[p * NR..p * NR + w];
+                    if b.cs == 1 {
+                        dst.copy_from_slice(unsafe { std::slice::from_raw_parts(start, w) });
+                    } else {
+                        for (j, d) in dst.iter_mut().enumerate() {
+                            *d = unsafe { *start.add(j * b.cs) };
+                        }
+                    }
                     panel[p * NR + w..(p + 1) * NR].fill(0.0);
                 }
             }
@@ -143,7 +165,7 @@ unsafe fn block(
                     for p in 0..kc {
                         for ii in 0..MR {
                             panel[p * MR + ii] = if ii < h {
-                                unsafe { *a.add((ic + i0 + ii) * lda + pc + p) }
+                                unsafe { *a.ptr.add((ic + i0 + ii) * a.rs + (pc + p) * a.cs) }
                             } else {
                                 0.0
                             };
@@ -160,7 +182,7 @@ unsafe fn block(
                                 bp.as_ptr().add(jp * kc * NR),
                                 cp,
                                 ldc,
-                                pc > 0,
+                                accumulate || pc > 0,
                                 MR.min(mc - i0),
                                 NR.min(nc - j0),
                             )
@@ -272,18 +294,53 @@ mod tests {
             let b: Vec<f32> = (0..k * n)
                 .map(|i| ((i * 5 % 11) as f32 - 5.0) / 4.0)
                 .collect();
+            // Plain, then with A read transposed from its transpose and B likewise, then
+            // accumulating onto the first product.
+            let at: Vec<f32> = (0..k * m).map(|i| a[(i % m) * k + i / m]).collect();
+            let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
+            let plain = (
+                Mat {
+                    ptr: a.as_ptr(),
+                    rs: k,
+                    cs: 1,
+                },
+                Mat {
+                    ptr: b.as_ptr(),
+                    rs: n,
+                    cs: 1,
+                },
+            );
+            let strided = (
+                Mat {
+                    ptr: at.as_ptr(),
+                    rs: 1,
+                    cs: m,
+                },
+                Mat {
+                    ptr: bt.as_ptr(),
+                    rs: 1,
+                    cs: k,
+                },
+            );
             let mut c = vec![f32::NAN; m * n];
-            unsafe { sgemm(m, n, k, a.as_ptr(), k, b.as_ptr(), n, c.as_mut_ptr(), n, 2) };
-            for i in 0..m {
-                for j in 0..n {
-                    let want: f64 = (0..k)
-                        .map(|p| a[i * k + p] as f64 * b[p * n + j] as f64)
-                        .sum();
-                    let got = c[i * n + j] as f64;
-                    assert!(
-                        (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
-                        "{m}x{n}x{k} at ({i},{j}): {got} vs {want}"
-                    );
+            for (pass, (ma, mb), acc) in [
+                (1.0, plain, false),
+                (1.0, strided, false),
+                (2.0, strided, true),
+            ] {
+                unsafe { sgemm(m, n, k, ma, mb, c.as_mut_ptr(), n, acc, 2) };
+                for i in 0..m {
+                    for j in 0..n {
+                        let want: f64 = pass
+                            * (0..k)
+                                .map(|p| a[i * k + p] as f64 * b[p * n + j] as f64)
+                                .sum::<f64>();
+                        let got = c[i * n + j] as f64;
+                        assert!(
+                            (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                            "{m}x{n}x{k} at ({i},{j}), pass {pass}: {got} vs {want}"
+                        );
+                    }
                 }
             }
         }

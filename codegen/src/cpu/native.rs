@@ -1,0 +1,456 @@
+//! Hand-written `f32` kernels for single ops the JIT does not generate: pooling and its
+//! gradients, transposes, reductions over any axes, softmax cross-entropy and batch norm.
+//!
+//! They read and write the arena directly, like compiled kernels, and compute in `f32` (sums in
+//! `f64` where a whole axis is accumulated). Anything else, and every other dtype, still runs on
+//! the reference kernels.
+
+use tcc_ir::ops::normalize_axis;
+use tcc_ir::{DType, Function, Op, OpKind, Pool2d, ReduceOp, Value};
+
+/// One op and the dims it runs at.
+pub(crate) struct Native {
+    op: Op,
+    kind: Kind,
+    args: Vec<Value>,
+    results: Vec<Value>,
+    /// Whether each result is stored (unused results of multi-result ops are not).
+    stored: Vec<bool>,
+}
+
+enum Kind {
+    Transpose {
+        dims: Vec<usize>,
+        perm: Vec<usize>,
+    },
+    Reduce {
+        op: ReduceOp,
+        dims: Vec<usize>,
+        reduced: Vec<bool>,
+    },
+    MaxPool {
+        p: Pool2d,
+        xd: [usize; 4],
+        yd: [usize; 4],
+    },
+    MaxPoolGrad {
+        p: Pool2d,
+        xd: [usize; 4],
+        yd: [usize; 4],
+    },
+    AvgPool {
+        p: Pool2d,
+        include_pad: bool,
+        xd: [usize; 4],
+        yd: [usize; 4],
+    },
+    AvgPoolGrad {
+        p: Pool2d,
+        include_pad: bool,
+        xd: [usize; 4],
+        yd: [usize; 4],
+    },
+    CrossEntropy {
+        rows: usize,
+        classes: usize,
+        labels: DType,
+    },
+    BatchNormTrain {
+        eps: f64,
+        n: usize,
+        c: usize,
+        inner: usize,
+    },
+}
+
+fn dims(f: &Function, v: Value) -> Vec<usize> {
+    f.ty(v).dims().iter().map(|&d| d as usize).collect()
+}
+
+fn dims4(f: &Function, v: Value) -> [usize; 4] {
+    std::array::from_fn(|i| f.ty(v).dims()[i] as usize)
+}
+
+impl Native {
+    /// The native kernel for `op`, if there is one for its kind and dtypes.
+    pub(crate) fn for_op(f: &Function, op: Op, outputs: &[Value]) -> Option<Native> {
+        let d = f.op(op);
+        let x = d.args[0];
+        if f.ty(x).dtype() != DType::F32 && !matches!(d.kind, OpKind::Transpose { .. }) {
+            return None;
+        }
+        let kind = match &d.kind {
+            OpKind::Transpose { perm } => Kind::Transpose {
+                dims: dims(f, x),
+                perm: perm.iter().map(|&p| p as usize).collect(),
+            },
+            OpKind::Reduce { op, axes, .. } => {
+                let dm = dims(f, x);
+                let mut reduced = vec![false; dm.len()];
+                for &a in axes {
+                    reduced[normalize_axis(a, dm.len())?] = true;
+                }
+                Kind::Reduce {
+                    op: *op,
+                    dims: dm,
+                    reduced,
+                }
+            }
+            OpKind::MaxPool2d(p) => Kind::MaxPool {
+                p: p.clone(),
+                xd: dims4(f, x),
+                yd: dims4(f, d.results[0]),
+            },
+            OpKind::MaxPool2dGrad(p) => Kind::MaxPoolGrad {
+                p: p.clone(),
+                xd: dims4(f, x),
+                yd: dims4(f, d.args[1]),
+            },
+            OpKind::AvgPool2d {
+                pool,
+                count_include_pad,
+            } => Kind::AvgPool {
+                p: pool.clone(),
+                include_pad: *count_include_pad,
+                xd: dims4(f, x),
+                yd: dims4(f, d.results[0]),
+            },
+            OpKind::AvgPool2dGrad {
+                pool,
+                count_include_pad,
+                ..
+            } => Kind::AvgPoolGrad {
+                p: pool.clone(),
+                include_pad: *count_include_pad,
+                xd: dims4(f, d.results[0]),
+                yd: dims4(f, x),
+            },
+            OpKind::SoftmaxCrossEntropy => Kind::CrossEntropy {
+                rows: dims(f, x)[0],
+                classes: dims(f, x)[1],
+                labels: f.ty(d.args[1]).dtype(),
+            },
+            OpKind::BatchNormTrain { eps } => {
+                let dm = dims(f, x);
+                Kind::BatchNormTrain {
+                    eps: eps.0,
+                    n: dm[0],
+                    c: dm[1],
+                    inner: dm[2..].iter().product(),
+                }
+            }
+            _ => return None,
+        };
+        Some(Native {
+            op,
+            kind,
+            args: d.args.clone(),
+            results: d.results.clone(),
+            stored: d.results.iter().map(|r| outputs.contains(r)).collect(),
+        })
+    }
+
+    /// The op it runs.
+    pub(crate) fn op(&self) -> Op {
+        self.op
+    }
+
+    /// Runs the op. `elem` is the element size of a transpose's dtype.
+    ///
+    /// # Safety
+    /// `addr` gives storage of each operand's and result's type; results do not overlap
+    /// operands (the memory planner only puts elementwise results in place).
+    pub(crate) unsafe fn run(
+        &self,
+        f: &Function,
+        addr: &dyn Fn(Value) -> *mut u8,
+    ) -> Result<(), String> {
+        let arg = |i: usize| addr(self.args[i]) as *const f32;
+        let len = |v: Value| f.ty(v).numel() as usize;
+        // Results nobody reads still need somewhere to go.
+        let mut spare: Vec<Vec<f32>> = Vec::new();
+        let ptrs: Vec<*mut f32> = self
+            .results
+            .iter()
+            .zip(&self.stored)
+            .map(|(&r, &stored)| {
+                if stored {
+                    addr(r) as *mut f32
+                } else {
+                    spare.push(vec![0.0; len(r)]);
+                    spare.last_mut().expect("just pushed").as_mut_ptr()
+                }
+            })
+            .collect();
+        let res = |i: usize| ptrs[i];
+        // SAFETY (every arm): the caller's contract; slices cover exactly each value's elements.
+        unsafe {
+            let input = |i: usize| std::slice::from_raw_parts(arg(i), len(self.args[i]));
+            let output = |i: usize| std::slice::from_raw_parts_mut(res(i), len(self.results[i]));
+            match &self.kind {
+                Kind::Transpose { dims, perm } => {
+                    let size = f.ty(self.args[0]).dtype().size_bytes() as usize;
+                    transpose(addr(self.args[0]), addr(self.results[0]), dims, perm, size);
+                }
+                Kind::Reduce { op, dims, reduced } => {
+                    reduce(*op, input(0), output(0), dims, reduced)
+                }
+                Kind::MaxPool { p, xd, yd } => {
+                    pool_windows(p, *xd, *yd, |o, w| {
+                        let x = input(0);
+                        output(0)[o] = w.iter().fold(f32::NEG_INFINITY, |m, &i| {
+                            let v = x[i];
+                            if v > m || v.is_nan() { v } else { m }
+                        });
+                    });
+                }
+                Kind::MaxPoolGrad { p, xd, yd } => {
+                    let (x, dy, dx) = (input(0), input(1), output(0));
+                    dx.fill(0.0);
+                    pool_windows(p, *xd, *yd, |o, w| {
+                        let mut best = w[0];
+                        for &i in &w[1..] {
+                            if x[i] > x[best] || (x[i].is_nan() && !x[best].is_nan()) {
+                                best = i;
+                            }
+                        }
+                        dx[best] += dy[o];
+                    });
+                }
+                Kind::AvgPool {
+                    p,
+                    include_pad,
+                    xd,
+                    yd,
+                } => {
+                    let full = (p.kernel[0] * p.kernel[1]) as f32;
+                    let (x, y) = (input(0), output(0));
+                    pool_windows(p, *xd, *yd, |o, w| {
+                        let s: f32 = w.iter().map(|&i| x[i]).sum();
+                        y[o] = s / if *include_pad { full } else { w.len() as f32 };
+                    });
+                }
+                Kind::AvgPoolGrad {
+                    p,
+                    include_pad,
+                    xd,
+                    yd,
+                } => {
+                    let full = (p.kernel[0] * p.kernel[1]) as f32;
+                    let (dy, dx) = (input(0), output(0));
+                    dx.fill(0.0);
+                    pool_windows(p, *xd, *yd, |o, w| {
+                        let g = dy[o] / if *include_pad { full } else { w.len() as f32 };
+                        for &i in w {
+                            dx[i] += g;
+                        }
+                    });
+                }
+                Kind::CrossEntropy {
+                    rows,
+                    classes,
+                    labels,
+                } => {
+                    let x = input(0);
+                    let lp = addr(self.args[1]);
+                    let mut total = 0.0f64;
+                    for r in 0..*rows {
+                        let l = match labels {
+                            DType::I32 => *(lp as *const i32).add(r) as i64,
+                            _ => *(lp as *const i64).add(r),
+                        };
+                        if !(0..*classes as i64).contains(&l) {
+                            return Err(format!(
+                                "label {l} in row {r} is out of range for {classes} classes"
+                            ));
+                        }
+                        let row = &x[r * classes..(r + 1) * classes];
+                        let m = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                        let s: f64 = row.iter().map(|&v| ((v - m) as f64).exp()).sum();
+                        total -= (row[l as usize] - m) as f64 - s.ln();
+                    }
+                    output(0)[0] = (total / *rows as f64) as f32;
+                }
+                Kind::BatchNormTrain { eps, n, c, inner } => {
+                    let (x, g, b) = (input(0), input(1), input(2));
+                    let (y, mean, var) = (output(0), output(1), output(2));
+                    let m = (n * inner) as f64;
+                    for ch in 0..*c {
+                        let plane =
+                            |b_: usize| &x[(b_ * c + ch) * inner..(b_ * c + ch + 1) * inner];
+                        let s: f64 = (0..*n)
+                            .map(|b_| plane(b_).iter().map(|&v| v as f64).sum::<f64>())
+                            .sum();
+                        let mu = s / m;
+                        let ss: f64 = (0..*n)
+                            .map(|b_| {
+                                plane(b_)
+                                    .iter()
+                                    .map(|&v| (v as f64 - mu).powi(2))
+                                    .sum::<f64>()
+                            })
+                            .sum();
+                        let va = ss / m;
+                        mean[ch] = mu as f32;
+                        var[ch] = va as f32;
+                        // (x - mean) * scale + beta: no cancellation when the variance is tiny.
+                        let scale = (g[ch] as f64 / (va + eps).sqrt()) as f32;
+                        let (mu, shift) = (mu as f32, b[ch]);
+                        for b_ in 0..*n {
+                            let o = (b_ * c + ch) * inner;
+                            for (yo, &xv) in y[o..o + inner].iter_mut().zip(plane(b_)) {
+                                *yo = (xv - mu) * scale + shift;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Calls `f(output index, flat input indices of the window's real elements)` for every pooling
+/// output, in row-major order.
+fn pool_windows(p: &Pool2d, xd: [usize; 4], yd: [usize; 4], mut f: impl FnMut(usize, &[usize])) {
+    let [_, _, h, w] = xd;
+    let [nb, ch, oh, ow] = yd;
+    let mut win = Vec::with_capacity((p.kernel[0] * p.kernel[1]) as usize);
+    let mut o = 0;
+    for plane in 0..nb * ch {
+        let base = plane * h * w;
+        for y in 0..oh {
+            let y0 = (y * p.strides[0] as usize) as isize - p.pads[0] as isize;
+            for x in 0..ow {
+                let x0 = (x * p.strides[1] as usize) as isize - p.pads[1] as isize;
+                win.clear();
+                for ky in 0..p.kernel[0] as isize {
+                    let iy = y0 + ky;
+                    if iy < 0 || iy >= h as isize {
+                        continue;
+                    }
+                    for kx in 0..p.kernel[1] as isize {
+                        let ix = x0 + kx;
+                        if ix >= 0 && ix < w as isize {
+                            win.push(base + iy as usize * w + ix as usize);
+                        }
+                    }
+                }
+                f(o, &win);
+                o += 1;
+            }
+        }
+    }
+}
+
+/// Copies a `dims` tensor of `size`-byte elements into its transpose by `perm`.
+///
+/// # Safety
+/// `src` and `dst` hold the tensor and its transpose and do not overlap.
+unsafe fn transpose(src: *const u8, dst: *mut u8, dims: &[usize], perm: &[usize], size: usize) {
+    let r = dims.len();
+    let mut st = vec![1usize; r];
+    for i in (0..r.saturating_sub(1)).rev() {
+        st[i] = st[i + 1] * dims[i + 1];
+    }
+    // Output axis i walks input axis perm[i].
+    let od: Vec<usize> = perm.iter().map(|&p| dims[p]).collect();
+    let os: Vec<usize> = perm.iter().map(|&p| st[p]).collect();
+    let total: usize = dims.iter().product();
+    if total == 0 {
+        return;
+    }
+    let mut idx = vec![0usize; r];
+    let mut src_off = 0usize;
+    for o in 0..total {
+        // SAFETY: src_off < total and o < total index elements of the two buffers.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.add(src_off * size), dst.add(o * size), size);
+        }
+        for ax in (0..r).rev() {
+            idx[ax] += 1;
+            src_off += os[ax];
+            if idx[ax] < od[ax] {
+                break;
+            }
+            src_off -= os[ax] * od[ax];
+            idx[ax] = 0;
+        }
+    }
+}
+
+/// Reduces `x` (dims `dims`) over the axes marked in `reduced` into `y` (kept axes in order).
+fn reduce(op: ReduceOp, x: &[f32], y: &mut [f32], dims: &[usize], reduced: &[bool]) {
+    let init = if op == ReduceOp::Max {
+        f32::NEG_INFINITY
+    } else {
+        0.0
+    };
+    y.fill(init);
+    // Output stride of each input axis (0 for reduced axes).
+    let r = dims.len();
+    let mut ost = vec![0usize; r];
+    let mut s = 1;
+    for i in (0..r).rev() {
+        if !reduced[i] {
+            ost[i] = s;
+            s *= dims[i];
+        }
+    }
+    let inner = if r == 0 { 1 } else { dims[r - 1] };
+    let outer = x.len() / inner.max(1);
+    let mut idx = vec![0usize; r.saturating_sub(1)];
+    let mut obase = 0usize;
+    let last_reduced = r > 0 && reduced[r - 1];
+    for o in 0..outer {
+        let row = &x[o * inner..(o + 1) * inner];
+        if last_reduced {
+            let v = match op {
+                ReduceOp::Max => {
+                    row.iter().fold(
+                        f32::NEG_INFINITY,
+                        |m, &v| if v > m || v.is_nan() { v } else { m },
+                    )
+                }
+                _ => row.iter().sum(),
+            };
+            let t = &mut y[obase];
+            *t = if op == ReduceOp::Max {
+                if v > *t || v.is_nan() { v } else { *t }
+            } else {
+                *t + v
+            };
+        } else {
+            let out = &mut y[obase..obase + inner];
+            match op {
+                ReduceOp::Max => out.iter_mut().zip(row).for_each(|(t, &v)| {
+                    if v > *t || v.is_nan() {
+                        *t = v
+                    }
+                }),
+                _ => out.iter_mut().zip(row).for_each(|(t, &v)| *t += v),
+            }
+        }
+        // Advance the multi-index over the outer axes.
+        for ax in (0..r.saturating_sub(1)).rev() {
+            idx[ax] += 1;
+            obase += ost[ax];
+            if idx[ax] < dims[ax] {
+                break;
+            }
+            obase -= ost[ax] * dims[ax];
+            idx[ax] = 0;
+        }
+        let _ = o;
+    }
+    if op == ReduceOp::Mean {
+        let count: usize = dims
+            .iter()
+            .zip(reduced)
+            .filter(|(_, r)| **r)
+            .map(|(d, _)| d)
+            .product();
+        let k = 1.0 / count as f32;
+        y.iter_mut().for_each(|v| *v *= k);
+    }
+}
