@@ -382,9 +382,14 @@ unsafe fn gemm<T: Copy + Default + 'static>(
     ldc: usize,
     accumulate: bool,
     one: T,
+    parallel: bool,
 ) {
     if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() && sgemm::available() {
-        let threads = rayon::current_num_threads();
+        let threads = if parallel {
+            rayon::current_num_threads()
+        } else {
+            1
+        };
         let f = |x: Mat<T>| sgemm::Mat {
             ptr: x.ptr as *const f32,
             rs: x.rs,
@@ -394,7 +399,7 @@ unsafe fn gemm<T: Copy + Default + 'static>(
         unsafe { sgemm::sgemm(m, n, k, f(a), f(b), c as *mut f32, ldc, accumulate, threads) };
         return;
     }
-    let par = if m * n * k >= PARALLEL_FLOPS {
+    let par = if parallel && m * n * k >= PARALLEL_FLOPS {
         gemm::Parallelism::Rayon(0)
     } else {
         gemm::Parallelism::None
@@ -444,6 +449,7 @@ fn run_matmul(mm: &MatMul, addr: &dyn Fn(Value) -> *mut u8) {
                     n,
                     false,
                     1.0,
+                    true,
                 ),
                 DType::F64 => gemm::<f64>(
                     m,
@@ -455,6 +461,7 @@ fn run_matmul(mm: &MatMul, addr: &dyn Fn(Value) -> *mut u8) {
                     n,
                     false,
                     1.0,
+                    true,
                 ),
                 _ => unreachable!("library matmuls are f32 or f64"),
             }
@@ -483,7 +490,60 @@ pub struct Executable {
     consts: HashMap<Value, Vec<Line>>,
     /// Arenas of finished runs, reused by later ones (one per concurrent run at most).
     arenas: std::sync::Mutex<Vec<Vec<Line>>>,
+    /// With `TCC_PROFILE` set: the time spent in each step over all runs, printed on drop.
+    profile: Option<std::sync::Mutex<Vec<std::time::Duration>>>,
     _code: Code,
+}
+
+impl Drop for Executable {
+    /// With `TCC_PROFILE` set, prints where the time went, largest first.
+    fn drop(&mut self) {
+        let Some(Ok(times)) = self.profile.as_ref().map(|p| p.lock()) else {
+            return;
+        };
+        let total: f64 = times.iter().map(|t| t.as_secs_f64()).sum();
+        let mut rows: Vec<(f64, String)> = self
+            .steps
+            .iter()
+            .zip(times.iter())
+            .map(|(s, t)| {
+                let (what, op) = match s {
+                    Step::Jit(_) => ("jit", None),
+                    Step::Library { op, .. } => (
+                        "library",
+                        Some(match op {
+                            LibOp::MatMul(m) => m.dst,
+                            LibOp::Conv(c) => c.y,
+                        }),
+                    ),
+                    Step::Native(n) => ("native", Some(self.func.op(n.op()).results[0])),
+                    Step::Reference(k) => (
+                        "reference",
+                        Some(self.func.op(self.plan.kernels[*k].ops[0]).results[0]),
+                    ),
+                };
+                let name = op.map_or(String::new(), |v| {
+                    let d = self.func.def_op(v).map(|o| self.func.op(o).kind.mnemonic());
+                    format!("{} %{}", d.unwrap_or(""), self.func.name(v))
+                });
+                (t.as_secs_f64(), format!("{what:<9} {name}"))
+            })
+            .collect();
+        rows.sort_by(|a, b| b.0.total_cmp(&a.0));
+        eprintln!(
+            "TCC_PROFILE @{}: {:.3} ms in {} steps",
+            self.func.name,
+            total * 1e3,
+            rows.len()
+        );
+        for (t, what) in rows.iter().take(25) {
+            eprintln!(
+                "  {:>9.3} ms {:>5.1}%  {what}",
+                t * 1e3,
+                100.0 * t / total.max(1e-12)
+            );
+        }
+    }
 }
 
 /// How a compiled function's kernels run.
@@ -685,11 +745,21 @@ impl Taps {
     }
 }
 
-/// A convolution or one of its gradients by im2col/col2im and `gemm`.
+/// Raw pointers handed to the threads of one convolution; each thread writes only its own
+/// images (or its own partial filter gradient).
+#[derive(Clone, Copy)]
+struct Ptr<T>(*mut T);
+// SAFETY: see `conv_gemm`: the ranges written through these pointers are disjoint per thread.
+unsafe impl<T> Send for Ptr<T> {}
+unsafe impl<T> Sync for Ptr<T> {}
+
+/// A convolution or one of its gradients by im2col/col2im and `gemm`. Images are split among
+/// threads, each with its own columns buffer (the planned scratch slot for the first) and, for
+/// the filter gradient, its own partial sum, added up at the end.
 ///
 /// # Safety
 /// As for `run_conv`; `scratch` is `None` only for a plain 1x1 convolution.
-unsafe fn conv_gemm<T: Copy + Default + std::ops::AddAssign + 'static>(
+unsafe fn conv_gemm<T: Copy + Default + Send + Sync + std::ops::AddAssign + 'static>(
     cv: &Conv,
     x: *mut T,
     w: *mut T,
@@ -697,21 +767,101 @@ unsafe fn conv_gemm<T: Copy + Default + std::ops::AddAssign + 'static>(
     scratch: Option<*mut T>,
     one: T,
 ) {
-    let [nb, c, h, wd] = cv.xd;
+    let nb = cv.xd[0];
+    let [o, cg, kh, kw] = cv.wd;
+    let [_, _, oh, ow] = cv.yd;
+    let cols_len = cg * kh * kw * oh * ow;
+    let parts = rayon::current_num_threads().min(nb).max(1);
+    let per = nb.div_ceil(parts);
+    if cv.mode == ConvMode::GradInput {
+        // SAFETY: dx holds nb * C * H * W elements.
+        unsafe { std::ptr::write_bytes(x, 0, nb * cv.xd[1] * cv.xd[2] * cv.xd[3]) };
+    }
+    if parts == 1 {
+        // SAFETY: the caller's contract, all images on this thread.
+        unsafe { conv_images(cv, 0..nb, x, w, y, scratch, one, true) };
+        return;
+    }
+    let wlen = o * cg * kh * kw;
+    // Thread t > 0 gets its own columns and, for the filter gradient, its own partial sum.
+    let mut spare: Vec<(Vec<T>, Vec<T>)> = (1..parts)
+        .map(|_| {
+            let cols = if scratch.is_some() {
+                vec![T::default(); cols_len]
+            } else {
+                Vec::new()
+            };
+            let dw = if cv.mode == ConvMode::GradFilter {
+                vec![T::default(); wlen]
+            } else {
+                Vec::new()
+            };
+            (cols, dw)
+        })
+        .collect();
+    let (px, pw, py) = (Ptr(x), Ptr(w), Ptr(y));
+    let jobs: Vec<(usize, Option<Ptr<T>>, Ptr<T>)> = std::iter::once((0, scratch.map(Ptr), pw))
+        .chain(spare.iter_mut().enumerate().map(|(t, (cols, dw))| {
+            let cols = scratch.map(|_| Ptr(cols.as_mut_ptr()));
+            let w = if cv.mode == ConvMode::GradFilter {
+                Ptr(dw.as_mut_ptr())
+            } else {
+                pw
+            };
+            (t + 1, cols, w)
+        }))
+        .collect();
+    rayon::scope(|s| {
+        for &(t, cols, wt) in &jobs {
+            let images = t * per..((t + 1) * per).min(nb);
+            s.spawn(move |_| {
+                // Move the wrappers whole (not their pointer fields), so the closure is Send.
+                let (px, py, wt, cols) = (px, py, wt, cols);
+                // SAFETY: threads work on disjoint image ranges of x and y, their own columns,
+                // and (for the filter gradient) their own partial sums.
+                unsafe { conv_images(cv, images, px.0, wt.0, py.0, cols.map(|c| c.0), one, false) };
+            });
+        }
+    });
+    if cv.mode == ConvMode::GradFilter {
+        // SAFETY: dw holds wlen elements; the partial sums are separate buffers.
+        let dw = unsafe { std::slice::from_raw_parts_mut(w, wlen) };
+        for (_, part) in &spare {
+            for (d, &p) in dw.iter_mut().zip(part) {
+                *d += p;
+            }
+        }
+    }
+}
+
+/// The convolution of `images` on one thread (see `conv_gemm`), with `parallel` GEMMs when it
+/// has all the images.
+///
+/// # Safety
+/// As for `conv_gemm`; `w` is the filter (or this thread's partial filter gradient).
+#[allow(clippy::too_many_arguments)]
+unsafe fn conv_images<T: Copy + Default + std::ops::AddAssign + 'static>(
+    cv: &Conv,
+    images: std::ops::Range<usize>,
+    x: *mut T,
+    w: *mut T,
+    y: *mut T,
+    scratch: Option<*mut T>,
+    one: T,
+    parallel: bool,
+) {
+    let [_, c, h, wd] = cv.xd;
     let [o, cg, kh, kw] = cv.wd;
     let [_, _, oh, ow] = cv.yd;
     let g = cv.attrs.groups as usize;
     let og = o / g;
     let (kk, m) = (cg * kh * kw, oh * ow);
     let taps = Taps::new(cv);
-    if cv.mode == ConvMode::GradInput {
-        // SAFETY: dx holds nb * c * h * wd elements.
-        unsafe { std::ptr::write_bytes(x, 0, nb * c * h * wd) };
-    }
-    for n in 0..nb {
+    let first = images.start;
+    for n in images {
         for gi in 0..g {
             // SAFETY (block): every pointer stays inside the tensor of recorded dims it
-            // addresses; the scratch slot holds kk * m elements; C never overlaps A or B.
+            // addresses; the scratch holds kk * m elements; C never overlaps A or B.
             unsafe {
                 let image = x.add((n * c + gi * cg) * h * wd);
                 let filt = w.add(gi * og * kk);
@@ -735,6 +885,7 @@ unsafe fn conv_gemm<T: Copy + Default + std::ops::AddAssign + 'static>(
                         m,
                         false,
                         one,
+                        parallel,
                     ),
                     ConvMode::GradFilter => gemm(
                         og,
@@ -744,8 +895,9 @@ unsafe fn conv_gemm<T: Copy + Default + std::ops::AddAssign + 'static>(
                         Mat::transposed(cols, m),
                         filt,
                         kk,
-                        n > 0,
+                        n > first,
                         one,
+                        parallel,
                     ),
                     ConvMode::GradInput => {
                         // cols = W^T · dy, then each column element adds into its image pixel.
@@ -759,6 +911,7 @@ unsafe fn conv_gemm<T: Copy + Default + std::ops::AddAssign + 'static>(
                             m,
                             false,
                             one,
+                            parallel,
                         );
                         if scratch.is_some() {
                             taps.each(cv, |row, j, i| *image.add(i) += *cols.add(row * m + j));
@@ -890,6 +1043,7 @@ impl Executable {
                 },
             });
         }
+        let n_steps = steps.len();
         let mut consts = HashMap::new();
         for &op in &plan.constants {
             let OpKind::Const { ty, value } = &f.op(op).kind else {
@@ -914,6 +1068,8 @@ impl Executable {
             origin,
             consts,
             arenas: std::sync::Mutex::new(Vec::new()),
+            profile: std::env::var_os("TCC_PROFILE")
+                .map(|_| std::sync::Mutex::new(vec![std::time::Duration::ZERO; n_steps])),
             _code: Code(Some(module)),
         })
     }
@@ -995,7 +1151,9 @@ impl Executable {
                 Storage::None => unreachable!("a value read outside its kernel is stored"),
             }
         };
-        for step in &self.steps {
+        let profile = self.profile.is_some();
+        for (si, step) in self.steps.iter().enumerate() {
+            let t0 = profile.then(std::time::Instant::now);
             match step {
                 Step::Jit(l) => run_loop(l, &addr),
                 Step::Library { op, epilogue } => {
@@ -1017,6 +1175,11 @@ impl Executable {
                     ))
                 })?,
                 Step::Reference(k) => self.run_reference(*k, &addr)?,
+            }
+            if let (Some(t0), Some(p)) = (t0, &self.profile)
+                && let Ok(mut p) = p.lock()
+            {
+                p[si] += t0.elapsed();
             }
         }
         // Every step ran, so every output buffer is fully written.

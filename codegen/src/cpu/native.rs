@@ -5,6 +5,7 @@
 //! `f64` where a whole axis is accumulated). Anything else, and every other dtype, still runs on
 //! the reference kernels.
 
+use rayon::prelude::*;
 use tcc_ir::ops::normalize_axis;
 use tcc_ir::{DType, Function, Op, OpKind, Pool2d, ReduceOp, Value};
 
@@ -196,25 +197,33 @@ impl Native {
                     reduce(*op, input(0), output(0), dims, reduced)
                 }
                 Kind::MaxPool { p, xd, yd } => {
-                    pool_windows(p, *xd, *yd, |o, w| {
-                        let x = input(0);
-                        output(0)[o] = w.iter().fold(f32::NEG_INFINITY, |m, &i| {
-                            let v = x[i];
-                            if v > m || v.is_nan() { v } else { m }
+                    let x = input(0);
+                    pool_forward(p, *xd, *yd, x, output(0), |plane, w| {
+                        let mut m = f32::NEG_INFINITY;
+                        w.each(|i| {
+                            let v = plane[i];
+                            if v > m || v.is_nan() {
+                                m = v;
+                            }
                         });
+                        m
                     });
                 }
                 Kind::MaxPoolGrad { p, xd, yd } => {
-                    let (x, dy, dx) = (input(0), input(1), output(0));
-                    dx.fill(0.0);
-                    pool_windows(p, *xd, *yd, |o, w| {
-                        let mut best = w[0];
-                        for &i in &w[1..] {
-                            if x[i] > x[best] || (x[i].is_nan() && !x[best].is_nan()) {
+                    let (x, dy) = (input(0), input(1));
+                    pool_backward(p, *xd, *yd, dy, output(0), |b, w, g, dx| {
+                        // The first position holding the maximum (NaN counts as the maximum).
+                        let plane = &x[b..b + dx.len()];
+                        let mut best = usize::MAX;
+                        let mut m = f32::NEG_INFINITY;
+                        w.each(|i| {
+                            let v = plane[i];
+                            if best == usize::MAX || v > m || (v.is_nan() && !m.is_nan()) {
                                 best = i;
+                                m = v;
                             }
-                        }
-                        dx[best] += dy[o];
+                        });
+                        dx[best] += g;
                     });
                 }
                 Kind::AvgPool {
@@ -224,10 +233,10 @@ impl Native {
                     yd,
                 } => {
                     let full = (p.kernel[0] * p.kernel[1]) as f32;
-                    let (x, y) = (input(0), output(0));
-                    pool_windows(p, *xd, *yd, |o, w| {
-                        let s: f32 = w.iter().map(|&i| x[i]).sum();
-                        y[o] = s / if *include_pad { full } else { w.len() as f32 };
+                    pool_forward(p, *xd, *yd, input(0), output(0), |plane, w| {
+                        let mut s = 0.0f32;
+                        w.each(|i| s += plane[i]);
+                        s / if *include_pad { full } else { w.count() as f32 }
                     });
                 }
                 Kind::AvgPoolGrad {
@@ -237,13 +246,9 @@ impl Native {
                     yd,
                 } => {
                     let full = (p.kernel[0] * p.kernel[1]) as f32;
-                    let (dy, dx) = (input(0), output(0));
-                    dx.fill(0.0);
-                    pool_windows(p, *xd, *yd, |o, w| {
-                        let g = dy[o] / if *include_pad { full } else { w.len() as f32 };
-                        for &i in w {
-                            dx[i] += g;
-                        }
+                    pool_backward(p, *xd, *yd, input(0), output(0), |_, w, g, dx| {
+                        let g = g / if *include_pad { full } else { w.count() as f32 };
+                        w.each(|i| dx[i] += g);
                     });
                 }
                 Kind::CrossEntropy {
@@ -310,36 +315,97 @@ impl Native {
     }
 }
 
-/// Calls `f(output index, flat input indices of the window's real elements)` for every pooling
-/// output, in row-major order.
-fn pool_windows(p: &Pool2d, xd: [usize; 4], yd: [usize; 4], mut f: impl FnMut(usize, &[usize])) {
-    let [_, _, h, w] = xd;
-    let [nb, ch, oh, ow] = yd;
-    let mut win = Vec::with_capacity((p.kernel[0] * p.kernel[1]) as usize);
-    let mut o = 0;
-    for plane in 0..nb * ch {
-        let base = plane * h * w;
-        for y in 0..oh {
-            let y0 = (y * p.strides[0] as usize) as isize - p.pads[0] as isize;
-            for x in 0..ow {
-                let x0 = (x * p.strides[1] as usize) as isize - p.pads[1] as isize;
-                win.clear();
-                for ky in 0..p.kernel[0] as isize {
-                    let iy = y0 + ky;
-                    if iy < 0 || iy >= h as isize {
-                        continue;
-                    }
-                    for kx in 0..p.kernel[1] as isize {
-                        let ix = x0 + kx;
-                        if ix >= 0 && ix < w as isize {
-                            win.push(base + iy as usize * w + ix as usize);
-                        }
-                    }
-                }
-                f(o, &win);
-                o += 1;
+/// The real (unpadded) part of one pooling window inside its plane.
+struct Window {
+    y: std::ops::Range<usize>,
+    x: std::ops::Range<usize>,
+    w: usize,
+}
+
+impl Window {
+    /// Calls `f` with the in-plane index of each element, row-major.
+    #[inline]
+    fn each(&self, mut f: impl FnMut(usize)) {
+        for iy in self.y.clone() {
+            for ix in self.x.clone() {
+                f(iy * self.w + ix);
             }
         }
+    }
+
+    fn count(&self) -> usize {
+        self.y.len() * self.x.len()
+    }
+}
+
+/// The window of output `(oy, ox)` of a plane of height `h` and width `w`.
+#[inline]
+fn window(p: &Pool2d, h: usize, w: usize, oy: usize, ox: usize) -> Window {
+    let span = |o: usize, i: usize, n: usize| {
+        let lo = (o * p.strides[i] as usize) as isize - p.pads[i] as isize;
+        let hi = (lo + p.kernel[i] as isize).min(n as isize);
+        lo.max(0) as usize..hi.max(0) as usize
+    };
+    Window {
+        y: span(oy, 0, h),
+        x: span(ox, 1, w),
+        w,
+    }
+}
+
+/// Pooling forward: each output plane from its input plane, planes in parallel.
+fn pool_forward(
+    p: &Pool2d,
+    xd: [usize; 4],
+    yd: [usize; 4],
+    x: &[f32],
+    y: &mut [f32],
+    f: impl Fn(&[f32], &Window) -> f32 + Sync,
+) {
+    let [_, _, h, w] = xd;
+    let [_, _, oh, ow] = yd;
+    let (xs, ys) = (h * w, oh * ow);
+    let work = |(plane, out): (usize, &mut [f32])| {
+        let xp = &x[plane * xs..(plane + 1) * xs];
+        for oy in 0..oh {
+            for ox in 0..ow {
+                out[oy * ow + ox] = f(xp, &window(p, h, w, oy, ox));
+            }
+        }
+    };
+    if y.len() >= 1 << 14 {
+        y.par_chunks_mut(ys.max(1)).enumerate().for_each(work);
+    } else {
+        y.chunks_mut(ys.max(1)).enumerate().for_each(work);
+    }
+}
+
+/// Pooling backward: each input-gradient plane (zeroed, then `f(plane offset, window, dy,
+/// plane)` per output) from its output-gradient plane, planes in parallel.
+fn pool_backward(
+    p: &Pool2d,
+    xd: [usize; 4],
+    yd: [usize; 4],
+    dy: &[f32],
+    dx: &mut [f32],
+    f: impl Fn(usize, &Window, f32, &mut [f32]) + Sync,
+) {
+    let [_, _, h, w] = xd;
+    let [_, _, oh, ow] = yd;
+    let (xs, ys) = (h * w, oh * ow);
+    let work = |(plane, out): (usize, &mut [f32])| {
+        out.fill(0.0);
+        let g = &dy[plane * ys..(plane + 1) * ys];
+        for oy in 0..oh {
+            for ox in 0..ow {
+                f(plane * xs, &window(p, h, w, oy, ox), g[oy * ow + ox], out);
+            }
+        }
+    };
+    if dx.len() >= 1 << 14 {
+        dx.par_chunks_mut(xs.max(1)).enumerate().for_each(work);
+    } else {
+        dx.chunks_mut(xs.max(1)).enumerate().for_each(work);
     }
 }
 
