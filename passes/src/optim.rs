@@ -81,8 +81,7 @@ pub fn apply_optimizer(f: &mut Function, opt: Optimizer) -> Result<(), String> {
     let (pairs, rest) = split_results(f);
     if pairs.is_empty() {
         return Err(format!(
-            "`@{}` returns no gradients (results named grad/<parameter>); run `grad` first, as in --passes='grad,{}{{lr=0.1}}'",
-            f.name,
+            "the function returns no gradients (results named grad/<parameter>); run `grad` first, as in --passes='grad,{}{{lr=0.1}}'",
             opt.name()
         ));
     }

@@ -91,11 +91,11 @@ fn is_float(f: &Function, v: Value) -> bool {
 
 fn lookup(f: &Function, name: &str, what: &str) -> Result<Value, String> {
     f.lookup(name).ok_or_else(|| {
-        let mut msg = format!("{what} `%{name}` is not a value of `@{}`", f.name);
+        let mut msg = format!("{what} `%{name}` is not a value of the function");
         let close: Vec<&str> = f
             .all_values()
             .map(|v| f.name(v))
-            .filter(|n| n.contains(name) || name.contains(*n))
+            .filter(|n| n.contains(name) || (n.len() >= 3 && name.contains(*n)))
             .take(5)
             .collect();
         if !close.is_empty() {
@@ -130,13 +130,12 @@ fn resolve_ys(f: &Function, opts: &GradOptions) -> Result<Vec<Value>, String> {
         .collect();
     match scalars.as_slice() {
         [y] => Ok(vec![*y]),
-        [] => Err(format!(
-            "`@{}` has no floating-point scalar result to differentiate; name the values with ys=[...]",
-            f.name
-        )),
+        [] => Err(
+            "the function has no floating-point scalar result to differentiate; name the values with ys=[...]"
+                .to_string(),
+        ),
         _ => Err(format!(
-            "`@{}` has {} floating-point scalar results ({}); say which to differentiate with ys=[...]",
-            f.name,
+            "the function has {} floating-point scalar results ({}); say which to differentiate with ys=[...]",
             scalars.len(),
             scalars
                 .iter()
@@ -159,10 +158,7 @@ fn resolve_xs(f: &Function, wrt: &Wrt) -> Result<Vec<Value>, String> {
                         .filter(|&p| f.name(p).starts_with(s.as_str()))
                         .collect();
                     if found.is_empty() {
-                        return Err(format!(
-                            "no floating-point parameter of `@{}` is in scope `{s}`",
-                            f.name
-                        ));
+                        return Err(format!("no floating-point parameter is in scope `{s}`"));
                     }
                     xs.extend(found);
                 } else {
@@ -182,10 +178,10 @@ fn resolve_xs(f: &Function, wrt: &Wrt) -> Result<Vec<Value>, String> {
     let mut seen = std::collections::HashSet::new();
     let xs: Vec<Value> = xs.into_iter().filter(|v| seen.insert(*v)).collect();
     if xs.is_empty() {
-        return Err(format!(
-            "`@{}` has no floating-point parameters to differentiate with respect to; pass wrt=[...]",
-            f.name
-        ));
+        return Err(
+            "the function has no floating-point parameters to differentiate with respect to; pass wrt=[...]"
+                .to_string(),
+        );
     }
     Ok(xs)
 }

@@ -443,12 +443,14 @@ impl Rules<'_> {
                     out[2] = Some(self.b.op1(OpKind::Gather { axis: *axis }, &[dyv(), a[1]])?);
                 }
             }
-            OpKind::MaxPool2dGrad(_) => {
-                return Ok(Err(
-                    "`max_pool2d_grad` has no gradient rule (second derivatives through max pooling are not supported)"
-                        .to_string(),
+            // Piecewise constant in x (zero gradient); linear in dy, but that rule (routing each
+            // window's cotangent from its argmax) has no op yet.
+            OpKind::MaxPool2dGrad(_) if g.needs[1] => {
+                return Ok(Err(                    "`max_pool2d_grad` has no gradient rule with respect to its cotangent (second derivatives through max pooling are not supported)"
+                                                .to_string(),
                 ));
             }
+            OpKind::MaxPool2dGrad(_) => {}
         }
         Ok(Ok(out))
     }

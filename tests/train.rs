@@ -1,0 +1,234 @@
+//! `tcc grad` and `tcc train` end to end: the shipped examples train to a real result, the
+//! trained parameters are saved, and a user's mistakes get clear errors.
+
+use std::path::PathBuf;
+use tcc_tools::npy;
+
+fn tcc(args: &[&str]) -> (i32, String, String) {
+    let args: Vec<String> = std::iter::once("tcc")
+        .chain(args.iter().copied())
+        .map(String::from)
+        .collect();
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = tcc_tools::run(&args, &mut std::io::empty(), &mut out, &mut err);
+    (
+        code,
+        String::from_utf8(out).unwrap(),
+        String::from_utf8(err).unwrap(),
+    )
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("tcc-train-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// `(step, loss, accuracy)` of each progress line `step N/M  loss L  accuracy A  (...)`.
+fn progress(out: &str) -> Vec<(usize, f64, f64)> {
+    out.lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            if w.first() != Some(&"step") {
+                return None;
+            }
+            let step = w[1].split('/').next()?.parse().ok()?;
+            Some((step, w[3].parse().ok()?, w[5].parse().ok()?))
+        })
+        .collect()
+}
+
+#[test]
+fn spirals_mlp_reaches_95_percent_training_accuracy() {
+    let save = scratch("spirals");
+    let (code, out, err) = tcc(&[
+        "train",
+        "examples/spirals_mlp.tir",
+        "--data",
+        "examples/data/spirals",
+        "--steps",
+        "120",
+        "--every",
+        "20",
+        "--save",
+        save.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let p = progress(&out);
+    assert_eq!(p.len(), 7, "{out}");
+    let (_, loss, acc) = *p.last().unwrap();
+    assert!(acc >= 0.95, "final accuracy {acc}:\n{out}");
+    assert!(loss < 0.25 * p[0].1, "loss did not fall:\n{out}");
+    // The six trained parameters are saved with their shapes; the data is not.
+    let w = npy::read(&std::fs::read(save.join("fc2_w.npy")).unwrap()).unwrap();
+    assert_eq!(w.ty().to_string(), "f32[64,64]");
+    let saved = std::fs::read_dir(&save).unwrap().count();
+    assert_eq!(saved, 6, "{out}");
+    // Training again from the saved parameters starts where the first run ended.
+    let (code, out2, err) = tcc(&[
+        "train",
+        "examples/spirals_mlp.tir",
+        "--data",
+        "examples/data/spirals",
+        "--init",
+        save.to_str().unwrap(),
+        "--steps",
+        "1",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let (_, first, _) = progress(&out2)[0];
+    assert!(first < 2.0 * loss, "{first} vs {loss}\n{out2}");
+    let _ = std::fs::remove_dir_all(&save);
+}
+
+#[test]
+fn digits_cnn_loss_falls_steadily() {
+    let (code, out, err) = tcc(&[
+        "train",
+        "examples/digits_cnn.tir",
+        "--data",
+        "examples/data/digits",
+        "--steps",
+        "56",
+        "--every",
+        "14",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let losses: Vec<f64> = progress(&out).iter().map(|p| p.1).collect();
+    assert_eq!(losses.len(), 5, "{out}");
+    // Mini-batches differ, so single steps are noisy; every printed loss is below the first and
+    // the last is less than a fifth of it.
+    assert!(losses[1..].iter().all(|&l| l < losses[0]), "{out}");
+    assert!(losses[4] < 0.2 * losses[0], "{out}");
+}
+
+#[test]
+fn every_optimizer_trains() {
+    for (opt, lr) in [("sgd", "0.5"), ("momentum", "0.1"), ("adam", "0.01")] {
+        let (code, out, err) = tcc(&[
+            "train",
+            "examples/spirals_mlp.tir",
+            "--data",
+            "examples/data/spirals",
+            "--steps",
+            "30",
+            "--optimizer",
+            opt,
+            "--lr",
+            lr,
+        ]);
+        assert_eq!(code, 0, "{opt}: {err}");
+        let p = progress(&out);
+        let (first, last) = (p[0].1, p.last().unwrap().1);
+        assert!(last < 0.8 * first, "{opt}: loss {first} -> {last}\n{out}");
+    }
+}
+
+#[test]
+fn grad_prints_the_gradient_function_and_its_size() {
+    let (code, out, err) = tcc(&["grad", "examples/spirals_mlp.tir", "--ys", "loss"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("%grad/fc1/w"), "{out}");
+    assert!(
+        err.starts_with("grad @spirals: 20 forward ops -> "),
+        "{err}"
+    );
+    let m = tcc::ir::parse_module(&out).unwrap();
+    tcc::ir::verify_module(&m).unwrap();
+}
+
+#[test]
+fn user_errors_are_reported() {
+    let cases: &[(&[&str], i32, &str)] = &[
+        (
+            &[
+                "grad",
+                "examples/spirals_mlp.tir",
+                "--ys",
+                "loss",
+                "--wrt",
+                "fc9/w",
+            ],
+            1,
+            "error: in `@spirals`: x `%fc9/w` is not a value of the function",
+        ),
+        (
+            &["grad", "examples/spirals_mlp.tir"],
+            1,
+            "in `@spirals`: the function has 2 floating-point scalar results (%loss, %accuracy); say which to differentiate with ys=[...]",
+        ),
+        (
+            &[
+                "grad",
+                "examples/spirals_mlp.tir",
+                "--ys",
+                "loss",
+                "--wrt",
+                "labels",
+            ],
+            1,
+            "cannot differentiate with respect to `%labels` of type i32[400]",
+        ),
+        (
+            &["train", "examples/spirals_mlp.tir", "--steps", "1"],
+            1,
+            "parameter `labels` of `@spirals` is neither trained nor in the data directory (no --data given)",
+        ),
+        (
+            &[
+                "train",
+                "examples/spirals_mlp.tir",
+                "--steps",
+                "1",
+                "--data",
+                "examples/data/digits",
+            ],
+            1,
+            "holds u8[1792,1,8,8], but parameter `x` is f32[400,2]",
+        ),
+        (
+            &[
+                "train",
+                "examples/spirals_mlp.tir",
+                "--steps",
+                "1",
+                "--optimizer",
+                "lbfgs",
+            ],
+            2,
+            "unknown optimizer `lbfgs`; choose sgd, momentum or adam",
+        ),
+        (&["train", "examples/spirals_mlp.tir"], 2, "--steps"),
+        (
+            &["opt", "--passes=sgd", "examples/spirals_mlp.tir"],
+            2,
+            "`sgd` needs `lr`, as in sgd{lr=0.01}",
+        ),
+        (
+            &["opt", "--passes=sgd{lr=0.1}", "examples/spirals_mlp.tir"],
+            1,
+            "returns no gradients (results named grad/<parameter>); run `grad` first",
+        ),
+    ];
+    for (args, want_code, want) in cases {
+        let (code, _, err) = tcc(args);
+        assert_eq!(code, *want_code, "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: expected `{want}` in:\n{err}");
+    }
+    // A loss that is not a scalar.
+    let dir = scratch("bad-loss");
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("f.tir");
+    std::fs::write(
+        &f,
+        "func @f(%w: f32[3]) -> (f32[3]) {\n  %y = mul %w, %w : f32[3]\n  return %y\n}\n",
+    )
+    .unwrap();
+    let (code, _, err) = tcc(&["train", f.to_str().unwrap(), "--steps", "1"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("is f32[3]; `tcc train` needs a floating-point scalar loss there"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
