@@ -12,7 +12,8 @@
 //!   shape: a pass over each row for its max and sum, then the row itself.
 //! - **library**: `matmul`, `conv2d` or a convolution gradient (a tuned GEMM call) with a fused
 //!   elementwise epilogue over the output shape, such as a bias add and an activation.
-//! - **view**: `reshape`, which moves no data.
+//! - **view**: `reshape`, which moves no data, and a transpose of the last two axes that only
+//!   matmuls read (they read its source with swapped strides; see [`folded_transpose`]).
 //! - **generic**: any other op, alone (transpose, slice, concat, gather, pooling, batch norm...).
 //!
 //! Constants belong to no kernel: small splats are inlined by backends and the rest are data.
@@ -118,6 +119,40 @@ fn joins(
         OpKind::Select | OpKind::Cast { .. } => open.dtype() == tcc_ir::DType::Bool,
         _ => false,
     }
+}
+
+/// Whether a transpose is only read, as the operand of a floating-point `matmul`, with its last
+/// two axes swapped: the GEMM then reads its source with swapped strides, and the transpose is a
+/// view that moves no data. Backends must read such a view through [`folded_transpose`].
+fn folds_into_matmul(f: &Function, uses: &SecondaryMap<Value, Vec<(Op, u32)>>, op: Op) -> bool {
+    let d = f.op(op);
+    let r = d.results[0];
+    let OpKind::Transpose { perm } = &d.kind else {
+        return false;
+    };
+    let n = perm.len();
+    let swaps_last_two = n >= 2
+        && perm[n - 2] == (n - 1) as u64
+        && perm[n - 1] == (n - 2) as u64
+        && perm[..n - 2]
+            .iter()
+            .enumerate()
+            .all(|(i, &p)| p == i as u64);
+    swaps_last_two
+        && f.ty(r).dtype().is_float()
+        && !f.results().contains(&r)
+        && !uses[r].is_empty()
+        && uses[r]
+            .iter()
+            .all(|&(u, _)| matches!(f.op(u).kind, OpKind::MatMul))
+}
+
+/// If `v` is a transpose planned as a view (read by matmuls with swapped strides), its source.
+pub fn folded_transpose(f: &Function, plan: &Plan, v: Value) -> Option<Value> {
+    let op = f.def_op(v)?;
+    let k = plan.kernel_of[op]?;
+    (plan.kernels[k].kind == KernelKind::View && matches!(f.op(op).kind, OpKind::Transpose { .. }))
+        .then(|| f.op(op).args[0])
 }
 
 /// Whether reduction or row op `op` can take an elementwise prologue: reductions only over
@@ -268,6 +303,10 @@ pub fn plan(f: &Function) -> Plan {
                 k
             }
             OpKind::Reshape { .. } => {
+                open = None;
+                new(&mut kernels, KernelKind::View, op)
+            }
+            OpKind::Transpose { .. } if folds_into_matmul(f, &uses, op) => {
                 open = None;
                 new(&mut kernels, KernelKind::View, op)
             }

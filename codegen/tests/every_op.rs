@@ -392,3 +392,34 @@ fn gradient_ops() {
         64,
     );
 }
+
+#[test]
+fn matmul_reading_transposes() {
+    // Transposes of the last two axes that only matmuls read are folded into the GEMM's strides.
+    case(
+        "%a: f32[7,5], %b: f32[3,7]",
+        "  %at = transpose %a {perm=[1,0]} : f32[5,7]\n  %bt = transpose %b {perm=[1,0]} : f32[7,3]\n  %out = matmul %at, %bt : f32[5,3]",
+        "f32[5,3]",
+        70,
+    );
+    case(
+        "%a: f64[2,6,4], %b: f64[6,4]",
+        "  %at = transpose %a {perm=[0,2,1]} : f64[2,4,6]\n  %out = matmul %at, %b : f64[2,4,4]",
+        "f64[2,4,4]",
+        71,
+    );
+    // Also read elsewhere: materialised.
+    case(
+        "%a: f32[7,5], %b: f32[7,3]",
+        "  %at = transpose %a {perm=[1,0]} : f32[5,7]\n  %m = matmul %at, %b : f32[5,3]\n  %e = exp %at : f32[5,7]\n  %s = reduce_sum %e {axes=[1], keepdims=true} : f32[5,1]\n  %out = add %m, %s : f32[5,3]",
+        "f32[5,3]",
+        72,
+    );
+    // An integer matmul runs on the reference kernels, which materialise the folded view.
+    case(
+        "%a: i32[4,3], %b: i32[4,2]",
+        "  %at = transpose %a {perm=[1,0]} : i32[3,4]\n  %out = matmul %at, %b : i32[3,2]",
+        "i32[3,2]",
+        73,
+    );
+}

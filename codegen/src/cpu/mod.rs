@@ -95,6 +95,10 @@ struct Loop {
 struct MatMul {
     a: Value,
     b: Value,
+    /// Whether `a` (`b`) is read through a folded transpose: the value is then its source, and
+    /// the GEMM reads it with swapped strides.
+    ta: bool,
+    tb: bool,
     dst: Value,
     dtype: DType,
     m: usize,
@@ -203,6 +207,7 @@ fn batch_map(from: &[u64], out: &[u64]) -> Vec<usize> {
 /// way yet (then it runs on the reference kernels).
 fn library_step(
     f: &Function,
+    plan: &Plan,
     kd: &KernelData,
     scratch: Option<u64>,
 ) -> Option<(LibOp, Option<(KernelData, Value)>)> {
@@ -238,7 +243,7 @@ fn library_step(
         })
     };
     let mut lib = match &d.kind {
-        OpKind::MatMul => LibOp::MatMul(matmul_step(f, a0, a1, r)),
+        OpKind::MatMul => LibOp::MatMul(matmul_step(f, plan, a0, a1, r)),
         OpKind::Conv2d(c) => conv(ConvMode::Forward, c, a0, a1, r),
         OpKind::Conv2dGradInput { conv: c, .. } => conv(ConvMode::GradInput, c, r, a1, a0),
         OpKind::Conv2dGradFilter { conv: c, .. } => conv(ConvMode::GradFilter, c, a0, r, a1),
@@ -252,7 +257,7 @@ fn library_step(
     Some((lib, Some((epi, r))))
 }
 
-fn matmul_step(f: &Function, a: Value, b: Value, r: Value) -> MatMul {
+fn matmul_step(f: &Function, plan: &Plan, a: Value, b: Value, r: Value) -> MatMul {
     let dtype = f.ty(r).dtype();
     let (ad, bd, od) = (f.ty(a).dims(), f.ty(b).dims(), f.ty(r).dims());
     let (m, k, n) = (
@@ -265,9 +270,15 @@ fn matmul_step(f: &Function, a: Value, b: Value, r: Value) -> MatMul {
         .into_iter()
         .zip(batch_map(&bd[..bd.len() - 2], batch))
         .collect();
+    let (sa, sb) = (
+        crate::plan::folded_transpose(f, plan, a),
+        crate::plan::folded_transpose(f, plan, b),
+    );
     MatMul {
-        a,
-        b,
+        a: sa.unwrap_or(a),
+        b: sb.unwrap_or(b),
+        ta: sa.is_some(),
+        tb: sb.is_some(),
         dst: r,
         dtype,
         m,
@@ -434,17 +445,46 @@ unsafe fn gemm<T: Copy + Default + 'static>(
 fn run_matmul(mm: &MatMul, addr: &dyn Fn(Value) -> *mut u8) {
     let (a, b, dst) = (addr(mm.a), addr(mm.b), addr(mm.dst));
     let (m, n, k) = (mm.m, mm.n, mm.k);
+    // A is [m, k] row-major, or (transposed) its source [k, m]; B likewise.
+    let mat_a = |p| {
+        if mm.ta {
+            Mat::transposed(p, m)
+        } else {
+            Mat::rows(p, k)
+        }
+    };
+    let mat_b = |p| {
+        if mm.tb {
+            Mat::transposed(p, k)
+        } else {
+            Mat::rows(p, n)
+        }
+    };
+    let mat_a64 = |p| {
+        if mm.ta {
+            Mat::transposed(p, m)
+        } else {
+            Mat::rows(p, k)
+        }
+    };
+    let mat_b64 = |p| {
+        if mm.tb {
+            Mat::transposed(p, k)
+        } else {
+            Mat::rows(p, n)
+        }
+    };
     for (i, &(ab, bb)) in mm.batches.iter().enumerate() {
-        // SAFETY: a, b and dst hold [batches.., m, k], [.., k, n] and [.., m, n] row-major
-        // elements of `dtype`; the offsets stay inside them.
+        // SAFETY: a, b and dst hold [batches.., m, k] (or [.., k, m]), [.., k, n] (or
+        // [.., n, k]) and [.., m, n] elements of `dtype`; the offsets stay inside them.
         unsafe {
             match mm.dtype {
                 DType::F32 => gemm::<f32>(
                     m,
                     n,
                     k,
-                    Mat::rows((a as *const f32).add(ab * m * k), k),
-                    Mat::rows((b as *const f32).add(bb * k * n), n),
+                    mat_a((a as *const f32).add(ab * m * k)),
+                    mat_b((b as *const f32).add(bb * k * n)),
                     (dst as *mut f32).add(i * m * n),
                     n,
                     false,
@@ -455,8 +495,8 @@ fn run_matmul(mm: &MatMul, addr: &dyn Fn(Value) -> *mut u8) {
                     m,
                     n,
                     k,
-                    Mat::rows((a as *const f64).add(ab * m * k), k),
-                    Mat::rows((b as *const f64).add(bb * k * n), n),
+                    mat_a64((a as *const f64).add(ab * m * k)),
+                    mat_b64((b as *const f64).add(bb * k * n)),
                     (dst as *mut f64).add(i * m * n),
                     n,
                     false,
@@ -963,7 +1003,7 @@ impl Executable {
                     k,
                     jit::compile_reduce(&mut module, tg, f, kd, &name).map_err(err)?,
                 ));
-            } else if let Some(lib) = library_step(f, kd, scratch_offset(&mem, k)) {
+            } else if let Some(lib) = library_step(f, &plan, kd, scratch_offset(&mem, k)) {
                 if let Some((epi, _)) = &lib.1 {
                     ids.push((
                         k,
@@ -1221,8 +1261,20 @@ impl Executable {
         let kd = &self.plan.kernels[k];
         let mut vals: HashMap<Value, Tensor> = HashMap::new();
         for &v in &kd.inputs {
-            // SAFETY: kernel inputs are stored values of their type.
-            vals.insert(v, unsafe { read_data(addr(v), f.ty(v)) });
+            let t = match crate::plan::folded_transpose(f, &self.plan, v) {
+                // A transpose planned as a view for the GEMM: materialise it here.
+                Some(src) => {
+                    // SAFETY: the source is a stored value of its type.
+                    let s = unsafe { read_data(addr(src), f.ty(src)) };
+                    let op = f.def_op(v).expect("a transpose result");
+                    eval_op(&f.op(op).kind, &[&s], &[f.ty(v).clone()])
+                        .map_err(RunError)?
+                        .remove(0)
+                }
+                // SAFETY: kernel inputs are stored values of their type.
+                None => unsafe { read_data(addr(v), f.ty(v)) },
+            };
+            vals.insert(v, t);
         }
         for &op in &kd.ops {
             let d = f.op(op);
