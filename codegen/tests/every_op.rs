@@ -373,6 +373,19 @@ fn gradient_ops() {
         "f32[2,3,7,6]",
         61,
     );
+    // Tiling windows (the fast path), with a leftover row and column no window covers.
+    case(
+        "%x: f32[2,3,7,5], %dy: f32[2,3,3,2]",
+        "  %out = max_pool2d_grad %x, %dy {kernel=[2,2], strides=[2,2]} : f32[2,3,7,5]",
+        "f32[2,3,7,5]",
+        65,
+    );
+    case(
+        "%x: f32[64,8,16,16], %dy: f32[64,8,8,8]",
+        "  %out = max_pool2d_grad %x, %dy {kernel=[2,2], strides=[2,2]} : f32[64,8,16,16]",
+        "f32[64,8,16,16]",
+        66,
+    );
     case(
         "%dy: f32[2,3,4,4]",
         "  %out = avg_pool2d_grad %dy {kernel=[2,2], strides=[2,2], pads=[1,1,1,1], count_include_pad=true, shape=[2,3,7,6]} : f32[2,3,7,6]",

@@ -757,30 +757,86 @@ impl Taps {
         }
     }
 
-    /// Calls `f(column row, column index, image index)` for every in-image tap of one channel.
-    fn each(&self, cv: &Conv, mut f: impl FnMut(usize, usize, usize)) {
+    /// Calls `f(column row, first column, first image index, length)` for every run of in-image
+    /// taps along one output row: columns `j..j+len` of the row read image positions `i`,
+    /// `i + stride`, ... (one channel group).
+    fn runs(&self, cv: &Conv, mut f: impl FnMut(usize, usize, usize, usize)) {
         let [_, cg, kh, kw] = cv.wd;
         let [_, _, oh, ow] = cv.yd;
+        let (h, w, s) = (self.h, self.w, self.s[1]);
         for ci in 0..cg {
             for ky in 0..kh {
                 for kx in 0..kw {
                     let row = (ci * kh + ky) * kw + kx;
+                    // ix = ox * s + off must lie in 0..w.
+                    let off = kx as isize * self.d[1] - self.p[1];
+                    let lo = if off >= 0 { 0 } else { ((-off) + s - 1) / s };
+                    let hi = if w - 1 - off < 0 {
+                        0
+                    } else {
+                        ((w - 1 - off) / s + 1).min(ow as isize)
+                    };
+                    if hi <= lo {
+                        continue;
+                    }
+                    let (lo, len) = (lo as usize, (hi - lo) as usize);
                     for oy in 0..oh {
                         let iy = oy as isize * self.s[0] + ky as isize * self.d[0] - self.p[0];
-                        if iy < 0 || iy >= self.h {
+                        if iy < 0 || iy >= h {
                             continue;
                         }
-                        for ox in 0..ow {
-                            let ix = ox as isize * self.s[1] + kx as isize * self.d[1] - self.p[1];
-                            if ix >= 0 && ix < self.w {
-                                let img = (ci * self.h as usize + iy as usize) * self.w as usize
-                                    + ix as usize;
-                                f(row, oy * ow + ox, img);
-                            }
-                        }
+                        let ix = lo as isize * s + off;
+                        let i = (ci * h as usize + iy as usize) * w as usize + ix as usize;
+                        f(row, oy * ow + lo, i, len);
                     }
                 }
             }
+        }
+    }
+
+    /// im2col of one image (group): `cols [kk, m]` from `image`, zeros where padding is read.
+    ///
+    /// # Safety
+    /// `image` holds the group's channels, `cols` `kk * m` elements.
+    unsafe fn im2col<T: Copy + Default>(&self, cv: &Conv, image: *const T, cols: *mut T, m: usize) {
+        let [_, cg, kh, kw] = cv.wd;
+        let s = self.s[1] as usize;
+        // SAFETY: the caller's contract; runs stay inside their row and the image.
+        unsafe {
+            std::slice::from_raw_parts_mut(cols, cg * kh * kw * m).fill(T::default());
+            self.runs(cv, |row, j, i, len| {
+                let dst = std::slice::from_raw_parts_mut(cols.add(row * m + j), len);
+                if s == 1 {
+                    dst.copy_from_slice(std::slice::from_raw_parts(image.add(i), len));
+                } else {
+                    for (t, d) in dst.iter_mut().enumerate() {
+                        *d = *image.add(i + t * s);
+                    }
+                }
+            });
+        }
+    }
+
+    /// col2im of one image (group): adds each column element into the image position it read.
+    ///
+    /// # Safety
+    /// As for `im2col`.
+    unsafe fn col2im<T: Copy + std::ops::AddAssign>(
+        &self,
+        cv: &Conv,
+        cols: *const T,
+        image: *mut T,
+        m: usize,
+    ) {
+        let s = self.s[1] as usize;
+        // SAFETY: as for `im2col`.
+        unsafe {
+            self.runs(cv, |row, j, i, len| {
+                let src = std::slice::from_raw_parts(cols.add(row * m + j), len);
+                for (t, &v) in src.iter().enumerate() {
+                    *image.add(i + t * s) += v;
+                }
+            });
         }
     }
 }
@@ -911,8 +967,7 @@ unsafe fn conv_images<T: Copy + Default + std::ops::AddAssign + 'static>(
                 if cv.mode != ConvMode::GradInput
                     && let Some(cols) = scratch
                 {
-                    std::ptr::write_bytes(cols, 0, kk * m);
-                    taps.each(cv, |row, j, i| *cols.add(row * m + j) = *image.add(i));
+                    taps.im2col(cv, image, cols, m);
                 }
                 match cv.mode {
                     ConvMode::Forward => gemm(
@@ -954,7 +1009,7 @@ unsafe fn conv_images<T: Copy + Default + std::ops::AddAssign + 'static>(
                             parallel,
                         );
                         if scratch.is_some() {
-                            taps.each(cv, |row, j, i| *image.add(i) += *cols.add(row * m + j));
+                            taps.col2im(cv, cols, image, m);
                         }
                     }
                 }

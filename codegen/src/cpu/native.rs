@@ -209,6 +209,9 @@ impl Native {
                         m
                     });
                 }
+                Kind::MaxPoolGrad { p, xd, yd } if tiles(p) => {
+                    max_pool_grad_tiled(p, *xd, *yd, input(0), input(1), output(0));
+                }
                 Kind::MaxPoolGrad { p, xd, yd } => {
                     let (x, dy) = (input(0), input(1));
                     pool_backward(p, *xd, *yd, dy, output(0), |b, w, g, dx| {
@@ -350,6 +353,60 @@ fn window(p: &Pool2d, h: usize, w: usize, oy: usize, ox: usize) -> Window {
         y: span(oy, 0, h),
         x: span(ox, 1, w),
         w,
+    }
+}
+
+/// Whether pooling windows tile the input: no padding and strides equal to the window, so each
+/// input element is in at most one window.
+fn tiles(p: &Pool2d) -> bool {
+    p.pads == [0; 4] && p.strides == p.kernel
+}
+
+/// `max_pool2d_grad` for tiling windows: each window's gradient is written at its first
+/// maximum and zeros around it, plane by plane in parallel.
+fn max_pool_grad_tiled(
+    p: &Pool2d,
+    xd: [usize; 4],
+    yd: [usize; 4],
+    x: &[f32],
+    dy: &[f32],
+    dx: &mut [f32],
+) {
+    let [_, _, h, w] = xd;
+    let [_, _, oh, ow] = yd;
+    let (kh, kw) = (p.kernel[0] as usize, p.kernel[1] as usize);
+    let (xs, ys) = (h * w, oh * ow);
+    let work = |(plane, out): (usize, &mut [f32])| {
+        let xp = &x[plane * xs..(plane + 1) * xs];
+        let g = &dy[plane * ys..(plane + 1) * ys];
+        // Rows and columns past the last window get nothing.
+        if oh * kh < h || ow * kw < w {
+            out.fill(0.0);
+        }
+        for oy in 0..oh {
+            for ox in 0..ow {
+                let base = oy * kh * w + ox * kw;
+                let mut best = base;
+                let mut m = xp[base];
+                for ky in 0..kh {
+                    for kx in 0..kw {
+                        let i = base + ky * w + kx;
+                        let v = xp[i];
+                        if v > m || (v.is_nan() && !m.is_nan()) {
+                            m = v;
+                            best = i;
+                        }
+                        out[i] = 0.0;
+                    }
+                }
+                out[best] = g[oy * ow + ox];
+            }
+        }
+    };
+    if dx.len() >= 1 << 14 {
+        dx.par_chunks_mut(xs.max(1)).enumerate().for_each(work);
+    } else {
+        dx.chunks_mut(xs.max(1)).enumerate().for_each(work);
     }
 }
 
