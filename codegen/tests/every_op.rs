@@ -373,6 +373,12 @@ fn gradient_ops() {
         "f32[2,3,7,6]",
         61,
     );
+    case(
+        "%x: f32[5,7], %dy: f32[]",
+        "  %l = const {value=[0, 6, 3, 3, 1]} : i32[5]\n  %out = softmax_cross_entropy_grad %x, %l, %dy : f32[5,7]",
+        "f32[5,7]",
+        67,
+    );
     // Tiling windows (the fast path), with a leftover row and column no window covers.
     case(
         "%x: f32[2,3,7,5], %dy: f32[2,3,3,2]",

@@ -279,6 +279,9 @@ pub enum OpKind {
         /// The filter's shape `[O, C/groups, kH, kW]`.
         shape: Vec<u64>,
     },
+    /// Gradient of `softmax_cross_entropy` with respect to the logits, fused and stable:
+    /// `(logits [N, C], labels [N], dy []) -> (softmax(logits) - onehot(labels)) * dy / N`.
+    SoftmaxCrossEntropyGrad,
     /// Gradient of `max_pool2d`: `(x, dy) -> dx`; each window's gradient goes to the first
     /// (row-major) position holding its maximum.
     MaxPool2dGrad(Pool2d),
@@ -459,6 +462,7 @@ pub const OTHER_MNEMONICS: &[&str] = &[
     "slice",
     "gather",
     "scatter_add",
+    "softmax_cross_entropy_grad",
     "conv2d_grad_input",
     "conv2d_grad_filter",
     "max_pool2d_grad",
@@ -507,6 +511,7 @@ impl OpKind {
             OpKind::Slice { .. } => "slice",
             OpKind::Gather { .. } => "gather",
             OpKind::ScatterAdd { .. } => "scatter_add",
+            OpKind::SoftmaxCrossEntropyGrad => "softmax_cross_entropy_grad",
             OpKind::Conv2dGradInput { .. } => "conv2d_grad_input",
             OpKind::Conv2dGradFilter { .. } => "conv2d_grad_filter",
             OpKind::MaxPool2dGrad(_) => "max_pool2d_grad",
@@ -545,9 +550,10 @@ impl OpKind {
             | OpKind::Conv2dGradInput { .. }
             | OpKind::Conv2dGradFilter { .. }
             | OpKind::MaxPool2dGrad(_) => Exactly(2),
-            OpKind::Select | OpKind::BatchNormTrain { .. } | OpKind::ScatterAdd { .. } => {
-                Exactly(3)
-            }
+            OpKind::Select
+            | OpKind::BatchNormTrain { .. }
+            | OpKind::ScatterAdd { .. }
+            | OpKind::SoftmaxCrossEntropyGrad => Exactly(3),
             OpKind::BatchNorm { .. } => Exactly(5),
             OpKind::Concat { .. } => AtLeast(1),
         }

@@ -160,7 +160,8 @@ pub fn attrs(kind: &OpKind) -> Vec<(&'static str, String)> {
         | OpKind::Identity
         | OpKind::MatMul
         | OpKind::GlobalAvgPool
-        | OpKind::SoftmaxCrossEntropy => {}
+        | OpKind::SoftmaxCrossEntropy
+        | OpKind::SoftmaxCrossEntropyGrad => {}
     }
     a
 }

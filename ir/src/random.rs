@@ -207,7 +207,13 @@ impl Gen {
                     .b
                     .constant(lty, Literal::Dense(Data::from_scalars(DType::I64, labels)?))
                     .ok()?;
-                self.b.op1(OpKind::SoftmaxCrossEntropy, &[x, lv])
+                let loss = self.b.op1(OpKind::SoftmaxCrossEntropy, &[x, lv]).ok()?;
+                if self.rng.chance(0.3) {
+                    // Its gradient, with the loss as the cotangent.
+                    self.b.op1(OpKind::SoftmaxCrossEntropyGrad, &[x, lv, loss])
+                } else {
+                    Ok(loss)
+                }
             }
             9 if r >= 1 => {
                 let axis = self.rng.below(r as u64) as i64;

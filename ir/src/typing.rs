@@ -384,6 +384,17 @@ pub fn infer(kind: &OpKind, args: &[&TensorType]) -> R<Vec<TensorType>> {
             axis(*a, x.rank())?;
             one(x.clone())
         }
+        OpKind::SoftmaxCrossEntropyGrad => {
+            let (logits, dy) = (args[0], args[2]);
+            infer(&OpKind::SoftmaxCrossEntropy, &args[..2])?;
+            if dy.rank() != 0 || dy.dtype() != logits.dtype() {
+                return Err(format!(
+                    "the cotangent must be a {} scalar, found {dy}",
+                    logits.dtype()
+                ));
+            }
+            one(logits.clone())
+        }
         OpKind::SoftmaxCrossEntropy => {
             let (logits, labels) = (args[0], args[1]);
             need_float(logits, "the logits")?;

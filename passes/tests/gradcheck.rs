@@ -624,7 +624,7 @@ fn gradcheck_lenient(f: &Function, seed: u64) -> Option<(usize, usize)> {
         ..GradOptions::default()
     };
     match grad(&mut g, &opts) {
-        Err(e) if e.contains("second derivatives through max pooling") => return None,
+        Err(e) if e.contains("second derivatives through") => return None,
         r => r.unwrap_or_else(|e| panic!("grad of\n{f}\nfailed: {e}")),
     };
     tcc_ir::verify_function(&g).unwrap_or_else(|d| panic!("{d}\n{g}"));

@@ -56,6 +56,11 @@ enum Kind {
         classes: usize,
         labels: DType,
     },
+    CrossEntropyGrad {
+        rows: usize,
+        classes: usize,
+        labels: DType,
+    },
     BatchNormTrain {
         eps: f64,
         n: usize,
@@ -127,6 +132,11 @@ impl Native {
                 yd: dims4(f, x),
             },
             OpKind::SoftmaxCrossEntropy => Kind::CrossEntropy {
+                rows: dims(f, x)[0],
+                classes: dims(f, x)[1],
+                labels: f.ty(d.args[1]).dtype(),
+            },
+            OpKind::SoftmaxCrossEntropyGrad => Kind::CrossEntropyGrad {
                 rows: dims(f, x)[0],
                 classes: dims(f, x)[1],
                 labels: f.ty(d.args[1]).dtype(),
@@ -278,6 +288,37 @@ impl Native {
                         total -= (row[l as usize] - m) as f64 - s.ln();
                     }
                     output(0)[0] = (total / *rows as f64) as f32;
+                }
+                Kind::CrossEntropyGrad {
+                    rows,
+                    classes,
+                    labels,
+                } => {
+                    let (x, dy, dx) = (input(0), input(2)[0], output(0));
+                    let lp = addr(self.args[1]);
+                    let k = dy / *rows as f32;
+                    for r in 0..*rows {
+                        let l = match labels {
+                            DType::I32 => *(lp as *const i32).add(r) as i64,
+                            _ => *(lp as *const i64).add(r),
+                        };
+                        if !(0..*classes as i64).contains(&l) {
+                            return Err(format!(
+                                "label {l} in row {r} is out of range for {classes} classes"
+                            ));
+                        }
+                        let row = &x[r * classes..(r + 1) * classes];
+                        let out = &mut dx[r * classes..(r + 1) * classes];
+                        let m = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                        let mut s = 0.0f32;
+                        for (o, &v) in out.iter_mut().zip(row) {
+                            *o = (v - m).exp();
+                            s += *o;
+                        }
+                        let scale = k / s;
+                        out.iter_mut().for_each(|o| *o *= scale);
+                        out[l as usize] -= k;
+                    }
                 }
                 Kind::BatchNormTrain { eps, n, c, inner } => {
                     let (x, g, b) = (input(0), input(1), input(2));

@@ -656,6 +656,23 @@ pub(crate) fn eval(kind: &OpKind, args: &[&Val], tys: &[TensorType]) -> R<Vec<Va
         OpKind::Reduce { op, axes, .. } => reduce(*op, args[0], axes, out)?,
         OpKind::Softmax { axis } => softmax(args[0], *axis, false),
         OpKind::LogSoftmax { axis } => softmax(args[0], *axis, true),
+        OpKind::SoftmaxCrossEntropyGrad => {
+            let (x, labels, dy) = (args[0], args[1].i(), args[2].f()[0]);
+            let (rows, classes) = (x.dims()[0] as usize, x.dims()[1] as usize);
+            let Buf::F(mut p) = softmax(x, 1, false) else {
+                unreachable!()
+            };
+            for (r, &l) in labels.iter().enumerate() {
+                if !(0..classes as i64).contains(&l) {
+                    return Err(format!(
+                        "label {l} in row {r} is out of range for {classes} classes"
+                    ));
+                }
+                p[r * classes + l as usize] -= 1.0;
+            }
+            let k = dy / rows as f64;
+            Buf::F(p.into_iter().map(|v| v * k).collect())
+        }
         OpKind::SoftmaxCrossEntropy => {
             let (x, labels) = (args[0], args[1].i());
             let (rows, classes) = (x.dims()[0] as usize, x.dims()[1] as usize);

@@ -686,6 +686,7 @@ impl<'a> Parser<'a> {
                     axis: a.int("axis", Some(-1))?,
                 },
                 "softmax_cross_entropy" => OpKind::SoftmaxCrossEntropy,
+                "softmax_cross_entropy_grad" => OpKind::SoftmaxCrossEntropyGrad,
                 "batch_norm" => OpKind::BatchNorm {
                     eps: F64(a.float("eps", 1e-5)?),
                 },

@@ -8,10 +8,7 @@
 //! maximum of the window.
 
 use tcc_ir::builder::BuildError;
-use tcc_ir::{
-    BinaryOp, CmpOp, DType, Data, FunctionBuilder, Literal, OpKind, ReduceOp, Scalar, TensorType,
-    UnaryOp, Value,
-};
+use tcc_ir::{BinaryOp, CmpOp, DType, FunctionBuilder, OpKind, ReduceOp, UnaryOp, Value};
 
 type R<T> = Result<T, BuildError>;
 
@@ -343,29 +340,17 @@ impl Rules<'_> {
                 out[0] = Some(self.b.sub(dy, t)?);
             }
             OpKind::SoftmaxCrossEntropy => {
-                // d logits = (softmax(logits) - onehot(labels)) * dy / N.
-                let [rows, classes] = [0, 1].map(|i| self.dims(a[0])[i]);
-                let lt = self.dtype(a[1]);
-                let iota = Data::from_scalars(
-                    lt,
-                    (0..classes).map(|c| match lt {
-                        DType::I32 => Scalar::I32(c as i32),
-                        _ => Scalar::I64(c as i64),
-                    }),
-                )
-                .expect("class indices fit the label dtype");
-                let ty =
-                    TensorType::new(lt, vec![1, classes]).map_err(|e| BuildError(e.to_string()))?;
-                let iota = self.b.constant(ty, Literal::Dense(iota))?;
-                let labels = self.reshape(a[1], &[rows, 1])?;
-                let hit = self.cmp(CmpOp::Eq, labels, iota)?;
-                let dt = self.dtype(a[0]);
-                let onehot = self.b.op1(OpKind::Cast { to: dt }, &[hit])?;
-                let p = self.b.softmax(a[0], -1)?;
-                let d = self.b.sub(p, onehot)?;
-                let scale = self.mul_c(dyv(), 1.0 / rows as f64)?;
-                out[0] = Some(self.b.mul(d, scale)?);
+                // The fused, stable form: (softmax(logits) - onehot(labels)) * dy / N.
+                let k = OpKind::SoftmaxCrossEntropyGrad;
+                out[0] = Some(self.b.op1(k, &[a[0], a[1], dyv()])?);
             }
+            OpKind::SoftmaxCrossEntropyGrad if g.needs[0] || g.needs[2] => {
+                return Ok(Err(
+                    "`softmax_cross_entropy_grad` has no gradient rule (second derivatives through softmax cross-entropy are not supported)"
+                        .to_string(),
+                ));
+            }
+            OpKind::SoftmaxCrossEntropyGrad => {}
             OpKind::BatchNorm { eps } => {
                 self.batch_norm_inference(a, eps.0, dyv(), g.needs, &mut out)?;
             }
