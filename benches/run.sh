@@ -1,10 +1,30 @@
 #!/usr/bin/env bash
-# Runs the CPU benchmarks with numpy as the peer, installing numpy into target/bench-venv.
+# Runs the benchmarks with their peers in the same run.
+#   benches/run.sh         CPU backend against numpy (installs numpy into target/bench-venv)
+#   benches/run.sh train   one train step against PyTorch on the CPU (installs torch into
+#                          target/torch-venv; the PyPI wheel brings CUDA libraries, ~5 GB)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ ! -x target/bench-venv/bin/python ]; then
-  python3 -m venv target/bench-venv
-  target/bench-venv/bin/pip install --quiet numpy
-fi
-target/bench-venv/bin/python -c "import numpy; print('numpy', numpy.__version__, 'with', numpy.show_config.__module__ and '')" 2>/dev/null || true
-cargo bench --bench cpu
+case "${1:-cpu}" in
+  cpu)
+    if [ ! -x target/bench-venv/bin/python ]; then
+      python3 -m venv target/bench-venv
+      target/bench-venv/bin/pip install --quiet numpy
+    fi
+    export TCC_PYTHON=target/bench-venv/bin/python
+    cargo bench --bench cpu
+    ;;
+  train)
+    if ! target/torch-venv/bin/python -c "import torch" 2>/dev/null; then
+      python3 -m venv target/torch-venv
+      target/torch-venv/bin/pip install --quiet --upgrade pip
+      target/torch-venv/bin/pip install --quiet torch numpy
+    fi
+    target/torch-venv/bin/python -c "import torch; print('torch', torch.__version__)"
+    TCC_TORCH_PYTHON=target/torch-venv/bin/python cargo bench --bench train
+    ;;
+  *)
+    echo "usage: benches/run.sh [cpu|train]" >&2
+    exit 2
+    ;;
+esac
