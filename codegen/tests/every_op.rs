@@ -442,3 +442,55 @@ fn matmul_reading_transposes() {
         73,
     );
 }
+
+#[test]
+fn max_pooling_with_nan_and_ties() {
+    // One plane holds a NaN (it wins its window, and its gradient goes there); another has ties
+    // (the first maximum gets the gradient). The tiled fast paths take the exact route.
+    let src = "func @f(%x: f32[1,2,2,4], %dy: f32[1,2,1,2]) -> (f32[1,2,1,2], f32[1,2,2,4]) {\n  %p = max_pool2d %x {kernel=[2,2], strides=[2,2]} : f32[1,2,1,2]\n  %g = max_pool2d_grad %x, %dy {kernel=[2,2], strides=[2,2]} : f32[1,2,2,4]\n  return %p, %g\n}";
+    let f = parse_function(src).unwrap();
+    let x = Tensor::from_f32(
+        &[1, 2, 2, 4],
+        vec![
+            1.0,
+            f32::NAN,
+            3.0,
+            3.0,
+            2.0,
+            5.0,
+            3.0,
+            1.0, // plane 0: NaN wins window 0
+            4.0,
+            4.0,
+            0.0,
+            -1.0,
+            4.0,
+            2.0,
+            -1.0,
+            -1.0, // plane 1: ties
+        ],
+    )
+    .unwrap();
+    let dy = Tensor::from_f32(&[1, 2, 1, 2], vec![10.0, 20.0, 30.0, 40.0]).unwrap();
+    let want = tcc_ir::interp::run(&f, &[x.clone(), dy.clone()]).unwrap();
+    let got = Executable::compile(&f).unwrap().run(&[x, dy]).unwrap();
+    for (g, w) in got.iter().zip(&want) {
+        let (Data::F32(g), Data::F32(w)) = (g.data(), w.data()) else {
+            unreachable!()
+        };
+        assert!(
+            g.iter()
+                .zip(w)
+                .all(|(a, b)| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())),
+            "{g:?} vs {w:?}"
+        );
+    }
+    let Data::F32(g) = got[1].data() else {
+        unreachable!()
+    };
+    assert_eq!(g[1], 10.0, "the NaN takes window 0's gradient");
+    assert_eq!(
+        g[8], 30.0,
+        "the first of the tied 4.0s takes window 0's gradient"
+    );
+}

@@ -206,6 +206,9 @@ impl Native {
                 Kind::Reduce { op, dims, reduced } => {
                     reduce(*op, input(0), output(0), dims, reduced)
                 }
+                Kind::MaxPool { p, xd, yd } if tiles(p) => {
+                    max_pool_tiled(p, *xd, *yd, input(0), output(0));
+                }
                 Kind::MaxPool { p, xd, yd } => {
                     let x = input(0);
                     pool_forward(p, *xd, *yd, x, output(0), |plane, w| {
@@ -403,6 +406,48 @@ fn tiles(p: &Pool2d) -> bool {
     p.pads == [0; 4] && p.strides == p.kernel
 }
 
+/// Whether any element is NaN (branch-free, so it vectorises).
+fn has_nan(xs: &[f32]) -> bool {
+    xs.iter().fold(false, |a, v| a | v.is_nan())
+}
+
+/// `max_pool2d` for tiling windows: row by row of windows, planes in parallel.
+fn max_pool_tiled(p: &Pool2d, xd: [usize; 4], yd: [usize; 4], x: &[f32], y: &mut [f32]) {
+    let [_, _, h, w] = xd;
+    let [_, _, oh, ow] = yd;
+    let (kh, kw) = (p.kernel[0] as usize, p.kernel[1] as usize);
+    let (xs, ys) = (h * w, oh * ow);
+    let work = |(plane, out): (usize, &mut [f32])| {
+        let xp = &x[plane * xs..(plane + 1) * xs];
+        // Branch-free maxima (random data defeats branch prediction); a plane holding a NaN
+        // takes the exact path, where NaN wins.
+        let nan = has_nan(xp);
+        for oy in 0..oh {
+            let orow = &mut out[oy * ow..(oy + 1) * ow];
+            orow.fill(f32::NEG_INFINITY);
+            for ky in 0..kh {
+                let irow = &xp[(oy * kh + ky) * w..(oy * kh + ky) * w + ow * kw];
+                for (o, win) in orow.iter_mut().zip(irow.chunks_exact(kw)) {
+                    for &v in win {
+                        if nan {
+                            if v > *o || v.is_nan() {
+                                *o = v;
+                            }
+                        } else {
+                            *o = o.max(v);
+                        }
+                    }
+                }
+            }
+        }
+    };
+    if y.len() >= 1 << 12 {
+        y.par_chunks_mut(ys.max(1)).enumerate().for_each(work);
+    } else {
+        y.chunks_mut(ys.max(1)).enumerate().for_each(work);
+    }
+}
+
 /// `max_pool2d_grad` for tiling windows: each window's gradient is written at its first
 /// maximum and zeros around it, plane by plane in parallel.
 fn max_pool_grad_tiled(
@@ -424,6 +469,7 @@ fn max_pool_grad_tiled(
         if oh * kh < h || ow * kw < w {
             out.fill(0.0);
         }
+        let nan = has_nan(xp);
         for oy in 0..oh {
             for ox in 0..ow {
                 let base = oy * kh * w + ox * kw;
@@ -433,10 +479,15 @@ fn max_pool_grad_tiled(
                     for kx in 0..kw {
                         let i = base + ky * w + kx;
                         let v = xp[i];
-                        if v > m || (v.is_nan() && !m.is_nan()) {
-                            m = v;
-                            best = i;
-                        }
+                        // The exact rule (NaN wins) only where a NaN exists; otherwise
+                        // conditional moves, not branches.
+                        let better = if nan {
+                            v > m || (v.is_nan() && !m.is_nan())
+                        } else {
+                            v > m
+                        };
+                        m = if better { v } else { m };
+                        best = if better { i } else { best };
                         out[i] = 0.0;
                     }
                 }
