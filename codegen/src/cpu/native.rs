@@ -92,13 +92,25 @@ impl Native {
             },
             OpKind::Reduce { op, axes, .. } => {
                 let dm = dims(f, x);
-                let mut reduced = vec![false; dm.len()];
+                let mut flags = vec![false; dm.len()];
                 for &a in axes {
-                    reduced[normalize_axis(a, dm.len())?] = true;
+                    flags[normalize_axis(a, dm.len())?] = true;
+                }
+                // Merge neighbouring axes that are both reduced or both kept: same result,
+                // longer contiguous rows.
+                let (mut dims_m, mut reduced): (Vec<usize>, Vec<bool>) = (Vec::new(), Vec::new());
+                for (&d, &r) in dm.iter().zip(&flags) {
+                    match (dims_m.last_mut(), reduced.last()) {
+                        (Some(last), Some(&lr)) if lr == r => *last *= d,
+                        _ => {
+                            dims_m.push(d);
+                            reduced.push(r);
+                        }
+                    }
                 }
                 Kind::Reduce {
                     op: *op,
-                    dims: dm,
+                    dims: dims_m,
                     reduced,
                 }
             }
@@ -406,6 +418,19 @@ fn tiles(p: &Pool2d) -> bool {
     p.pads == [0; 4] && p.strides == p.kernel
 }
 
+/// The sum of `xs` with eight running partial sums, so that it vectorises.
+fn sum(xs: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let mut chunks = xs.chunks_exact(8);
+    for c in &mut chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a += v;
+        }
+    }
+    let tail: f32 = chunks.remainder().iter().sum();
+    acc.iter().sum::<f32>() + tail
+}
+
 /// Whether any element is NaN (branch-free, so it vectorises).
 fn has_nan(xs: &[f32]) -> bool {
     xs.iter().fold(false, |a, v| a | v.is_nan())
@@ -627,7 +652,7 @@ fn reduce(op: ReduceOp, x: &[f32], y: &mut [f32], dims: &[usize], reduced: &[boo
                         |m, &v| if v > m || v.is_nan() { v } else { m },
                     )
                 }
-                _ => row.iter().sum(),
+                _ => sum(row),
             };
             let t = &mut y[obase];
             *t = if op == ReduceOp::Max {
