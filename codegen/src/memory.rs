@@ -60,8 +60,16 @@ pub struct Slot {
     pub output: Option<usize>,
 }
 
-/// Bytes of scratch space a kernel needs while it runs: im2col columns for a convolution that
-/// is not a plain 1x1. Backends use the same rule to find the space the plan set aside.
+/// Images a convolution over `images` images of `m` output pixels each puts side by side in one
+/// GEMM: enough for about 256 columns, so that small images do not make tiny GEMMs.
+pub fn conv_group(images: u64, m: u64) -> u64 {
+    256u64.div_ceil(m.max(1)).clamp(1, images.max(1))
+}
+
+/// Bytes of scratch space a kernel needs while it runs: for a convolution or its gradients, the
+/// im2col columns of one image (none for a plain 1x1), or, when several images share a GEMM
+/// ([`conv_group`]), their columns `[C/g*kH*kW, G*oH*oW]` and output-side rows
+/// `[O/g, G*oH*oW]`. Backends use the same rule to find the space the plan set aside.
 pub fn scratch_bytes(f: &Function, kd: &crate::plan::KernelData) -> u64 {
     let KernelKind::Library { root } = kd.kind else {
         return 0;
@@ -76,12 +84,17 @@ pub fn scratch_bytes(f: &Function, kd: &crate::plan::KernelData) -> u64 {
         _ => return 0,
     };
     let (kh, kw) = (w.dims()[2], w.dims()[3]);
+    let m = y.dims()[2] * y.dims()[3];
+    let kk = w.dims()[1] * kh * kw;
+    let group = conv_group(x.dims()[0], m);
+    if group > 1 {
+        return group * (kk + w.dims()[0] / c.groups) * m * x.dtype().size_bytes();
+    }
     let direct = kh == 1 && kw == 1 && c.strides == [1, 1] && c.pads == [0; 4];
     if direct {
         return 0;
     }
-    let cols = w.dims()[1] * kh * kw * y.dims()[2] * y.dims()[3];
-    cols * x.dtype().size_bytes()
+    kk * m * x.dtype().size_bytes()
 }
 
 /// The memory plan of one function.

@@ -133,8 +133,11 @@ struct Conv {
     xd: [usize; 4],
     wd: [usize; 4],
     yd: [usize; 4],
-    /// Arena offset of the im2col columns, unless the convolution is a plain 1x1.
+    /// Arena offset of the scratch (`memory::scratch_bytes`); none for a plain 1x1 done image by
+    /// image.
     scratch: Option<u64>,
+    /// Images side by side in one GEMM (`memory::conv_group`).
+    group: usize,
 }
 
 /// The library call a library kernel starts with.
@@ -240,6 +243,10 @@ fn library_step(
             wd: dims4(w),
             yd: dims4(y),
             scratch,
+            group: crate::memory::conv_group(
+                f.ty(x).dims()[0],
+                f.ty(y).dims()[2] * f.ty(y).dims()[3],
+            ) as usize,
         })
     };
     let mut lib = match &d.kind {
@@ -794,18 +801,28 @@ impl Taps {
         }
     }
 
-    /// im2col of one image (group): `cols [kk, m]` from `image`, zeros where padding is read.
+    /// im2col of one image (group): `m` columns of `cols [kk, ld]` from `image`, zeros where
+    /// padding is read.
     ///
     /// # Safety
     /// `image` holds the group's channels, `cols` `kk * m` elements.
-    unsafe fn im2col<T: Copy + Default>(&self, cv: &Conv, image: *const T, cols: *mut T, m: usize) {
+    unsafe fn im2col<T: Copy + Default>(
+        &self,
+        cv: &Conv,
+        image: *const T,
+        cols: *mut T,
+        m: usize,
+        ld: usize,
+    ) {
         let [_, cg, kh, kw] = cv.wd;
         let s = self.s[1] as usize;
         // SAFETY: the caller's contract; runs stay inside their row and the image.
         unsafe {
-            std::slice::from_raw_parts_mut(cols, cg * kh * kw * m).fill(T::default());
+            for row in 0..cg * kh * kw {
+                std::slice::from_raw_parts_mut(cols.add(row * ld), m).fill(T::default());
+            }
             self.runs(cv, |row, j, i, len| {
-                let dst = std::slice::from_raw_parts_mut(cols.add(row * m + j), len);
+                let dst = std::slice::from_raw_parts_mut(cols.add(row * ld + j), len);
                 if s == 1 {
                     dst.copy_from_slice(std::slice::from_raw_parts(image.add(i), len));
                 } else {
@@ -826,13 +843,13 @@ impl Taps {
         cv: &Conv,
         cols: *const T,
         image: *mut T,
-        m: usize,
+        ld: usize,
     ) {
         let s = self.s[1] as usize;
         // SAFETY: as for `im2col`.
         unsafe {
             self.runs(cv, |row, j, i, len| {
-                let src = std::slice::from_raw_parts(cols.add(row * m + j), len);
+                let src = std::slice::from_raw_parts(cols.add(row * ld + j), len);
                 for (t, &v) in src.iter().enumerate() {
                     *image.add(i + t * s) += v;
                 }
@@ -866,7 +883,11 @@ unsafe fn conv_gemm<T: Copy + Default + Send + Sync + std::ops::AddAssign + 'sta
     let nb = cv.xd[0];
     let [o, cg, kh, kw] = cv.wd;
     let [_, _, oh, ow] = cv.yd;
-    let cols_len = cg * kh * kw * oh * ow;
+    let cols_len = if cv.group > 1 {
+        cv.group * (cg * kh * kw + o / cv.attrs.groups as usize) * oh * ow
+    } else {
+        cg * kh * kw * oh * ow
+    };
     let parts = rayon::current_num_threads().min(nb).max(1);
     let per = nb.div_ceil(parts);
     if cv.mode == ConvMode::GradInput {
@@ -954,6 +975,22 @@ unsafe fn conv_images<T: Copy + Default + std::ops::AddAssign + 'static>(
     let (kk, m) = (cg * kh * kw, oh * ow);
     let taps = Taps::new(cv);
     let first = images.start;
+    if cv.group > 1 {
+        // SAFETY: the caller's contract; the scratch holds (kk + og) * group * m elements.
+        unsafe {
+            conv_grouped(
+                cv,
+                images,
+                x,
+                w,
+                y,
+                scratch.expect("grouped"),
+                one,
+                parallel,
+            )
+        };
+        return;
+    }
     for n in images {
         for gi in 0..g {
             // SAFETY (block): every pointer stays inside the tensor of recorded dims it
@@ -967,7 +1004,7 @@ unsafe fn conv_images<T: Copy + Default + std::ops::AddAssign + 'static>(
                 if cv.mode != ConvMode::GradInput
                     && let Some(cols) = scratch
                 {
-                    taps.im2col(cv, image, cols, m);
+                    taps.im2col(cv, image, cols, m, m);
                 }
                 match cv.mode {
                     ConvMode::Forward => gemm(
@@ -1010,6 +1047,121 @@ unsafe fn conv_images<T: Copy + Default + std::ops::AddAssign + 'static>(
                         );
                         if scratch.is_some() {
                             taps.col2im(cv, cols, image, m);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `conv_images` for small images: `group` images side by side per GEMM. The scratch holds the
+/// columns `cols [kk, G*m]` (image `i` in columns `i*m..`) and output-side rows `rows [og, G*m]`:
+/// forward: im2col, `rows = W_g · cols`, rows copied to `y`; filter gradient: im2col, `dy`
+/// gathered into `rows`, `dW_g += rows · cols^T`; input gradient: `dy` gathered, `cols = W_g^T ·
+/// rows`, col2im.
+///
+/// # Safety
+/// As for `conv_images`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn conv_grouped<T: Copy + Default + std::ops::AddAssign + 'static>(
+    cv: &Conv,
+    images: std::ops::Range<usize>,
+    x: *mut T,
+    w: *mut T,
+    y: *mut T,
+    scratch: *mut T,
+    one: T,
+    parallel: bool,
+) {
+    let [_, c, h, wd] = cv.xd;
+    let [o, cg, kh, kw] = cv.wd;
+    let [_, _, oh, ow] = cv.yd;
+    let g = cv.attrs.groups as usize;
+    let og = o / g;
+    let (kk, m) = (cg * kh * kw, oh * ow);
+    let taps = Taps::new(cv);
+    let first = images.start;
+    let end = images.end;
+    for n0 in images.step_by(cv.group) {
+        let b = cv.group.min(end - n0);
+        let ld = b * m;
+        // SAFETY (block): every pointer stays inside its tensor or the scratch; the GEMM's
+        // destination overlaps neither operand.
+        unsafe {
+            let cols = scratch;
+            let rows = scratch.add(kk * cv.group * m);
+            for gi in 0..g {
+                let image = |i: usize| x.add(((n0 + i) * c + gi * cg) * h * wd);
+                let out = |i: usize| y.add(((n0 + i) * o + gi * og) * m);
+                let filt = w.add(gi * og * kk);
+                if cv.mode != ConvMode::GradInput {
+                    for i in 0..b {
+                        taps.im2col(cv, image(i), cols.add(i * m), m, ld);
+                    }
+                }
+                if cv.mode != ConvMode::Forward {
+                    for i in 0..b {
+                        for r in 0..og {
+                            std::ptr::copy_nonoverlapping(
+                                out(i).add(r * m),
+                                rows.add(r * ld + i * m),
+                                m,
+                            );
+                        }
+                    }
+                }
+                match cv.mode {
+                    ConvMode::Forward => {
+                        gemm(
+                            og,
+                            ld,
+                            kk,
+                            Mat::rows(filt, kk),
+                            Mat::rows(cols, ld),
+                            rows,
+                            ld,
+                            false,
+                            one,
+                            parallel,
+                        );
+                        for i in 0..b {
+                            for r in 0..og {
+                                std::ptr::copy_nonoverlapping(
+                                    rows.add(r * ld + i * m),
+                                    out(i).add(r * m),
+                                    m,
+                                );
+                            }
+                        }
+                    }
+                    ConvMode::GradFilter => gemm(
+                        og,
+                        kk,
+                        ld,
+                        Mat::rows(rows, ld),
+                        Mat::transposed(cols, ld),
+                        filt,
+                        kk,
+                        n0 > first,
+                        one,
+                        parallel,
+                    ),
+                    ConvMode::GradInput => {
+                        gemm(
+                            kk,
+                            ld,
+                            og,
+                            Mat::transposed(filt, kk),
+                            Mat::rows(rows, ld),
+                            cols,
+                            ld,
+                            false,
+                            one,
+                            parallel,
+                        );
+                        for i in 0..b {
+                            taps.col2im(cv, cols.add(i * m), image(i), ld);
                         }
                     }
                 }

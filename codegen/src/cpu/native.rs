@@ -357,13 +357,14 @@ impl Native {
                         let va = ss / m;
                         mean[ch] = mu as f32;
                         var[ch] = va as f32;
-                        // (x - mean) * scale + beta: no cancellation when the variance is tiny.
-                        let scale = (g[ch] as f64 / (va + eps).sqrt()) as f32;
-                        let (mu, shift) = (mu as f32, b[ch]);
+                        // (x - mean) * scale + beta in f64, rounded once: the scale is large when
+                        // the variance is tiny, and f32 rounding of x - mean would show.
+                        let scale = g[ch] as f64 / (va + eps).sqrt();
+                        let shift = b[ch] as f64;
                         for b_ in 0..*n {
                             let o = (b_ * c + ch) * inner;
                             for (yo, &xv) in y[o..o + inner].iter_mut().zip(plane(b_)) {
-                                *yo = (xv - mu) * scale + shift;
+                                *yo = ((xv as f64 - mu) * scale + shift) as f32;
                             }
                         }
                     }
