@@ -2,6 +2,9 @@
 //! must print, parse back to the same text, and survive the standard pipeline verified; and for
 //! small functions the reference interpreter must give the same results before and after it,
 //! and the compiled code (CPU backend) the same results as the interpreter, within f32 rounding.
+//! `grad` of every floating-point result with respect to every floating-point parameter must
+//! either fail with a message or produce a function that verifies and returns the original
+//! results first.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -54,6 +57,28 @@ fuzz_target!(|data: &[u8]| {
     let mut pm = PassManager::new(Pipeline::parse("canonicalize,cse,dce").unwrap());
     pm.verify_each = true;
     pm.run(&mut opt, &mut std::io::sink()).expect("passes keep valid IR valid");
+        for f in &back.functions {
+        if f.schedule().len() > 2000 {
+            continue;
+        }
+        let ys: Vec<String> = f
+            .results()
+            .iter()
+            .filter(|&&r| f.ty(r).dtype().is_float())
+            .map(|&r| f.name(r).to_string())
+            .collect();
+        if ys.is_empty() {
+            continue;
+        }
+        let mut g = f.clone();
+        let opts = tcc_passes::GradOptions { ys, grad_ys: true, ..Default::default() };
+        if tcc_passes::grad(&mut g, &opts).is_ok() {
+            tcc_ir::verify_function(&g).unwrap_or_else(|d| panic!("grad broke the IR:\n{f}\n{d}"));
+                        // Clean-up may merge a result with an equal value, so compare types, not values.
+            let kept = g.results().iter().zip(f.results()).all(|(&a, &b)| g.ty(a) == f.ty(b));
+            assert!(kept && g.results().len() > f.results().len(), "grad keeps the results first");
+        }
+    }
     for (f, g) in back.functions.iter().zip(&opt.functions) {
         if total_elements(f) > 1 << 14 {
             continue;

@@ -355,13 +355,16 @@ pub fn train(
     if bar {
         let _ = write!(err, "\r{:60}\r", "");
     }
-    let _ = writeln!(
+    let _ = write!(
         out,
-        "done: {} steps in {:.2} s; final {}",
+        "done: {} steps in {:.2} s",
         args.steps,
-        t0.elapsed().as_secs_f64(),
-        String::from_utf8_lossy(&last)
+        t0.elapsed().as_secs_f64()
     );
+    if !last.is_empty() {
+        let _ = write!(out, "; final {}", String::from_utf8_lossy(&last));
+    }
+    let _ = writeln!(out);
     if let Some(dir) = args.save {
         std::fs::create_dir_all(dir).map_err(|e| format!("error: cannot create `{dir}`: {e}"))?;
         for (src, &p) in sources.iter().zip(step_fn.params()) {
