@@ -153,7 +153,8 @@ fn init_value(name: &str, ty: &TensorType, seed: u64) -> Tensor {
 /// Where each step-function parameter gets its value.
 enum Source {
     Data(Feed),
-    /// Carried from step to step: the current value and the result index that replaces it.
+    /// Carried from step to step: the initial value (moved into the step's inputs) and the
+    /// result index that replaces it.
     State(Tensor, usize),
 }
 
@@ -304,24 +305,39 @@ pub fn train(
     };
     let bar = std::io::stderr().is_terminal();
     let t0 = Instant::now();
-    let mut last = Vec::new();
+    let mut last = String::new();
+    // The inputs of the next step: state values move in from the results (no copies); data
+    // changes only when it comes in several mini-batches.
+    let mut inputs: Vec<Tensor> = sources
+        .iter_mut()
+        .map(|src| match src {
+            Source::Data(feed) => feed.get(0),
+            Source::State(t, _) => {
+                std::mem::replace(t, Tensor::from_f32(&[0], vec![]).expect("empty"))
+            }
+        })
+        .collect();
     for s in 0..args.steps {
-        let inputs: Vec<Tensor> = sources
-            .iter()
-            .map(|src| match src {
-                Source::Data(feed) => feed.get(s),
-                Source::State(t, _) => t.clone(),
-            })
-            .collect();
+        for (src, input) in sources.iter().zip(&mut inputs) {
+            if let Source::Data(feed) = src
+                && feed.batches > 1
+            {
+                *input = feed.get(s);
+            }
+        }
         let results = exe
             .run(&inputs)
             .map_err(|e| format!("error: step {}: {e}", s + 1))?;
-        let line = reported
-            .iter()
-            .map(|(i, name)| format!("{name} {}", scalar_text(&results[*i])))
-            .collect::<Vec<_>>()
-            .join("  ");
-        if (s + 1) % every == 0 || s == 0 || s + 1 == args.steps {
+        let report = (s + 1) % every == 0 || s == 0 || s + 1 == args.steps;
+        let line = || {
+            reported
+                .iter()
+                .map(|(i, name)| format!("{name} {}", scalar_text(&results[*i])))
+                .collect::<Vec<_>>()
+                .join("  ")
+        };
+        if report {
+            let line = line();
             if bar {
                 let _ = write!(err, "\r{:60}\r", "");
             }
@@ -344,13 +360,15 @@ pub fn train(
             );
             let _ = err.flush();
         }
+        if s + 1 == args.steps {
+            last = line();
+        }
         let mut results: Vec<Option<Tensor>> = results.into_iter().map(Some).collect();
-        for src in &mut sources {
-            if let Source::State(t, r) = src {
-                *t = results[*r].take().expect("each result feeds one parameter");
+        for (src, input) in sources.iter().zip(&mut inputs) {
+            if let Source::State(_, r) = src {
+                *input = results[*r].take().expect("each result feeds one parameter");
             }
         }
-        last = line.into_bytes();
     }
     if bar {
         let _ = write!(err, "\r{:60}\r", "");
@@ -362,14 +380,14 @@ pub fn train(
         t0.elapsed().as_secs_f64()
     );
     if !last.is_empty() {
-        let _ = write!(out, "; final {}", String::from_utf8_lossy(&last));
+        let _ = write!(out, "; final {last}");
     }
     let _ = writeln!(out);
     if let Some(dir) = args.save {
         std::fs::create_dir_all(dir).map_err(|e| format!("error: cannot create `{dir}`: {e}"))?;
-        for (src, &p) in sources.iter().zip(step_fn.params()) {
+        for ((src, t), &p) in sources.iter().zip(&inputs).zip(step_fn.params()) {
             let name = step_fn.name(p);
-            if let (Source::State(t, _), true) = (src, trained.iter().any(|n| n == name)) {
+            if let (Source::State(..), true) = (src, trained.iter().any(|n| n == name)) {
                 let path = Path::new(dir).join(format!("{}.npy", file_stem(name)));
                 std::fs::write(&path, npy::write(t))
                     .map_err(|e| format!("error: cannot write `{}`: {e}", path.display()))?;
