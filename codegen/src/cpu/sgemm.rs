@@ -127,14 +127,49 @@ unsafe fn block(
     ldc: usize,
     accumulate: bool,
 ) {
+    let kc_max = KC.min(k);
     let (nb, na) = (
-        KC * NC.min(n.div_ceil(NR) * NR),
-        KC * MC.min(m.div_ceil(MR) * MR),
+        kc_max * NC.min(n.div_ceil(NR) * NR),
+        kc_max * MC.min(m.div_ceil(MR) * MR),
     );
-    let (mut bp_buf, mut ap_buf) = (aligned(nb), aligned(na));
-    // SAFETY: `Line` is 16 plain f32s, so the buffers are `16 * len` contiguous floats.
-    let bp = unsafe { std::slice::from_raw_parts_mut(bp_buf.as_mut_ptr() as *mut f32, nb) };
-    let ap = unsafe { std::slice::from_raw_parts_mut(ap_buf.as_mut_ptr() as *mut f32, na) };
+    // The packing buffers live on per thread and grow as needed: a small GEMM (one image of a
+    // convolution) must not pay for allocating and zeroing them on every call.
+    PANELS.with(|cell| {
+        let mut bufs = cell.borrow_mut();
+        let (bp_buf, ap_buf) = &mut *bufs;
+        for (buf, len) in [(&mut *bp_buf, nb), (&mut *ap_buf, na)] {
+            if buf.len() * 16 < len {
+                *buf = aligned(len);
+            }
+        }
+        // SAFETY: `Line` is 16 plain f32s, so the buffers are at least `len` contiguous floats.
+        let bp = unsafe { std::slice::from_raw_parts_mut(bp_buf.as_mut_ptr() as *mut f32, nb) };
+        let ap = unsafe { std::slice::from_raw_parts_mut(ap_buf.as_mut_ptr() as *mut f32, na) };
+        // SAFETY: the caller's contract.
+        unsafe { block_in(m, n, k, a, b, c, ldc, accumulate, bp, ap) }
+    })
+}
+
+thread_local! {
+    /// Each thread's packed panels of B and A.
+    static PANELS: std::cell::RefCell<(Vec<Line>, Vec<Line>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// `block` with its packing buffers.
+#[allow(clippy::too_many_arguments)]
+unsafe fn block_in(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Mat,
+    b: Mat,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+    bp: &mut [f32],
+    ap: &mut [f32],
+) {
     for jc in (0..n).step_by(NC) {
         let nc = NC.min(n - jc);
         for pc in (0..k).step_by(KC) {
