@@ -300,11 +300,12 @@ proptest! {
                 // A float-to-integer cast turns a one-ulp difference (tanh is within 6 ulp) into a
         // difference of one, which later ops can amplify without bound: results downstream of
         // one are not compared. Chains such as exp(sum of products) amplify f32 rounding too
-        // (exp of a 47.2 accumulated in a different order: 1.1e-5 relative), hence 1e-4 here
-        // where the single-op tests use 1e-5.
+                // (exp of a 47.2 accumulated in a different order: 1.1e-5 relative), hence 1e-4 here
+        // where the single-op tests use 1e-5; and gelu below -1 is accurate only to ~1e-6
+        // absolute (docs/perf.md), which gelu(gelu(x)) doubles, hence atol 1e-5.
         let exact: Vec<usize> = (0..got.len()).filter(|&i| !after_truncation(&f, f.results()[i])).collect();
         let pick = |v: &[Tensor]| exact.iter().map(|&i| v[i].clone()).collect::<Vec<_>>();
-                check(&pick(&got), &pick(&want), 1e-4, 1e-6).map_err(|e| TestCaseError::fail(format!("{e}\n{f}")))?;
+                        check(&pick(&got), &pick(&want), 1e-4, 1e-5).map_err(|e| TestCaseError::fail(format!("{e}\n{f}")))?;
     }
 }
 

@@ -178,17 +178,28 @@ unsafe fn block_in(
             for (jp, j0) in (0..nc).step_by(NR).enumerate() {
                 let w = NR.min(nc - j0);
                 let panel = &mut bp[jp * kc * NR..(jp + 1) * kc * NR];
-                for p in 0..kc {
-                    let start = unsafe { b.ptr.add((pc + p) * b.rs + (jc + j0) * b.cs) };
-                    let dst = &mut panel[p * NR..p * NR + w];
-                    if b.cs == 1 {
-                        dst.copy_from_slice(unsafe { std::slice::from_raw_parts(start, w) });
-                    } else {
-                        for (j, d) in dst.iter_mut().enumerate() {
-                            *d = unsafe { *start.add(j * b.cs) };
+                if b.cs != 1 && b.rs == 1 {
+                    // A transposed B: walk each column down, reading memory in order.
+                    panel.fill(0.0);
+                    for j in 0..w {
+                        let col = unsafe { b.ptr.add(pc + (jc + j0 + j) * b.cs) };
+                        for p in 0..kc {
+                            panel[p * NR + j] = unsafe { *col.add(p) };
                         }
                     }
-                    panel[p * NR + w..(p + 1) * NR].fill(0.0);
+                } else {
+                    for p in 0..kc {
+                        let start = unsafe { b.ptr.add((pc + p) * b.rs + (jc + j0) * b.cs) };
+                        let dst = &mut panel[p * NR..p * NR + w];
+                        if b.cs == 1 {
+                            dst.copy_from_slice(unsafe { std::slice::from_raw_parts(start, w) });
+                        } else {
+                            for (j, d) in dst.iter_mut().enumerate() {
+                                *d = unsafe { *start.add(j * b.cs) };
+                            }
+                        }
+                        panel[p * NR + w..(p + 1) * NR].fill(0.0);
+                    }
                 }
             }
             for ic in (0..m).step_by(MC) {
@@ -197,13 +208,26 @@ unsafe fn block_in(
                 for (ip, i0) in (0..mc).step_by(MR).enumerate() {
                     let h = MR.min(mc - i0);
                     let panel = &mut ap[ip * kc * MR..(ip + 1) * kc * MR];
-                    for p in 0..kc {
-                        for ii in 0..MR {
-                            panel[p * MR + ii] = if ii < h {
-                                unsafe { *a.ptr.add((ic + i0 + ii) * a.rs + (pc + p) * a.cs) }
-                            } else {
-                                0.0
-                            };
+                    if a.cs == 1 {
+                        // A row-major A: walk each row along k, reading memory in order.
+                        if h < MR {
+                            panel.fill(0.0);
+                        }
+                        for ii in 0..h {
+                            let row = unsafe { a.ptr.add((ic + i0 + ii) * a.rs + pc) };
+                            for p in 0..kc {
+                                panel[p * MR + ii] = unsafe { *row.add(p) };
+                            }
+                        }
+                    } else {
+                        for p in 0..kc {
+                            for ii in 0..MR {
+                                panel[p * MR + ii] = if ii < h {
+                                    unsafe { *a.ptr.add((ic + i0 + ii) * a.rs + (pc + p) * a.cs) }
+                                } else {
+                                    0.0
+                                };
+                            }
                         }
                     }
                 }
