@@ -379,7 +379,20 @@ fn gradient_ops() {
         "f32[5,7]",
         67,
     );
-    // Tiling windows (the fast path), with a leftover row and column no window covers.
+    // Tiling windows (the fast paths, 2x2 and general), with a leftover row and column no
+    // window covers.
+    case(
+        "%x: f32[2,3,7,5]",
+        "  %out = max_pool2d %x {kernel=[2,2], strides=[2,2]} : f32[2,3,3,2]",
+        "f32[2,3,3,2]",
+        68,
+    );
+    case(
+        "%x: f32[64,8,9,9]",
+        "  %out = max_pool2d %x {kernel=[3,3], strides=[3,3]} : f32[64,8,3,3]",
+        "f32[64,8,3,3]",
+        69,
+    );
     case(
         "%x: f32[2,3,7,5], %dy: f32[2,3,3,2]",
         "  %out = max_pool2d_grad %x, %dy {kernel=[2,2], strides=[2,2]} : f32[2,3,7,5]",
