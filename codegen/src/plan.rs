@@ -112,10 +112,15 @@ fn joins(
         return true;
     }
     match d.kind {
-        OpKind::Compare(_) => uses[d.results[0]].iter().all(|&(u, i)| {
-            matches!(f.op(u).kind, OpKind::Select if i == 0)
-                || matches!(f.op(u).kind, OpKind::Cast { .. })
-        }),
+        OpKind::Compare(_) => {
+            let r = d.results[0];
+            !uses[r].is_empty()
+                && !f.results().contains(&r)
+                && uses[r].iter().all(|&(u, i)| {
+                    matches!(f.op(u).kind, OpKind::Select if i == 0)
+                        || matches!(f.op(u).kind, OpKind::Cast { .. })
+                })
+        }
         OpKind::Select | OpKind::Cast { .. } => open.dtype() == tcc_ir::DType::Bool,
         _ => false,
     }
