@@ -7,6 +7,7 @@
 
 #![deny(missing_docs)]
 
+pub mod analysis;
 pub mod canonicalize;
 pub mod cse;
 pub mod dce;

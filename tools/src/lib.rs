@@ -9,6 +9,7 @@ pub mod npy;
 pub mod train;
 
 use clap::{Parser, Subcommand};
+use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::time::Duration;
 use tcc_ir::random::{Rng, random_tensor};
@@ -166,6 +167,27 @@ enum Cmd {
         /// Save the trained parameters as DIR/<name>.npy.
         #[arg(long)]
         save: Option<String>,
+    },
+    /// Memory analysis: the peak of live activation bytes over the schedule, the largest
+    /// tensors live at the peak, and (with --svg) a chart of live bytes per op.
+    #[command(
+        after_help = "Examples:\n  tcc mem examples/digits_cnn.tir\n  tcc mem f.tir --passes='grad' --svg mem.svg\n\nWith --passes, the function is shown before and after the pipeline. See docs/passes.md."
+    )]
+    Mem {
+        /// The IR file (`-` for stdin).
+        file: String,
+        /// Only this function (default: every function).
+        #[arg(long)]
+        func: Option<String>,
+        /// A pipeline to run first; both versions are reported.
+        #[arg(long)]
+        passes: Option<String>,
+        /// Write a chart of live bytes over the schedule to this SVG file.
+        #[arg(long)]
+        svg: Option<String>,
+        /// How many of the largest live tensors to list.
+        #[arg(long, default_value_t = 8)]
+        top: usize,
     },
     /// List the registered passes and their options.
     Passes,
@@ -391,6 +413,21 @@ pub fn run(
             };
             train::train(f, &args, stdout, stderr).map_err(|e| (EXIT_INPUT, e))
         })(),
+        Cmd::Mem {
+            file,
+            func,
+            passes,
+            svg,
+            top,
+        } => mem_cmd(
+            &file,
+            func.as_deref(),
+            passes.as_deref(),
+            svg.as_deref(),
+            top,
+            stdin,
+            stdout,
+        ),
         Cmd::Passes => {
             for p in tcc_passes::registry() {
                 let _ = writeln!(stdout, "{:<14} {}", p.name, p.summary);
@@ -496,6 +533,120 @@ fn grad_cmd(
         _ => {
             let _ = write!(stdout, "{text}");
         }
+    }
+    Ok(())
+}
+
+/// One function's memory report.
+fn mem_report(f: &Function, label: &str, top: usize) -> (String, Vec<u64>) {
+    use tcc_passes::analysis::memory::{analyze, human};
+    let p = analyze(f);
+    let mut s = String::new();
+    let mut head = String::new();
+    let _ = tcc_ir::printer::write_name(&mut head, '@', &f.name);
+    let _ = writeln!(
+        s,
+        "{head}{label}: {} ops; peak {} of activations at schedule position {}; parameters {}, constants {}",
+        f.schedule().len(),
+        human(p.peak),
+        p.peak_at,
+        human(p.param_bytes),
+        human(p.const_bytes)
+    );
+    if let Some(&op) = f.schedule().get(p.peak_at) {
+        let _ = writeln!(
+            s,
+            "  running then: {}",
+            tcc_ir::diag::clip(&f.describe_op(op))
+        );
+    }
+    let live = p.live_at(p.peak_at);
+    let _ = writeln!(s, "  largest of the {} tensors live there:", live.len());
+    for b in live.iter().take(top) {
+        let mut name = String::new();
+        let _ = tcc_ir::printer::write_name(&mut name, '%', f.name(b.value));
+        let last = if b.last >= f.schedule().len() {
+            "the end (a result)".to_string()
+        } else {
+            format!("position {}", b.last)
+        };
+        let _ = writeln!(
+            s,
+            "    {:>11}  {name}  {}  (position {} to {last})",
+            human(b.bytes),
+            f.ty(b.value),
+            b.first
+        );
+    }
+    let plan = tcc_codegen::plan(f);
+    let m = tcc_codegen::plan_memory(f, &plan);
+    let _ = writeln!(
+        s,
+        "  CPU backend: arena {} (live peak {}) plus {} of results, after fusion and in-place reuse",
+        human(m.arena_bytes),
+        human(m.live_peak_bytes),
+        human(m.output_bytes)
+    );
+    (s, p.live)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn mem_cmd(
+    file: &str,
+    func: Option<&str>,
+    passes: Option<&str>,
+    svg: Option<&str>,
+    top: usize,
+    stdin: &mut dyn Read,
+    stdout: &mut dyn Write,
+) -> Result<(), (i32, String)> {
+    let pipeline = passes
+        .map(Pipeline::parse)
+        .transpose()
+        .map_err(|e| (EXIT_USAGE, format!("error: {e}")))?;
+    let input = read_input(file, stdin).map_err(|e| (EXIT_INPUT, e))?;
+    let m = load(&input).map_err(|e| (EXIT_INPUT, e))?;
+    if let Some(name) = func {
+        pick_function(&m, Some(name), &input.name).map_err(|e| (EXIT_INPUT, e))?;
+    }
+    let after = match &pipeline {
+        Some(p) => {
+            let mut m2 = m.clone();
+            PassManager::new(p.clone())
+                .run(&mut m2, &mut std::io::sink())
+                .map_err(|e| (EXIT_INPUT, format!("{}: error: {e}", input.name)))?;
+            Some(m2)
+        }
+        None => None,
+    };
+    let wanted = func.map(|n| n.trim_start_matches('@'));
+    let mut charts: Vec<(String, Vec<u64>)> = Vec::new();
+    for (i, f) in m.functions.iter().enumerate() {
+        if wanted.is_some_and(|w| w != f.name) {
+            continue;
+        }
+        let before_label = if pipeline.is_some() { " (before)" } else { "" };
+        let (text, live) = mem_report(f, before_label, top);
+        let _ = write!(stdout, "{text}");
+        charts.push((format!("@{}{before_label}", f.name), live));
+        if let (Some(m2), Some(p)) = (&after, &pipeline) {
+            let g = &m2.functions[i];
+            let (text, live) = mem_report(g, &format!(" (after {p})"), top);
+            let _ = write!(stdout, "{text}");
+            charts.push((format!("@{} (after {p})", g.name), live));
+        }
+    }
+    if let Some(path) = svg {
+        let series: Vec<(&str, &[u64])> = charts
+            .iter()
+            .map(|(l, v)| (l.as_str(), v.as_slice()))
+            .collect();
+        let text = tcc_passes::analysis::memory::svg(
+            &format!("live activation bytes: {}", input.name),
+            &series,
+        );
+        std::fs::write(path, text)
+            .map_err(|e| (EXIT_INPUT, format!("error: cannot write `{path}`: {e}")))?;
     }
     Ok(())
 }
