@@ -15,6 +15,7 @@ pub mod grad;
 
 pub mod manager;
 pub mod optim;
+pub mod remat;
 
 pub use canonicalize::canonicalize;
 pub use cse::cse;
@@ -63,6 +64,12 @@ pub(crate) static REGISTRY: &[PassInfo] = &[
         summary: "turn a gradient function into a momentum-SGD train step",
         options: optim::MOMENTUM_OPTIONS,
         create: optim::create_momentum,
+    },
+    PassInfo {
+        name: "remat",
+        summary: "gradient checkpointing: recompute forward values the backward pass reads from kept checkpoints",
+        options: remat::OPTIONS,
+        create: remat::create,
     },
     PassInfo {
         name: "sgd",

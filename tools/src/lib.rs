@@ -560,6 +560,13 @@ fn mem_report(f: &Function, label: &str, top: usize) -> (String, Vec<u64>) {
             tcc_ir::diag::clip(&f.describe_op(op))
         );
     }
+    let _ = writeln!(
+        s,
+        "  without the {} of results it returns: peak {} at schedule position {}",
+        human(p.result_bytes),
+        human(p.temps_peak.0),
+        p.temps_peak.1
+    );
     let live = p.live_at(p.peak_at);
     let _ = writeln!(s, "  largest of the {} tensors live there:", live.len());
     for b in live.iter().take(top) {

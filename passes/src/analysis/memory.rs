@@ -25,6 +25,13 @@ pub struct MemoryProfile {
     pub peak: u64,
     /// The first op index where the peak is reached.
     pub peak_at: usize,
+    /// `live` without the buffers the function returns (the activations and temporaries a
+    /// rewrite such as `remat` can shrink).
+    pub live_temps: Vec<u64>,
+    /// The largest entry of `live_temps`, and where it is first reached.
+    pub temps_peak: (u64, usize),
+    /// Bytes of the buffers the function returns.
+    pub result_bytes: u64,
     /// Bytes of parameters.
     pub param_bytes: u64,
     /// Bytes of non-splat constants.
@@ -93,6 +100,8 @@ pub fn analyze(f: &Function) -> MemoryProfile {
     }
     // Parameters own no activation buffer: `owner` stays `None` for them and for constants.
     let mut delta = vec![0i128; n + 2];
+    let mut delta_temps = vec![0i128; n + 2];
+    let mut result_bytes = 0;
     let mut buffers = Vec::new();
     for &op in sched {
         for &r in &f.op(op).results {
@@ -103,6 +112,12 @@ pub fn analyze(f: &Function) -> MemoryProfile {
             let (a, b) = (first[r], last[r].unwrap_or(first[r]));
             delta[a] += bytes as i128;
             delta[b + 1] -= bytes as i128;
+            if b >= n {
+                result_bytes += bytes;
+            } else {
+                delta_temps[a] += bytes as i128;
+                delta_temps[b + 1] -= bytes as i128;
+            }
             buffers.push(Buffer {
                 value: r,
                 bytes,
@@ -111,21 +126,33 @@ pub fn analyze(f: &Function) -> MemoryProfile {
             });
         }
     }
-    let mut live = Vec::with_capacity(n);
-    let mut cur: i128 = 0;
-    for d in delta.iter().take(n) {
-        cur += d;
-        live.push(cur as u64);
-    }
-    let (peak_at, peak) =
-        live.iter().enumerate().fold(
+    let prefix = |delta: &[i128]| -> Vec<u64> {
+        let mut cur: i128 = 0;
+        delta
+            .iter()
+            .take(n)
+            .map(|d| {
+                cur += d;
+                cur as u64
+            })
+            .collect()
+    };
+    let argmax = |v: &[u64]| {
+        v.iter().enumerate().fold(
             (0, 0),
-            |(bi, bv), (i, &v)| if v > bv { (i, v) } else { (bi, bv) },
-        );
+            |(bi, bv), (i, &x)| if x > bv { (i, x) } else { (bi, bv) },
+        )
+    };
+    let (live, live_temps) = (prefix(&delta), prefix(&delta_temps));
+    let (peak_at, peak) = argmax(&live);
+    let (temps_at, temps) = argmax(&live_temps);
     MemoryProfile {
         live,
         peak,
         peak_at,
+        live_temps,
+        temps_peak: (temps, temps_at),
+        result_bytes,
         param_bytes,
         const_bytes,
         buffers,
