@@ -74,6 +74,8 @@ fn every_strategy_keeps_results_bit_identical() {
     let src = chain(16);
     check(&src, "remat{strategy=collection}", true);
     check(&src, "remat{names=[l5/act,l10/act]}", true);
+    check(&src, "remat{strategy=memory}", true);
+    check(&src, "remat{strategy=memory,min-bytes=1024}", true);
     // On a dense+tanh chain keeping the matmul outputs saves nothing (tanh's gradient needs its
     // output, recomputed from them), but it must still be exact.
     check(&src, "remat{strategy=speed}", false);
@@ -109,14 +111,69 @@ fn errors_say_what_to_do() {
     let e = Pipeline::parse("remat{strategy=fastest}")
         .unwrap_err()
         .to_string();
-    assert!(e.contains("valid strategies are collection, speed"), "{e}");
-    let e = Pipeline::parse("remat").unwrap_err().to_string();
     assert!(
-        e.contains("strategy=collection|speed or names=[...]"),
+        e.contains("valid strategies are collection, memory, speed"),
         "{e}"
     );
-    let e = Pipeline::parse("remat{strategy=memory}")
+    let e = Pipeline::parse("remat").unwrap_err().to_string();
+    assert!(
+        e.contains("strategy=collection|memory|speed or names=[...]"),
+        "{e}"
+    );
+    let e = Pipeline::parse("remat{strategy=budget}")
         .unwrap_err()
         .to_string();
     assert!(e.contains("not implemented yet"), "{e}");
+}
+
+#[test]
+fn bottlenecks_are_found_in_one_sweep() {
+    // A residual block: inside it the skip path goes around every value, so only the block's
+    // input and output separate the graph.
+    let src = "func @f(%x: f32[4,8], %w: f32[8,8]) -> (f32[]) {
+  %in = tanh %x : f32[4,8]
+  %a = matmul %in, %w : f32[4,8]
+  %b = tanh %a : f32[4,8]
+  %out = add %in, %b : f32[4,8]
+  %loss = reduce_sum %out {axes=[0,1]} : f32[]
+  return %loss
+}";
+    let f = parse_function(src).unwrap();
+    let n = f.schedule().len();
+    let names: Vec<&str> = tcc::passes::remat::bottlenecks(&f, n)
+        .into_iter()
+        .map(|v| f.name(v))
+        .collect();
+    assert_eq!(names, ["in", "out"]);
+    // U-Net-like: the first activation is read again just before the loss, so nothing in
+    // between separates the inputs from the loss; only the two ends do.
+    let unet = "func @u(%x: f32[8], %w: f32[8]) -> (f32[]) {
+  %e = mul %x, %w : f32[8]
+  %a = tanh %e : f32[8]
+  %b = exp %a : f32[8]
+  %c = tanh %b : f32[8]
+  %d = add %c, %e : f32[8]
+  %loss = reduce_sum %d {axes=[0]} : f32[]
+  return %loss
+}";
+    let f = parse_function(unet).unwrap();
+    let n = f.schedule().len();
+    let names: Vec<&str> = tcc::passes::remat::bottlenecks(&f, n)
+        .into_iter()
+        .map(|v| f.name(v))
+        .collect();
+    assert_eq!(names, ["e", "d"]);
+    // With every candidate under the size threshold there is none to keep: the error says so
+    // and what to do instead.
+    let mut m = tcc::ir::Module::new();
+    m.functions.push(f);
+    let p = Pipeline::parse("grad{wrt=[w]},remat{strategy=memory,min-bytes=33}").unwrap();
+    let e = PassManager::new(p)
+        .run(&mut m, &mut std::io::sink())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("no bottleneck tensor") && e.contains("names=[...]"),
+        "{e}"
+    );
 }

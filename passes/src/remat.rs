@@ -11,14 +11,17 @@
 //! - `collection`: values the IR marks as checkpoints (a name component `checkpoint`, as in
 //!   `%block1/checkpoint` or `%checkpoint/h1`; docs/ir.md);
 //! - `names=[frag,...]`: values whose names contain one of the fragments;
-//! - `speed`: the outputs of `matmul` and `conv2d` (what is expensive to recompute).
+//! - `speed`: the outputs of `matmul` and `conv2d` (what is expensive to recompute);
+//! - `memory`: bottlenecks (values every forward path passes through, found in one sweep) of
+//!   at least `min-bytes`, about sqrt(N) of them evenly spaced (N forward ops); an error when
+//!   there are none (U-Net-like graphs), suggesting `names`.
 //!
 //! Recomputed ops are copies of the originals (same kinds, same operands up to copies), so
 //! results and gradients are bit-identical. The first copies of each recomputation carry a
 //! control dependency on the backward op before them: it pins their place and keeps `cse` from
 //! merging them back into the originals. O(ops + operands) plus the copies.
 //!
-//! Not done here yet: the `memory` (bottleneck) and `budget` strategies of issue 5.
+//! Not done here yet: the `budget` strategy of issue 5.
 
 use crate::manager::{OptionInfo, Options, Pass};
 use cranelift_entity::SecondaryMap;
@@ -35,6 +38,12 @@ pub enum Strategy {
     Names(Vec<String>),
     /// Outputs of matmul and conv2d.
     Speed,
+    /// About sqrt(N) bottlenecks (values every forward path passes through) of at least
+    /// `min_bytes`, evenly spaced in the schedule.
+    Memory {
+        /// Smaller values are not considered.
+        min_bytes: u64,
+    },
 }
 
 /// What `remat` did.
@@ -81,8 +90,64 @@ pub fn choose(f: &Function, strategy: &Strategy) -> Result<Vec<Value>, String> {
             .filter(|&&op| matches!(f.op(op).kind, OpKind::MatMul | OpKind::Conv2d(_)))
             .map(|&op| f.op(op).results[0])
             .collect(),
+        Strategy::Memory { min_bytes } => {
+            let big: Vec<Value> = bottlenecks(f, b)
+                .into_iter()
+                .filter(|&v| f.ty(v).size_bytes() >= *min_bytes)
+                .collect();
+            if big.is_empty() {
+                return Err(format!(
+                    "no bottleneck tensor of at least {min_bytes} bytes between the inputs and the loss (in U-Net-like graphs, skip paths go around every value); pass names=[...] to choose checkpoints{}",
+                    if *min_bytes > 0 {
+                        ", or a smaller min-bytes"
+                    } else {
+                        ""
+                    }
+                ));
+            }
+            let keep = (b as f64).sqrt().ceil() as usize;
+            if big.len() <= keep {
+                big
+            } else {
+                // `keep` of them, evenly spaced through the list (which is in schedule order).
+                (0..keep)
+                    .map(|i| big[(2 * i + 1) * big.len() / (2 * keep)])
+                    .collect()
+            }
+        }
     };
     Ok(picked)
+}
+
+/// The forward values (among the first `b` scheduled ops) that every forward path from earlier
+/// values to later ones passes through: no other value defined before one is read by a forward
+/// op after it. Parameters and constants do not count as paths (weights enter every layer). One
+/// sweep over the schedule.
+pub fn bottlenecks(f: &Function, b: usize) -> Vec<Value> {
+    let sched = &f.schedule()[..b];
+    let mut last: SecondaryMap<Value, usize> = SecondaryMap::with_capacity(f.num_values_created());
+    for (i, &op) in sched.iter().enumerate() {
+        for &a in &f.op(op).args {
+            last[a] = i;
+        }
+    }
+    let mut found = Vec::new();
+    // The last forward use of any activation defined so far.
+    let mut reach = 0usize;
+    for (i, &op) in sched.iter().enumerate() {
+        let d = f.op(op);
+        if matches!(d.kind, OpKind::Const { .. }) {
+            continue;
+        }
+        // Nothing defined earlier is read after this op, and it has one result read later.
+        if reach <= i && d.results.len() == 1 && last[d.results[0]] > i {
+            found.push(d.results[0]);
+        }
+        for &r in &d.results {
+            reach = reach.max(last[r]);
+        }
+    }
+    found
 }
 
 /// Rewrites `f` so that the backward ops read only `checkpoints`, parameters, constants and
@@ -190,15 +255,18 @@ fn options(o: &Options) -> Result<Strategy, String> {
         }
         (Some("collection"), None) => Ok(Strategy::Collection),
         (Some("speed"), None) => Ok(Strategy::Speed),
-        (Some(s @ ("memory" | "budget")), None) => Err(format!(
-            "strategy `{s}` is not implemented yet; use collection, speed or names=[...]"
+        (Some("memory"), None) => Ok(Strategy::Memory {
+            min_bytes: o.usize_or("min-bytes", 0)? as u64,
+        }),
+        (Some(s @ "budget"), None) => Err(format!(
+            "strategy `{s}` is not implemented yet; use collection, memory, speed or names=[...]"
         )),
         (Some(s), None) => Err(format!(
-            "unknown strategy `{s}`; valid strategies are collection, speed (or names=[...])"
+            "unknown strategy `{s}`; valid strategies are collection, memory, speed (or names=[...])"
         )),
-        (None, None) => {
-            Err("say how to choose checkpoints: strategy=collection|speed or names=[...]".into())
-        }
+        (None, None) => Err(
+            "say how to choose checkpoints: strategy=collection|memory|speed or names=[...]".into(),
+        ),
     }
 }
 
@@ -206,11 +274,15 @@ fn options(o: &Options) -> Result<Strategy, String> {
 pub(crate) const OPTIONS: &[OptionInfo] = &[
     OptionInfo {
         name: "strategy",
-        help: "collection (values named .../checkpoint/...) or speed (matmul and conv outputs)",
+        help: "collection (values named .../checkpoint/...), memory (about sqrt(N) bottlenecks) or speed (matmul and conv outputs)",
     },
     OptionInfo {
         name: "names",
         help: "[frag,...]: keep values whose names contain a fragment",
+    },
+    OptionInfo {
+        name: "min-bytes",
+        help: "with strategy=memory: ignore bottlenecks smaller than this (default 0)",
     },
 ];
 
