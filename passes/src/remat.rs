@@ -26,7 +26,7 @@
 use crate::manager::{OptionInfo, Options, Pass};
 use cranelift_entity::SecondaryMap;
 use std::collections::HashMap;
-use tcc_ir::edit::{Placement, copy_ops};
+
 use tcc_ir::{Function, Op, OpKind, Value, ValueDef};
 
 /// How checkpoints are chosen.
@@ -170,6 +170,7 @@ pub fn remat(f: &mut Function, checkpoints: &[Value]) -> Result<RematStats, Stri
         recompute[c] = false;
     }
     let mut copies: HashMap<Value, Value> = HashMap::new();
+    let pos = f.positions();
     let mut insert: HashMap<Op, Vec<Op>> = HashMap::new();
     let mut stats = RematStats {
         checkpoints: checkpoints.len(),
@@ -185,7 +186,8 @@ pub fn remat(f: &mut Function, checkpoints: &[Value]) -> Result<RematStats, Stri
             .filter(|&a| recompute[a] && !copies.contains_key(&a))
             .collect();
         if !needed.is_empty() {
-            // The forward ops between the checkpoints (or earlier copies) and what is needed.
+            // Copies made for this backward op (a copy reading one of them is not pinned).
+            let mut batch: std::collections::HashSet<Value> = std::collections::HashSet::new(); // The forward ops between the checkpoints (or earlier copies) and what is needed.
             let mut todo = needed;
             let mut chosen: Vec<Op> = Vec::new();
             let mut seen: SecondaryMap<Op, bool> = SecondaryMap::new();
@@ -204,25 +206,40 @@ pub fn remat(f: &mut Function, checkpoints: &[Value]) -> Result<RematStats, Stri
                     }
                 }
             }
-            let map = copy_ops(f, &chosen, &copies, Placement::Unscheduled);
-            // Pin the copies that read no other copy after the previous op, so that neither a
-            // scheduler nor `cse` moves them back into the forward pass.
+            // Copy them in schedule order. A copy reads earlier copies where there are any; the
+            // copies that read no copy of this batch are pinned after the previous op, so that
+            // neither a scheduler nor `cse` moves them back into the forward pass.
+            chosen.sort_by_key(|&o| pos[o]);
             let prev = sched[i - 1];
-            let copied: Vec<Op> = {
-                let pos = f.positions();
-                let mut v: Vec<Op> = chosen.clone();
-                v.sort_by_key(|&o| pos[o]);
-                v.iter().map(|o| map.ops[o]).collect()
-            };
-            let fresh: std::collections::HashSet<Value> = map.values.values().copied().collect();
-            for &c in &copied {
-                let reads_copy = f.op(c).args.iter().any(|a| fresh.contains(a));
+            let mut copied = Vec::with_capacity(chosen.len());
+            for &o in &chosen {
+                let d = f.op(o).clone();
+                let mut reads_copy = false;
+                let args: Vec<Value> = d
+                    .args
+                    .iter()
+                    .map(|a| match copies.get(a) {
+                        Some(&c) => {
+                            reads_copy |= batch.contains(&c);
+                            c
+                        }
+                        None => *a,
+                    })
+                    .collect();
+                let tys = d.results.iter().map(|&r| f.ty(r).clone()).collect();
+                let names: Vec<String> = d.results.iter().map(|&r| f.name(r).to_string()).collect();
+                let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                let c = f.create_op(d.kind, args, tys, &names);
                 if !reads_copy {
                     f.op_mut(c).deps.push(prev);
                 }
+                for (&r, &cr) in d.results.iter().zip(&f.op(c).results.clone()) {
+                    copies.insert(r, cr);
+                    batch.insert(cr);
+                }
+                copied.push(c);
             }
             stats.recomputed_ops += copied.len();
-            copies.extend(map.values);
             insert.insert(op, copied);
         }
         let d = f.op_mut(op);
