@@ -6,6 +6,9 @@
 //! prints times, GFLOP/s and the ratio.
 //! Timings are the best of several runs after a warm-up. Figures go in docs/perf.md.
 
+#[path = "common/peer.rs"]
+mod peer;
+
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use tcc::codegen::Executable;
@@ -116,31 +119,8 @@ fn numpy(cases: &[&str]) -> Result<HashMap<String, f64>, String> {
         }
     });
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/numpy_peer.py");
-    let out = std::process::Command::new(&python)
-        .arg(script)
-        .args(cases)
-        .output()
-        .map_err(|e| format!("cannot run {python}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "{python} {script} failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    // A flat JSON object of string keys and numbers: parsed by hand to avoid a dependency.
-    let text = String::from_utf8_lossy(&out.stdout);
-    let body = text.trim().trim_start_matches('{').trim_end_matches('}');
-    body.split(", \"")
-        .map(|kv| {
-            let (k, v) = kv
-                .rsplit_once(": ")
-                .ok_or("bad JSON from the numpy script")?;
-            Ok((
-                k.trim_matches('"').to_string(),
-                v.trim().parse::<f64>().map_err(|e| e.to_string())?,
-            ))
-        })
-        .collect()
+    let args: Vec<String> = cases.iter().map(|c| c.to_string()).collect();
+    peer::run(&python, script, &args)
 }
 
 /// The exact GELU in f64.

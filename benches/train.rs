@@ -13,6 +13,9 @@
 //! - cnn: 28x28x1 -> conv 3x3 16 (+bias, relu, 2x2 max pool) -> conv 3x3 32 (same) -> dense
 //!   1568 -> 128 (relu) -> dense 10.
 
+#[path = "common/peer.rs"]
+mod peer;
+
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use tcc::codegen::Executable;
@@ -127,33 +130,9 @@ fn tcc_step(src: &str) -> (Step, [usize; 3]) {
 fn torch_times(threads: usize) -> Option<HashMap<String, f64>> {
     let python = std::env::var("TCC_TORCH_PYTHON")
         .unwrap_or_else(|_| "target/torch-venv/bin/python".to_string());
-    let out = std::process::Command::new(&python)
-        .arg("benches/torch_train.py")
-        .arg(threads.to_string())
-        .output()
-        .ok()?;
-    if !out.status.success() {
-        eprintln!(
-            "PyTorch side failed ({python}): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        return None;
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    // A flat JSON object of numbers: {"mlp": 0.001, "cnn": 0.01}.
-    Some(
-        text.trim()
-            .trim_matches(|c| c == '{' || c == '}')
-            .split(',')
-            .filter_map(|kv| {
-                let (k, v) = kv.split_once(':')?;
-                Some((
-                    k.trim().trim_matches('"').to_string(),
-                    v.trim().parse().ok()?,
-                ))
-            })
-            .collect(),
-    )
+    peer::run(&python, "benches/torch_train.py", &[threads.to_string()])
+        .map_err(|e| eprintln!("PyTorch side failed: {e}"))
+        .ok()
 }
 
 fn main() {

@@ -83,18 +83,21 @@ pub fn scratch_bytes(f: &Function, kd: &crate::plan::KernelData) -> u64 {
         OpKind::Conv2dGradFilter { conv, .. } => (conv, f.ty(a0), f.ty(r), f.ty(a1)),
         _ => return 0,
     };
-    let (kh, kw) = (w.dims()[2], w.dims()[3]);
-    let m = y.dims()[2] * y.dims()[3];
-    let kk = w.dims()[1] * kh * kw;
-    let group = conv_group(x.dims()[0], m);
+    conv_scratch_elements(c, x.dims(), w.dims(), y.dims()) * x.dtype().size_bytes()
+}
+
+/// Elements of scratch one thread of a convolution needs (see [`scratch_bytes`]), given the
+/// forward input, filter and output dims.
+pub fn conv_scratch_elements(c: &tcc_ir::Conv2d, x: &[u64], w: &[u64], y: &[u64]) -> u64 {
+    let (kh, kw) = (w[2], w[3]);
+    let m = y[2] * y[3];
+    let kk = w[1] * kh * kw;
+    let group = conv_group(x[0], m);
     if group > 1 {
-        return group * (kk + w.dims()[0] / c.groups) * m * x.dtype().size_bytes();
+        return group * (kk + w[0] / c.groups) * m;
     }
     let direct = kh == 1 && kw == 1 && c.strides == [1, 1] && c.pads == [0; 4];
-    if direct {
-        return 0;
-    }
-    kk * m * x.dtype().size_bytes()
+    if direct { 0 } else { kk * m }
 }
 
 /// The memory plan of one function.

@@ -94,15 +94,29 @@ fn is_elementwise(kind: &OpKind) -> bool {
     kind.is_elementwise() || matches!(kind, OpKind::BroadcastTo { .. })
 }
 
+/// Who reads each value: the ops (with the operand index) and whether the function returns it.
+struct Readers {
+    by: SecondaryMap<Value, Vec<(Op, u32)>>,
+    returned: SecondaryMap<Value, bool>,
+}
+
+impl Readers {
+    fn new(f: &Function) -> Readers {
+        let mut returned = SecondaryMap::with_capacity(f.num_values_created());
+        for &r in f.results() {
+            returned[r] = true;
+        }
+        Readers {
+            by: f.uses(),
+            returned,
+        }
+    }
+}
+
 /// Whether elementwise `op` can join an open kernel producing values of type `open`: the same
 /// dims, and the same dtype, except that a comparison whose results only feed `select`s and
 /// casts may produce a `bool` mask inside an `f32` kernel (and those consumers join it).
-fn joins(
-    f: &Function,
-    uses: &SecondaryMap<Value, Vec<(Op, u32)>>,
-    op: Op,
-    open: &TensorType,
-) -> bool {
+fn joins(f: &Function, uses: &Readers, op: Op, open: &TensorType) -> bool {
     let d = f.op(op);
     let out = f.ty(d.results[0]);
     if out.dims() != open.dims() {
@@ -114,9 +128,9 @@ fn joins(
     match d.kind {
         OpKind::Compare(_) => {
             let r = d.results[0];
-            !uses[r].is_empty()
-                && !f.results().contains(&r)
-                && uses[r].iter().all(|&(u, i)| {
+            !uses.by[r].is_empty()
+                && !uses.returned[r]
+                && uses.by[r].iter().all(|&(u, i)| {
                     matches!(f.op(u).kind, OpKind::Select if i == 0)
                         || matches!(f.op(u).kind, OpKind::Cast { .. })
                 })
@@ -129,7 +143,7 @@ fn joins(
 /// Whether a transpose is only read, as the operand of a floating-point `matmul`, with its last
 /// two axes swapped: the GEMM then reads its source with swapped strides, and the transpose is a
 /// view that moves no data. Backends must read such a view through [`folded_transpose`].
-fn folds_into_matmul(f: &Function, uses: &SecondaryMap<Value, Vec<(Op, u32)>>, op: Op) -> bool {
+fn folds_into_matmul(f: &Function, uses: &Readers, op: Op) -> bool {
     let d = f.op(op);
     let r = d.results[0];
     let OpKind::Transpose { perm } = &d.kind else {
@@ -145,9 +159,9 @@ fn folds_into_matmul(f: &Function, uses: &SecondaryMap<Value, Vec<(Op, u32)>>, o
             .all(|(i, &p)| p == i as u64);
     swaps_last_two
         && f.ty(r).dtype().is_float()
-        && !f.results().contains(&r)
-        && !uses[r].is_empty()
-        && uses[r]
+        && !uses.returned[r]
+        && !uses.by[r].is_empty()
+        && uses.by[r]
             .iter()
             .all(|&(u, _)| matches!(f.op(u).kind, OpKind::MatMul))
 }
@@ -183,17 +197,16 @@ fn fusible_root(f: &Function, op: Op) -> bool {
 /// store them.
 fn private_to(
     f: &Function,
-    uses: &SecondaryMap<Value, Vec<(Op, u32)>>,
+    uses: &Readers,
     kernel_of: &SecondaryMap<Op, Option<Kernel>>,
     kd: &KernelData,
     k: Kernel,
     root: Op,
 ) -> bool {
-    let results = f.results();
     kd.ops.iter().all(|&o| {
         f.op(o).results.iter().all(|&v| {
-            !results.contains(&v)
-                && uses[v]
+            !uses.returned[v]
+                && uses.by[v]
                     .iter()
                     .all(|&(user, _)| user == root || kernel_of[user] == Some(k))
         })
@@ -207,7 +220,7 @@ pub fn plan(f: &Function) -> Plan {
         SecondaryMap::with_capacity(f.num_ops_created());
     let mut constants = Vec::new();
     let mut open: Option<Open> = None;
-    let uses = f.uses();
+    let uses = Readers::new(f);
     let new = |kernels: &mut PrimaryMap<Kernel, KernelData>, kind: KernelKind, op: Op| {
         kernels.push(KernelData {
             kind,

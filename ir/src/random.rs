@@ -36,9 +36,14 @@ impl Rng {
         self.next_u64() % n
     }
 
+    /// Uniform in `[lo, hi)`, from 53 random bits.
+    pub fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * (hi - lo)
+    }
+
     /// True with probability `p`.
     pub fn chance(&mut self, p: f64) -> bool {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 <= p
+        self.uniform(0.0, 1.0) <= p
     }
 
     /// A uniformly chosen element.
@@ -487,7 +492,7 @@ pub fn random_function(seed: u64, n_ops: usize) -> Function {
 /// booleans fair coin flips.
 pub fn random_tensor(ty: &TensorType, rng: &mut Rng) -> Tensor {
     let n = ty.numel() as usize;
-    let mut unit = || (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0;
+    let mut unit = || rng.uniform(-1.0, 1.0);
     let data = match ty.dtype() {
         DType::F32 => Data::F32((0..n).map(|_| unit() as f32).collect()),
         DType::F64 => Data::F64((0..n).map(|_| unit()).collect()),

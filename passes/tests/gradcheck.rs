@@ -14,10 +14,6 @@ use tcc_passes::grad::{GradOptions, Wrt, grad};
 
 type B = FunctionBuilder;
 
-fn uniform(rng: &mut Rng, lo: f64, hi: f64) -> f64 {
-    lo + (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * (hi - lo)
-}
-
 fn random_input(f: &Function, p: Value, rng: &mut Rng) -> Tensor {
     let ty = f.ty(p);
     let (lo, hi) = if f.name(p).starts_with('p') {
@@ -27,8 +23,8 @@ fn random_input(f: &Function, p: Value, rng: &mut Rng) -> Tensor {
     };
     let n = ty.numel() as usize;
     let data = match ty.dtype() {
-        DType::F64 => Data::F64((0..n).map(|_| uniform(rng, lo, hi)).collect()),
-        DType::F32 => Data::F32((0..n).map(|_| uniform(rng, lo, hi) as f32).collect()),
+        DType::F64 => Data::F64((0..n).map(|_| rng.uniform(lo, hi)).collect()),
+        DType::F32 => Data::F32((0..n).map(|_| rng.uniform(lo, hi) as f32).collect()),
         d => panic!("parameter `{}` of dtype {d}", f.name(p)),
     };
     Tensor::new(ty.clone(), data).unwrap()
@@ -85,7 +81,7 @@ fn gradcheck(f: &Function, seed: u64, h: f64, tol: f64, skip_kinks: bool) -> (us
         .map(|&r| {
             let ty = f.ty(r).clone();
             let n = ty.numel() as usize;
-            let d = Data::F64((0..n).map(|_| uniform(&mut rng, -1.0, 1.0)).collect());
+            let d = Data::F64((0..n).map(|_| rng.uniform(-1.0, 1.0)).collect());
             Tensor::new(ty, d).unwrap()
         })
         .collect();

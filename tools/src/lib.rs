@@ -474,15 +474,7 @@ fn opt(
     if time_passes {
         let _ = write!(stderr, "{}", time_table(&times));
     }
-    let text = m.to_string();
-    match output {
-        Some(path) if path != "-" => std::fs::write(path, text)
-            .map_err(|e| (EXIT_INPUT, format!("error: cannot write `{path}`: {e}")))?,
-        _ => {
-            let _ = write!(stdout, "{text}");
-        }
-    }
-    Ok(())
+    write_module(&m, output, stdout)
 }
 
 fn grad_cmd(
@@ -526,15 +518,7 @@ fn grad_cmd(
             s.total_ops as f64 / s.forward_ops.max(1) as f64
         );
     }
-    let text = m.to_string();
-    match output {
-        Some(path) if path != "-" => std::fs::write(path, text)
-            .map_err(|e| (EXIT_INPUT, format!("error: cannot write `{path}`: {e}")))?,
-        _ => {
-            let _ = write!(stdout, "{text}");
-        }
-    }
-    Ok(())
+    write_module(&m, output, stdout)
 }
 
 /// One function's memory report.
@@ -656,6 +640,23 @@ fn mem_cmd(
             .map_err(|e| (EXIT_INPUT, format!("error: cannot write `{path}`: {e}")))?;
     }
     Ok(())
+}
+
+/// Prints a module to `output` (a file, or stdout when absent or `-`).
+fn write_module(
+    m: &Module,
+    output: Option<&str>,
+    stdout: &mut dyn Write,
+) -> Result<(), (i32, String)> {
+    let text = m.to_string();
+    match output {
+        Some(path) if path != "-" => std::fs::write(path, text)
+            .map_err(|e| (EXIT_INPUT, format!("error: cannot write `{path}`: {e}"))),
+        _ => {
+            let _ = write!(stdout, "{text}");
+            Ok(())
+        }
+    }
 }
 
 /// The function `run` should execute.

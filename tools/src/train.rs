@@ -135,9 +135,7 @@ fn init_value(name: &str, ty: &TensorType, seed: u64) -> Tensor {
         };
         let a = (6.0 / fan_in.max(1) as f64).sqrt();
         let mut rng = Rng::new(seed);
-        (0..n)
-            .map(|_| ((rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) * a)
-            .collect()
+        (0..n).map(|_| rng.uniform(-1.0, 1.0) * a).collect()
     } else if name.ends_with("gamma") || name.ends_with("scale") {
         vec![1.0; n]
     } else {
@@ -153,9 +151,8 @@ fn init_value(name: &str, ty: &TensorType, seed: u64) -> Tensor {
 /// Where each step-function parameter gets its value.
 enum Source {
     Data(Feed),
-    /// Carried from step to step: the initial value (moved into the step's inputs) and the
-    /// result index that replaces it.
-    State(Tensor, usize),
+    /// Carried from step to step: the index of the result that replaces it.
+    State(usize),
 }
 
 /// Builds the train-step function from the loss function `f`: its data parameter names and the
@@ -219,6 +216,7 @@ pub fn train(
         .filter(|n| data_dir.is_some_and(|d| d.join(format!("{}.npy", file_stem(n))).exists()))
         .collect();
     let (step_fn, trained) = train_step(f, &data_names, args.optimizer)?;
+    let is_trained: std::collections::HashSet<&str> = trained.iter().map(String::as_str).collect();
     let exe = tcc_codegen::Executable::compile(&step_fn).map_err(|e| format!("error: {e}"))?;
     // Where each parameter of the step function comes from.
     let result_of = |name: &str| {
@@ -228,7 +226,10 @@ pub fn train(
             .iter()
             .position(|&r| step_fn.name(r) == want)
     };
+    // Each parameter's source, and the step's inputs: state values move in from the results (no
+    // copies); data changes only when it comes in several mini-batches.
     let mut sources = Vec::with_capacity(step_fn.params().len());
+    let mut inputs: Vec<Tensor> = Vec::with_capacity(step_fn.params().len());
     for (i, &p) in step_fn.params().iter().enumerate() {
         let name = step_fn.name(p);
         let ty = step_fn.ty(p);
@@ -236,7 +237,9 @@ pub fn train(
             let path = data_dir
                 .expect("data names come from the data directory")
                 .join(format!("{}.npy", file_stem(name)));
-            Source::Data(Feed::new(name, &path, ty)?)
+            let feed = Feed::new(name, &path, ty)?;
+            inputs.push(feed.get(0));
+            Source::Data(feed)
         } else if let Some(r) = result_of(name) {
             let init = args
                 .init
@@ -254,12 +257,11 @@ pub fn train(
                     }
                     t
                 }
-                None if trained.iter().any(|n| n == name) => {
-                    init_value(name, ty, 0x7cc0_0000 + i as u64)
-                }
+                None if is_trained.contains(name) => init_value(name, ty, 0x7cc0_0000 + i as u64),
                 None => Tensor::zeros(ty.clone()).map_err(|e| format!("error: {e}"))?,
             };
-            Source::State(value, r)
+            inputs.push(value);
+            Source::State(r)
         } else {
             return Err(format!(
                 "error: parameter `{name}` of `@{}` is neither trained nor in the data directory{}; add {}/{}.npy",
@@ -291,7 +293,7 @@ pub fn train(
         sources
             .iter()
             .zip(step_fn.params())
-            .filter(|(_, p)| trained.iter().any(|n| n == step_fn.name(**p)))
+            .filter(|(_, p)| is_trained.contains(step_fn.name(**p)))
             .map(|(_, &p)| step_fn.ty(p).numel())
             .sum::<u64>(),
         data_names.len(),
@@ -306,17 +308,7 @@ pub fn train(
     let bar = std::io::stderr().is_terminal();
     let t0 = Instant::now();
     let mut last = String::new();
-    // The inputs of the next step: state values move in from the results (no copies); data
-    // changes only when it comes in several mini-batches.
-    let mut inputs: Vec<Tensor> = sources
-        .iter_mut()
-        .map(|src| match src {
-            Source::Data(feed) => feed.get(0),
-            Source::State(t, _) => {
-                std::mem::replace(t, Tensor::from_f32(&[0], vec![]).expect("empty"))
-            }
-        })
-        .collect();
+
     for s in 0..args.steps {
         for (src, input) in sources.iter().zip(&mut inputs) {
             if let Source::Data(feed) = src
@@ -365,7 +357,7 @@ pub fn train(
         }
         let mut results: Vec<Option<Tensor>> = results.into_iter().map(Some).collect();
         for (src, input) in sources.iter().zip(&mut inputs) {
-            if let Source::State(_, r) = src {
+            if let Source::State(r) = src {
                 *input = results[*r].take().expect("each result feeds one parameter");
             }
         }
@@ -387,7 +379,7 @@ pub fn train(
         std::fs::create_dir_all(dir).map_err(|e| format!("error: cannot create `{dir}`: {e}"))?;
         for ((src, t), &p) in sources.iter().zip(&inputs).zip(step_fn.params()) {
             let name = step_fn.name(p);
-            if let (Source::State(..), true) = (src, trained.iter().any(|n| n == name)) {
+            if let (Source::State(_), true) = (src, is_trained.contains(name)) {
                 let path = Path::new(dir).join(format!("{}.npy", file_stem(name)));
                 std::fs::write(&path, npy::write(t))
                     .map_err(|e| format!("error: cannot write `{}`: {e}", path.display()))?;

@@ -86,15 +86,20 @@ fn supported_op(kind: &OpKind) -> bool {
 /// Whether every value of elementwise kernel `k` is `f32`, except `bool` masks that comparisons
 /// inside the kernel produce and only `select` conditions and casts to `f32` inside it consume.
 fn f32_with_masks(f: &Function, k: &KernelData) -> bool {
-    let inside = |v: Value| {
-        f.def_op(v)
-            .is_some_and(|p| k.ops.contains(&p) && matches!(f.op(p).kind, OpKind::Compare(_)))
-    };
+    // The masks the kernel computes itself (sets: kernels can hold thousands of ops).
+    let masks: std::collections::HashSet<Value> = k
+        .ops
+        .iter()
+        .filter(|&&p| matches!(f.op(p).kind, OpKind::Compare(_)))
+        .map(|&p| f.op(p).results[0])
+        .collect();
+    let stored: std::collections::HashSet<Value> = k.outputs.iter().copied().collect();
+    let inside = |v: Value| masks.contains(&v);
     let f32 = |v: &Value| f.ty(*v).dtype() == DType::F32;
     k.ops.iter().all(|&op| {
         let d = f.op(op);
         match d.kind {
-            OpKind::Compare(_) => d.args.iter().all(f32) && !k.outputs.contains(&d.results[0]),
+            OpKind::Compare(_) => d.args.iter().all(f32) && !stored.contains(&d.results[0]),
             OpKind::Select => inside(d.args[0]) && d.args[1..].iter().chain(&d.results).all(f32),
             OpKind::Cast { .. } => {
                 (inside(d.args[0]) || f32(&d.args[0])) && d.results.iter().all(f32)

@@ -221,16 +221,8 @@ fn library_step(
         return None;
     }
     let dims4 = |v: Value| -> [usize; 4] { std::array::from_fn(|i| f.ty(v).dims()[i] as usize) };
-    if !matches!(
-        d.kind,
-        OpKind::MatMul
-            | OpKind::Conv2d(_)
-            | OpKind::Conv2dGradInput { .. }
-            | OpKind::Conv2dGradFilter { .. }
-    ) {
-        return None;
-    }
-    let (a0, a1) = (d.args[0], d.args[1]);
+    // Library ops take two operands; anything else is not one.
+    let (&a0, &a1) = (d.args.first()?, d.args.get(1)?);
     let conv = |mode, attrs: &tcc_ir::Conv2d, x: Value, w: Value, y: Value| {
         LibOp::Conv(Conv {
             mode,
@@ -451,68 +443,44 @@ unsafe fn gemm<T: Copy + Default + 'static>(
 
 fn run_matmul(mm: &MatMul, addr: &dyn Fn(Value) -> *mut u8) {
     let (a, b, dst) = (addr(mm.a), addr(mm.b), addr(mm.dst));
+    // SAFETY: a, b and dst hold tensors of the dims recorded at compile time, of `dtype`.
+    unsafe {
+        match mm.dtype {
+            DType::F32 => matmul_batches::<f32>(mm, a as _, b as _, dst as _, 1.0),
+            DType::F64 => matmul_batches::<f64>(mm, a as _, b as _, dst as _, 1.0),
+            _ => unreachable!("library matmuls are f32 or f64"),
+        }
+    }
+}
+
+/// One GEMM per output batch.
+///
+/// # Safety
+/// `a`, `b` and `dst` hold `[batches.., m, k]` (or, transposed, `[.., k, m]`), `[.., k, n]` (or
+/// `[.., n, k]`) and `[.., m, n]` elements; `dst` overlaps neither operand.
+unsafe fn matmul_batches<T: Copy + Default + 'static>(
+    mm: &MatMul,
+    a: *const T,
+    b: *const T,
+    dst: *mut T,
+    one: T,
+) {
     let (m, n, k) = (mm.m, mm.n, mm.k);
-    // A is [m, k] row-major, or (transposed) its source [k, m]; B likewise.
-    let mat_a = |p| {
-        if mm.ta {
-            Mat::transposed(p, m)
-        } else {
-            Mat::rows(p, k)
-        }
-    };
-    let mat_b = |p| {
-        if mm.tb {
-            Mat::transposed(p, k)
-        } else {
-            Mat::rows(p, n)
-        }
-    };
-    let mat_a64 = |p| {
-        if mm.ta {
-            Mat::transposed(p, m)
-        } else {
-            Mat::rows(p, k)
-        }
-    };
-    let mat_b64 = |p| {
-        if mm.tb {
-            Mat::transposed(p, k)
-        } else {
-            Mat::rows(p, n)
-        }
-    };
     for (i, &(ab, bb)) in mm.batches.iter().enumerate() {
-        // SAFETY: a, b and dst hold [batches.., m, k] (or [.., k, m]), [.., k, n] (or
-        // [.., n, k]) and [.., m, n] elements of `dtype`; the offsets stay inside them.
-        unsafe {
-            match mm.dtype {
-                DType::F32 => gemm::<f32>(
-                    m,
-                    n,
-                    k,
-                    mat_a((a as *const f32).add(ab * m * k)),
-                    mat_b((b as *const f32).add(bb * k * n)),
-                    (dst as *mut f32).add(i * m * n),
-                    n,
-                    false,
-                    1.0,
-                    true,
-                ),
-                DType::F64 => gemm::<f64>(
-                    m,
-                    n,
-                    k,
-                    mat_a64((a as *const f64).add(ab * m * k)),
-                    mat_b64((b as *const f64).add(bb * k * n)),
-                    (dst as *mut f64).add(i * m * n),
-                    n,
-                    false,
-                    1.0,
-                    true,
-                ),
-                _ => unreachable!("library matmuls are f32 or f64"),
-            }
-        }
+        // SAFETY: the offsets stay inside the operands (the caller's contract).
+        let (pa, pb, pd) = unsafe { (a.add(ab * m * k), b.add(bb * k * n), dst.add(i * m * n)) };
+        let ma = if mm.ta {
+            Mat::transposed(pa, m)
+        } else {
+            Mat::rows(pa, k)
+        };
+        let mb = if mm.tb {
+            Mat::transposed(pb, k)
+        } else {
+            Mat::rows(pb, n)
+        };
+        // SAFETY: as above.
+        unsafe { gemm::<T>(m, n, k, ma, mb, pd, n, false, one, true) };
     }
 }
 
@@ -882,12 +850,10 @@ unsafe fn conv_gemm<T: Copy + Default + Send + Sync + std::ops::AddAssign + 'sta
 ) {
     let nb = cv.xd[0];
     let [o, cg, kh, kw] = cv.wd;
-    let [_, _, oh, ow] = cv.yd;
-    let cols_len = if cv.group > 1 {
-        cv.group * (cg * kh * kw + o / cv.attrs.groups as usize) * oh * ow
-    } else {
-        cg * kh * kw * oh * ow
-    };
+    let dims = |d: [usize; 4]| d.map(|v| v as u64);
+    let cols_len =
+        crate::memory::conv_scratch_elements(&cv.attrs, &dims(cv.xd), &dims(cv.wd), &dims(cv.yd))
+            as usize;
     let parts = rayon::current_num_threads().min(nb).max(1);
     let per = nb.div_ceil(parts);
     if cv.mode == ConvMode::GradInput {
@@ -903,11 +869,7 @@ unsafe fn conv_gemm<T: Copy + Default + Send + Sync + std::ops::AddAssign + 'sta
     // Thread t > 0 gets its own columns and, for the filter gradient, its own partial sum.
     let mut spare: Vec<(Vec<T>, Vec<T>)> = (1..parts)
         .map(|_| {
-            let cols = if scratch.is_some() {
-                vec![T::default(); cols_len]
-            } else {
-                Vec::new()
-            };
+            let cols = vec![T::default(); cols_len];
             let dw = if cv.mode == ConvMode::GradFilter {
                 vec![T::default(); wlen]
             } else {
@@ -951,11 +913,21 @@ unsafe fn conv_gemm<T: Copy + Default + Send + Sync + std::ops::AddAssign + 'sta
     }
 }
 
-/// The convolution of `images` on one thread (see `conv_gemm`), with `parallel` GEMMs when it
-/// has all the images.
+/// The convolution of `images` on one thread (see `conv_gemm`), `cv.group` images side by side
+/// per GEMM, with `parallel` GEMMs when the thread has all the images. For a chunk of `B`
+/// images the scratch holds the columns `cols [kk, B*m]` (image `i` in columns `i*m..`) and the
+/// output-side rows `rows [og, B*m]`:
+///
+/// - forward: im2col, `rows = W_g · cols`, rows copied to `y`;
+/// - filter gradient: im2col, `dy` gathered into `rows`, `dW_g += rows · cols^T`;
+/// - input gradient: `dy` gathered, `cols = W_g^T · rows`, col2im.
+///
+/// With one image the rows are that image's own output (nothing to copy), and a plain 1x1 with
+/// no scratch reads (or writes) the image itself as its columns.
 ///
 /// # Safety
-/// As for `conv_gemm`; `w` is the filter (or this thread's partial filter gradient).
+/// As for `conv_gemm`; `w` is the filter (or this thread's partial filter gradient); the scratch
+/// holds what `memory::scratch_bytes` says.
 #[allow(clippy::too_many_arguments)]
 unsafe fn conv_images<T: Copy + Default + std::ops::AddAssign + 'static>(
     cv: &Conv,
@@ -974,133 +946,28 @@ unsafe fn conv_images<T: Copy + Default + std::ops::AddAssign + 'static>(
     let og = o / g;
     let (kk, m) = (cg * kh * kw, oh * ow);
     let taps = Taps::new(cv);
-    let first = images.start;
-    if cv.group > 1 {
-        // SAFETY: the caller's contract; the scratch holds (kk + og) * group * m elements.
-        unsafe {
-            conv_grouped(
-                cv,
-                images,
-                x,
-                w,
-                y,
-                scratch.expect("grouped"),
-                one,
-                parallel,
-            )
-        };
-        return;
-    }
-    for n in images {
-        for gi in 0..g {
-            // SAFETY (block): every pointer stays inside the tensor of recorded dims it
-            // addresses; the scratch holds kk * m elements; C never overlaps A or B.
-            unsafe {
-                let image = x.add((n * c + gi * cg) * h * wd);
-                let filt = w.add(gi * og * kk);
-                let out = y.add((n * o + gi * og) * m);
-                // The columns: the image itself for a plain 1x1, else im2col of it.
-                let cols = scratch.unwrap_or(image);
-                if cv.mode != ConvMode::GradInput
-                    && let Some(cols) = scratch
-                {
-                    taps.im2col(cv, image, cols, m, m);
-                }
-                match cv.mode {
-                    ConvMode::Forward => gemm(
-                        og,
-                        m,
-                        kk,
-                        Mat::rows(filt, kk),
-                        Mat::rows(cols, m),
-                        out,
-                        m,
-                        false,
-                        one,
-                        parallel,
-                    ),
-                    ConvMode::GradFilter => gemm(
-                        og,
-                        kk,
-                        m,
-                        Mat::rows(out, m),
-                        Mat::transposed(cols, m),
-                        filt,
-                        kk,
-                        n > first,
-                        one,
-                        parallel,
-                    ),
-                    ConvMode::GradInput => {
-                        // cols = W^T · dy, then each column element adds into its image pixel.
-                        gemm(
-                            kk,
-                            m,
-                            og,
-                            Mat::transposed(filt, kk),
-                            Mat::rows(out, m),
-                            cols,
-                            m,
-                            false,
-                            one,
-                            parallel,
-                        );
-                        if scratch.is_some() {
-                            taps.col2im(cv, cols, image, m);
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// `conv_images` for small images: `group` images side by side per GEMM. The scratch holds the
-/// columns `cols [kk, G*m]` (image `i` in columns `i*m..`) and output-side rows `rows [og, G*m]`:
-/// forward: im2col, `rows = W_g · cols`, rows copied to `y`; filter gradient: im2col, `dy`
-/// gathered into `rows`, `dW_g += rows · cols^T`; input gradient: `dy` gathered, `cols = W_g^T ·
-/// rows`, col2im.
-///
-/// # Safety
-/// As for `conv_images`.
-#[allow(clippy::too_many_arguments)]
-unsafe fn conv_grouped<T: Copy + Default + std::ops::AddAssign + 'static>(
-    cv: &Conv,
-    images: std::ops::Range<usize>,
-    x: *mut T,
-    w: *mut T,
-    y: *mut T,
-    scratch: *mut T,
-    one: T,
-    parallel: bool,
-) {
-    let [_, c, h, wd] = cv.xd;
-    let [o, cg, kh, kw] = cv.wd;
-    let [_, _, oh, ow] = cv.yd;
-    let g = cv.attrs.groups as usize;
-    let og = o / g;
-    let (kk, m) = (cg * kh * kw, oh * ow);
-    let taps = Taps::new(cv);
-    let first = images.start;
-    let end = images.end;
-    for n0 in images.step_by(cv.group) {
-        let b = cv.group.min(end - n0);
+    let (first, end) = (images.start, images.end);
+    for n0 in images.step_by(cv.group.max(1)) {
+        let b = cv.group.max(1).min(end - n0);
         let ld = b * m;
         // SAFETY (block): every pointer stays inside its tensor or the scratch; the GEMM's
         // destination overlaps neither operand.
         unsafe {
-            let cols = scratch;
-            let rows = scratch.add(kk * cv.group * m);
             for gi in 0..g {
                 let image = |i: usize| x.add(((n0 + i) * c + gi * cg) * h * wd);
                 let out = |i: usize| y.add(((n0 + i) * o + gi * og) * m);
                 let filt = w.add(gi * og * kk);
-                if cv.mode != ConvMode::GradInput {
+                let cols = scratch.unwrap_or_else(|| image(0));
+                let rows = match scratch {
+                    Some(s) if b > 1 => s.add(kk * cv.group * m),
+                    _ => out(0),
+                };
+                if cv.mode != ConvMode::GradInput && scratch.is_some() {
                     for i in 0..b {
                         taps.im2col(cv, image(i), cols.add(i * m), m, ld);
                     }
                 }
-                if cv.mode != ConvMode::Forward {
+                if cv.mode != ConvMode::Forward && b > 1 {
                     for i in 0..b {
                         for r in 0..og {
                             std::ptr::copy_nonoverlapping(
@@ -1112,29 +979,18 @@ unsafe fn conv_grouped<T: Copy + Default + std::ops::AddAssign + 'static>(
                     }
                 }
                 match cv.mode {
-                    ConvMode::Forward => {
-                        gemm(
-                            og,
-                            ld,
-                            kk,
-                            Mat::rows(filt, kk),
-                            Mat::rows(cols, ld),
-                            rows,
-                            ld,
-                            false,
-                            one,
-                            parallel,
-                        );
-                        for i in 0..b {
-                            for r in 0..og {
-                                std::ptr::copy_nonoverlapping(
-                                    rows.add(r * ld + i * m),
-                                    out(i).add(r * m),
-                                    m,
-                                );
-                            }
-                        }
-                    }
+                    ConvMode::Forward => gemm(
+                        og,
+                        ld,
+                        kk,
+                        Mat::rows(filt, kk),
+                        Mat::rows(cols, ld),
+                        rows,
+                        ld,
+                        false,
+                        one,
+                        parallel,
+                    ),
                     ConvMode::GradFilter => gemm(
                         og,
                         kk,
@@ -1147,22 +1003,33 @@ unsafe fn conv_grouped<T: Copy + Default + std::ops::AddAssign + 'static>(
                         one,
                         parallel,
                     ),
-                    ConvMode::GradInput => {
-                        gemm(
-                            kk,
-                            ld,
-                            og,
-                            Mat::transposed(filt, kk),
-                            Mat::rows(rows, ld),
-                            cols,
-                            ld,
-                            false,
-                            one,
-                            parallel,
-                        );
-                        for i in 0..b {
-                            taps.col2im(cv, cols.add(i * m), image(i), ld);
+                    ConvMode::GradInput => gemm(
+                        kk,
+                        ld,
+                        og,
+                        Mat::transposed(filt, kk),
+                        Mat::rows(rows, ld),
+                        cols,
+                        ld,
+                        false,
+                        one,
+                        parallel,
+                    ),
+                }
+                if cv.mode == ConvMode::Forward && b > 1 {
+                    for i in 0..b {
+                        for r in 0..og {
+                            std::ptr::copy_nonoverlapping(
+                                rows.add(r * ld + i * m),
+                                out(i).add(r * m),
+                                m,
+                            );
                         }
+                    }
+                }
+                if cv.mode == ConvMode::GradInput && scratch.is_some() {
+                    for i in 0..b {
+                        taps.col2im(cv, cols.add(i * m), image(i), ld);
                     }
                 }
             }

@@ -178,7 +178,7 @@ impl Native {
         self.op
     }
 
-    /// Runs the op. `elem` is the element size of a transpose's dtype.
+    /// Runs the op.
     ///
     /// # Safety
     /// `addr` gives storage of each operand's and result's type; results do not overlap
@@ -285,22 +285,13 @@ impl Native {
                     labels,
                 } => {
                     let x = input(0);
-                    let lp = addr(self.args[1]);
+                    let ls = read_labels(addr(self.args[1]), *labels, *rows, *classes)?;
                     let mut total = 0.0f64;
-                    for r in 0..*rows {
-                        let l = match labels {
-                            DType::I32 => *(lp as *const i32).add(r) as i64,
-                            _ => *(lp as *const i64).add(r),
-                        };
-                        if !(0..*classes as i64).contains(&l) {
-                            return Err(format!(
-                                "label {l} in row {r} is out of range for {classes} classes"
-                            ));
-                        }
+                    for (r, &l) in ls.iter().enumerate() {
                         let row = &x[r * classes..(r + 1) * classes];
                         let m = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
                         let s: f64 = row.iter().map(|&v| ((v - m) as f64).exp()).sum();
-                        total -= (row[l as usize] - m) as f64 - s.ln();
+                        total -= (row[l] - m) as f64 - s.ln();
                     }
                     output(0)[0] = (total / *rows as f64) as f32;
                 }
@@ -310,18 +301,9 @@ impl Native {
                     labels,
                 } => {
                     let (x, dy, dx) = (input(0), input(2)[0], output(0));
-                    let lp = addr(self.args[1]);
+                    let ls = read_labels(addr(self.args[1]), *labels, *rows, *classes)?;
                     let k = dy / *rows as f32;
-                    for r in 0..*rows {
-                        let l = match labels {
-                            DType::I32 => *(lp as *const i32).add(r) as i64,
-                            _ => *(lp as *const i64).add(r),
-                        };
-                        if !(0..*classes as i64).contains(&l) {
-                            return Err(format!(
-                                "label {l} in row {r} is out of range for {classes} classes"
-                            ));
-                        }
+                    for (r, &l) in ls.iter().enumerate() {
                         let row = &x[r * classes..(r + 1) * classes];
                         let out = &mut dx[r * classes..(r + 1) * classes];
                         let m = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
@@ -332,7 +314,7 @@ impl Native {
                         }
                         let scale = k / s;
                         out.iter_mut().for_each(|o| *o *= scale);
-                        out[l as usize] -= k;
+                        out[l] -= k;
                     }
                 }
                 Kind::BatchNormTrain { eps, n, c, inner } => {
@@ -413,6 +395,45 @@ fn window(p: &Pool2d, h: usize, w: usize, oy: usize, ox: usize) -> Window {
     }
 }
 
+/// The class index of each row, checked against the number of classes.
+///
+/// # Safety
+/// `labels` holds `rows` elements of `dtype` (i32 or i64).
+unsafe fn read_labels(
+    labels: *const u8,
+    dtype: DType,
+    rows: usize,
+    classes: usize,
+) -> Result<Vec<usize>, String> {
+    (0..rows)
+        .map(|r| {
+            // SAFETY: r < rows (the caller's contract).
+            let l = unsafe {
+                match dtype {
+                    DType::I32 => *(labels as *const i32).add(r) as i64,
+                    _ => *(labels as *const i64).add(r),
+                }
+            };
+            usize::try_from(l)
+                .ok()
+                .filter(|&l| l < classes)
+                .ok_or_else(|| {
+                    format!("label {l} in row {r} is out of range for {classes} classes")
+                })
+        })
+        .collect()
+}
+
+/// Calls `work((plane, chunk))` for each `plane`-element chunk of `out`, in parallel when `out`
+/// is large enough to pay for it.
+fn for_planes(out: &mut [f32], plane: usize, work: impl Fn((usize, &mut [f32])) + Sync + Send) {
+    if out.len() >= 1 << 14 {
+        out.par_chunks_mut(plane.max(1)).enumerate().for_each(work);
+    } else {
+        out.chunks_mut(plane.max(1)).enumerate().for_each(work);
+    }
+}
+
 /// Whether pooling windows tile the input: no padding and strides equal to the window, so each
 /// input element is in at most one window.
 fn tiles(p: &Pool2d) -> bool {
@@ -481,11 +502,7 @@ fn max_pool_tiled(p: &Pool2d, xd: [usize; 4], yd: [usize; 4], x: &[f32], y: &mut
             }
         }
     };
-    if y.len() >= 1 << 12 {
-        y.par_chunks_mut(ys.max(1)).enumerate().for_each(work);
-    } else {
-        y.chunks_mut(ys.max(1)).enumerate().for_each(work);
-    }
+    for_planes(y, ys, work);
 }
 
 /// `max_pool2d_grad` for tiling windows: each window's gradient is written at its first
@@ -535,11 +552,7 @@ fn max_pool_grad_tiled(
             }
         }
     };
-    if dx.len() >= 1 << 14 {
-        dx.par_chunks_mut(xs.max(1)).enumerate().for_each(work);
-    } else {
-        dx.chunks_mut(xs.max(1)).enumerate().for_each(work);
-    }
+    for_planes(dx, xs, work);
 }
 
 /// Pooling forward: each output plane from its input plane, planes in parallel.
@@ -562,11 +575,7 @@ fn pool_forward(
             }
         }
     };
-    if y.len() >= 1 << 14 {
-        y.par_chunks_mut(ys.max(1)).enumerate().for_each(work);
-    } else {
-        y.chunks_mut(ys.max(1)).enumerate().for_each(work);
-    }
+    for_planes(y, ys, work);
 }
 
 /// Pooling backward: each input-gradient plane (zeroed, then `f(plane offset, window, dy,
@@ -591,11 +600,7 @@ fn pool_backward(
             }
         }
     };
-    if dx.len() >= 1 << 14 {
-        dx.par_chunks_mut(xs.max(1)).enumerate().for_each(work);
-    } else {
-        dx.chunks_mut(xs.max(1)).enumerate().for_each(work);
-    }
+    for_planes(dx, xs, work);
 }
 
 /// Copies a `dims` tensor of `size`-byte elements into its transpose by `perm`.
@@ -696,7 +701,6 @@ fn reduce(op: ReduceOp, x: &[f32], y: &mut [f32], dims: &[usize], reduced: &[boo
             obase -= ost[ax] * dims[ax];
             idx[ax] = 0;
         }
-        let _ = o;
     }
     if op == ReduceOp::Mean {
         let count: usize = dims

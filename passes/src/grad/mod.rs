@@ -199,14 +199,11 @@ pub fn grad(f: &mut Function, opts: &GradOptions) -> Result<GradStats, String> {
 
     // Forward: which values depend on an x through differentiable floating-point paths.
     let nv = f.num_values_created();
-    let mut is_x: SecondaryMap<Value, bool> = SecondaryMap::with_capacity(nv);
     let mut stopped: SecondaryMap<Value, bool> = SecondaryMap::with_capacity(nv);
-    for &x in &xs {
-        is_x[x] = true;
-    }
     for &s in &stop {
         stopped[s] = true;
     }
+    // The xs themselves count (an x may be an intermediate value); the sweep only adds.
     let mut dep: SecondaryMap<Value, bool> = SecondaryMap::with_capacity(nv);
     for &x in &xs {
         dep[x] = true;
@@ -216,7 +213,7 @@ pub fn grad(f: &mut Function, opts: &GradOptions) -> Result<GradStats, String> {
         let blocks = matches!(d.kind, OpKind::StopGradient | OpKind::Const { .. });
         let any = !blocks && d.args.iter().any(|&a| dep[a] && !stopped[a]);
         for &r in &d.results {
-            if (any && is_float(f, r)) || is_x[r] {
+            if any && is_float(f, r) {
                 dep[r] = true;
             }
         }
@@ -382,6 +379,10 @@ pub fn grad(f: &mut Function, opts: &GradOptions) -> Result<GradStats, String> {
 fn name_gradients(f: &mut Function, xs: &[Value], first_new: usize) {
     let mut results = f.results().to_vec();
     let n = results.len() - xs.len();
+    let mut times: std::collections::HashMap<Value, usize> = std::collections::HashMap::new();
+    for &r in &results {
+        *times.entry(r).or_default() += 1;
+    }
     for (i, &x) in xs.iter().enumerate() {
         let r = results[n + i];
         let want = format!("grad/{}", f.name(x));
@@ -390,7 +391,7 @@ fn name_gradients(f: &mut Function, xs: &[Value], first_new: usize) {
         }
         let ours = r.index() >= first_new
             && matches!(f.value(r).def, ValueDef::Result(..))
-            && results.iter().filter(|&&q| q == r).count() == 1;
+            && times[&r] == 1;
         if ours {
             f.rename(r, &want);
         } else {

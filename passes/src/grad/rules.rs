@@ -12,6 +12,20 @@ use tcc_ir::{BinaryOp, CmpOp, DType, FunctionBuilder, OpKind, ReduceOp, UnaryOp,
 
 type R<T> = Result<T, BuildError>;
 
+/// Why a rule produced no gradient.
+enum RuleError {
+    /// A rule built an ill-typed op: a bug.
+    Build(BuildError),
+    /// The op has no gradient rule (for this operand).
+    Unsupported(&'static str),
+}
+
+impl From<BuildError> for RuleError {
+    fn from(e: BuildError) -> RuleError {
+        RuleError::Build(e)
+    }
+}
+
 /// Builds gradient ops into a function.
 pub(crate) struct Rules<'b> {
     pub b: &'b mut FunctionBuilder,
@@ -145,15 +159,16 @@ impl Rules<'_> {
     /// The contribution to each operand of `op`. `Err` only on a bug (an ill-typed rule) or for an
     /// op with no gradient rule.
     pub fn rule(&mut self, g: &OpGrad<'_>) -> Result<Vec<Option<Value>>, String> {
-        self.rule_inner(g).map_err(|e| {
-            format!(
+        self.rule_inner(g).map_err(|e| match e {
+            RuleError::Build(e) => format!(
                 "internal error in the gradient rule of `{}`: {e}",
                 g.kind.mnemonic()
-            )
-        })?
+            ),
+            RuleError::Unsupported(msg) => msg.to_string(),
+        })
     }
 
-    fn rule_inner(&mut self, g: &OpGrad<'_>) -> R<Result<Vec<Option<Value>>, String>> {
+    fn rule_inner(&mut self, g: &OpGrad<'_>) -> Result<Vec<Option<Value>>, RuleError> {
         let a = g.args;
         let y = g.results[0];
         let n = a.len();
@@ -162,7 +177,7 @@ impl Rules<'_> {
         let dy = match (g.kind, g.dys[0]) {
             (OpKind::BatchNormTrain { .. }, _) => None,
             (_, Some(d)) => Some(d),
-            (_, None) => return Ok(Ok(out)),
+            (_, None) => return Ok(out),
         };
         let dyv = || dy.expect("single-result op with a cotangent");
         match g.kind {
@@ -345,9 +360,8 @@ impl Rules<'_> {
                 out[0] = Some(self.b.op1(k, &[a[0], a[1], dyv()])?);
             }
             OpKind::SoftmaxCrossEntropyGrad if g.needs[0] || g.needs[2] => {
-                return Ok(Err(
-                    "`softmax_cross_entropy_grad` has no gradient rule (second derivatives through softmax cross-entropy are not supported)"
-                        .to_string(),
+                return Err(RuleError::Unsupported(
+                    "`softmax_cross_entropy_grad` has no gradient rule (second derivatives through softmax cross-entropy are not supported)",
                 ));
             }
             OpKind::SoftmaxCrossEntropyGrad => {}
@@ -431,13 +445,13 @@ impl Rules<'_> {
             // Piecewise constant in x (zero gradient); linear in dy, but that rule (routing each
             // window's cotangent from its argmax) has no op yet.
             OpKind::MaxPool2dGrad(_) if g.needs[1] => {
-                return Ok(Err(                    "`max_pool2d_grad` has no gradient rule with respect to its cotangent (second derivatives through max pooling are not supported)"
-                                                .to_string(),
+                return Err(RuleError::Unsupported(
+                    "`max_pool2d_grad` has no gradient rule with respect to its cotangent (second derivatives through max pooling are not supported)",
                 ));
             }
             OpKind::MaxPool2dGrad(_) => {}
         }
-        Ok(Ok(out))
+        Ok(out)
     }
 
     fn unary(&mut self, u: UnaryOp, x: Value, y: Value, dy: Value) -> R<Value> {
