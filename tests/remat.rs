@@ -81,6 +81,61 @@ fn every_strategy_keeps_results_bit_identical() {
     check(&src, "remat{strategy=speed}", false);
     // Clean-up after remat does not undo it: cse keeps the pinned copies apart.
     check(&src, "remat{strategy=collection},cse,dce", true);
+    check(&src, "remat{budget=0.5}", true);
+    check(&src, "remat{budget=60%}", true);
+}
+
+/// The budget mode meets its budget, costs no more than the `memory` strategy at the peak that
+/// strategy reaches, and when a budget cannot be met names a peak it can reach.
+#[test]
+fn budgets_are_met_for_the_least_recomputation() {
+    use tcc::passes::remat::{Budget, Strategy, choose, fit, remat};
+    let f = parse_function(&chain(32)).unwrap();
+    let joint = run_pipeline(&f, "grad{wrt=params}");
+    let base = analyze(&joint).temps_peak.0;
+    let mut last_extra = 0;
+    for frac in [0.75, 0.5, 0.4] {
+        let fit = fit(&joint, Budget::Fraction(frac)).unwrap();
+        let mut g = joint.clone();
+        let stats = remat(&mut g, &fit.checkpoints).unwrap();
+        let peak = analyze(&g).temps_peak.0;
+        assert_eq!((fit.peak_before, fit.peak_after), (base, peak));
+        assert!(
+            peak as f64 <= frac * base as f64,
+            "{frac}: {base} -> {peak}"
+        );
+        assert_eq!(stats.extra_flops, fit.extra_flops);
+        // Tighter budgets cost more recomputation.
+        assert!(fit.extra_flops > last_extra, "{frac}: {}", fit.extra_flops);
+        last_extra = fit.extra_flops;
+    }
+    let mut g = joint.clone();
+    let memory = remat(
+        &mut g,
+        &choose(&joint, &Strategy::Memory { min_bytes: 0 }).unwrap(),
+    )
+    .unwrap();
+    let memory_peak = analyze(&g).temps_peak.0;
+    let fit = fit(&joint, Budget::Bytes(memory_peak)).unwrap();
+    assert!(fit.peak_after <= memory_peak);
+    assert!(
+        fit.extra_flops <= memory.extra_flops,
+        "{} > {}",
+        fit.extra_flops,
+        memory.extra_flops
+    );
+    // One byte cannot be met; the error names the smallest peak found, which can be met.
+    let e = tcc::passes::remat::fit(&joint, Budget::Bytes(1)).unwrap_err();
+    assert!(e.contains("below the smallest peak remat found"), "{e}");
+    let reachable: u64 = e
+        .split(" bytes")
+        .nth(1)
+        .and_then(|s| s.rsplit('(').next())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no peak in: {e}"));
+    assert!(reachable <= memory_peak, "{e}");
+    let fit = tcc::passes::remat::fit(&joint, Budget::Bytes(reachable)).unwrap();
+    assert!(fit.peak_after <= reachable);
 }
 
 #[test]
@@ -117,13 +172,22 @@ fn errors_say_what_to_do() {
     );
     let e = Pipeline::parse("remat").unwrap_err().to_string();
     assert!(
-        e.contains("strategy=collection|memory|speed or names=[...]"),
+        e.contains("strategy=collection|memory|speed, names=[...] or budget="),
         "{e}"
     );
     let e = Pipeline::parse("remat{strategy=budget}")
         .unwrap_err()
         .to_string();
-    assert!(e.contains("not implemented yet"), "{e}");
+    assert!(e.contains("as budget=BYTES or budget=FRACTION"), "{e}");
+    for (bad, says) in [
+        ("remat{budget=0.5,strategy=speed}", "give one of"),
+        ("remat{budget=64MB}", "is neither bytes"),
+        ("remat{budget=1.5}", "fraction in (0, 1]"),
+        ("remat{names=[a],min-bytes=4}", "strategy=memory only"),
+    ] {
+        let e = Pipeline::parse(bad).unwrap_err().to_string();
+        assert!(e.contains(says), "{bad}: {e}");
+    }
 }
 
 #[test]
@@ -173,7 +237,66 @@ fn bottlenecks_are_found_in_one_sweep() {
         .unwrap_err()
         .to_string();
     assert!(
-        e.contains("no bottleneck tensor") && e.contains("names=[...]"),
+        e.contains("no bottleneck tensor") && e.contains("names=[...]") && e.contains("budget="),
         "{e}"
     );
+}
+
+/// Training through the JIT with `remat{budget=...}` on the step (what `tcc train --remat`
+/// does): the same losses bit for bit, and a smaller arena.
+#[test]
+fn training_with_a_budget_keeps_the_losses_and_shrinks_the_arena() {
+    use tcc::ir::Data;
+    use tcc::passes::optim::Optimizer;
+    let src = std::fs::read_to_string("examples/digits_cnn.tir").unwrap();
+    let f = parse_function(&src).unwrap();
+    let data = ["x".to_string(), "labels".to_string()];
+    let build = |remat| {
+        let (step, _) =
+            tcc_tools::train::train_step(&f, &data, Optimizer::Sgd { lr: 0.01 }, remat).unwrap();
+        let exe = Executable::compile(&step).unwrap();
+        (step, exe)
+    };
+    let (base, base_exe) = build(None);
+    let (r, r_exe) = build(Some("budget=0.8"));
+    assert!(analyze(&r).temps_peak.0 as f64 <= 0.8 * analyze(&base).temps_peak.0 as f64);
+    let (a, b) = (base_exe.stats().arena_bytes, r_exe.stats().arena_bytes);
+    assert!(b < a, "arena {a} -> {b}");
+    let mut rng = Rng::new(9);
+    let start: Vec<Tensor> = base
+        .params()
+        .iter()
+        .map(|&p| match base.name(p) {
+            "labels" => {
+                Tensor::from_data(&[64], Data::I32((0..64).map(|i| i % 10).collect())).unwrap()
+            }
+            name => {
+                let t = random_tensor(base.ty(p), &mut rng);
+                if name == "x" {
+                    t
+                } else {
+                    tcc_tools::train::init_value(name, base.ty(p), 3)
+                }
+            }
+        })
+        .collect();
+    let losses = |step: &Function, exe: &Executable| -> Vec<u32> {
+        let mut inputs = start.clone();
+        (0..4)
+            .map(|_| {
+                let out = exe.run(&inputs).unwrap();
+                for (i, &p) in step.params().iter().enumerate() {
+                    let want = format!("new/{}", step.name(p));
+                    if let Some(k) = step.results().iter().position(|&r| step.name(r) == want) {
+                        inputs[i] = out[k].clone();
+                    }
+                }
+                out[0].as_f32().unwrap()[0].to_bits()
+            })
+            .collect()
+    };
+    let (la, lb) = (losses(&base, &base_exe), losses(&r, &r_exe));
+    assert_eq!(la, lb);
+    // The loss moves: the steps really train.
+    assert_ne!(la[0], la[3]);
 }

@@ -100,6 +100,28 @@ fn digits_cnn_loss_falls_steadily() {
     // the last is less than a fifth of it.
     assert!(losses[1..].iter().all(|&l| l < losses[0]), "{out}");
     assert!(losses[4] < 0.2 * losses[0], "{out}");
+    // With gradient checkpointing the printed losses are the same and the arena is smaller.
+    let arena = |out: &str| -> String {
+        let line = out.lines().next().unwrap_or("");
+        line.split("arena ").nth(1).unwrap_or("").to_string()
+    };
+    let (code, out_r, err) = tcc(&[
+        "train",
+        "examples/digits_cnn.tir",
+        "--data",
+        "examples/data/digits",
+        "--steps",
+        "56",
+        "--every",
+        "14",
+        "--remat",
+        "budget=0.8",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let losses_r: Vec<f64> = progress(&out_r).iter().map(|p| p.1).collect();
+    assert_eq!(losses, losses_r);
+    assert!(out.starts_with("training") && out_r.starts_with("training"));
+    assert_ne!(arena(&out), arena(&out_r), "{out}\n{out_r}");
 }
 
 #[test]
@@ -168,6 +190,34 @@ fn user_errors_are_reported() {
             ],
             1,
             "cannot differentiate with respect to `%labels` of type i32[400]",
+        ),
+        (
+            &[
+                "train",
+                "examples/digits_cnn.tir",
+                "--data",
+                "examples/data/digits",
+                "--steps",
+                "1",
+                "--remat",
+                "budget=0.01",
+            ],
+            1,
+            "is below the smallest peak remat found",
+        ),
+        (
+            &[
+                "train",
+                "examples/digits_cnn.tir",
+                "--data",
+                "examples/data/digits",
+                "--steps",
+                "1",
+                "--remat",
+                "budget=lots",
+            ],
+            1,
+            "error: --remat budget=lots: pass `remat`: budget `lots` is neither bytes",
         ),
         (
             &["train", "examples/spirals_mlp.tir", "--steps", "1"],

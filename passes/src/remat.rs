@@ -13,24 +13,48 @@
 //! - `names=[frag,...]`: values whose names contain one of the fragments;
 //! - `speed`: the outputs of `matmul` and `conv2d` (what is expensive to recompute);
 //! - `memory`: bottlenecks (values every forward path passes through, found in one sweep) of
-//!   at least `min-bytes`, about sqrt(N) of them evenly spaced (N forward ops); an error when
-//!   there are none (U-Net-like graphs), suggesting `names`.
+//!   at least `min-bytes` with values the backward pass reads on both sides, about sqrt(N) of
+//!   them evenly spaced (N the number of forward values the backward pass reads: about the
+//!   layers of a chain); an error when there are none (U-Net-like graphs), suggesting `names`
+//!   or `budget`;
+//! - `budget=BYTES|FRACTION`: the least recomputation (FLOPs, `analysis::cost`) the search
+//!   finds whose simulated peak of activations and temporaries is within the budget.
+//!
+//! The budget search never rewrites the function to evaluate a candidate: `Joint` holds the
+//! function as flat arrays, `plan` lists the copies a set of kept values implies (the same
+//! walk the rewrite does), and `simulate` replays the new schedule to get its peak and extra
+//! FLOPs, O(ops + operands + copies) each. Candidates: the `memory`, `speed` and (where values
+//! are marked) `collection` strategies' choices, so the budget mode is never worse than they
+//! are at the peak they reach, and a
+//! two-parameter family over the forward values backward ops read, in schedule order: a value
+//! is kept if recomputing it costs more than λ FLOPs per byte it frees (ops back to other such
+//! values, at most 64), or if dropping it would make the run of dropped bytes since the last
+//! value kept for that reason exceed `t` (less what the run before fell short of `t`, so that
+//! runs mix two lengths and the fraction dropped varies smoothly with `t`); otherwise it is
+//! dropped. For each of eight
+//! quantiles of λ, `t` doubles from the smallest value until the peak fits and is bisected
+//! back (recomputation grows with `t`), about 30 simulations per λ at most. Where at most 64
+//! values are read by the backward pass (and 64² simulations stay cheap), a greedy descent
+//! adds one more candidate: from
+//! keeping all of them, drop one at a time the value that leaves the lowest peak (O(64²)
+//! simulations of a small function). The cheapest candidate that fits wins; when none does,
+//! the error gives the lowest peak seen.
 //!
 //! Recomputed ops are copies of the originals (same kinds, same operands up to copies), so
 //! results and gradients are bit-identical. The first copies of each recomputation carry a
 //! control dependency on the backward op before them: it pins their place and keeps `cse` from
 //! merging them back into the originals. O(ops + operands) plus the copies.
-//!
-//! Not done here yet: the `budget` strategy of issue 5.
 
+use crate::analysis::cost::flops;
+use crate::analysis::memory::human;
 use crate::manager::{OptionInfo, Options, Pass};
-use cranelift_entity::SecondaryMap;
+use cranelift_entity::{EntityRef, SecondaryMap};
 use std::collections::HashMap;
 
-use tcc_ir::{Function, Op, OpKind, Value, ValueDef};
+use tcc_ir::{Function, Op, OpKind, Value};
 
 /// How checkpoints are chosen.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Strategy {
     /// Values with a name component `checkpoint`.
     Collection,
@@ -44,6 +68,8 @@ pub enum Strategy {
         /// Smaller values are not considered.
         min_bytes: u64,
     },
+    /// The least recomputation [`fit`] finds with the peak within the budget.
+    Budget(Budget),
 }
 
 /// What `remat` did.
@@ -53,6 +79,8 @@ pub struct RematStats {
     pub checkpoints: usize,
     /// Forward ops copied for recomputation.
     pub recomputed_ops: usize,
+    /// Their FLOPs (the cost model of `analysis::cost`).
+    pub extra_flops: u64,
 }
 
 /// Whether a name marks a checkpoint for the `collection` strategy.
@@ -71,11 +99,13 @@ fn boundary(f: &Function) -> Option<usize> {
     })
 }
 
+fn no_backward() -> String {
+    "the function has no backward ops (values named grad/...); run `grad` first, as in --passes='grad,remat{strategy=speed}'".to_string()
+}
+
 /// The checkpoints a strategy picks among the forward values.
 pub fn choose(f: &Function, strategy: &Strategy) -> Result<Vec<Value>, String> {
-    let b = boundary(f).ok_or_else(|| {
-        "the function has no backward ops (values named grad/...); run `grad` first, as in --passes='grad,remat{strategy=speed}'".to_string()
-    })?;
+    let b = boundary(f).ok_or_else(no_backward)?;
     let forward = &f.schedule()[..b];
     let values = forward
         .iter()
@@ -91,13 +121,33 @@ pub fn choose(f: &Function, strategy: &Strategy) -> Result<Vec<Value>, String> {
             .map(|&op| f.op(op).results[0])
             .collect(),
         Strategy::Memory { min_bytes } => {
+            // A bottleneck helps only with values the backward pass reads on both sides of it
+            // (U-Net-like graphs have bottlenecks only at their two ends).
+            let read = read_by_backward(f, b);
+            let pos = f.positions();
+            let at = |v: Value| f.def_op(v).and_then(|op| pos[op]).unwrap_or(0) as usize;
+            let (lo, hi) = match (read.first(), read.last()) {
+                (Some(&x), Some(&y)) => (at(x), at(y)),
+                _ => (0, 0),
+            };
             let big: Vec<Value> = bottlenecks(f, b)
                 .into_iter()
-                .filter(|&v| f.ty(v).size_bytes() >= *min_bytes)
+                .filter(|&v| f.ty(v).size_bytes() >= *min_bytes && lo < at(v) && at(v) < hi)
                 .collect();
-            if big.is_empty() {
+            // The most values the backward pass reads between two bottlenecks (or an end and
+            // one): when that is most of them, the bottlenecks split off only the ends.
+            let (mut largest, mut run, mut next) = (0, 0, 0);
+            for &v in &read {
+                while next < big.len() && at(big[next]) < at(v) {
+                    (largest, run, next) = (largest.max(run), 0, next + 1);
+                }
+                run += 1;
+            }
+            largest = largest.max(run);
+            if big.is_empty() || 2 * largest > read.len() {
                 return Err(format!(
-                    "no bottleneck tensor of at least {min_bytes} bytes between the inputs and the loss (in U-Net-like graphs, skip paths go around every value); pass names=[...] to choose checkpoints{}",
+                    "no bottleneck tensor of at least {min_bytes} bytes splits the values the backward pass reads ({largest} of the {} are in one part; in U-Net-like graphs skip paths go around every value but those near the ends); pass names=[...] to choose checkpoints, or budget=BYTES|FRACTION to let remat search{}",
+                    read.len(),
                     if *min_bytes > 0 {
                         ", or a smaller min-bytes"
                     } else {
@@ -105,7 +155,7 @@ pub fn choose(f: &Function, strategy: &Strategy) -> Result<Vec<Value>, String> {
                     }
                 ));
             }
-            let keep = (b as f64).sqrt().ceil() as usize;
+            let keep = (read.len() as f64).sqrt().ceil() as usize;
             if big.len() <= keep {
                 big
             } else {
@@ -115,8 +165,36 @@ pub fn choose(f: &Function, strategy: &Strategy) -> Result<Vec<Value>, String> {
                     .collect()
             }
         }
+        Strategy::Budget(budget) => return fit(f, *budget).map(|fit| fit.checkpoints),
     };
     Ok(picked)
+}
+
+/// The forward values (results of the first `b` scheduled ops other than constants) that
+/// backward ops read, in schedule order.
+fn read_by_backward(f: &Function, b: usize) -> Vec<Value> {
+    let sched = f.schedule();
+    let mut forward: SecondaryMap<Value, bool> =
+        SecondaryMap::with_capacity(f.num_values_created());
+    for &op in &sched[..b] {
+        if !matches!(f.op(op).kind, OpKind::Const { .. }) {
+            for &r in &f.op(op).results {
+                forward[r] = true;
+            }
+        }
+    }
+    let mut read = Vec::new();
+    for &op in &sched[b..] {
+        for &a in &f.op(op).args {
+            if forward[a] {
+                forward[a] = false;
+                read.push(a);
+            }
+        }
+    }
+    let pos = f.positions();
+    read.sort_by_key(|&v| f.def_op(v).and_then(|op| pos[op]));
+    read
 }
 
 /// The forward values (among the first `b` scheduled ops) that every forward path from earlier
@@ -150,80 +228,267 @@ pub fn bottlenecks(f: &Function, b: usize) -> Vec<Value> {
     found
 }
 
-/// Rewrites `f` so that the backward ops read only `checkpoints`, parameters, constants and
-/// backward values from the forward pass; everything else is recomputed (see the module docs).
-pub fn remat(f: &mut Function, checkpoints: &[Value]) -> Result<RematStats, String> {
-    let b = boundary(f).ok_or("the function has no backward ops; run `grad` first")?;
-    let sched = f.schedule().to_vec();
-    let nv = f.num_values_created();
-    // Forward values that must be recomputed when the backward pass reads them.
-    let mut recompute: SecondaryMap<Value, bool> = SecondaryMap::with_capacity(nv);
-    for &op in &sched[..b] {
-        if matches!(f.op(op).kind, OpKind::Const { .. }) {
-            continue;
+const NONE: u32 = u32::MAX;
+
+/// The joint function as flat arrays, to plan a rematerialization and simulate its peak without
+/// rewriting the function. Positions index the schedule; values are `Value::index()`.
+struct Joint {
+    /// Where the backward ops start.
+    b: usize,
+    args_at: Vec<u32>,
+    args: Vec<u32>,
+    res_at: Vec<u32>,
+    res: Vec<u32>,
+    kind: Vec<Kind>,
+    flops: Vec<u64>,
+    /// Per value: the position of its defining op (`NONE` for parameters), which of that op's
+    /// results it is, its bytes, whether it may be recomputed (a result of a forward op other
+    /// than a constant), and whether the function returns it.
+    def: Vec<u32>,
+    slot: Vec<u32>,
+    bytes: Vec<u64>,
+    forward: Vec<bool>,
+    returned: Vec<u32>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Const,
+    Reshape,
+    Other,
+}
+
+/// Which forward ops (positions, in schedule order) are copied just before which backward op.
+#[derive(Default)]
+struct Plan {
+    batches: Vec<(u32, std::ops::Range<usize>)>,
+    ops: Vec<u32>,
+}
+
+impl Joint {
+    fn new(f: &Function, b: usize) -> Joint {
+        let sched = f.schedule();
+        let nv = f.num_values_created();
+        let mut j = Joint {
+            b,
+            args_at: Vec::with_capacity(sched.len() + 1),
+            args: Vec::new(),
+            res_at: Vec::with_capacity(sched.len() + 1),
+            res: Vec::new(),
+            kind: Vec::with_capacity(sched.len()),
+            flops: Vec::with_capacity(sched.len()),
+            def: vec![NONE; nv],
+            slot: vec![0; nv],
+            bytes: vec![0; nv],
+            forward: vec![false; nv],
+            returned: f.results().iter().map(|r| r.index() as u32).collect(),
+        };
+        for (i, &op) in sched.iter().enumerate() {
+            let d = f.op(op);
+            j.args_at.push(j.args.len() as u32);
+            j.res_at.push(j.res.len() as u32);
+            j.args.extend(d.args.iter().map(|a| a.index() as u32));
+            let kind = match d.kind {
+                OpKind::Const { .. } => Kind::Const,
+                OpKind::Reshape { .. } => Kind::Reshape,
+                _ => Kind::Other,
+            };
+            j.kind.push(kind);
+            j.flops.push(flops(f, op));
+            for (s, &r) in d.results.iter().enumerate() {
+                let v = r.index();
+                j.res.push(v as u32);
+                j.def[v] = i as u32;
+                j.slot[v] = s as u32;
+                j.bytes[v] = f.ty(r).size_bytes();
+                j.forward[v] = i < b && kind != Kind::Const;
+            }
         }
-        for &r in &f.op(op).results {
-            recompute[r] = true;
-        }
+        j.args_at.push(j.args.len() as u32);
+        j.res_at.push(j.res.len() as u32);
+        j
     }
-    for &c in checkpoints {
-        recompute[c] = false;
+
+    fn len(&self) -> usize {
+        self.kind.len()
     }
-    let mut copies: HashMap<Value, Value> = HashMap::new();
-    let pos = f.positions();
-    let mut insert: HashMap<Op, Vec<Op>> = HashMap::new();
-    let mut stats = RematStats {
-        checkpoints: checkpoints.len(),
-        ..RematStats::default()
-    };
-    for i in b..sched.len() {
-        let op = sched[i];
-        let needed: Vec<Value> = f
-            .op(op)
-            .args
-            .iter()
-            .copied()
-            .filter(|&a| recompute[a] && !copies.contains_key(&a))
-            .collect();
-        if !needed.is_empty() {
-            // Copies made for this backward op (a copy reading one of them is not pinned).
-            let mut batch: std::collections::HashSet<Value> = std::collections::HashSet::new(); // The forward ops between the checkpoints (or earlier copies) and what is needed.
-            let mut todo = needed;
-            let mut chosen: Vec<Op> = Vec::new();
-            let mut seen: SecondaryMap<Op, bool> = SecondaryMap::new();
-            while let Some(v) = todo.pop() {
-                let ValueDef::Result(p, _) = f.value(v).def else {
-                    continue;
-                };
-                if seen[p] {
-                    continue;
+
+    fn args(&self, p: usize) -> &[u32] {
+        &self.args[self.args_at[p] as usize..self.args_at[p + 1] as usize]
+    }
+
+    fn results(&self, p: usize) -> &[u32] {
+        &self.res[self.res_at[p] as usize..self.res_at[p + 1] as usize]
+    }
+
+    /// The forward ops to copy when only the values `keep` marks (and parameters, constants and
+    /// backward values) may be read by backward ops: each backward op, in order, gets copies of
+    /// the forward ops between what it needs and the kept values or earlier copies.
+    fn plan(&self, keep: &[bool]) -> Plan {
+        let mut copied = vec![false; self.b];
+        let mut stamp = vec![NONE; self.b];
+        let mut plan = Plan::default();
+        let mut stack = Vec::new();
+        for i in self.b..self.len() {
+            let start = plan.ops.len();
+            let mut visit = |a: u32, stack: &mut Vec<u32>, copied: &[bool]| {
+                let a = a as usize;
+                if self.forward[a] && !keep[a] {
+                    let p = self.def[a];
+                    if !copied[p as usize] && stamp[p as usize] != i as u32 {
+                        stamp[p as usize] = i as u32;
+                        stack.push(p);
+                    }
                 }
-                seen[p] = true;
-                chosen.push(p);
-                for &a in &f.op(p).args {
-                    if recompute[a] && !copies.contains_key(&a) {
-                        todo.push(a);
+            };
+            for &a in self.args(i) {
+                visit(a, &mut stack, &copied);
+            }
+            while let Some(p) = stack.pop() {
+                plan.ops.push(p);
+                for &a in self.args(p as usize) {
+                    visit(a, &mut stack, &copied);
+                }
+            }
+            if plan.ops.len() > start {
+                plan.ops[start..].sort_unstable();
+                for &p in &plan.ops[start..] {
+                    copied[p as usize] = true;
+                }
+                plan.batches.push((i as u32, start..plan.ops.len()));
+            }
+        }
+        plan
+    }
+
+    /// The peak bytes of activations and temporaries (as `analysis::memory` counts them:
+    /// `temps_peak`) of the function `plan` would produce, and the FLOPs of its copies.
+    fn simulate(&self, plan: &Plan) -> (u64, u64) {
+        let nv = self.bytes.len();
+        let copies: usize = plan
+            .ops
+            .iter()
+            .map(|&p| self.results(p as usize).len())
+            .sum();
+        let total = nv + copies;
+        let m = self.len() + plan.ops.len();
+        let mut owner = vec![NONE; total];
+        let mut first = vec![0u32; total];
+        let mut last = vec![0u32; total];
+        let mut bytes = self.bytes.clone();
+        bytes.resize(total, 0);
+        // The first value id of each copied forward op's results.
+        let mut copy = vec![NONE; self.b];
+        let mut next = nv as u32;
+        let mut pos = 0u32;
+        let map = |a: u32, copy: &[u32]| -> u32 {
+            let d = self.def[a as usize];
+            if d != NONE && (d as usize) < self.b && copy[d as usize] != NONE {
+                copy[d as usize] + self.slot[a as usize]
+            } else {
+                a
+            }
+        };
+        // One op at the next position, defining the values `ids`.
+        let mut step = |p: usize, ids: &[u32], copy: &[u32], owner: &mut [u32]| {
+            for &a in self.args(p) {
+                let o = owner[map(a, copy) as usize];
+                if o != NONE {
+                    last[o as usize] = pos;
+                }
+            }
+            match self.kind[p] {
+                Kind::Const => {}
+                Kind::Reshape => {
+                    owner[ids[0] as usize] = owner[map(self.args(p)[0], copy) as usize];
+                }
+                Kind::Other => {
+                    for &r in ids {
+                        owner[r as usize] = r;
+                        first[r as usize] = pos;
+                        last[r as usize] = pos;
                     }
                 }
             }
-            // Copy them in schedule order. A copy reads earlier copies where there are any; the
-            // copies that read no copy of this batch are pinned after the previous op, so that
-            // neither a scheduler nor `cse` moves them back into the forward pass.
-            chosen.sort_by_key(|&o| pos[o]);
+            pos += 1;
+        };
+        for p in 0..self.b {
+            step(p, self.results(p), &copy, &mut owner);
+        }
+        let mut ids = Vec::new();
+        let mut batches = plan.batches.iter().peekable();
+        let mut extra = 0;
+        for i in self.b..self.len() {
+            if let Some((_, range)) = batches.next_if(|(at, _)| *at as usize == i) {
+                for &p in &plan.ops[range.clone()] {
+                    let p = p as usize;
+                    ids.clear();
+                    for &r in self.results(p) {
+                        bytes[next as usize + ids.len()] = self.bytes[r as usize];
+                        ids.push(next + ids.len() as u32);
+                    }
+                    step(p, &ids, &copy, &mut owner);
+                    copy[p] = next;
+                    next += self.results(p).len() as u32;
+                    extra += self.flops[p];
+                }
+            }
+            step(i, self.results(i), &copy, &mut owner);
+        }
+        // Buffers the function returns are not temporaries.
+        for &r in &self.returned {
+            let o = owner[r as usize];
+            if o != NONE {
+                last[o as usize] = m as u32;
+            }
+        }
+        let mut delta = vec![0i64; m + 2];
+        for v in 0..total {
+            if owner[v] != v as u32 || last[v] as usize == m {
+                continue;
+            }
+            delta[first[v] as usize] += bytes[v] as i64;
+            delta[last[v] as usize + 1] -= bytes[v] as i64;
+        }
+        let (mut cur, mut peak) = (0i64, 0i64);
+        for d in &delta[..m] {
+            cur += d;
+            peak = peak.max(cur);
+        }
+        (peak as u64, extra)
+    }
+}
+
+/// Rewrites `f` as `plan` says (see the module docs): copies in schedule order reading earlier
+/// copies where there are any, the copies that read no copy of their own batch pinned after the
+/// op before them, and backward ops reading the copies.
+fn apply(f: &mut Function, b: usize, plan: &Plan) -> RematStats {
+    let sched = f.schedule().to_vec();
+    let nv = f.num_values_created();
+    let mut copies: SecondaryMap<Value, Option<Value>> = SecondaryMap::with_capacity(nv);
+    // The batch (numbered from 1) that made each copy.
+    let mut batch_of: SecondaryMap<Value, u32> = SecondaryMap::with_capacity(nv);
+    let mut insert: HashMap<usize, Vec<Op>> = HashMap::new();
+    let mut batches = plan.batches.iter().enumerate().peekable();
+    let mut stats = RematStats::default();
+    for (i, &op) in sched.iter().enumerate().skip(b) {
+        if let Some((k, (_, range))) = batches.next_if(|(_, (at, _))| *at as usize == i) {
+            let k = k as u32 + 1;
             let prev = sched[i - 1];
-            let mut copied = Vec::with_capacity(chosen.len());
-            for &o in &chosen {
+            let mut copied = Vec::with_capacity(range.len());
+            for &p in &plan.ops[range.clone()] {
+                let o = sched[p as usize];
                 let d = f.op(o).clone();
                 let mut reads_copy = false;
                 let args: Vec<Value> = d
                     .args
                     .iter()
-                    .map(|a| match copies.get(a) {
-                        Some(&c) => {
-                            reads_copy |= batch.contains(&c);
+                    .map(|&a| match copies[a] {
+                        Some(c) => {
+                            reads_copy |= batch_of[c] == k;
                             c
                         }
-                        None => *a,
+                        None => a,
                     })
                     .collect();
                 let tys = d.results.iter().map(|&r| f.ty(r).clone()).collect();
@@ -234,55 +499,359 @@ pub fn remat(f: &mut Function, checkpoints: &[Value]) -> Result<RematStats, Stri
                     f.op_mut(c).deps.push(prev);
                 }
                 for (&r, &cr) in d.results.iter().zip(&f.op(c).results.clone()) {
-                    copies.insert(r, cr);
-                    batch.insert(cr);
+                    copies[r] = Some(cr);
+                    batch_of[cr] = k;
                 }
+                stats.extra_flops += flops(f, c);
                 copied.push(c);
             }
             stats.recomputed_ops += copied.len();
-            insert.insert(op, copied);
+            insert.insert(i, copied);
         }
         let d = f.op_mut(op);
         for a in &mut d.args {
-            if let Some(&c) = copies.get(a) {
+            if let Some(c) = copies[*a] {
                 *a = c;
             }
         }
     }
     let mut order = Vec::with_capacity(sched.len() + stats.recomputed_ops);
-    for &op in &sched {
-        if let Some(c) = insert.remove(&op) {
+    for (i, &op) in sched.iter().enumerate() {
+        if let Some(c) = insert.remove(&i) {
             order.extend(c);
         }
         order.push(op);
     }
     f.set_schedule(order);
+    stats
+}
+
+/// Rewrites `f` so that the backward ops read only `checkpoints`, parameters, constants and
+/// backward values from the forward pass; everything else is recomputed (see the module docs).
+pub fn remat(f: &mut Function, checkpoints: &[Value]) -> Result<RematStats, String> {
+    let b = boundary(f).ok_or_else(no_backward)?;
+    let j = Joint::new(f, b);
+    let mut keep = vec![false; f.num_values_created()];
+    for &c in checkpoints {
+        keep[c.index()] = true;
+    }
+    let plan = j.plan(&keep);
+    let mut stats = apply(f, b, &plan);
+    stats.checkpoints = checkpoints.len();
     Ok(stats)
 }
 
+/// A memory budget for `remat{budget=...}`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Budget {
+    /// At most this many bytes of activations and temporaries.
+    Bytes(u64),
+    /// At most this fraction (in (0, 1]) of the peak without remat.
+    Fraction(f64),
+}
+
+impl Budget {
+    /// Parses `1048576`, `64MiB` (also `KiB`, `GiB`), `0.5` or `50%`.
+    pub fn parse(s: &str) -> Result<Budget, String> {
+        let bad = || {
+            format!(
+                "budget `{s}` is neither bytes (1048576, 64KiB, 64MiB, 2GiB) nor a fraction of the peak without remat (0.5, 50%)"
+            )
+        };
+        let fraction = |x: f64| {
+            if x > 0.0 && x <= 1.0 {
+                Ok(Budget::Fraction(x))
+            } else {
+                Err(format!(
+                    "budget `{s}` must be a fraction in (0, 1] of the peak without remat"
+                ))
+            }
+        };
+        if let Some(p) = s.strip_suffix('%') {
+            return fraction(p.trim().parse::<f64>().map_err(|_| bad())? / 100.0);
+        }
+        if s.contains('.') {
+            return fraction(s.parse::<f64>().map_err(|_| bad())?);
+        }
+        let (num, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
+            Some(i) => (&s[..i], s[i..].trim()),
+            None => (s, ""),
+        };
+        let shift = match unit {
+            "" | "B" => 0,
+            "KiB" => 10,
+            "MiB" => 20,
+            "GiB" => 30,
+            _ => return Err(bad()),
+        };
+        let n: u64 = num.parse().map_err(|_| bad())?;
+        n.checked_mul(1 << shift)
+            .filter(|&n| n > 0)
+            .map(Budget::Bytes)
+            .ok_or_else(bad)
+    }
+}
+
+/// What [`fit`] chose.
+#[derive(Clone, Debug)]
+pub struct Fit {
+    /// The values to keep.
+    pub checkpoints: Vec<Value>,
+    /// Peak bytes of activations and temporaries without remat, and with these checkpoints.
+    pub peak_before: u64,
+    /// See `peak_before`.
+    pub peak_after: u64,
+    /// FLOPs of the recomputation (the cost model of `analysis::cost`).
+    pub extra_flops: u64,
+}
+
+/// Chooses checkpoints that bring the peak of activations and temporaries (`temps_peak` of
+/// `analysis::memory`) within `budget` for the least recomputation the search finds, simulating
+/// each candidate (see the module docs). An error states the smallest peak found when the
+/// budget cannot be met.
+pub fn fit(f: &Function, budget: Budget) -> Result<Fit, String> {
+    let b = boundary(f).ok_or_else(no_backward)?;
+    let j = Joint::new(f, b);
+    let nv = f.num_values_created();
+    let all = vec![true; nv];
+    let eval = |keep: &[bool]| j.simulate(&j.plan(keep));
+    let (base, _) = eval(&all);
+    let limit = match budget {
+        Budget::Bytes(n) => n,
+        Budget::Fraction(x) => (base as f64 * x).floor() as u64,
+    };
+    let values_of = |keep: &[bool]| -> Vec<Value> {
+        (0..nv)
+            .filter(|&v| keep[v] && j.forward[v])
+            .map(Value::new)
+            .collect()
+    };
+    if base <= limit {
+        return Ok(Fit {
+            checkpoints: values_of(&all),
+            peak_before: base,
+            peak_after: base,
+            extra_flops: 0,
+        });
+    }
+    // The best feasible candidate (extra FLOPs, peak, keep), and the lowest peak seen.
+    let mut best: Option<(u64, u64, Vec<bool>)> = None;
+    let mut lowest = (base, "no remat".to_string());
+    let mut consider = |keep: Vec<bool>, how: &dyn Fn() -> String| -> bool {
+        let (peak, extra) = eval(&keep);
+        if peak < lowest.0 {
+            lowest = (peak, how());
+        }
+        let ok = peak <= limit;
+        if ok
+            && best
+                .as_ref()
+                .is_none_or(|(e, p, _)| (extra, peak) < (*e, *p))
+        {
+            best = Some((extra, peak, keep));
+        }
+        ok
+    };
+    // The fixed strategies are candidates too, so the budget mode is never worse than them.
+    for (s, name) in [
+        (Strategy::Memory { min_bytes: 0 }, "strategy=memory"),
+        (Strategy::Speed, "strategy=speed"),
+        (Strategy::Collection, "strategy=collection"),
+    ] {
+        if let Ok(c) = choose(f, &s)
+            .map_err(drop)
+            .and_then(|c| if c.is_empty() { Err(()) } else { Ok(c) })
+        {
+            let mut keep = vec![false; nv];
+            for v in c {
+                keep[v.index()] = true;
+            }
+            consider(keep, &|| name.to_string());
+        }
+    }
+    // The family: the forward values backward ops read, in schedule order, each with the
+    // FLOPs of recomputing it from the others per byte it frees.
+    let mut stash = Vec::new();
+    let mut is_stash = vec![false; nv];
+    for p in b..j.len() {
+        for &a in j.args(p) {
+            if j.forward[a as usize] && !is_stash[a as usize] {
+                is_stash[a as usize] = true;
+                stash.push(a);
+            }
+        }
+    }
+    stash.sort_unstable_by_key(|&v| j.def[v as usize]);
+    let ratio: Vec<f64> = {
+        let mut stamp = vec![NONE; j.len()];
+        let mut stack = Vec::new();
+        stash
+            .iter()
+            .map(|&v| {
+                let p = j.def[v as usize];
+                let mut cost = 0;
+                stack.push(p);
+                stamp[p as usize] = v;
+                let mut visits = 0;
+                while let Some(p) = stack.pop() {
+                    cost += j.flops[p as usize];
+                    visits += 1;
+                    if visits > 64 {
+                        break;
+                    }
+                    for &a in j.args(p as usize) {
+                        let d = j.def[a as usize];
+                        if j.forward[a as usize] && !is_stash[a as usize] && stamp[d as usize] != v
+                        {
+                            stamp[d as usize] = v;
+                            stack.push(d);
+                        }
+                    }
+                }
+                stack.clear();
+                cost as f64 / j.bytes[v as usize].max(1) as f64
+            })
+            .collect()
+    };
+    let family = |lambda: f64, t: u64| -> Vec<bool> {
+        let mut keep = vec![false; nv];
+        let mut acc = 0i64;
+        for (k, &v) in stash.iter().enumerate() {
+            let bytes = j.bytes[v as usize];
+            if ratio[k] > lambda {
+                keep[v as usize] = true;
+            } else if acc + bytes as i64 > t as i64 {
+                // Carry the unused part of `t` (negative) to the next run, so that a `t`
+                // between multiples of the value sizes mixes runs of both lengths.
+                keep[v as usize] = true;
+                acc -= t as i64;
+            } else {
+                acc += bytes as i64;
+            }
+        }
+        keep
+    };
+    let mut sorted = ratio.clone();
+    sorted.sort_unstable_by(f64::total_cmp);
+    let mut lambdas: Vec<f64> = (1..=8)
+        .filter_map(|k| sorted.get((k * sorted.len()).div_ceil(8).saturating_sub(1)))
+        .copied()
+        .collect();
+    lambdas.dedup();
+    let t0 = stash
+        .iter()
+        .map(|&v| j.bytes[v as usize])
+        .min()
+        .unwrap_or(1)
+        .max(1);
+    let total: u64 = stash.iter().map(|&v| j.bytes[v as usize]).sum();
+    for &lambda in &lambdas {
+        let how = |t: u64| {
+            move || {
+                format!(
+                    "values costing at most {lambda:.3} FLOPs/byte dropped, {t} bytes between kept ones"
+                )
+            }
+        };
+        // Double the segment until the peak fits, then bisect back: the recomputation grows
+        // with the segment, so the smallest segment that fits is the cheapest in the family.
+        let (mut lo, mut t) = (0, t0);
+        loop {
+            if consider(family(lambda, t), &how(t)) {
+                let mut hi = t;
+                for _ in 0..6 {
+                    let mid = lo + (hi - lo) / 2;
+                    if mid <= lo {
+                        break;
+                    }
+                    if consider(family(lambda, mid), &how(mid)) {
+                        hi = mid;
+                    } else {
+                        lo = mid;
+                    }
+                }
+                break;
+            }
+            if t >= total {
+                break;
+            }
+            lo = t;
+            t = (t * 2).min(total);
+        }
+    }
+    // Few candidates (small or U-Net-like graphs, where the family's runs in schedule order fit
+    // badly): greedy descent from keeping them all, each step dropping the value that leaves
+    // the lowest peak (then the least recomputation), while the peak does not rise.
+    if stash.len() <= 64 && stash.len().pow(2) * j.len() <= 1 << 24 {
+        let mut keep = vec![false; nv];
+        for &v in &stash {
+            keep[v as usize] = true;
+        }
+        let mut cur = eval(&keep);
+        while cur.0 > limit {
+            let mut step: Option<(u64, u64, u32)> = None;
+            for &v in &stash {
+                if keep[v as usize] {
+                    keep[v as usize] = false;
+                    let (peak, extra) = eval(&keep);
+                    keep[v as usize] = true;
+                    if peak <= cur.0 && step.is_none_or(|(p, e, _)| (peak, extra) < (p, e)) {
+                        step = Some((peak, extra, v));
+                    }
+                }
+            }
+            let Some((peak, extra, v)) = step else { break };
+            keep[v as usize] = false;
+            cur = (peak, extra);
+        }
+        consider(keep, &|| "greedy descent".to_string());
+    }
+    match best {
+        Some((extra, peak, keep)) => Ok(Fit {
+            checkpoints: values_of(&keep),
+            peak_before: base,
+            peak_after: peak,
+            extra_flops: extra,
+        }),
+        None => Err(format!(
+            "budget {} ({limit} bytes) is below the smallest peak remat found, {} ({} bytes, {}); the peak without remat is {}: give a budget of at least {} bytes",
+            human(limit),
+            human(lowest.0),
+            lowest.0,
+            lowest.1,
+            human(base),
+            lowest.0
+        )),
+    }
+}
 fn options(o: &Options) -> Result<Strategy, String> {
-    match (o.get("strategy"), o.get("names")) {
-        (Some(_), Some(_)) => Err("give either strategy= or names=, not both".into()),
-        (None, Some(v)) => {
-            let frags = crate::grad::list(v);
+    if o.get("min-bytes").is_some() && o.get("strategy") != Some("memory") {
+        return Err("min-bytes applies to strategy=memory only".into());
+    }
+    match (o.get("strategy"), o.get("names"), o.get("budget")) {
+        (None, None, Some(b)) => Ok(Strategy::Budget(Budget::parse(b)?)),
+        (_, _, Some(_)) | (Some(_), Some(_), _) => {
+            Err("give one of strategy=, names= or budget=".into())
+        }
+        (None, Some(v), None) => {let frags = crate::grad::list(v);
             if frags.is_empty() {
                 return Err("names=[...] needs at least one fragment".into());
             }
             Ok(Strategy::Names(frags))
         }
-        (Some("collection"), None) => Ok(Strategy::Collection),
-        (Some("speed"), None) => Ok(Strategy::Speed),
-        (Some("memory"), None) => Ok(Strategy::Memory {
+                (Some("collection"), None, None) => Ok(Strategy::Collection),
+        (Some("speed"), None, None) => Ok(Strategy::Speed),
+        (Some("memory"), None, None) => Ok(Strategy::Memory {
             min_bytes: o.usize_or("min-bytes", 0)? as u64,
         }),
-        (Some(s @ "budget"), None) => Err(format!(
-            "strategy `{s}` is not implemented yet; use collection, memory, speed or names=[...]"
+        (Some("budget"), None, None) => Err(
+            "a budget is given as budget=BYTES or budget=FRACTION (remat{budget=0.5}), not as a strategy".into(),
+        ),
+        (Some(s), None, None) => Err(format!(
+            "unknown strategy `{s}`; valid strategies are collection, memory, speed (or names=[...] or budget=...)"
         )),
-        (Some(s), None) => Err(format!(
-            "unknown strategy `{s}`; valid strategies are collection, memory, speed (or names=[...])"
-        )),
-        (None, None) => Err(
-            "say how to choose checkpoints: strategy=collection|memory|speed or names=[...]".into(),
+        (None, None, None) => Err(
+            "say how to choose checkpoints: strategy=collection|memory|speed, names=[...] or budget=BYTES|FRACTION".into(),
         ),
     }
 }
@@ -296,6 +865,10 @@ pub(crate) const OPTIONS: &[OptionInfo] = &[
     OptionInfo {
         name: "names",
         help: "[frag,...]: keep values whose names contain a fragment",
+    },
+    OptionInfo {
+        name: "budget",
+        help: "bytes (64MiB) or a fraction of the peak without remat (0.5, 50%): the least recomputation that fits",
     },
     OptionInfo {
         name: "min-bytes",
@@ -317,4 +890,95 @@ impl Pass for Remat {
 
 pub(crate) fn create(o: &Options) -> Result<Box<dyn Pass>, String> {
     Ok(Box::new(Remat(options(o)?)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analysis::memory::analyze;
+    use crate::manager::{PassManager, Pipeline};
+    use tcc_ir::random::{Rng, random_function};
+    use tcc_ir::{Module, parse_function, verify_function};
+
+    /// `f` with the gradients of all its results (seeds as parameters), cleaned up; `None`
+    /// where `grad` refuses (second derivatives of a few ops).
+    fn joint(mut f: Function) -> Option<Function> {
+        let opts = crate::GradOptions {
+            ys: f.results().iter().map(|&r| f.name(r).to_string()).collect(),
+            grad_ys: true,
+            ..Default::default()
+        };
+        crate::grad(&mut f, &opts).ok()?;
+        let mut m = Module::new();
+        m.functions.push(f);
+        let pipeline = Pipeline::parse("canonicalize,cse,dce").unwrap();
+        PassManager::new(pipeline)
+            .run(&mut m, &mut std::io::sink())
+            .unwrap();
+        Some(m.functions.remove(0))
+    }
+
+    /// The simulated peak and extra FLOPs of random checkpoint sets equal what the memory
+    /// analysis and the rewrite report on the rewritten function: chains with reshapes and
+    /// multi-result batch norm, and random functions of the property tests.
+    #[test]
+    fn simulation_matches_the_rewrite() {
+        let chain = parse_function(
+            "func @f(%x: f32[4,3,2,2], %g: f32[3], %b: f32[3], %w: f32[12,5]) -> (f32[]) {
+  %y, %m, %v = batch_norm_train %x, %g, %b : f32[4,3,2,2], f32[3], f32[3]
+  %r = relu %y : f32[4,3,2,2]
+  %t = tanh %r : f32[4,3,2,2]
+  %s = reshape %t {shape=[4,12]} : f32[4,12]
+  %h = matmul %s, %w : f32[4,5]
+  %e = exp %h : f32[4,5]
+  %u = mul %e, %h : f32[4,5]
+  %l = reduce_sum %u {axes=[0,1]} : f32[]
+  return %l
+}",
+        )
+        .unwrap();
+        let mut functions = vec![joint(chain).unwrap()];
+        functions.extend((0..40).filter_map(|seed| {
+            let f = random_function(seed, 12);
+            let floats = f.params().iter().any(|&p| f.ty(p).dtype().is_float())
+                && f.results().iter().all(|&r| f.ty(r).dtype().is_float());
+            floats.then(|| joint(f)).flatten()
+        }));
+        assert!(functions.len() > 25, "{} functions", functions.len());
+        let mut rng = Rng::new(11);
+        let (mut checked, mut with_copies) = (0, 0);
+        for f in &functions {
+            let Some(b) = boundary(f) else { continue };
+            let j = Joint::new(f, b);
+            for trial in 0..12 {
+                let p = trial as f64 / 11.0;
+                let keep: Vec<bool> = (0..f.num_values_created()).map(|_| rng.chance(p)).collect();
+                let (peak, extra) = j.simulate(&j.plan(&keep));
+                let kept: Vec<Value> = (0..keep.len())
+                    .filter(|&v| keep[v])
+                    .map(Value::new)
+                    .collect();
+                let mut g = f.clone();
+                let stats = remat(&mut g, &kept).unwrap();
+                verify_function(&g).unwrap_or_else(|e| panic!("{e}\n{g}"));
+                assert_eq!(peak, analyze(&g).temps_peak.0, "{g}");
+                assert_eq!(extra, stats.extra_flops);
+                checked += 1;
+                with_copies += usize::from(stats.recomputed_ops > 0);
+            }
+        }
+        assert!(with_copies > checked / 4, "{with_copies} of {checked}");
+    }
+
+    #[test]
+    fn budgets_parse() {
+        assert_eq!(Budget::parse("4096"), Ok(Budget::Bytes(4096)));
+        assert_eq!(Budget::parse("64KiB"), Ok(Budget::Bytes(65536)));
+        assert_eq!(Budget::parse("2MiB"), Ok(Budget::Bytes(2 << 20)));
+        assert_eq!(Budget::parse("0.25"), Ok(Budget::Fraction(0.25)));
+        assert_eq!(Budget::parse("50%"), Ok(Budget::Fraction(0.5)));
+        for bad in ["0", "1.5", "0%", "64MB", "-3", "lots", "99999999999GiB"] {
+            assert!(Budget::parse(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -167,6 +167,10 @@ enum Cmd {
         /// Save the trained parameters as DIR/<name>.npy.
         #[arg(long)]
         save: Option<String>,
+        /// Gradient checkpointing: the options of a `remat` pass run after `grad`, as in
+        /// `--remat budget=0.5` or `--remat strategy=memory`.
+        #[arg(long, value_name = "OPTIONS")]
+        remat: Option<String>,
     },
     /// Memory analysis: the peak of live activation bytes over the schedule, the largest
     /// tensors live at the peak, and (with --svg) a chart of live bytes per op.
@@ -387,6 +391,7 @@ pub fn run(
             lr,
             every,
             save,
+            remat,
         } => (|| {
             let mut o = tcc_passes::Options::default();
             o.0.push(("lr".into(), lr.to_string()));
@@ -410,6 +415,7 @@ pub fn run(
                 optimizer,
                 save: save.as_deref(),
                 every,
+                remat: remat.as_deref(),
             };
             train::train(f, &args, stdout, stderr).map_err(|e| (EXIT_INPUT, e))
         })(),

@@ -32,6 +32,8 @@ pub struct TrainArgs<'a> {
     pub save: Option<&'a str>,
     /// Print the loss every this many steps (0: ten times in all).
     pub every: usize,
+    /// Options of a `remat` pass run on the step after `grad` (`budget=0.5`), if any.
+    pub remat: Option<&'a str>,
 }
 
 /// A file name for a value: characters outside `[A-Za-z0-9_.-]` become `_`.
@@ -124,7 +126,7 @@ impl Feed {
 }
 
 /// The default initial value of a trained parameter (see the module docs).
-fn init_value(name: &str, ty: &TensorType, seed: u64) -> Tensor {
+pub fn init_value(name: &str, ty: &TensorType, seed: u64) -> Tensor {
     let d = ty.dims();
     let n = ty.numel() as usize;
     let vals: Vec<f64> = if d.len() >= 2 {
@@ -156,11 +158,13 @@ enum Source {
 }
 
 /// Builds the train-step function from the loss function `f`: its data parameter names and the
-/// step function.
+/// step function. `remat` holds the options of a `remat` pass to run on the step (after `grad`
+/// and the optimizer): `budget=0.5`, `strategy=memory`.
 pub fn train_step(
     f: &Function,
     data_names: &[String],
     opt: Optimizer,
+    remat: Option<&str>,
 ) -> Result<(Function, Vec<String>), String> {
     let Some(&loss) = f.results().first() else {
         return Err(format!(
@@ -196,6 +200,15 @@ pub fn train_step(
     };
     grad(&mut step, &opts).map_err(|e| format!("error: grad: {e}"))?;
     apply_optimizer(&mut step, opt).map_err(|e| format!("error: optimizer: {e}"))?;
+    // Last, so that a budget refers to the step function that is compiled.
+    if let Some(spec) = remat {
+        let pipeline = tcc_passes::Pipeline::parse(&format!("remat{{{spec}}}"))
+            .map_err(|e| format!("error: --remat {spec}: {}", e.message))?;
+        for pass in pipeline.build() {
+            pass.run_on_function(&mut step)
+                .map_err(|e| format!("error: remat: {e}"))?;
+        }
+    }
     tcc_ir::verify_function(&step)
         .map_err(|d| format!("internal compiler error: the train step does not verify:\n{d}"))?;
     Ok((step, trained))
@@ -215,7 +228,7 @@ pub fn train(
         .map(|&p| f.name(p).to_string())
         .filter(|n| data_dir.is_some_and(|d| d.join(format!("{}.npy", file_stem(n))).exists()))
         .collect();
-    let (step_fn, trained) = train_step(f, &data_names, args.optimizer)?;
+    let (step_fn, trained) = train_step(f, &data_names, args.optimizer, args.remat)?;
     let is_trained: std::collections::HashSet<&str> = trained.iter().map(String::as_str).collect();
     let exe = tcc_codegen::Executable::compile(&step_fn).map_err(|e| format!("error: {e}"))?;
     // Where each parameter of the step function comes from.
@@ -287,7 +300,7 @@ pub fn train(
         .collect();
     let _ = writeln!(
         out,
-        "training `@{}`: {} parameters ({} values), {} data inputs, {} steps; train step has {} ops",
+        "training `@{}`: {} parameters ({} values), {} data inputs, {} steps; train step has {} ops, arena {}",
         f.name,
         trained.len(),
         sources
@@ -298,7 +311,8 @@ pub fn train(
             .sum::<u64>(),
         data_names.len(),
         args.steps,
-        step_fn.schedule().len()
+        step_fn.schedule().len(),
+        tcc_passes::analysis::memory::human(exe.stats().arena_bytes)
     );
     let every = if args.every > 0 {
         args.every

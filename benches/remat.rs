@@ -1,0 +1,459 @@
+//! Gradient checkpointing (`remat`) on generated training graphs: peak activation bytes and
+//! extra FLOPs for each strategy and budget, and the pass's own time as graphs grow.
+//!
+//! `cargo bench --bench remat` (about a minute). Each graph is differentiated with
+//! `grad{wrt=params}`; then, for no remat, `strategy=speed`, `strategy=memory` and budgets of
+//! 50%, 25% and the sqrt level (the peak `strategy=memory` reaches; 2/sqrt(L) of the peak for
+//! L layers where it finds no bottleneck), it prints the peak of activations and temporaries
+//! (`analysis::memory`, `temps_peak`), that peak in layer activations, the recomputation in
+//! forward passes (FLOPs of the copies over the forward FLOPs, `analysis::cost`), and the
+//! time of the pass. A peer would be PyTorch's min-cut partitioner, which has no memory budget
+//! to compare at; the figures stand on their own. Figures go in docs/perf.md.
+//!
+//! The graphs:
+//! - chain N: N layers of matmul + bias + tanh, batch 64, width 256 (64 KiB activations);
+//! - residual: 32 blocks `x + W2 relu(W1 x + b)`, batch 64, width 256;
+//! - transformer: 8 blocks of single-head attention and a 4x MLP with gelu, each behind a
+//!   layer norm, with residual adds; batch 4, 128 tokens, width 128;
+//! - unet: a dense U-Net, 3 layers a level, widths 256 -> 16 and back over 5 levels, batch
+//!   4096, each decoder level adding the encoder output of its width (the skips go around
+//!   every value in the middle).
+//!
+//! Then the pass time alone (grad excluded) on chains of elementwise layers with 10^3, 10^4
+//! and 10^5 forward ops.
+
+#[path = "common/models.rs"]
+mod models;
+
+use std::fmt::Write;
+use std::time::Instant;
+use tcc::ir::{Function, Module, parse_function};
+use tcc::passes::analysis::cost::flops;
+use tcc::passes::analysis::memory::{analyze, human};
+use tcc::passes::remat::{Budget, Strategy, choose, remat};
+use tcc::passes::{PassManager, Pipeline};
+
+fn chain(n: usize) -> String {
+    let mut s = String::from("func @chain(%x: f32[64,256]");
+    for i in 0..n {
+        write!(s, ", %l{i}/w: f32[256,256], %l{i}/b: f32[256]").unwrap();
+    }
+    s += ") -> (f32[]) {\n";
+    let mut prev = "%x".to_string();
+    for i in 0..n {
+        writeln!(s, "  %l{i}/mm = matmul {prev}, %l{i}/w : f32[64,256]").unwrap();
+        writeln!(s, "  %l{i}/add = add %l{i}/mm, %l{i}/b : f32[64,256]").unwrap();
+        writeln!(s, "  %l{i}/act = tanh %l{i}/add : f32[64,256]").unwrap();
+        prev = format!("%l{i}/act");
+    }
+    writeln!(s, "  %loss = reduce_mean {prev} {{axes=[0,1]}} : f32[]").unwrap();
+    s + "  return %loss\n}\n"
+}
+
+fn residual(n: usize) -> String {
+    let mut s = String::from("func @residual(%x: f32[64,256]");
+    for i in 0..n {
+        write!(
+            s,
+            ", %b{i}/w1: f32[256,256], %b{i}/b1: f32[256], %b{i}/w2: f32[256,256]"
+        )
+        .unwrap();
+    }
+    s += ") -> (f32[]) {\n";
+    let mut prev = "%x".to_string();
+    for i in 0..n {
+        let t = "f32[64,256]";
+        writeln!(s, "  %b{i}/mm1 = matmul {prev}, %b{i}/w1 : {t}").unwrap();
+        writeln!(s, "  %b{i}/add1 = add %b{i}/mm1, %b{i}/b1 : {t}").unwrap();
+        writeln!(s, "  %b{i}/relu = relu %b{i}/add1 : {t}").unwrap();
+        writeln!(s, "  %b{i}/mm2 = matmul %b{i}/relu, %b{i}/w2 : {t}").unwrap();
+        writeln!(s, "  %b{i}/out = add {prev}, %b{i}/mm2 : {t}").unwrap();
+        prev = format!("%b{i}/out");
+    }
+    writeln!(s, "  %loss = reduce_mean {prev} {{axes=[0,1]}} : f32[]").unwrap();
+    s + "  return %loss\n}\n"
+}
+
+/// Layer norm over the last axis (no affine), written out.
+fn layer_norm(s: &mut String, x: &str, p: &str, t: &str, r: &str) -> String {
+    writeln!(
+        s,
+        "  %{p}/mu = reduce_mean {x} {{axes=[-1], keepdims=true}} : {r}"
+    )
+    .unwrap();
+    writeln!(s, "  %{p}/xc = sub {x}, %{p}/mu : {t}").unwrap();
+    writeln!(s, "  %{p}/sq = mul %{p}/xc, %{p}/xc : {t}").unwrap();
+    writeln!(
+        s,
+        "  %{p}/var = reduce_mean %{p}/sq {{axes=[-1], keepdims=true}} : {r}"
+    )
+    .unwrap();
+    writeln!(s, "  %{p}/eps = const {{value=0.00001}} : f32[]").unwrap();
+    writeln!(s, "  %{p}/ve = add %{p}/var, %{p}/eps : {r}").unwrap();
+    writeln!(s, "  %{p}/rs = rsqrt %{p}/ve : {r}").unwrap();
+    writeln!(s, "  %{p}/y = mul %{p}/xc, %{p}/rs : {t}").unwrap();
+    format!("%{p}/y")
+}
+
+fn transformer(n: usize) -> String {
+    let (b, tk, d) = (4, 128, 128);
+    let t = format!("f32[{b},{tk},{d}]");
+    let r = format!("f32[{b},{tk},1]");
+    let tt = format!("f32[{b},{tk},{tk}]");
+    let h = format!("f32[{b},{tk},{}]", 4 * d);
+    let mut s = format!("func @transformer(%x: {t}");
+    for i in 0..n {
+        for w in ["wq", "wk", "wv", "wo"] {
+            write!(s, ", %b{i}/{w}: f32[{d},{d}]").unwrap();
+        }
+        write!(
+            s,
+            ", %b{i}/w1: f32[{d},{}], %b{i}/w2: f32[{},{d}]",
+            4 * d,
+            4 * d
+        )
+        .unwrap();
+    }
+    s += ") -> (f32[]) {\n";
+    let mut x = "%x".to_string();
+    for i in 0..n {
+        let y = layer_norm(&mut s, &x, &format!("b{i}/ln1"), &t, &r);
+        for q in ["q", "k", "v"] {
+            writeln!(s, "  %b{i}/{q} = matmul {y}, %b{i}/w{q} : {t}").unwrap();
+        }
+        writeln!(
+            s,
+            "  %b{i}/kt = transpose %b{i}/k {{perm=[0,2,1]}} : f32[{b},{d},{tk}]"
+        )
+        .unwrap();
+        writeln!(s, "  %b{i}/s = matmul %b{i}/q, %b{i}/kt : {tt}").unwrap();
+        writeln!(s, "  %b{i}/scale = const {{value=0.088}} : f32[]").unwrap();
+        writeln!(s, "  %b{i}/ss = mul %b{i}/s, %b{i}/scale : {tt}").unwrap();
+        writeln!(s, "  %b{i}/p = softmax %b{i}/ss : {tt}").unwrap();
+        writeln!(s, "  %b{i}/a = matmul %b{i}/p, %b{i}/v : {t}").unwrap();
+        writeln!(s, "  %b{i}/o = matmul %b{i}/a, %b{i}/wo : {t}").unwrap();
+        writeln!(s, "  %b{i}/x1 = add {x}, %b{i}/o : {t}").unwrap();
+        let y = layer_norm(&mut s, &format!("%b{i}/x1"), &format!("b{i}/ln2"), &t, &r);
+        writeln!(s, "  %b{i}/h = matmul {y}, %b{i}/w1 : {h}").unwrap();
+        writeln!(s, "  %b{i}/g = gelu %b{i}/h : {h}").unwrap();
+        writeln!(s, "  %b{i}/m = matmul %b{i}/g, %b{i}/w2 : {t}").unwrap();
+        writeln!(s, "  %b{i}/x2 = add %b{i}/x1, %b{i}/m : {t}").unwrap();
+        x = format!("%b{i}/x2");
+    }
+    writeln!(s, "  %loss = reduce_mean {x} {{axes=[0,1,2]}} : f32[]").unwrap();
+    s + "  return %loss\n}\n"
+}
+
+fn unet(levels: usize) -> String {
+    const DEPTH: usize = 3;
+    let widths: Vec<usize> = (0..levels).map(|i| 256 >> i).collect();
+    let mut s = String::from("func @unet(%x: f32[4096,256]");
+    let mut body = String::new();
+    // DEPTH dense + tanh layers named `{p}{k}`, the first from `prev` (width `from`).
+    let mut level = |p: &str, prev: &str, from: usize, w: usize, skip: Option<&str>| {
+        let mut prev = prev.to_string();
+        for k in 0..DEPTH {
+            let a = if k == 0 { from } else { w };
+            write!(s, ", %{p}{k}/w: f32[{a},{w}]").unwrap();
+            writeln!(
+                body,
+                "  %{p}{k}/mm = matmul {prev}, %{p}{k}/w : f32[4096,{w}]"
+            )
+            .unwrap();
+            let mut pre = format!("%{p}{k}/mm");
+            if let (0, Some(skip)) = (k, skip) {
+                writeln!(body, "  %{p}{k}/skip = add {pre}, {skip} : f32[4096,{w}]").unwrap();
+                pre = format!("%{p}{k}/skip");
+            }
+            writeln!(body, "  %{p}{k}/act = tanh {pre} : f32[4096,{w}]").unwrap();
+            prev = format!("%{p}{k}/act");
+        }
+        prev
+    };
+    let mut prev = "%x".to_string();
+    let mut from = 256;
+    let mut skips = Vec::new();
+    for (i, &w) in widths.iter().enumerate() {
+        prev = level(&format!("e{i}/"), &prev, from, w, None);
+        skips.push(prev.clone());
+        from = w;
+    }
+    for i in (0..levels - 1).rev() {
+        prev = level(&format!("d{i}/"), &prev, from, widths[i], Some(&skips[i]));
+        from = widths[i];
+    }
+    writeln!(body, "  %loss = reduce_mean {prev} {{axes=[0,1]}} : f32[]").unwrap();
+    s + ") -> (f32[]) {\n" + &body + "  return %loss\n}\n"
+}
+
+/// A chain of `n` elementwise layers (mul by a weight, tanh): 2n forward ops.
+fn long_chain(n: usize) -> String {
+    let mut s = String::from("func @long(%x: f32[16]");
+    for i in 0..n {
+        write!(s, ", %w{i}: f32[16]").unwrap();
+    }
+    s += ") -> (f32[]) {\n";
+    let mut prev = "%x".to_string();
+    for i in 0..n {
+        writeln!(s, "  %m{i} = mul {prev}, %w{i} : f32[16]").unwrap();
+        writeln!(s, "  %t{i} = tanh %m{i} : f32[16]").unwrap();
+        prev = format!("%t{i}");
+    }
+    writeln!(s, "  %loss = reduce_sum {prev} {{axes=[0]}} : f32[]").unwrap();
+    s + "  return %loss\n}\n"
+}
+
+fn joint(src: &str) -> (Function, Function) {
+    let f = parse_function(src).unwrap();
+    let mut m = Module::new();
+    m.functions.push(f.clone());
+    PassManager::new(Pipeline::parse("grad{wrt=params}").unwrap())
+        .run(&mut m, &mut std::io::sink())
+        .unwrap();
+    (f, m.functions.remove(0))
+}
+
+/// Peak, extra FLOPs and seconds of one strategy, or its error.
+fn run(joint: &Function, s: &Strategy) -> Result<(u64, u64, f64), String> {
+    let mut g = joint.clone();
+    let t = Instant::now();
+    let c = choose(&g, s)?;
+    let stats = remat(&mut g, &c)?;
+    let secs = t.elapsed().as_secs_f64();
+    Ok((analyze(&g).temps_peak.0, stats.extra_flops, secs))
+}
+
+/// One graph's table; `act` is the bytes of one layer's activation, `layers` its depth.
+fn table(name: &str, src: &str, act: u64, layers: usize) {
+    let (f, joint) = joint(src);
+    let fwd: u64 = f.schedule().iter().map(|&op| flops(&f, op)).sum();
+    let base = analyze(&joint).temps_peak.0;
+    println!(
+        "\n{name}: {} forward ops, {} with gradients; forward {:.3} GFLOP",
+        f.schedule().len(),
+        joint.schedule().len(),
+        fwd as f64 / 1e9
+    );
+    println!(
+        "  {:<22} {:>11} {:>7} {:>8} {:>10} {:>9}",
+        "checkpoints", "peak", "% peak", "layers", "extra fwd", "pass ms"
+    );
+    let row = |label: &str, r: Result<(u64, u64, f64), String>| match r {
+        Ok((peak, extra, secs)) => println!(
+            "  {label:<22} {:>11} {:>6.1}% {:>8.1} {:>10.3} {:>9.2}",
+            human(peak),
+            100.0 * peak as f64 / base as f64,
+            peak as f64 / act as f64,
+            extra as f64 / fwd as f64,
+            secs * 1e3
+        ),
+        Err(e) => println!("  {label:<22} error: {}", e.lines().next().unwrap_or("")),
+    };
+    row("none", Ok((base, 0, 0.0)));
+    row("strategy=speed", run(&joint, &Strategy::Speed));
+    let memory = run(&joint, &Strategy::Memory { min_bytes: 0 });
+    let sqrt_level = match &memory {
+        Ok((peak, _, _)) => Budget::Bytes(*peak),
+        Err(_) => Budget::Fraction((2.0 / (layers as f64).sqrt()).min(1.0)),
+    };
+    row("strategy=memory", memory);
+    for (label, b) in [
+        ("budget=50%", Budget::Fraction(0.5)),
+        ("budget=25%", Budget::Fraction(0.25)),
+        ("budget=sqrt level", sqrt_level),
+    ] {
+        row(label, run(&joint, &Strategy::Budget(b)));
+    }
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--jit") {
+        return jit();
+    }
+    println!(
+        "peak: activations and temporaries (analysis::memory temps_peak); layers: peak over one layer's activation; extra fwd: recomputed FLOPs over forward FLOPs"
+    );
+    for n in [16, 64, 256, 1024] {
+        table(&format!("chain {n}"), &chain(n), 64 * 256 * 4, n);
+    }
+    table("residual 32", &residual(32), 64 * 256 * 4, 32);
+    table("transformer 8", &transformer(8), 4 * 128 * 128 * 4, 8);
+    table("unet 5x3", &unet(5), 4096 * 256 * 4, 27);
+    println!("\npass time alone (ms, best of 3), chains of mul + tanh layers:");
+    println!(
+        "  {:>12} {:>14} {:>10} {:>10} {:>10}",
+        "forward ops", "joint ops", "memory", "budget=50%", "budget=10%"
+    );
+    for n in [500, 5_000, 50_000] {
+        let (f, joint) = joint(&long_chain(n));
+        let time = |s: &Strategy| {
+            (0..3)
+                .map(|_| run(&joint, s).map(|r| r.2 * 1e3).unwrap_or(f64::NAN))
+                .fold(f64::INFINITY, f64::min)
+        };
+        println!(
+            "  {:>12} {:>14} {:>10.1} {:>10.1} {:>10.1}",
+            f.schedule().len(),
+            joint.schedule().len(),
+            time(&Strategy::Memory { min_bytes: 0 }),
+            time(&Strategy::Budget(Budget::Fraction(0.5))),
+            time(&Strategy::Budget(Budget::Fraction(0.1))),
+        );
+    }
+}
+
+/// A VGG-like CNN: batch 32, 3x32x32 input, two 3x3 convolutions (+bias, relu) at each of 32,
+/// 64 and 128 channels with 2x2 max pooling between, then a dense layer to 10 classes.
+fn vgg() -> String {
+    let mut s = String::from("func @vgg(%x: f32[32,3,32,32], %labels: i32[32]");
+    let mut body = String::new();
+    let (mut c, mut hw) = (3, 32);
+    let mut prev = "%x".to_string();
+    for (stage, oc) in [32, 64, 128].into_iter().enumerate() {
+        for k in 0..2 {
+            let p = format!("s{stage}c{k}");
+            write!(s, ", %{p}/w: f32[{oc},{c},3,3], %{p}/b: f32[{oc}]").unwrap();
+            let t = format!("f32[32,{oc},{hw},{hw}]");
+            writeln!(
+                body,
+                "  %{p}/conv = conv2d {prev}, %{p}/w {{pads=[1,1,1,1]}} : {t}"
+            )
+            .unwrap();
+            writeln!(
+                body,
+                "  %{p}/bias = reshape %{p}/b {{shape=[1,{oc},1,1]}} : f32[1,{oc},1,1]"
+            )
+            .unwrap();
+            writeln!(body, "  %{p}/add = add %{p}/conv, %{p}/bias : {t}").unwrap();
+            writeln!(body, "  %{p}/relu = relu %{p}/add : {t}").unwrap();
+            prev = format!("%{p}/relu");
+            c = oc;
+        }
+        hw /= 2;
+        writeln!(body, "  %s{stage}/pool = max_pool2d {prev} {{kernel=[2,2], strides=[2,2]}} : f32[32,{c},{hw},{hw}]").unwrap();
+        prev = format!("%s{stage}/pool");
+    }
+    let flat = c * hw * hw;
+    write!(s, ", %fc/w: f32[{flat},10], %fc/b: f32[10]").unwrap();
+    writeln!(
+        body,
+        "  %flat = reshape {prev} {{shape=[32,{flat}]}} : f32[32,{flat}]"
+    )
+    .unwrap();
+    writeln!(body, "  %fc/mm = matmul %flat, %fc/w : f32[32,10]").unwrap();
+    writeln!(body, "  %logits = add %fc/mm, %fc/b : f32[32,10]").unwrap();
+    writeln!(
+        body,
+        "  %loss = softmax_cross_entropy %logits, %labels : f32[]"
+    )
+    .unwrap();
+    s + ") -> (f32[]) {\n" + &body + "  return %loss\n}\n"
+}
+
+/// Trains `src` through the JIT for some SGD steps without and with `remat{spec}` from the same
+/// start: the analysis peak and the compiled arena of each step function, whether the losses
+/// are bit-identical, and the step times (best of interleaved runs).
+fn jit_training(name: &str, src: &str, spec: &str) {
+    use tcc::codegen::Executable;
+    use tcc::ir::random::{Rng, random_tensor};
+    use tcc::ir::{Data, Tensor};
+    use tcc::passes::optim::Optimizer;
+    let f = parse_function(src).unwrap();
+    let data = ["x".to_string(), "labels".to_string()];
+    let build = |remat: Option<&str>| {
+        let (step, _) =
+            tcc_tools::train::train_step(&f, &data, Optimizer::Sgd { lr: 0.01 }, remat)?;
+        let exe = Executable::compile(&step).unwrap();
+        Ok::<_, String>((step, exe))
+    };
+    let (base, base_exe) = build(None).unwrap();
+    let (r, r_exe) = match build(Some(spec)) {
+        Ok(x) => x,
+        Err(e) => return println!("  {name:<5} {spec:<14} {e}"),
+    };
+    let mut rng = Rng::new(5);
+    let start: Vec<Tensor> = base
+        .params()
+        .iter()
+        .enumerate()
+        .map(|(i, &p)| {
+            let (name, ty) = (base.name(p), base.ty(p));
+            match name {
+                "labels" => Tensor::from_data(
+                    ty.dims(),
+                    Data::I32((0..ty.numel()).map(|_| rng.below(10) as i32).collect()),
+                )
+                .unwrap(),
+                "x" => random_tensor(ty, &mut rng),
+                _ => tcc_tools::train::init_value(name, ty, 7 + i as u64),
+            }
+        })
+        .collect();
+    // Both step functions take the same parameters in the same order; `new/<p>` replaces `p`.
+    let train = |step: &Function, exe: &Executable| -> Vec<u32> {
+        let mut inputs = start.clone();
+        let next: Vec<Option<usize>> = step
+            .params()
+            .iter()
+            .map(|&p| {
+                let want = format!("new/{}", step.name(p));
+                step.results().iter().position(|&r| step.name(r) == want)
+            })
+            .collect();
+        (0..20)
+            .map(|_| {
+                let out = exe.run(&inputs).unwrap();
+                let loss = out[0].as_f32().unwrap()[0].to_bits();
+                for (input, n) in inputs.iter_mut().zip(&next) {
+                    if let Some(n) = n {
+                        *input = out[*n].clone();
+                    }
+                }
+                loss
+            })
+            .collect()
+    };
+    let (la, lb) = (train(&base, &base_exe), train(&r, &r_exe));
+    let time = |exe: &Executable| {
+        let t = Instant::now();
+        exe.run(&start).unwrap();
+        t.elapsed().as_secs_f64()
+    };
+    let (mut ta, mut tb) = (f64::INFINITY, f64::INFINITY);
+    for _ in 0..15 {
+        ta = ta.min(time(&base_exe));
+        tb = tb.min(time(&r_exe));
+    }
+    let (pa, pb) = (analyze(&base).temps_peak.0, analyze(&r).temps_peak.0);
+    let (aa, ab) = (base_exe.stats().arena_bytes, r_exe.stats().arena_bytes);
+    println!(
+        "  {name:<5} {spec:<14} {:>10} -> {:>10} ({:>5.1}%) {:>10} -> {:>10} ({:>5.1}%)  {:<9} {:>7.2} -> {:>7.2} ({:+.1}%)",
+        human(pa),
+        human(pb),
+        100.0 * pb as f64 / pa as f64,
+        human(aa),
+        human(ab),
+        100.0 * ab as f64 / aa as f64,
+        if la == lb { "identical" } else { "DIFFER" },
+        ta * 1e3,
+        tb * 1e3,
+        100.0 * (tb / ta - 1.0)
+    );
+}
+
+fn jit() {
+    println!(
+        "JIT training, 20 SGD steps from the same start; peak: analysis temps_peak of the step function; arena: the compiled step's; step: best of 15, interleaved"
+    );
+    println!(
+        "  {:<5} {:<14} {:>27} {:>27}  {:<9} {:>27}",
+        "model", "remat", "analysis peak", "arena", "losses", "step ms"
+    );
+    for spec in ["budget=0.9", "budget=0.8", "strategy=memory"] {
+        jit_training("cnn", models::CNN, spec);
+    }
+    let vgg = vgg();
+    for spec in ["budget=0.75", "budget=0.6", "strategy=memory"] {
+        jit_training("vgg", &vgg, spec);
+    }
+}
