@@ -21,24 +21,24 @@
 //!   finds whose simulated peak of activations and temporaries is within the budget.
 //!
 //! The budget search never rewrites the function to evaluate a candidate: `Joint` holds the
-//! function as flat arrays, `plan` lists the copies a set of kept values implies (the same
-//! walk the rewrite does), and `simulate` replays the new schedule to get its peak and extra
-//! FLOPs, O(ops + operands + copies) each. Candidates: the `memory`, `speed` and (where values
-//! are marked) `collection` strategies' choices, so the budget mode is never worse than they
-//! are at the peak they reach, and a
-//! two-parameter family over the forward values backward ops read, in schedule order: a value
-//! is kept if recomputing it costs more than λ FLOPs per byte it frees (ops back to other such
-//! values, at most 64), or if dropping it would make the run of dropped bytes since the last
-//! value kept for that reason exceed `t` (less what the run before fell short of `t`, so that
-//! runs mix two lengths and the fraction dropped varies smoothly with `t`); otherwise it is
-//! dropped. For each of eight
-//! quantiles of λ, `t` doubles from the smallest value until the peak fits and is bisected
-//! back (recomputation grows with `t`), about 30 simulations per λ at most. Where at most 64
-//! values are read by the backward pass (and 64² simulations stay cheap), a greedy descent
-//! adds one more candidate: from
-//! keeping all of them, drop one at a time the value that leaves the lowest peak (O(64²)
-//! simulations of a small function). The cheapest candidate that fits wins; when none does,
-//! the error gives the lowest peak seen.
+//! function as flat arrays, `plan` lists the copies a set of kept values implies (the same walk
+//! the rewrite does), and `simulate` replays the new schedule to get its peak and extra FLOPs,
+//! O(ops + operands + copies) each. The candidates:
+//! - the `memory`, `speed` and (where values are marked) `collection` strategies' choices, so
+//!   the budget mode is never worse than they are at the peak they reach;
+//! - a two-parameter family over the forward values backward ops read, in schedule order: a
+//!   value is kept if recomputing it costs more than λ FLOPs per byte it frees (ops back to
+//!   other such values, at most 64), or if dropping it would make the run of dropped bytes since
+//!   the last value kept for that reason exceed `t` (less what the run before fell short of `t`,
+//!   so that runs mix two lengths and the fraction dropped varies smoothly with `t`); otherwise
+//!   it is dropped. For each of eight quantiles of λ, `t` doubles from the smallest value until
+//!   the peak fits and is bisected back (recomputation grows with `t`): about 30 simulations per
+//!   λ at most;
+//! - where at most 64 values are read by the backward pass (and 64² simulations stay cheap), a
+//!   greedy descent: from keeping all of them, drop one at a time the value that leaves the
+//!   lowest peak.
+//!
+//! The cheapest candidate that fits wins; when none does, the error gives the lowest peak seen.
 //!
 //! Recomputed ops are copies of the originals (same kinds, same operands up to copies), so
 //! results and gradients are bit-identical. The first copies of each recomputation carry a
