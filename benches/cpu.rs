@@ -8,32 +8,22 @@
 
 #[path = "common/peer.rs"]
 mod peer;
+#[path = "common/timing.rs"]
+mod timing;
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
 use tcc::codegen::Executable;
 use tcc::codegen::cpu::max_ulp_error;
 use tcc::ir::UnaryOp;
 use tcc::ir::random::{Rng, random_tensor};
 use tcc::ir::{Tensor, parse_function};
+use timing::best;
 
 struct Case {
     name: &'static str,
     ir: String,
     flops: f64,
     runs: usize,
-}
-
-fn best(mut f: impl FnMut(), runs: usize) -> Duration {
-    f();
-    (0..runs)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed()
-        })
-        .min()
-        .unwrap()
 }
 
 fn matmul(m: u64, k: u64, n: u64) -> String {
@@ -154,6 +144,7 @@ fn main() {
             dst.copy_from_slice(std::hint::black_box(&src));
             std::hint::black_box(&mut dst);
         },
+        1,
         10,
     );
     let copy_gbs = 2.0 * 4.0 * (1u64 << 24) as f64 / t.as_secs_f64() / 1e9;
@@ -177,9 +168,9 @@ fn main() {
             .iter()
             .map(|&p| random_tensor(f.ty(p), &mut rng))
             .collect();
-        let t1 = best(|| drop(exe.run(&inputs).expect("runs")), c.runs);
+        let t1 = best(|| drop(exe.run(&inputs).expect("runs")), 1, c.runs);
         let np = numpy(&[c.name]).ok().and_then(|p| p.get(c.name).copied());
-        let t2 = best(|| drop(exe.run(&inputs).expect("runs")), c.runs);
+        let t2 = best(|| drop(exe.run(&inputs).expect("runs")), 1, c.runs);
         let t = t1.min(t2).as_secs_f64();
         let gf = |s: f64| {
             if c.flops > 0.0 {

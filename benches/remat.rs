@@ -389,17 +389,10 @@ fn jit_training(name: &str, src: &str, spec: &str) {
             }
         })
         .collect();
-    // Both step functions take the same parameters in the same order; `new/<p>` replaces `p`.
+    // Both step functions take the same parameters in the same order.
     let train = |step: &Function, exe: &Executable| -> Vec<u32> {
         let mut inputs = start.clone();
-        let next: Vec<Option<usize>> = step
-            .params()
-            .iter()
-            .map(|&p| {
-                let want = format!("new/{}", step.name(p));
-                step.results().iter().position(|&r| step.name(r) == want)
-            })
-            .collect();
+        let next = tcc_tools::train::carried(step);
         (0..20)
             .map(|_| {
                 let out = exe.run(&inputs).unwrap();

@@ -17,32 +17,20 @@
 mod models;
 #[path = "common/peer.rs"]
 mod peer;
+#[path = "common/timing.rs"]
+mod timing;
 
 use models::{CNN, MLP};
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
 use tcc::codegen::Executable;
 use tcc::ir::random::{Rng, random_tensor};
 use tcc::ir::{Data, Tensor, parse_function};
 use tcc::passes::optim::Optimizer;
+use timing::best;
 
 /// One compiled train step, ready to run.
 type Step = Box<dyn FnMut()>;
-
-fn best(mut f: impl FnMut(), runs: usize) -> Duration {
-    for _ in 0..3 {
-        f();
-    }
-    (0..runs)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed()
-        })
-        .min()
-        .unwrap()
-}
 
 /// Compiles the SGD train step of `src` and returns a closure that runs one step, with the op
 /// counts of the forward function, its gradient function and the train step.
@@ -119,7 +107,7 @@ fn main() {
             "{name}: {fwd} forward ops; with gradients {grad} ({:.2}x); SGD train step {total}",
             grad as f64 / fwd as f64
         );
-        first.insert(name, best(&mut step, runs));
+        first.insert(name, best(&mut step, 3, runs));
         steps.push((name, step, runs));
     }
     // PyTorch twice too, around tcc's second timing; the better of each side counts.
@@ -144,7 +132,7 @@ fn main() {
         "model", "tcc ms", "PyTorch ms", "tcc/PyTorch"
     );
     for (name, mut step, runs) in steps {
-        let t = first[name].min(best(&mut step, runs)).as_secs_f64();
+        let t = first[name].min(best(&mut step, 3, runs)).as_secs_f64();
         match torch.as_ref().and_then(|m| m.get(name)) {
             Some(&p) => println!(
                 "{name:<6} {:>12.3} {:>14.3} {:>14.2}",

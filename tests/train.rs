@@ -83,17 +83,24 @@ fn spirals_mlp_reaches_95_percent_training_accuracy() {
 
 #[test]
 fn digits_cnn_loss_falls_steadily() {
-    let (code, out, err) = tcc(&[
-        "train",
-        "examples/digits_cnn.tir",
-        "--data",
-        "examples/data/digits",
-        "--steps",
-        "56",
-        "--every",
-        "14",
-    ]);
-    assert_eq!(code, 0, "{err}");
+    // 56 steps of the digits CNN, the loss printed every 14, with `extra` arguments.
+    let train = |extra: &[&str]| {
+        let mut args = vec![
+            "train",
+            "examples/digits_cnn.tir",
+            "--data",
+            "examples/data/digits",
+            "--steps",
+            "56",
+            "--every",
+            "14",
+        ];
+        args.extend(extra);
+        let (code, out, err) = tcc(&args);
+        assert_eq!(code, 0, "{err}");
+        out
+    };
+    let out = train(&[]);
     let losses: Vec<f64> = progress(&out).iter().map(|p| p.1).collect();
     assert_eq!(losses.len(), 5, "{out}");
     // Mini-batches differ, so single steps are noisy; every printed loss is below the first and
@@ -105,19 +112,7 @@ fn digits_cnn_loss_falls_steadily() {
         let line = out.lines().next().unwrap_or("");
         line.split("arena ").nth(1).unwrap_or("").to_string()
     };
-    let (code, out_r, err) = tcc(&[
-        "train",
-        "examples/digits_cnn.tir",
-        "--data",
-        "examples/data/digits",
-        "--steps",
-        "56",
-        "--every",
-        "14",
-        "--remat",
-        "budget=0.8",
-    ]);
-    assert_eq!(code, 0, "{err}");
+    let out_r = train(&["--remat", "budget=0.8"]);
     let losses_r: Vec<f64> = progress(&out_r).iter().map(|p| p.1).collect();
     assert_eq!(losses, losses_r);
     assert!(out.starts_with("training") && out_r.starts_with("training"));

@@ -671,17 +671,14 @@ pub fn fit(f: &Function, budget: Budget) -> Result<Fit, String> {
     }
     // The family: the forward values backward ops read, in schedule order, each with the
     // FLOPs of recomputing it from the others per byte it frees.
-    let mut stash = Vec::new();
+    let stash: Vec<u32> = read_by_backward(f, b)
+        .iter()
+        .map(|v| v.index() as u32)
+        .collect();
     let mut is_stash = vec![false; nv];
-    for p in b..j.len() {
-        for &a in j.args(p) {
-            if j.forward[a as usize] && !is_stash[a as usize] {
-                is_stash[a as usize] = true;
-                stash.push(a);
-            }
-        }
+    for &v in &stash {
+        is_stash[v as usize] = true;
     }
-    stash.sort_unstable_by_key(|&v| j.def[v as usize]);
     let ratio: Vec<f64> = {
         let mut stamp = vec![NONE; j.len()];
         let mut stack = Vec::new();

@@ -38,6 +38,16 @@ fn f64s(t: &Tensor) -> Vec<f64> {
     }
 }
 
+/// The scalar whose gradient `grad{grad-ys=true}` computes with these seeds: the sum over the
+/// results of `f(xs)` of their dot products with the seeds.
+fn seeded_loss(f: &Function, xs: &[Tensor], seeds: &[Tensor]) -> f64 {
+    let ys = interp::run(f, xs).unwrap();
+    ys.iter()
+        .zip(seeds)
+        .map(|(y, r)| f64s(y).iter().zip(f64s(r)).map(|(a, b)| a * b).sum::<f64>())
+        .sum()
+}
+
 fn with_element(t: &Tensor, i: usize, dx: f64) -> Tensor {
     let data = match t.data() {
         Data::F64(v) => {
@@ -89,13 +99,7 @@ fn gradcheck(f: &Function, seed: u64, h: f64, tol: f64, skip_kinks: bool) -> (us
     inputs.extend(seeds.iter().cloned());
     let out = interp::run(&g, &inputs).unwrap_or_else(|e| panic!("{e}\n{g}"));
     let nres = f.results().len();
-    let loss = |xs: &[Tensor]| -> f64 {
-        let ys = interp::run(f, xs).unwrap();
-        ys.iter()
-            .zip(&seeds)
-            .map(|(y, r)| f64s(y).iter().zip(f64s(r)).map(|(a, b)| a * b).sum::<f64>())
-            .sum()
-    };
+    let loss = |xs: &[Tensor]| seeded_loss(f, xs, &seeds);
     let (mut checked, mut skipped) = (0, 0);
     for (pi, x) in xs.iter().enumerate() {
         let got = f64s(&out[nres + pi]);
@@ -641,13 +645,7 @@ fn gradcheck_lenient(f: &Function, seed: u64) -> Option<(usize, usize)> {
         return Some((0, 0));
     };
     let nres = f.results().len();
-    let loss = |xs: &[Tensor]| -> f64 {
-        let ys = interp::run(f, xs).unwrap();
-        ys.iter()
-            .zip(&seeds)
-            .map(|(y, r)| f64s(y).iter().zip(f64s(r)).map(|(a, b)| a * b).sum::<f64>())
-            .sum()
-    };
+    let loss = |xs: &[Tensor]| seeded_loss(f, xs, &seeds);
     let (mut checked, mut skipped) = (0, 0);
     let float_params = f
         .params()

@@ -214,6 +214,21 @@ pub fn train_step(
     Ok((step, trained))
 }
 
+/// For each parameter of a train step, the index of the result `new/<name>` that replaces it
+/// for the next step (`None` for data).
+pub fn carried(step: &Function) -> Vec<Option<usize>> {
+    let new: std::collections::HashMap<&str, usize> = step
+        .results()
+        .iter()
+        .enumerate()
+        .filter_map(|(i, &r)| step.name(r).strip_prefix("new/").map(|n| (n, i)))
+        .collect();
+    step.params()
+        .iter()
+        .map(|&p| new.get(step.name(p)).copied())
+        .collect()
+}
+
 /// Runs `tcc train` on `f`, writing the log to `out` and the progress bar to `err`.
 pub fn train(
     f: &Function,
@@ -231,14 +246,8 @@ pub fn train(
     let (step_fn, trained) = train_step(f, &data_names, args.optimizer, args.remat)?;
     let is_trained: std::collections::HashSet<&str> = trained.iter().map(String::as_str).collect();
     let exe = tcc_codegen::Executable::compile(&step_fn).map_err(|e| format!("error: {e}"))?;
-    // Where each parameter of the step function comes from.
-    let result_of = |name: &str| {
-        let want = format!("new/{name}");
-        step_fn
-            .results()
-            .iter()
-            .position(|&r| step_fn.name(r) == want)
-    };
+    let next = carried(&step_fn);
+
     // Each parameter's source, and the step's inputs: state values move in from the results (no
     // copies); data changes only when it comes in several mini-batches.
     let mut sources = Vec::with_capacity(step_fn.params().len());
@@ -253,7 +262,7 @@ pub fn train(
             let feed = Feed::new(name, &path, ty)?;
             inputs.push(feed.get(0));
             Source::Data(feed)
-        } else if let Some(r) = result_of(name) {
+        } else if let Some(r) = next[i] {
             let init = args
                 .init
                 .map(|d| Path::new(d).join(format!("{}.npy", file_stem(name))))
