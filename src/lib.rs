@@ -1,7 +1,7 @@
 //! tcc, a tensor compiler.
 //!
-//! This facade re-exports the IR ([`ir`]), the passes ([`passes`]) and code generation
-//! ([`codegen`]), and is the embedding API: compile a function once, from IR text or from a
+//! This facade re-exports the IR ([`ir`]), the ONNX frontend ([`onnx`]), the passes ([`passes`])
+//! and code generation ([`codegen`]), and is the embedding API: compile a function once, from IR text or from a
 //! function built in Rust, then run it on tensors as often as you like, from any thread.
 //!
 //! ```
@@ -46,6 +46,7 @@
 
 pub use tcc_codegen as codegen;
 pub use tcc_ir as ir;
+pub use tcc_onnx as onnx;
 pub use tcc_passes as passes;
 
 pub use tcc_ir::{DType, Data, Tensor, TensorType};
@@ -55,7 +56,8 @@ use std::fmt;
 /// Why a program could not be built or run.
 #[derive(Debug)]
 pub enum Error {
-    /// The IR text has errors (rendered with `line:col`).
+    /// The IR text has errors (rendered with `line:col`), or the ONNX model could not be
+    /// imported.
     Parse(String),
     /// The text holds no function, or more than one and none was chosen.
     NoFunction(String),
@@ -93,6 +95,12 @@ impl Program {
                 fs.len()
             ))),
         }
+    }
+
+    /// Imports an ONNX model file and compiles it (`opts` binds dynamic input dimensions).
+    pub fn from_onnx(path: &std::path::Path, opts: &onnx::Options) -> Result<Program, Error> {
+        let m = onnx::import_file(path, opts).map_err(|e| Error::Parse(e.to_string()))?;
+        Program::from_function(&m.functions[0])
     }
 
     /// Compiles a function built in Rust (see [`ir::FunctionBuilder`]) or parsed earlier.

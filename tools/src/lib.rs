@@ -73,13 +73,30 @@ enum Cmd {
         #[arg(long)]
         verify_each: bool,
     },
+    /// Import an ONNX model and print it as IR.
+    #[command(
+        after_help = "Examples:\n  tcc import model.onnx -o model.tir\n  tcc import model.onnx --shape input=1,3,224,224\n\nWeights become constants; value names are the model's. See docs/onnx.md."
+    )]
+    Import {
+        /// The ONNX model (`-` for stdin).
+        file: String,
+        /// Bind a graph input's shape, for inputs with dynamic dimensions (repeatable).
+        #[arg(long = "shape", value_name = "NAME=D0,D1,...")]
+        shapes: Vec<String>,
+        /// Write the IR here instead of stdout.
+        #[arg(short = 'o', long = "output")]
+        output: Option<String>,
+    },
     /// Run a function on inputs and print a line per result.
     #[command(
-        after_help = "Examples:\n  tcc run examples/mlp.tir\n  tcc run examples/mlp.tir --input x=x.npy --input labels=zeros --output out/ --stats\n\nAn input is PATH.npy, random[:SEED] (floats in [-1,1), integers in [0,8)) or zeros; inputs not\ngiven are random with a fixed seed. With --output, each result is written as DIR/<name>.npy."
+        after_help = "Examples:\n  tcc run examples/mlp.tir\n  tcc run model.onnx --shape input=1,3,224,224\n  tcc run examples/mlp.tir --input x=x.npy --input labels=zeros --output out/ --stats\n\nAn input is PATH.npy, random[:SEED] (floats in [-1,1), integers in [0,8)) or zeros; inputs not\ngiven are random with a fixed seed. With --output, each result is written as DIR/<name>.npy."
     )]
     Run {
-        /// The IR file (`-` for stdin).
+        /// The IR file or ONNX model (`-` for stdin).
         file: String,
+        /// For ONNX models: bind a graph input's shape (repeatable).
+        #[arg(long = "shape", value_name = "NAME=D0,D1,...")]
+        shapes: Vec<String>,
         /// The function to run (needed when the file defines several).
         #[arg(long)]
         func: Option<String>,
@@ -222,8 +239,42 @@ fn read_input(file: &str, stdin: &mut dyn Read) -> Result<Input, String> {
     }
 }
 
-/// Parses and verifies; on failure returns the rendered diagnostics.
+/// ONNX import options from `--shape` flags.
+fn onnx_options(shapes: &[String]) -> Result<tcc_onnx::Options, (i32, String)> {
+    let mut opts = tcc_onnx::Options::default();
+    for s in shapes {
+        opts.add_shape(s)
+            .map_err(|e| (EXIT_USAGE, format!("error: {e}")))?;
+    }
+    Ok(opts)
+}
+
+/// `opts` with external data looked up beside the model file.
+fn opts_for(input: &Input, mut opts: tcc_onnx::Options) -> tcc_onnx::Options {
+    if opts.dir.is_none() && input.name != "<stdin>" {
+        let dir = std::path::Path::new(&input.name).parent();
+        opts.dir = Some(dir.unwrap_or(std::path::Path::new(".")).to_path_buf());
+    }
+    opts
+}
+
+/// Whether an input is an ONNX model: a `.onnx` file, or bytes that are not text.
+fn is_onnx(input: &Input) -> bool {
+    input.name.ends_with(".onnx") || std::str::from_utf8(&input.bytes).is_err()
+}
+
+/// Parses and verifies IR, or imports an ONNX model; on failure returns the rendered
+/// diagnostics.
 fn load(input: &Input) -> Result<Module, String> {
+    load_with(input, &tcc_onnx::Options::default())
+}
+
+/// [`load`] with options for ONNX models (`--shape` bindings).
+fn load_with(input: &Input, onnx: &tcc_onnx::Options) -> Result<Module, String> {
+    if is_onnx(input) {
+        return tcc_onnx::import(&input.bytes, &opts_for(input, onnx.clone()))
+            .map_err(|e| format!("error: {}: {e}", input.name));
+    }
     let src = String::from_utf8_lossy(&input.bytes);
     let m = parse_bytes(&input.bytes).map_err(|d| d.render(&input.name, &src))?;
     verify_module(&m).map_err(|d| d.render(&input.name, &src))?;
@@ -312,24 +363,38 @@ pub fn run(
             stdout,
             stderr,
         ),
+        Cmd::Import {
+            file,
+            shapes,
+            output,
+        } => onnx_options(&shapes).and_then(|opts| {
+            let input = read_input(&file, stdin).map_err(|e| (EXIT_INPUT, e))?;
+            let m = tcc_onnx::import(&input.bytes, &opts_for(&input, opts))
+                .map_err(|e| (EXIT_INPUT, format!("error: {}: {e}", input.name)))?;
+            write_module(&m, output.as_deref(), stdout)
+        }),
         Cmd::Run {
             file,
+            shapes,
             func,
             inputs,
             output,
             interp,
             stats,
             target,
-        } => run_cmd(
-            &file,
-            func.as_deref(),
-            &inputs,
-            output.as_deref(),
-            (interp, stats, target.as_deref()),
-            stdin,
-            stdout,
-            stderr,
-        ),
+        } => onnx_options(&shapes).and_then(|onnx| {
+            run_cmd(
+                &file,
+                &onnx,
+                func.as_deref(),
+                &inputs,
+                output.as_deref(),
+                (interp, stats, target.as_deref()),
+                stdin,
+                stdout,
+                stderr,
+            )
+        }),
         Cmd::Plan { file } => read_input(&file, stdin)
             .map_err(|e| (EXIT_INPUT, e))
             .and_then(|i| load(&i).map_err(|e| (EXIT_INPUT, e)))
@@ -763,6 +828,7 @@ fn summary(t: &Tensor) -> String {
 #[allow(clippy::too_many_arguments)]
 fn run_cmd(
     file: &str,
+    onnx: &tcc_onnx::Options,
     func: Option<&str>,
     specs: &[String],
     output: Option<&str>,
@@ -772,7 +838,7 @@ fn run_cmd(
     stderr: &mut dyn Write,
 ) -> Result<(), (i32, String)> {
     let input = read_input(file, stdin).map_err(|e| (EXIT_INPUT, e))?;
-    let m = load(&input).map_err(|e| (EXIT_INPUT, e))?;
+    let m = load_with(&input, onnx).map_err(|e| (EXIT_INPUT, e))?;
     let f = pick_function(&m, func, &input.name).map_err(|e| (EXIT_INPUT, e))?;
     tcc_ir::interp::check_sizes(f).map_err(|e| (EXIT_INPUT, format!("error: {e}")))?;
     let mut given: Vec<Option<&str>> = vec![None; f.params().len()];

@@ -1,0 +1,150 @@
+//! The ONNX frontend: reads `.onnx` models and lowers them into tcc's IR.
+//!
+//! [`import_file`] (or [`import`] on bytes) decodes the protobuf, binds dynamic dimensions from
+//! [`Options::shapes`], and lowers the graph node by node into one function `@main`: graph inputs
+//! become parameters, initializers and `Constant` nodes become constants, and every value keeps
+//! its ONNX name (the ops a node expands into are scoped under its first output's name). Shapes
+//! are static in tcc, so inputs that fix a shape (`Reshape`'s shape, `Slice`'s starts, ...) must
+//! be known at import time; ops whose operands are all constants are folded as they are built,
+//! which covers the usual `Shape -> Gather -> Concat -> Reshape` chains.
+//!
+//! Errors say where: the node (name, op type, opset) or the initializer or input. They come in
+//! two kinds ([`Error::is_unsupported`]): the model asks for something tcc does not do (an op,
+//! an attribute value, an element type), or the model is malformed. Nothing a file contains makes
+//! the importer panic.
+//!
+//! The Rust code for `onnx.proto` is generated once and committed ([`proto`]; see
+//! `onnx/gen-proto`).
+
+#![deny(missing_docs)]
+
+mod graph;
+mod lower;
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod proto;
+mod tensor;
+
+use prost::Message;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use tcc_ir::{Module, Tensor};
+
+/// The oldest default-domain opset the importer accepts (newer ones than it knows, 27, are read
+/// with the newest semantics it knows).
+pub const MIN_OPSET: i64 = 7;
+
+/// How to import.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Shapes for graph inputs, by input name; needed for inputs with dynamic dimensions.
+    pub shapes: Vec<(String, Vec<u64>)>,
+    /// Where external data files are found (default: the model file's folder).
+    pub dir: Option<PathBuf>,
+}
+
+impl Options {
+    /// Parses a `NAME=1,3,224,224` binding and adds it.
+    pub fn add_shape(&mut self, spec: &str) -> std::result::Result<(), String> {
+        let (name, dims) = spec
+            .rsplit_once('=')
+            .ok_or_else(|| format!("--shape `{spec}`: expected NAME=D0,D1,..."))?;
+        let dims = if dims.trim().is_empty() {
+            Vec::new()
+        } else {
+            dims.split(',')
+                .map(|d| d.trim().parse::<u64>())
+                .collect::<std::result::Result<Vec<u64>, _>>()
+                .map_err(|_| {
+                    format!("--shape `{spec}`: dimensions must be non-negative integers, as in x=1,3,224,224")
+                })?
+        };
+        self.shapes.push((name.to_string(), dims));
+        Ok(())
+    }
+}
+
+/// Why a model could not be imported.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Error {
+    unsupported: bool,
+    msg: String,
+}
+
+impl Error {
+    pub(crate) fn invalid(msg: impl Into<String>) -> Error {
+        Error {
+            unsupported: false,
+            msg: msg.into(),
+        }
+    }
+
+    pub(crate) fn unsupported(msg: impl Into<String>) -> Error {
+        Error {
+            unsupported: true,
+            msg: msg.into(),
+        }
+    }
+
+    /// Prefixes the message with where it happened.
+    pub(crate) fn context(self, at: impl fmt::Display) -> Error {
+        Error {
+            msg: format!("{at}: {}", self.msg),
+            ..self
+        }
+    }
+
+    /// True when the model is valid but uses something tcc does not support (an op, an attribute
+    /// value or an element type); false when the model itself is malformed.
+    pub fn is_unsupported(&self) -> bool {
+        self.unsupported
+    }
+
+    /// The message, without the `error:` prefix.
+    pub fn message(&self) -> &str {
+        &self.msg
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.msg)
+    }
+}
+
+impl std::error::Error for Error {}
+
+pub(crate) type Result<T> = std::result::Result<T, Error>;
+
+/// Imports a model from its bytes. External data is looked up in `opts.dir`.
+pub fn import(bytes: &[u8], opts: &Options) -> Result<Module> {
+    graph::import_model(&read_model(bytes)?, opts)
+}
+
+/// Imports a model file; external data files are looked up beside it unless `opts.dir` is set.
+pub fn import_file(path: &Path, opts: &Options) -> Result<Module> {
+    let bytes = std::fs::read(path)
+        .map_err(|e| Error::invalid(format!("cannot read `{}`: {e}", path.display())))?;
+    let mut opts = opts.clone();
+    if opts.dir.is_none() {
+        opts.dir = Some(path.parent().unwrap_or(Path::new(".")).to_path_buf());
+    }
+    import(&bytes, &opts).map_err(|e| e.context(path.display()))
+}
+
+/// Decodes a model without importing it.
+pub fn read_model(bytes: &[u8]) -> Result<proto::ModelProto> {
+    proto::ModelProto::decode(bytes)
+        .map_err(|e| Error::invalid(format!("not a valid ONNX model (protobuf): {e}")))
+}
+
+/// Decodes a serialized `TensorProto` (the `.pb` files of ONNX test data).
+pub fn read_tensor(bytes: &[u8]) -> Result<Tensor> {
+    let t = proto::TensorProto::decode(bytes)
+        .map_err(|e| Error::invalid(format!("not a valid ONNX tensor (protobuf): {e}")))?;
+    tensor::from_proto(&t, None, "tensor")
+}
+
+/// Encodes a tensor as a serialized `TensorProto` named `name`, with raw little-endian data.
+pub fn write_tensor(t: &Tensor, name: &str) -> Vec<u8> {
+    tensor::to_proto(t, name).encode_to_vec()
+}

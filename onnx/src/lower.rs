@@ -1,0 +1,1166 @@
+//! Lowering: each ONNX op as tcc IR ops. [`lower`] is the table; an op type missing from it is
+//! an "unsupported" error naming the op, the node and the opset.
+
+use crate::graph::Ctx;
+use crate::proto::attribute_proto::AttributeType;
+use crate::proto::{AttributeProto, NodeProto, TensorProto};
+use crate::{Error, Result, tensor};
+use std::path::Path;
+use tcc_ir::ops::{F64, normalize_axis};
+use tcc_ir::typing::broadcast_shapes;
+use tcc_ir::{
+    BinaryOp, CmpOp, Conv2d, DType, Data, OpKind, Pool2d, ReduceOp, Scalar, Tensor, TensorType,
+    UnaryOp, Value,
+};
+
+/// A node with its inputs resolved (`None` for an omitted optional input).
+pub(crate) struct Node<'a> {
+    pub p: &'a NodeProto,
+    pub ins: Vec<Option<Value>>,
+    pub opset: i64,
+    pub dir: Option<&'a Path>,
+}
+
+impl Node<'_> {
+    fn op_type(&self) -> &str {
+        self.p.op_type.as_deref().unwrap_or("")
+    }
+
+    /// Input `i` if given.
+    fn opt(&self, i: usize) -> Option<Value> {
+        self.ins.get(i).copied().flatten()
+    }
+
+    /// Input `i`, which the op requires.
+    fn input(&self, i: usize, what: &str) -> Result<Value> {
+        self.opt(i).ok_or_else(|| {
+            Error::invalid(format!(
+                "{} needs input {i} ({what}), which is missing",
+                self.op_type()
+            ))
+        })
+    }
+
+    fn attr(&self, name: &str) -> Option<&AttributeProto> {
+        self.p
+            .attribute
+            .iter()
+            .find(|a| a.name.as_deref() == Some(name))
+    }
+
+    /// The attribute `name`, checked to be of type `want`.
+    fn typed(&self, name: &str, want: AttributeType) -> Result<Option<&AttributeProto>> {
+        let Some(a) = self.attr(name) else {
+            return Ok(None);
+        };
+        if a.ref_attr_name.is_some() {
+            return Err(Error::unsupported(format!(
+                "attribute `{name}` refers to a function attribute, which is not supported"
+            )));
+        }
+        match a.r#type.map(AttributeType::try_from) {
+            Some(Ok(t)) if t == want => Ok(Some(a)),
+            None | Some(Ok(AttributeType::Undefined)) => Ok(Some(a)),
+            Some(Ok(t)) => Err(Error::invalid(format!(
+                "attribute `{name}` must be {}, found {}",
+                want.as_str_name(),
+                t.as_str_name()
+            ))),
+            Some(Err(_)) => Err(Error::invalid(format!(
+                "attribute `{name}` has an unknown type {}",
+                a.r#type.unwrap_or(0)
+            ))),
+        }
+    }
+
+    fn int(&self, name: &str, default: i64) -> Result<i64> {
+        Ok(self
+            .typed(name, AttributeType::Int)?
+            .and_then(|a| a.i)
+            .unwrap_or(default))
+    }
+
+    fn float(&self, name: &str, default: f32) -> Result<f32> {
+        Ok(self
+            .typed(name, AttributeType::Float)?
+            .and_then(|a| a.f)
+            .unwrap_or(default))
+    }
+
+    fn ints(&self, name: &str) -> Result<Option<Vec<i64>>> {
+        Ok(self
+            .typed(name, AttributeType::Ints)?
+            .map(|a| a.ints.clone()))
+    }
+
+    fn floats(&self, name: &str) -> Result<Option<Vec<f32>>> {
+        Ok(self
+            .typed(name, AttributeType::Floats)?
+            .map(|a| a.floats.clone()))
+    }
+
+    fn string(&self, name: &str, default: &str) -> Result<String> {
+        Ok(
+            match self
+                .typed(name, AttributeType::String)?
+                .and_then(|a| a.s.as_ref())
+            {
+                Some(s) => String::from_utf8_lossy(s).into_owned(),
+                None => default.to_string(),
+            },
+        )
+    }
+
+    fn tensor(&self, name: &str) -> Result<Option<&TensorProto>> {
+        Ok(self
+            .typed(name, AttributeType::Tensor)?
+            .and_then(|a| a.t.as_ref()))
+    }
+
+    /// An error for an attribute value tcc does not support.
+    fn unsupported<T>(&self, what: impl std::fmt::Display) -> Result<T> {
+        Err(Error::unsupported(format!(
+            "{} with {what} is not supported",
+            self.op_type()
+        )))
+    }
+}
+
+/// Lowers `n`; the result has one entry per output the lowering provides.
+pub(crate) fn lower(cx: &mut Ctx, n: &Node) -> Result<Vec<Option<Value>>> {
+    use BinaryOp as B;
+    use UnaryOp as U;
+    let one = |v: Value| Ok(vec![Some(v)]);
+    let x = || n.input(0, "the input");
+    match n.op_type() {
+        "Neg" => one(unary(cx, U::Neg, x()?)?),
+        "Abs" => one(unary(cx, U::Abs, x()?)?),
+        "Exp" => one(unary(cx, U::Exp, x()?)?),
+        "Log" => one(unary(cx, U::Log, x()?)?),
+        "Sqrt" => one(unary(cx, U::Sqrt, x()?)?),
+        "Reciprocal" => one(unary(cx, U::Reciprocal, x()?)?),
+        "Tanh" => one(unary(cx, U::Tanh, x()?)?),
+        "Sigmoid" => one(unary(cx, U::Sigmoid, x()?)?),
+        "Relu" => one(unary(cx, U::Relu, x()?)?),
+        "Erf" => one(unary(cx, U::Erf, x()?)?),
+        "Add" => one(binary(cx, B::Add, x()?, n.input(1, "B")?)?),
+        "Sub" => one(binary(cx, B::Sub, x()?, n.input(1, "B")?)?),
+        "Mul" => one(binary(cx, B::Mul, x()?, n.input(1, "B")?)?),
+        "Div" => one(binary(cx, B::Div, x()?, n.input(1, "B")?)?),
+        "Pow" => one(pow(cx, x()?, n.input(1, "the exponent")?)?),
+        "Max" => one(variadic(cx, n, B::Max)?),
+        "Min" => one(variadic(cx, n, B::Min)?),
+        "Sum" => one(variadic(cx, n, B::Add)?),
+        "Mean" => {
+            let s = variadic(cx, n, B::Add)?;
+            let k = cx.scalar(cx.dtype(s), n.ins.len() as f64)?;
+            one(binary(cx, B::Div, s, k)?)
+        }
+        "Equal" => one(compare(cx, CmpOp::Eq, x()?, n.input(1, "B")?)?),
+        "Less" => one(compare(cx, CmpOp::Lt, x()?, n.input(1, "B")?)?),
+        "LessOrEqual" => one(compare(cx, CmpOp::Le, x()?, n.input(1, "B")?)?),
+        "Greater" => one(compare(cx, CmpOp::Gt, x()?, n.input(1, "B")?)?),
+        "GreaterOrEqual" => one(compare(cx, CmpOp::Ge, x()?, n.input(1, "B")?)?),
+        "Where" => {
+            let (c, a, b) = (x()?, n.input(1, "X")?, n.input(2, "Y")?);
+            one(cx.op1(OpKind::Select, &[c, a, b])?)
+        }
+        "Identity" => one(x()?),
+        "Dropout" => dropout(cx, n),
+        "Cast" => {
+            let to = n.int("to", 0)?;
+            let to = tensor::dtype(to as i32, "the target type `to`")?;
+            one(cast(cx, x()?, to)?)
+        }
+        "CastLike" => {
+            let to = cx.dtype(n.input(1, "target_type")?);
+            one(cast(cx, x()?, to)?)
+        }
+        "Clip" => one(clip(cx, n)?),
+        "LeakyRelu" => {
+            let alpha = n.float("alpha", 0.01)?;
+            one(leaky_relu(cx, x()?, alpha as f64)?)
+        }
+        "Elu" => {
+            let alpha = n.float("alpha", 1.0)? as f64;
+            let x = x()?;
+            let dt = cx.dtype(x);
+            let e = unary(cx, U::Exp, x)?;
+            let one_ = cx.scalar(dt, 1.0)?;
+            let em1 = binary(cx, B::Sub, e, one_)?;
+            let a = cx.scalar(dt, alpha)?;
+            let neg = binary(cx, B::Mul, em1, a)?;
+            let zero = cx.scalar(dt, 0.0)?;
+            let lt = compare(cx, CmpOp::Lt, x, zero)?;
+            one(cx.op1(OpKind::Select, &[lt, neg, x])?)
+        }
+        "Gelu" => one(gelu(cx, n, x()?)?),
+        "MatMul" => one(matmul(cx, x()?, n.input(1, "B")?)?),
+        "Gemm" => one(gemm(cx, n)?),
+        "Conv" => one(conv(cx, n)?),
+        "BatchNormalization" => {
+            if n.int("training_mode", 0)? != 0 {
+                return n.unsupported("training_mode=1");
+            }
+            let eps = n.float("epsilon", 1e-5)? as f64;
+            let args = [
+                x()?,
+                n.input(1, "scale")?,
+                n.input(2, "B")?,
+                n.input(3, "mean")?,
+                n.input(4, "var")?,
+            ];
+            one(cx.op1(OpKind::BatchNorm { eps: F64(eps) }, &args)?)
+        }
+        "MaxPool" => {
+            if n.p.output.len() > 1 && !n.p.output[1].is_empty() {
+                return n.unsupported("the Indices output");
+            }
+            one(pool(cx, n, true)?)
+        }
+        "AveragePool" => one(pool(cx, n, false)?),
+        "GlobalAveragePool" => {
+            let x = x()?;
+            if cx.ty(x).rank() == 4 {
+                one(cx.op1(OpKind::GlobalAvgPool, &[x])?)
+            } else {
+                one(global(cx, x, ReduceOp::Mean)?)
+            }
+        }
+        "GlobalMaxPool" => one(global(cx, x()?, ReduceOp::Max)?),
+        "ReduceSum" => one(reduce(cx, n, ReduceOp::Sum, 13)?),
+        "ReduceMean" => one(reduce(cx, n, ReduceOp::Mean, 18)?),
+        "ReduceMax" => one(reduce(cx, n, ReduceOp::Max, 18)?),
+        "Softmax" | "LogSoftmax" => one(softmax(cx, n)?),
+        "LRN" => one(lrn(cx, n)?),
+        "LayerNormalization" => layer_norm(cx, n),
+        "Reshape" => {
+            let x = x()?;
+            let shape = const_ints(cx, n, 1, "shape")?;
+            let dims = reshape_dims(&cx.dims(x), &shape, n.int("allowzero", 0)? != 0)?;
+            one(reshape(cx, x, &dims)?)
+        }
+        "Flatten" => {
+            let x = x()?;
+            let dims = cx.dims(x);
+            let r = dims.len() as i64;
+            let axis = n.int("axis", 1)?;
+            let a = if axis < 0 { axis + r } else { axis };
+            if !(0..=r).contains(&a) {
+                return Err(Error::invalid(format!(
+                    "axis {axis} is out of range for rank {r}"
+                )));
+            }
+            let a = a as usize;
+            let outer = dims[..a].iter().product();
+            let inner = dims[a..].iter().product();
+            one(reshape(cx, x, &[outer, inner])?)
+        }
+        "Transpose" => {
+            let x = x()?;
+            let r = cx.ty(x).rank() as i64;
+            let perm = n.ints("perm")?.unwrap_or_else(|| (0..r).rev().collect());
+            let perm: Vec<u64> = perm
+                .iter()
+                .map(|&p| {
+                    u64::try_from(p)
+                        .map_err(|_| Error::invalid(format!("perm has a negative entry {p}")))
+                })
+                .collect::<Result<_>>()?;
+            one(cx.op1(OpKind::Transpose { perm }, &[x])?)
+        }
+        "Concat" => {
+            let axis = n
+                .attr("axis")
+                .map(|_| n.int("axis", 0))
+                .transpose()?
+                .ok_or_else(|| Error::invalid("Concat needs the attribute `axis`"))?;
+            let ins: Vec<Value> = n.ins.iter().flatten().copied().collect();
+            one(cx.op1(OpKind::Concat { axis }, &ins)?)
+        }
+        "Slice" => one(slice(cx, n)?),
+        "Gather" => {
+            let axis = n.int("axis", 0)?;
+            one(cx.op1(OpKind::Gather { axis }, &[x()?, n.input(1, "indices")?])?)
+        }
+        "Unsqueeze" => {
+            let x = x()?;
+            let axes = axes_of(cx, n, 13)?.ok_or_else(|| Error::invalid("Unsqueeze needs axes"))?;
+            let mut dims = cx.dims(x);
+            let r = dims.len() + axes.len();
+            let mut axes: Vec<usize> = axes.iter().map(|&a| axis(a, r)).collect::<Result<_>>()?;
+            axes.sort_unstable();
+            if axes.windows(2).any(|w| w[0] == w[1]) {
+                return Err(Error::invalid(format!("axes {axes:?} repeat an axis")));
+            }
+            for a in axes {
+                dims.insert(a, 1);
+            }
+            one(reshape(cx, x, &dims)?)
+        }
+        "Squeeze" => {
+            let x = x()?;
+            let dims = cx.dims(x);
+            let r = dims.len();
+            let squeeze: Vec<usize> = match axes_of(cx, n, 13)? {
+                Some(axes) => axes.iter().map(|&a| axis(a, r)).collect::<Result<_>>()?,
+                None => (0..r).filter(|&i| dims[i] == 1).collect(),
+            };
+            if let Some(&a) = squeeze.iter().find(|&&a| dims[a] != 1) {
+                return Err(Error::invalid(format!(
+                    "cannot squeeze axis {a} of size {} (shape {dims:?})",
+                    dims[a]
+                )));
+            }
+            let kept: Vec<u64> = (0..r)
+                .filter(|i| !squeeze.contains(i))
+                .map(|i| dims[i])
+                .collect();
+            one(reshape(cx, x, &kept)?)
+        }
+        "Expand" => {
+            let x = x()?;
+            let shape = const_ints(cx, n, 1, "shape")?;
+            let shape: Vec<u64> = shape
+                .iter()
+                .map(|&d| {
+                    u64::try_from(d)
+                        .map_err(|_| Error::invalid(format!("shape has a negative entry {d}")))
+                })
+                .collect::<Result<_>>()?;
+            let out = broadcast_shapes(&cx.dims(x), &shape).map_err(Error::invalid)?;
+            if out == cx.dims(x) {
+                return one(x);
+            }
+            one(cx.op1(OpKind::BroadcastTo { shape: out }, &[x])?)
+        }
+        "Shape" => {
+            let dims = cx.dims(x()?);
+            let r = dims.len() as i64;
+            let clampi = |i: i64| (if i < 0 { i + r } else { i }).clamp(0, r) as usize;
+            let start = clampi(n.int("start", 0)?);
+            let end = clampi(n.int("end", r)?);
+            let v: Vec<i64> = dims[start..end.max(start)]
+                .iter()
+                .map(|&d| d as i64)
+                .collect();
+            let len = v.len() as u64;
+            one(cx.constant(tensor_i64(&[len], v)?)?)
+        }
+        "Size" => {
+            let numel = cx.ty(x()?).numel() as i64;
+            one(cx.constant(tensor_i64(&[], vec![numel])?)?)
+        }
+        "Constant" => one(constant(cx, n)?),
+        "ConstantOfShape" => {
+            let shape = const_ints(cx, n, 0, "shape")?;
+            let dims: Vec<u64> = shape
+                .iter()
+                .map(|&d| {
+                    u64::try_from(d)
+                        .map_err(|_| Error::invalid(format!("shape has a negative entry {d}")))
+                })
+                .collect::<Result<_>>()?;
+            let s = match n.tensor("value")? {
+                Some(t) => {
+                    let t = tensor::from_proto(t, n.dir, "attribute `value`")?;
+                    if t.ty().numel() != 1 {
+                        return Err(Error::invalid(format!(
+                            "attribute `value` must hold one element, found {}",
+                            t.ty()
+                        )));
+                    }
+                    t.data().get(0)
+                }
+                None => Scalar::F32(0.0),
+            };
+            let ty = TensorType::new(s.dtype(), dims).map_err(|e| Error::invalid(e.to_string()))?;
+            one(cx.splat(ty, s)?)
+        }
+        "" => Err(Error::invalid("the node has no op_type")),
+        other => Err(Error::unsupported(format!("unsupported ONNX op `{other}`"))),
+    }
+}
+
+// --- Small builders ---
+
+fn unary(cx: &mut Ctx, op: UnaryOp, x: Value) -> Result<Value> {
+    cx.op1(OpKind::Unary(op), &[x])
+}
+
+fn binary(cx: &mut Ctx, op: BinaryOp, a: Value, b: Value) -> Result<Value> {
+    cx.op1(OpKind::Binary(op), &[a, b])
+}
+
+fn compare(cx: &mut Ctx, op: CmpOp, a: Value, b: Value) -> Result<Value> {
+    cx.op1(OpKind::Compare(op), &[a, b])
+}
+
+fn cast(cx: &mut Ctx, x: Value, to: DType) -> Result<Value> {
+    if cx.dtype(x) == to {
+        return Ok(x);
+    }
+    cx.op1(OpKind::Cast { to }, &[x])
+}
+
+fn reshape(cx: &mut Ctx, x: Value, dims: &[u64]) -> Result<Value> {
+    if cx.dims(x) == dims {
+        return Ok(x);
+    }
+    cx.op1(
+        OpKind::Reshape {
+            shape: dims.to_vec(),
+        },
+        &[x],
+    )
+}
+
+fn tensor_i64(dims: &[u64], v: Vec<i64>) -> Result<Tensor> {
+    Tensor::from_data(dims, Data::I64(v)).map_err(|e| Error::invalid(e.to_string()))
+}
+
+/// An axis in `-r..r` as an index.
+fn axis(a: i64, r: usize) -> Result<usize> {
+    normalize_axis(a, r)
+        .ok_or_else(|| Error::invalid(format!("axis {a} is out of range for rank {r}")))
+}
+
+/// The integer elements of constant input `i`.
+fn const_ints(cx: &Ctx, n: &Node, i: usize, what: &str) -> Result<Vec<i64>> {
+    let v = n.input(i, what)?;
+    let t = cx.constant_of(v).ok_or_else(|| {
+        Error::unsupported(format!(
+            "input {i} ({what}) must be known at import time (tcc's shapes are static), but `{}` is computed from the graph's inputs",
+            cx.function().name(v)
+        ))
+    })?;
+    match t.data() {
+        Data::I64(v) => Ok(v.clone()),
+        Data::I32(v) => Ok(v.iter().map(|&x| x as i64).collect()),
+        _ => Err(Error::invalid(format!(
+            "input {i} ({what}) must be int64 or int32, found {}",
+            t.ty()
+        ))),
+    }
+}
+
+/// The axes of a reduction-like op: an attribute before `input_since`, else the optional
+/// input 1. `None` when absent.
+fn axes_of(cx: &Ctx, n: &Node, input_since: i64) -> Result<Option<Vec<i64>>> {
+    if n.opset < input_since {
+        n.ints("axes")
+    } else if n.opt(1).is_some() {
+        const_ints(cx, n, 1, "axes").map(Some)
+    } else {
+        Ok(None)
+    }
+}
+
+// --- Elementwise ---
+
+/// Folds `op` over every input (`Max`, `Min`, `Sum`).
+fn variadic(cx: &mut Ctx, n: &Node, op: BinaryOp) -> Result<Value> {
+    let ins: Vec<Value> = n.ins.iter().flatten().copied().collect();
+    let (&first, rest) = ins
+        .split_first()
+        .ok_or_else(|| Error::invalid(format!("{} needs at least one input", n.op_type())))?;
+    rest.iter()
+        .try_fold(first, |acc, &v| binary(cx, op, acc, v))
+}
+
+/// `Pow`: the exponent may have another type; integer bases compute in `f64`.
+fn pow(cx: &mut Ctx, x: Value, y: Value) -> Result<Value> {
+    let dt = cx.dtype(x);
+    if dt.is_float() {
+        let y = cast(cx, y, dt)?;
+        return binary(cx, BinaryOp::Pow, x, y);
+    }
+    let (xf, yf) = (cast(cx, x, DType::F64)?, cast(cx, y, DType::F64)?);
+    let p = binary(cx, BinaryOp::Pow, xf, yf)?;
+    cast(cx, p, dt)
+}
+
+fn clip(cx: &mut Ctx, n: &Node) -> Result<Value> {
+    let x = n.input(0, "the input")?;
+    let dt = cx.dtype(x);
+    let (lo, hi) = if n.opset < 11 {
+        let lo = n.attr("min").map(|_| n.float("min", 0.0)).transpose()?;
+        let hi = n.attr("max").map(|_| n.float("max", 0.0)).transpose()?;
+        (
+            lo.map(|v| cx.scalar(dt, v as f64)).transpose()?,
+            hi.map(|v| cx.scalar(dt, v as f64)).transpose()?,
+        )
+    } else {
+        (n.opt(1), n.opt(2))
+    };
+    let mut y = x;
+    if let Some(lo) = lo {
+        y = binary(cx, BinaryOp::Max, y, lo)?;
+    }
+    if let Some(hi) = hi {
+        y = binary(cx, BinaryOp::Min, y, hi)?;
+    }
+    Ok(y)
+}
+
+fn leaky_relu(cx: &mut Ctx, x: Value, alpha: f64) -> Result<Value> {
+    let dt = cx.dtype(x);
+    let a = cx.scalar(dt, alpha)?;
+    let ax = binary(cx, BinaryOp::Mul, x, a)?;
+    let zero = cx.scalar(dt, 0.0)?;
+    let lt = compare(cx, CmpOp::Lt, x, zero)?;
+    cx.op1(OpKind::Select, &[lt, ax, x])
+}
+
+fn gelu(cx: &mut Ctx, n: &Node, x: Value) -> Result<Value> {
+    match n.string("approximate", "none")?.as_str() {
+        "none" => unary(cx, UnaryOp::Gelu, x),
+        "tanh" => {
+            // x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))
+            let dt = cx.dtype(x);
+            let x2 = binary(cx, BinaryOp::Mul, x, x)?;
+            let x3 = binary(cx, BinaryOp::Mul, x2, x)?;
+            let c = cx.scalar(dt, 0.044715)?;
+            let cx3 = binary(cx, BinaryOp::Mul, x3, c)?;
+            let inner = binary(cx, BinaryOp::Add, x, cx3)?;
+            let k = cx.scalar(dt, (2.0 / std::f64::consts::PI).sqrt())?;
+            let arg = binary(cx, BinaryOp::Mul, inner, k)?;
+            let t = unary(cx, UnaryOp::Tanh, arg)?;
+            let one = cx.scalar(dt, 1.0)?;
+            let t1 = binary(cx, BinaryOp::Add, t, one)?;
+            let half = cx.scalar(dt, 0.5)?;
+            let hx = binary(cx, BinaryOp::Mul, x, half)?;
+            binary(cx, BinaryOp::Mul, hx, t1)
+        }
+        other => n.unsupported(format_args!("approximate=\"{other}\"")),
+    }
+}
+
+fn dropout(cx: &mut Ctx, n: &Node) -> Result<Vec<Option<Value>>> {
+    let x = n.input(0, "the input")?;
+    // Opset 12 moved `ratio` and `training_mode` to inputs; before it, Dropout in an inference
+    // graph is the identity.
+    if n.opset >= 12 && n.opt(2).is_some() {
+        let training = const_ints_or_bool(cx, n, 2, "training_mode")?;
+        let ratio = match n.opt(1) {
+            Some(r) => cx
+                .constant_of(r)
+                .and_then(|t| match t.data() {
+                    Data::F32(v) => v.first().map(|&x| x as f64),
+                    Data::F64(v) => v.first().copied(),
+                    _ => None,
+                })
+                .ok_or_else(|| Error::unsupported("input 1 (ratio) must be a constant"))?,
+            None => 0.5,
+        };
+        if training && ratio != 0.0 {
+            return n.unsupported("training_mode=true (random masks)");
+        }
+    }
+    let mask = if n.p.output.len() > 1 && !n.p.output[1].is_empty() {
+        let ty =
+            TensorType::new(DType::Bool, cx.dims(x)).map_err(|e| Error::invalid(e.to_string()))?;
+        Some(cx.splat(ty, Scalar::Bool(true))?)
+    } else {
+        None
+    };
+    Ok(vec![Some(x), mask])
+}
+
+/// A constant boolean input (`training_mode`).
+fn const_ints_or_bool(cx: &Ctx, n: &Node, i: usize, what: &str) -> Result<bool> {
+    let v = n.input(i, what)?;
+    let t = cx
+        .constant_of(v)
+        .ok_or_else(|| Error::unsupported(format!("input {i} ({what}) must be a constant")))?;
+    Ok(match t.data() {
+        Data::Bool(v) => v.first().copied().unwrap_or(false),
+        Data::I64(v) => v.first().is_some_and(|&x| x != 0),
+        Data::I32(v) => v.first().is_some_and(|&x| x != 0),
+        _ => {
+            return Err(Error::invalid(format!(
+                "input {i} ({what}) must be bool, found {}",
+                t.ty()
+            )));
+        }
+    })
+}
+
+// --- Linear algebra ---
+
+/// `MatMul` with numpy semantics: a 1-D operand is a row (left) or column (right) vector whose
+/// axis is dropped from the result.
+fn matmul(cx: &mut Ctx, a: Value, b: Value) -> Result<Value> {
+    let (ad, bd) = (cx.dims(a), cx.dims(b));
+    if ad.is_empty() || bd.is_empty() {
+        return Err(Error::invalid("MatMul operands must have rank 1 or more"));
+    }
+    let a2 = if ad.len() == 1 {
+        reshape(cx, a, &[1, ad[0]])?
+    } else {
+        a
+    };
+    let b2 = if bd.len() == 1 {
+        reshape(cx, b, &[bd[0], 1])?
+    } else {
+        b
+    };
+    let y = cx.op1(OpKind::MatMul, &[a2, b2])?;
+    if ad.len() > 1 && bd.len() > 1 {
+        return Ok(y);
+    }
+    let mut dims = cx.dims(y);
+    let r = dims.len();
+    if bd.len() == 1 {
+        dims.remove(r - 1);
+    }
+    if ad.len() == 1 {
+        dims.remove(r - 2);
+    }
+    reshape(cx, y, &dims)
+}
+
+fn gemm(cx: &mut Ctx, n: &Node) -> Result<Value> {
+    let (mut a, mut b) = (n.input(0, "A")?, n.input(1, "B")?);
+    for v in [a, b] {
+        if cx.ty(v).rank() != 2 {
+            return Err(Error::invalid(format!(
+                "Gemm needs matrices, found {}",
+                cx.ty(v)
+            )));
+        }
+    }
+    if n.int("transA", 0)? != 0 {
+        a = cx.op1(OpKind::Transpose { perm: vec![1, 0] }, &[a])?;
+    }
+    if n.int("transB", 0)? != 0 {
+        b = cx.op1(OpKind::Transpose { perm: vec![1, 0] }, &[b])?;
+    }
+    let dt = cx.dtype(a);
+    let mut y = cx.op1(OpKind::MatMul, &[a, b])?;
+    let alpha = n.float("alpha", 1.0)?;
+    if alpha != 1.0 {
+        let k = cx.scalar(dt, alpha as f64)?;
+        y = binary(cx, BinaryOp::Mul, y, k)?;
+    }
+    if let Some(mut c) = n.opt(2) {
+        let beta = n.float("beta", 1.0)?;
+        if beta != 1.0 {
+            let k = cx.scalar(dt, beta as f64)?;
+            c = binary(cx, BinaryOp::Mul, c, k)?;
+        }
+        y = binary(cx, BinaryOp::Add, y, c)?;
+    }
+    Ok(y)
+}
+
+// --- Convolution and pooling ---
+
+/// Window geometry along each spatial axis.
+struct Window {
+    strides: Vec<u64>,
+    dilations: Vec<u64>,
+    /// Padding before and after each axis.
+    pads: Vec<(u64, u64)>,
+}
+
+fn positive(v: Vec<i64>, what: &str) -> Result<Vec<u64>> {
+    v.iter()
+        .map(|&x| {
+            u64::try_from(x)
+                .ok()
+                .filter(|&x| x > 0)
+                .ok_or_else(|| Error::invalid(format!("{what} must be positive, found {v:?}")))
+        })
+        .collect()
+}
+
+/// Strides, dilations and pads (explicit or from `auto_pad`) for a window of `kernel` over
+/// `input` (the spatial dims); with `ceil`, the end padding grows so that the last partial
+/// window is kept, as `ceil_mode` asks.
+fn window(n: &Node, input: &[u64], kernel: &[u64], ceil: bool) -> Result<Window> {
+    let k = kernel.len();
+    let get = |name: &str, default: i64| -> Result<Vec<u64>> {
+        let v = n.ints(name)?.unwrap_or_else(|| vec![default; k]);
+        if v.len() != k {
+            return Err(Error::invalid(format!(
+                "`{name}` has {} entries for {k} spatial axes",
+                v.len()
+            )));
+        }
+        positive(v, &format!("`{name}`"))
+    };
+    let strides = get("strides", 1)?;
+    let dilations = get("dilations", 1)?;
+    let eff: Vec<u64> = (0..k).map(|i| (kernel[i] - 1) * dilations[i] + 1).collect();
+    let auto_pad = n.string("auto_pad", "NOTSET")?;
+    let mut pads: Vec<(u64, u64)> = match auto_pad.as_str() {
+        "NOTSET" => {
+            let p = n.ints("pads")?.unwrap_or_else(|| vec![0; 2 * k]);
+            if p.len() != 2 * k || p.iter().any(|&x| x < 0) {
+                return Err(Error::invalid(format!(
+                    "`pads` must be {} non-negative numbers, found {p:?}",
+                    2 * k
+                )));
+            }
+            (0..k).map(|i| (p[i] as u64, p[k + i] as u64)).collect()
+        }
+        "VALID" => vec![(0, 0); k],
+        "SAME_UPPER" | "SAME_LOWER" => (0..k)
+            .map(|i| {
+                let out = input[i].div_ceil(strides[i]);
+                let total = ((out.max(1) - 1) * strides[i] + eff[i]).saturating_sub(input[i]);
+                let small = total / 2;
+                if auto_pad == "SAME_UPPER" {
+                    (small, total - small)
+                } else {
+                    (total - small, small)
+                }
+            })
+            .collect(),
+        other => {
+            return Err(Error::invalid(format!(
+                "auto_pad must be NOTSET, VALID, SAME_UPPER or SAME_LOWER, found `{other}`"
+            )));
+        }
+    };
+    for i in 0..k {
+        let padded = input[i] + pads[i].0 + pads[i].1;
+        if padded < eff[i] {
+            return Err(Error::invalid(format!(
+                "the window ({} with dilation {}) is larger than spatial axis {i} ({} padded)",
+                kernel[i], dilations[i], padded
+            )));
+        }
+        if ceil {
+            let mut out = (padded - eff[i]).div_ceil(strides[i]) + 1;
+            if (out - 1) * strides[i] >= input[i] + pads[i].0 {
+                out -= 1;
+            }
+            let need = (out - 1) * strides[i] + eff[i];
+            pads[i].1 += need.saturating_sub(padded);
+        }
+    }
+    Ok(Window {
+        strides,
+        dilations,
+        pads,
+    })
+}
+
+/// Reshapes 3-D `[N, C, W]` to 4-D `[N, C, 1, W]` (1-D convolution and pooling run as 2-D);
+/// other ranks must be 4.
+fn to_2d(cx: &mut Ctx, x: Value, what: &str, op: &str) -> Result<(Value, bool)> {
+    let d = cx.dims(x);
+    match d.len() {
+        4 => Ok((x, false)),
+        3 => Ok((reshape(cx, x, &[d[0], d[1], 1, d[2]])?, true)),
+        r => Err(Error::unsupported(format!(
+            "{op} over {} spatial axes is not supported ({what} is {}); tcc has 1-D and 2-D",
+            r.saturating_sub(2),
+            cx.ty(x)
+        ))),
+    }
+}
+
+fn conv(cx: &mut Ctx, n: &Node) -> Result<Value> {
+    let (x, w) = (n.input(0, "X")?, n.input(1, "W")?);
+    let (x4, one_d) = to_2d(cx, x, "the input", "Conv")?;
+    let (w4, _) = to_2d(cx, w, "the filter", "Conv")?;
+    if cx.ty(x).rank() != cx.ty(w).rank() {
+        return Err(Error::invalid(format!(
+            "input {} and filter {} differ in rank",
+            cx.ty(x),
+            cx.ty(w)
+        )));
+    }
+    let wd = cx.dims(w);
+    let kernel: Vec<u64> = wd[2..].to_vec();
+    if let Some(ks) = n.ints("kernel_shape")?
+        && positive(ks.clone(), "`kernel_shape`")? != kernel
+    {
+        return Err(Error::invalid(format!(
+            "kernel_shape {ks:?} does not match the filter {}",
+            cx.ty(w)
+        )));
+    }
+    let win = window(n, &cx.dims(x)[2..], &kernel, false)?;
+    let lift =
+        |v: &[u64], fill: u64| -> [u64; 2] { if one_d { [fill, v[0]] } else { [v[0], v[1]] } };
+    let pb: Vec<u64> = win.pads.iter().map(|p| p.0).collect();
+    let pe: Vec<u64> = win.pads.iter().map(|p| p.1).collect();
+    let (b2, e2) = (lift(&pb, 0), lift(&pe, 0));
+    let attrs = Conv2d {
+        strides: lift(&win.strides, 1),
+        pads: [b2[0], b2[1], e2[0], e2[1]],
+        dilations: lift(&win.dilations, 1),
+        groups: u64::try_from(n.int("group", 1)?)
+            .ok()
+            .filter(|&g| g > 0)
+            .ok_or_else(|| Error::invalid("group must be positive"))?,
+    };
+    let mut y = cx.op1(OpKind::Conv2d(attrs), &[x4, w4])?;
+    if let Some(b) = n.opt(2) {
+        let o = wd[0];
+        if cx.dims(b) != [o] {
+            return Err(Error::invalid(format!(
+                "the bias must be [{o}], found {}",
+                cx.ty(b)
+            )));
+        }
+        let b4 = reshape(cx, b, &[1, o, 1, 1])?;
+        y = binary(cx, BinaryOp::Add, y, b4)?;
+    }
+    if one_d {
+        let d = cx.dims(y);
+        y = reshape(cx, y, &[d[0], d[1], d[3]])?;
+    }
+    Ok(y)
+}
+
+fn pool(cx: &mut Ctx, n: &Node, max: bool) -> Result<Value> {
+    let op = if max { "MaxPool" } else { "AveragePool" };
+    let x = n.input(0, "X")?;
+    let (x4, one_d) = to_2d(cx, x, "the input", op)?;
+    let k = cx.ty(x).rank() - 2;
+    let kernel = positive(
+        n.ints("kernel_shape")?
+            .ok_or_else(|| Error::invalid(format!("{op} needs `kernel_shape`")))?,
+        "`kernel_shape`",
+    )?;
+    if kernel.len() != k {
+        return Err(Error::invalid(format!(
+            "kernel_shape {kernel:?} does not match {k} spatial axes"
+        )));
+    }
+    let ceil = n.int("ceil_mode", 0)? != 0;
+    let win = window(n, &cx.dims(x)[2..], &kernel, ceil)?;
+    if win.dilations.iter().any(|&d| d != 1) {
+        return n.unsupported(format_args!("dilations {:?}", win.dilations));
+    }
+    if max && n.int("storage_order", 0)? != 0 {
+        return n.unsupported("storage_order=1");
+    }
+    let lift =
+        |v: &[u64], fill: u64| -> [u64; 2] { if one_d { [fill, v[0]] } else { [v[0], v[1]] } };
+    let pb: Vec<u64> = win.pads.iter().map(|p| p.0).collect();
+    let pe: Vec<u64> = win.pads.iter().map(|p| p.1).collect();
+    let (b2, e2) = (lift(&pb, 0), lift(&pe, 0));
+    let attrs = Pool2d {
+        kernel: lift(&kernel, 1),
+        strides: lift(&win.strides, 1),
+        pads: [b2[0], b2[1], e2[0], e2[1]],
+    };
+    let kind = if max {
+        OpKind::MaxPool2d(attrs)
+    } else {
+        OpKind::AvgPool2d {
+            pool: attrs,
+            count_include_pad: n.int("count_include_pad", 0)? != 0,
+        }
+    };
+    let mut y = cx.op1(kind, &[x4])?;
+    if one_d {
+        let d = cx.dims(y);
+        y = reshape(cx, y, &[d[0], d[1], d[3]])?;
+    }
+    Ok(y)
+}
+
+/// Global pooling as a reduction over the spatial axes, keeping them as size 1.
+fn global(cx: &mut Ctx, x: Value, op: ReduceOp) -> Result<Value> {
+    let r = cx.ty(x).rank() as i64;
+    if r < 3 {
+        return Err(Error::invalid(format!(
+            "global pooling needs [N, C, spatial...], found {}",
+            cx.ty(x)
+        )));
+    }
+    cx.op1(
+        OpKind::Reduce {
+            op,
+            axes: (2..r).collect(),
+            keepdims: true,
+        },
+        &[x],
+    )
+}
+
+// --- Reductions and normalisation ---
+
+/// `ReduceSum/Mean/Max`: axes from the attribute (before `input_since`) or input 1; no axes
+/// reduce everything unless `noop_with_empty_axes`.
+fn reduce(cx: &mut Ctx, n: &Node, op: ReduceOp, input_since: i64) -> Result<Value> {
+    let x = n.input(0, "data")?;
+    let r = cx.ty(x).rank();
+    let keepdims = n.int("keepdims", 1)? != 0;
+    let axes = axes_of(cx, n, input_since)?.filter(|a| !a.is_empty());
+    let axes: Vec<i64> = match axes {
+        Some(a) => a,
+        None if n.int("noop_with_empty_axes", 0)? != 0 => return Ok(x),
+        None => (0..r as i64).collect(),
+    };
+    if axes.is_empty() {
+        return Ok(x);
+    }
+    let mut norm: Vec<usize> = axes.iter().map(|&a| axis(a, r)).collect::<Result<_>>()?;
+    norm.sort_unstable();
+    norm.dedup();
+    cx.op1(
+        OpKind::Reduce {
+            op,
+            axes: norm.iter().map(|&a| a as i64).collect(),
+            keepdims,
+        },
+        &[x],
+    )
+}
+
+/// `Softmax`/`LogSoftmax`. Before opset 13 the input is viewed as 2-D `[prod(dims[..axis]),
+/// prod(dims[axis..])]` and normalised along the second axis (default axis 1).
+fn softmax(cx: &mut Ctx, n: &Node) -> Result<Value> {
+    let x = n.input(0, "the input")?;
+    let log = n.op_type() == "LogSoftmax";
+    let make = |axis| {
+        if log {
+            OpKind::LogSoftmax { axis }
+        } else {
+            OpKind::Softmax { axis }
+        }
+    };
+    let dims = cx.dims(x);
+    if n.opset >= 13 {
+        let a = axis(n.int("axis", -1)?, dims.len())?;
+        return cx.op1(make(a as i64), &[x]);
+    }
+    let a = n.int("axis", 1)?;
+    let r = dims.len() as i64;
+    let a = if a < 0 { a + r } else { a };
+    if !(0..=r).contains(&a) {
+        return Err(Error::invalid(format!(
+            "axis {a} is out of range for rank {r}"
+        )));
+    }
+    let a = a as usize;
+    let (outer, inner): (u64, u64) = (dims[..a].iter().product(), dims[a..].iter().product());
+    let x2 = reshape(cx, x, &[outer, inner])?;
+    let y = cx.op1(make(1), &[x2])?;
+    reshape(cx, y, &dims)
+}
+
+/// `LRN` across channels: `x / (bias + alpha/size * sum of x^2 over the channel window)^beta`.
+/// The window sum is an average pool (padded positions counted) over a `[N, 1, C, H*W]` view.
+fn lrn(cx: &mut Ctx, n: &Node) -> Result<Value> {
+    let x = n.input(0, "X")?;
+    let d = cx.dims(x);
+    if d.len() < 3 {
+        return Err(Error::invalid(format!(
+            "LRN needs [N, C, ...], found {}",
+            cx.ty(x)
+        )));
+    }
+    let size = u64::try_from(n.int("size", 0)?)
+        .ok()
+        .filter(|&s| s > 0)
+        .ok_or_else(|| Error::invalid("LRN needs a positive `size`"))?;
+    let (alpha, beta, bias) = (
+        n.float("alpha", 1e-4)? as f64,
+        n.float("beta", 0.75)? as f64,
+        n.float("bias", 1.0)? as f64,
+    );
+    let dt = cx.dtype(x);
+    let sq = binary(cx, BinaryOp::Mul, x, x)?;
+    let rest: u64 = d[2..].iter().product();
+    let v = reshape(cx, sq, &[d[0], 1, d[1], rest])?;
+    let (before, after) = ((size - 1) / 2, size - 1 - (size - 1) / 2);
+    let avg = cx.op1(
+        OpKind::AvgPool2d {
+            pool: Pool2d {
+                kernel: [size, 1],
+                strides: [1, 1],
+                pads: [before, 0, after, 0],
+            },
+            count_include_pad: true,
+        },
+        &[v],
+    )?;
+    let avg = reshape(cx, avg, &d)?;
+    let a = cx.scalar(dt, alpha)?;
+    let scaled = binary(cx, BinaryOp::Mul, avg, a)?;
+    let b = cx.scalar(dt, bias)?;
+    let base = binary(cx, BinaryOp::Add, scaled, b)?;
+    let e = cx.scalar(dt, beta)?;
+    let den = binary(cx, BinaryOp::Pow, base, e)?;
+    binary(cx, BinaryOp::Div, x, den)
+}
+
+/// `LayerNormalization` over the axes from `axis` on: outputs `Y`, `Mean` and `InvStdDev`.
+fn layer_norm(cx: &mut Ctx, n: &Node) -> Result<Vec<Option<Value>>> {
+    let x = n.input(0, "X")?;
+    let scale = n.input(1, "Scale")?;
+    let r = cx.ty(x).rank();
+    let a = axis(n.int("axis", -1)?, r)?;
+    let eps = n.float("epsilon", 1e-5)? as f64;
+    let dt = cx.dtype(x);
+    let axes: Vec<i64> = (a as i64..r as i64).collect();
+    let mean_op = |axes: &Vec<i64>| OpKind::Reduce {
+        op: ReduceOp::Mean,
+        axes: axes.clone(),
+        keepdims: true,
+    };
+    let mean = cx.op1(mean_op(&axes), &[x])?;
+    let d = binary(cx, BinaryOp::Sub, x, mean)?;
+    let d2 = binary(cx, BinaryOp::Mul, d, d)?;
+    let var = cx.op1(mean_op(&axes), &[d2])?;
+    let e = cx.scalar(dt, eps)?;
+    let ve = binary(cx, BinaryOp::Add, var, e)?;
+    let inv = unary(cx, UnaryOp::Rsqrt, ve)?;
+    let norm = binary(cx, BinaryOp::Mul, d, inv)?;
+    let mut y = binary(cx, BinaryOp::Mul, norm, scale)?;
+    if let Some(b) = n.opt(2) {
+        y = binary(cx, BinaryOp::Add, y, b)?;
+    }
+    Ok(vec![Some(y), Some(mean), Some(inv)])
+}
+
+// --- Data movement ---
+
+/// `Reshape`'s target: `0` copies the input dim (unless `allowzero`), one `-1` is inferred.
+fn reshape_dims(input: &[u64], shape: &[i64], allowzero: bool) -> Result<Vec<u64>> {
+    let mut dims = Vec::with_capacity(shape.len());
+    let mut infer = None;
+    for (i, &s) in shape.iter().enumerate() {
+        dims.push(match s {
+            -1 if infer.is_none() => {
+                infer = Some(i);
+                1
+            }
+            -1 => {
+                return Err(Error::invalid(format!(
+                    "shape {shape:?} has more than one -1"
+                )));
+            }
+            0 if !allowzero => *input.get(i).ok_or_else(|| {
+                Error::invalid(format!(
+                    "shape {shape:?} copies dimension {i} (0), but the input has rank {}",
+                    input.len()
+                ))
+            })?,
+            s if s >= 0 => s as u64,
+            s => {
+                return Err(Error::invalid(format!(
+                    "shape {shape:?} has a negative entry {s}"
+                )));
+            }
+        });
+    }
+    let total: u128 = input.iter().map(|&d| d as u128).product();
+    if let Some(i) = infer {
+        let known: u128 = dims.iter().map(|&d| d as u128).product();
+        if known == 0 || !total.is_multiple_of(known) {
+            return Err(Error::invalid(format!(
+                "cannot reshape {input:?} to {shape:?}: {total} elements do not divide evenly"
+            )));
+        }
+        dims[i] = (total / known) as u64;
+    }
+    if dims.iter().map(|&d| d as u128).product::<u128>() != total {
+        return Err(Error::invalid(format!(
+            "cannot reshape {input:?} ({total} elements) to {shape:?}"
+        )));
+    }
+    Ok(dims)
+}
+
+fn slice(cx: &mut Ctx, n: &Node) -> Result<Value> {
+    let x = n.input(0, "data")?;
+    let dims = cx.dims(x);
+    let r = dims.len();
+    let (starts, ends, axes, steps) = if n.opset < 10 {
+        let starts = n
+            .ints("starts")?
+            .ok_or_else(|| Error::invalid("Slice needs `starts`"))?;
+        let ends = n
+            .ints("ends")?
+            .ok_or_else(|| Error::invalid("Slice needs `ends`"))?;
+        (starts, ends, n.ints("axes")?, None)
+    } else {
+        let starts = const_ints(cx, n, 1, "starts")?;
+        let ends = const_ints(cx, n, 2, "ends")?;
+        let axes = n.opt(3).map(|_| const_ints(cx, n, 3, "axes")).transpose()?;
+        let steps = n
+            .opt(4)
+            .map(|_| const_ints(cx, n, 4, "steps"))
+            .transpose()?;
+        (starts, ends, axes, steps)
+    };
+    let k = starts.len();
+    let axes = axes.unwrap_or_else(|| (0..k as i64).collect());
+    let steps = steps.unwrap_or_else(|| vec![1; k]);
+    if ends.len() != k || axes.len() != k || steps.len() != k {
+        return Err(Error::invalid(format!(
+            "starts, ends, axes and steps differ in length ({k}, {}, {}, {})",
+            ends.len(),
+            axes.len(),
+            steps.len()
+        )));
+    }
+    let mut s = vec![0i64; r];
+    let mut e = vec![i64::MAX; r];
+    let mut st = vec![1i64; r];
+    let mut seen = vec![false; r];
+    for i in 0..k {
+        let a = axis(axes[i], r)?;
+        if std::mem::replace(&mut seen[a], true) {
+            return Err(Error::invalid(format!("axes {axes:?} repeat axis {a}")));
+        }
+        if steps[i] == 0 {
+            return Err(Error::invalid("a slice step is 0"));
+        }
+        (s[a], e[a], st[a]) = (starts[i], ends[i], steps[i]);
+    }
+    if (0..r).all(|a| s[a] == 0 && e[a] >= dims[a] as i64 && st[a] == 1) {
+        return Ok(x);
+    }
+    cx.op1(
+        OpKind::Slice {
+            starts: s,
+            ends: e,
+            steps: st,
+        },
+        &[x],
+    )
+}
+
+/// The `Constant` op: one of `value`, `value_float(s)`, `value_int(s)`.
+fn constant(cx: &mut Ctx, n: &Node) -> Result<Value> {
+    if let Some(t) = n.tensor("value")? {
+        let t = tensor::from_proto(t, n.dir, "attribute `value`")?;
+        return cx.constant(t);
+    }
+    if let Some(a) = n.typed("value_float", AttributeType::Float)? {
+        let t = Tensor::from_f32(&[], vec![a.f.unwrap_or(0.0)])
+            .map_err(|e| Error::invalid(e.to_string()))?;
+        return cx.constant(t);
+    }
+    if let Some(v) = n.floats("value_floats")? {
+        let len = v.len() as u64;
+        let t = Tensor::from_f32(&[len], v).map_err(|e| Error::invalid(e.to_string()))?;
+        return cx.constant(t);
+    }
+    if let Some(a) = n.typed("value_int", AttributeType::Int)? {
+        return cx.constant(tensor_i64(&[], vec![a.i.unwrap_or(0)])?);
+    }
+    if let Some(v) = n.ints("value_ints")? {
+        let len = v.len() as u64;
+        return cx.constant(tensor_i64(&[len], v)?);
+    }
+    for other in ["sparse_value", "value_string", "value_strings"] {
+        if n.attr(other).is_some() {
+            return n.unsupported(format_args!("`{other}`"));
+        }
+    }
+    Err(Error::invalid(
+        "Constant needs one of value, value_float(s) or value_int(s)",
+    ))
+}

@@ -1,0 +1,380 @@
+//! ONNX conformance: the backend node test cases and the `light` model zoo models of the `onnx`
+//! Python package, imported by tcc, compiled by the JIT and compared with their expected outputs.
+//!
+//! The cases ship inside the `onnx==1.22.0` wheel (`onnx/backend/test/data/`); the first run
+//! installs it into `target/onnx-venv` (or set `TCC_ONNX_DATA` to a `data/` folder). Every case is
+//! counted: passed, failed (a wrong result, or an error on a valid model) or unsupported (the
+//! importer says the model uses an op, attribute value or element type tcc does not have). The
+//! test fails on any failure, and on any case whose status differs from
+//! `tests/onnx/node_status.txt`; `TCC_BLESS=1` rewrites that file. It also writes the per-op table
+//! for docs/onnx.md to `target/onnx-node-table.md`.
+
+use rayon::prelude::*;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use tcc::ir::{Data, Tensor};
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+const ONNX_VERSION: &str = "1.22.0";
+
+/// Default tolerances: |got - want| <= ATOL + RTOL * |want|.
+const RTOL: f64 = 1e-3;
+const ATOL: f64 = 1e-5;
+
+/// The `onnx/backend/test/data` folder, installing the wheel on first use.
+fn data_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        if let Ok(d) = std::env::var("TCC_ONNX_DATA") {
+            return PathBuf::from(d);
+        }
+        let venv = Path::new(ROOT).join("target/onnx-venv");
+        let python = venv.join("bin/python");
+        let find = || -> Option<PathBuf> {
+            let lib = venv.join("lib");
+            std::fs::read_dir(&lib).ok()?.flatten().find_map(|e| {
+                let d = e.path().join("site-packages/onnx/backend/test/data");
+                d.join("node").is_dir().then_some(d)
+            })
+        };
+        if let Some(d) = find() {
+            return d;
+        }
+        let run = |cmd: &mut std::process::Command| {
+            let st = cmd.status().expect("runs");
+            assert!(st.success(), "{cmd:?} failed");
+        };
+        if !python.exists() {
+            run(std::process::Command::new("python3")
+                .args(["-m", "venv"])
+                .arg(&venv));
+        }
+        run(std::process::Command::new(&python).args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            &format!("onnx=={ONNX_VERSION}"),
+        ]));
+        find().expect("the onnx wheel ships backend/test/data")
+    })
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Status {
+    Passed,
+    Failed(String),
+    Unsupported(String),
+}
+
+impl Status {
+    fn word(&self) -> &'static str {
+        match self {
+            Status::Passed => "pass",
+            Status::Failed(_) => "FAIL",
+            Status::Unsupported(_) => "unsupported",
+        }
+    }
+}
+
+fn read_pb(path: &Path) -> Result<Tensor, Status> {
+    let bytes =
+        std::fs::read(path).map_err(|e| Status::Failed(format!("{}: {e}", path.display())))?;
+    tcc::onnx::read_tensor(&bytes).map_err(|e| {
+        let msg = format!("{}: {e}", path.file_name().unwrap().to_string_lossy());
+        if e.is_unsupported() {
+            Status::Unsupported(msg)
+        } else {
+            Status::Failed(msg)
+        }
+    })
+}
+
+/// `input_0.pb`, `input_1.pb`, ... (or `output_*`) in numeric order.
+fn numbered(dir: &Path, prefix: &str) -> Vec<PathBuf> {
+    let mut v: Vec<(usize, PathBuf)> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    let n = name
+                        .strip_prefix(prefix)?
+                        .strip_suffix(".pb")?
+                        .parse()
+                        .ok()?;
+                    Some((n, e.path()))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v.into_iter().map(|p| p.1).collect()
+}
+
+/// Compares elementwise: shapes and dtypes equal, floats within tolerance (NaN matches NaN),
+/// integers and booleans exact.
+fn compare(got: &Tensor, want: &Tensor, rtol: f64, atol: f64) -> Result<(), String> {
+    if got.ty() != want.ty() {
+        return Err(format!("got {}, expected {}", got.ty(), want.ty()));
+    }
+    let close = |i: usize, g: f64, w: f64| -> Result<(), String> {
+        let ok = (g.is_nan() && w.is_nan()) || g == w || (g - w).abs() <= atol + rtol * w.abs();
+        if ok {
+            Ok(())
+        } else {
+            Err(format!("element {i}: got {g}, expected {w}"))
+        }
+    };
+    match (got.data(), want.data()) {
+        (Data::F32(g), Data::F32(w)) => g
+            .iter()
+            .zip(w)
+            .enumerate()
+            .try_for_each(|(i, (&g, &w))| close(i, g as f64, w as f64)),
+        (Data::F64(g), Data::F64(w)) => g
+            .iter()
+            .zip(w)
+            .enumerate()
+            .try_for_each(|(i, (&g, &w))| close(i, g, w)),
+        (g, w) => match (0..g.len()).find(|&i| g.get(i).to_f64() != w.get(i).to_f64()) {
+            None => Ok(()),
+            Some(i) => Err(format!(
+                "element {i}: got {}, expected {}",
+                g.get(i).to_f64(),
+                w.get(i).to_f64()
+            )),
+        },
+    }
+}
+
+/// Imports, compiles and runs `model` on `inputs`, comparing with `outputs`.
+fn check(model: &Path, inputs: &[Tensor], outputs: &[Tensor], rtol: f64, atol: f64) -> Status {
+    let m = match tcc::onnx::import_file(model, &Default::default()) {
+        Ok(m) => m,
+        Err(e) if e.is_unsupported() => return Status::Unsupported(e.message().to_string()),
+        Err(e) => return Status::Failed(format!("import: {e}")),
+    };
+    let f = &m.functions[0];
+    if f.params().len() != inputs.len() {
+        return Status::Failed(format!(
+            "{} parameters for {} inputs",
+            f.params().len(),
+            inputs.len()
+        ));
+    }
+    let exe = match tcc::codegen::Executable::compile(f) {
+        Ok(e) => e,
+        Err(e) => return Status::Failed(format!("compile: {e}")),
+    };
+    let got = match exe.run(inputs) {
+        Ok(r) => r,
+        Err(e) => return Status::Failed(format!("run: {e}")),
+    };
+    if got.len() != outputs.len() {
+        return Status::Failed(format!(
+            "{} results for {} outputs",
+            got.len(),
+            outputs.len()
+        ));
+    }
+    for (i, (g, w)) in got.iter().zip(outputs).enumerate() {
+        if let Err(e) = compare(g, w, rtol, atol) {
+            return Status::Failed(format!("output {i}: {e}"));
+        }
+    }
+    Status::Passed
+}
+
+fn run_case(dir: &Path) -> Status {
+    let data = dir.join("test_data_set_0");
+    let read = |prefix| -> Result<Vec<Tensor>, Status> {
+        numbered(&data, prefix).iter().map(|p| read_pb(p)).collect()
+    };
+    let (inputs, outputs) = match (read("input_"), read("output_")) {
+        (Ok(i), Ok(o)) => (i, o),
+        (Err(e), _) | (_, Err(e)) => {
+            // The model's own error names the unsupported thing best, when there is one.
+            return match tcc::onnx::import_file(&dir.join("model.onnx"), &Default::default()) {
+                Err(m) if m.is_unsupported() => Status::Unsupported(m.message().to_string()),
+                _ => e,
+            };
+        }
+    };
+    check(&dir.join("model.onnx"), &inputs, &outputs, RTOL, ATOL)
+}
+
+/// The op a case tests: its single op type, or the op of the case an `_expanded` case expands.
+fn op_of(dir: &Path) -> String {
+    let Ok(bytes) = std::fs::read(dir.join("model.onnx")) else {
+        return "?".into();
+    };
+    let Ok(m) = tcc::onnx::read_model(&bytes) else {
+        return "?".into();
+    };
+    let mut ops: Vec<String> = m
+        .graph
+        .iter()
+        .flat_map(|g| &g.node)
+        .filter_map(|n| n.op_type.clone())
+        .collect();
+    ops.dedup();
+    if ops.len() == 1 {
+        return ops.remove(0);
+    }
+    let name = dir.file_name().unwrap().to_string_lossy();
+    if let Some(i) = name.find("_expanded") {
+        return op_of(&dir.with_file_name(&name[..i])) + " (expanded)";
+    }
+    let mut uniq = ops.clone();
+    uniq.sort();
+    uniq.dedup();
+    uniq.join("+")
+}
+
+#[test]
+fn node_conformance() {
+    let node = data_dir().join("node");
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&node)
+        .expect("the node cases")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("model.onnx").exists())
+        .collect();
+    dirs.sort();
+    assert!(
+        dirs.len() > 1000,
+        "only {} node cases in {}",
+        dirs.len(),
+        node.display()
+    );
+    let results: Vec<(String, String, Status)> = dirs
+        .par_iter()
+        .map(|d| {
+            let name = d.file_name().unwrap().to_string_lossy().into_owned();
+            let status = std::panic::catch_unwind(|| run_case(d))
+                .unwrap_or_else(|_| Status::Failed("panicked".into()));
+            (name, op_of(d), status)
+        })
+        .collect();
+
+    let count = |w: &str| results.iter().filter(|r| r.2.word() == w).count();
+    let (passed, failed, unsupported) = (count("pass"), count("FAIL"), count("unsupported"));
+    println!("ONNX node tests: {passed} passed, {failed} failed, {unsupported} unsupported");
+    for (name, _, s) in &results {
+        if let Status::Failed(why) = s {
+            println!("FAIL {name}: {why}");
+        }
+    }
+
+    // The per-op table for docs/onnx.md.
+    let mut by_op: BTreeMap<&str, [usize; 3]> = BTreeMap::new();
+    for (_, op, s) in &results {
+        let e = by_op.entry(op).or_default();
+        e[match s {
+            Status::Passed => 0,
+            Status::Failed(_) => 1,
+            Status::Unsupported(_) => 2,
+        }] += 1;
+    }
+    let mut table = String::from("| op | passed | failed | unsupported |\n|---|---:|---:|---:|\n");
+    for (op, [p, f, u]) in &by_op {
+        table += &format!("| {op} | {p} | {f} | {u} |\n");
+    }
+    table += &format!("| **total** | {passed} | {failed} | {unsupported} |\n");
+    let _ = std::fs::write(Path::new(ROOT).join("target/onnx-node-table.md"), &table);
+
+    // Every case's status against the committed list.
+    let status_file = Path::new(ROOT).join("tests/onnx/node_status.txt");
+    let mut actual = String::from(
+        "# Status of every ONNX node test case (onnx 1.22.0); written by `TCC_BLESS=1 cargo test --test onnx`.\n",
+    );
+    for (name, _, s) in &results {
+        actual += &match s {
+            Status::Unsupported(why) => format!("{name} unsupported: {}\n", why.replace('\n', " ")),
+            s => format!("{name} {}\n", s.word()),
+        };
+    }
+    if std::env::var_os("TCC_BLESS").is_some() {
+        std::fs::write(&status_file, &actual).unwrap();
+    }
+    let expected = std::fs::read_to_string(&status_file).unwrap_or_default();
+    let status_of = |text: &str| -> BTreeMap<String, String> {
+        text.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| {
+                let mut it = l.split_whitespace();
+                Some((
+                    it.next()?.to_string(),
+                    it.next()?.trim_end_matches(':').to_string(),
+                ))
+            })
+            .collect()
+    };
+    let (want, got) = (status_of(&expected), status_of(&actual));
+    let changed: Vec<String> = got
+        .iter()
+        .filter(|(k, v)| want.get(*k) != Some(v))
+        .map(|(k, v)| {
+            format!(
+                "{k}: {} -> {v}",
+                want.get(k).map_or("(new)", |s| s.as_str())
+            )
+        })
+        .chain(
+            want.keys()
+                .filter(|k| !got.contains_key(*k))
+                .map(|k| format!("{k}: missing")),
+        )
+        .collect();
+    assert_eq!(failed, 0, "{failed} ONNX node cases fail (listed above)");
+    assert!(
+        changed.is_empty(),
+        "{} cases changed status against tests/onnx/node_status.txt (rerun with TCC_BLESS=1 if intended):\n{}",
+        changed.len(),
+        changed.join("\n")
+    );
+}
+
+/// The `light` models: each input is `arange(n)/n` in its shape, as the onnx backend test runner
+/// feeds them; tolerances are the runner's (rtol 1e-3, densenet121 2e-3; atol 1e-7).
+#[test]
+fn light_models() {
+    let light = data_dir().join("light");
+    let models = [
+        ("bvlc_alexnet", 1e-3),
+        ("densenet121", 2e-3),
+        ("inception_v1", 1e-3),
+        ("inception_v2", 1e-3),
+        ("resnet50", 1e-3),
+        ("shufflenet", 1e-3),
+        ("squeezenet", 1e-3),
+        ("vgg19", 1e-3),
+        ("zfnet512", 1e-3),
+    ];
+    let mut failures = Vec::new();
+    for (name, rtol) in models {
+        let path = light.join(format!("light_{name}.onnx"));
+        let m = tcc::onnx::import_file(&path, &Default::default())
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let f = &m.functions[0];
+        let inputs: Vec<Tensor> = f
+            .params()
+            .iter()
+            .map(|&p| {
+                let ty = f.ty(p).clone();
+                let n = ty.numel();
+                let data: Vec<f32> = (0..n).map(|i| (i as f64 / n as f64) as f32).collect();
+                Tensor::new(ty, Data::F32(data)).unwrap()
+            })
+            .collect();
+        let want = read_pb(&light.join(format!("light_{name}_output_0.pb")))
+            .unwrap_or_else(|e| panic!("{name}: {e:?}"));
+        let status = check(&path, &inputs, &[want], rtol, 1e-7);
+        println!("{name}: {}", status.word());
+        if status != Status::Passed {
+            failures.push(format!("{name}: {status:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
