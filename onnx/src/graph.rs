@@ -199,6 +199,7 @@ fn import_graph(g: &GraphProto, opset: i64, opts: &Options) -> Result<Function> 
         .filter_map(|t| t.name.as_deref())
         .collect();
     let mut used_shapes = vec![false; opts.shapes.len()];
+    let mut used_consts = vec![false; opts.constants.len()];
     for vi in &g.input {
         let name = vi.name.as_deref().unwrap_or("");
         if initialized.contains(name) {
@@ -206,6 +207,21 @@ fn import_graph(g: &GraphProto, opset: i64, opts: &Options) -> Result<Function> 
         }
         if name.is_empty() {
             return Err(Error::invalid("a graph input has no name"));
+        }
+        if let Some(i) = opts.constants.iter().position(|(n, _)| n == name) {
+            used_consts[i] = true;
+            let t = &opts.constants[i].1;
+            let (dtype, _) = input_type(vi, Some(t.dims()))?;
+            if dtype != t.dtype() {
+                return Err(Error::invalid(format!(
+                    "--const {name}: the value is {}, but graph input `{name}` is {dtype}",
+                    t.ty()
+                )));
+            }
+            let v = cx.constant(t.clone())?;
+            cx.b.rename(v, name);
+            cx.vals.insert(name.to_string(), v);
+            continue;
         }
         let bound = opts.shapes.iter().position(|(n, _)| n == name);
         if let Some(i) = bound {
@@ -222,7 +238,18 @@ fn import_graph(g: &GraphProto, opset: i64, opts: &Options) -> Result<Function> 
                 .map_err(|e| Error::invalid(format!("graph input `{name}`: {}", e.0)))?;
         cx.vals.insert(name.to_string(), v);
     }
-    if let Some(i) = used_shapes.iter().position(|u| !u) {
+    let unused = used_shapes
+        .iter()
+        .zip(&opts.shapes)
+        .map(|(u, s)| (u, "--shape", &s.0))
+        .chain(
+            used_consts
+                .iter()
+                .zip(&opts.constants)
+                .map(|(u, s)| (u, "--const", &s.0)),
+        )
+        .find(|(u, _, _)| !**u);
+    if let Some((_, flag, name)) = unused {
         let inputs: Vec<&str> = g
             .input
             .iter()
@@ -230,8 +257,7 @@ fn import_graph(g: &GraphProto, opset: i64, opts: &Options) -> Result<Function> 
             .filter(|n| !initialized.contains(n))
             .collect();
         return Err(Error::invalid(format!(
-            "--shape names `{}`, which is not a graph input; the inputs are {}",
-            opts.shapes[i].0,
+            "{flag} names `{name}`, which is not a graph input; the inputs are {}",
             list(&inputs)
         )));
     }
@@ -364,7 +390,7 @@ fn input_type(vi: &ValueInfoProto, bound: Option<&[u64]>) -> Result<(DType, Vec<
         Some(b) => {
             if b.len() != declared.len() {
                 return Err(Error::invalid(format!(
-                    "--shape {name}: gives {} dimensions, but {what} has rank {} ([{}])",
+                    "the shape given for `{name}` has {} dimensions, but {what} has rank {} ([{}])",
                     b.len(),
                     declared.len(),
                     spelled.join(",")
@@ -375,7 +401,7 @@ fn input_type(vi: &ValueInfoProto, bound: Option<&[u64]>) -> Result<(DType, Vec<
                     && d != g
                 {
                     return Err(Error::invalid(format!(
-                        "--shape {name}: dimension {i} is {g}, but the model fixes it at {d}"
+                        "the shape given for `{name}` has {g} at dimension {i}, but the model fixes it at {d}"
                     )));
                 }
             }

@@ -38,6 +38,9 @@ pub const MIN_OPSET: i64 = 7;
 pub struct Options {
     /// Shapes for graph inputs, by input name; needed for inputs with dynamic dimensions.
     pub shapes: Vec<(String, Vec<u64>)>,
+    /// Graph inputs fixed to a value: they become constants instead of parameters. Needed for
+    /// inputs that decide shapes (a `Reshape` target, `Slice` bounds, reduction axes).
+    pub constants: Vec<(String, Tensor)>,
     /// Where external data files are found (default: the model file's folder).
     pub dir: Option<PathBuf>,
 }
@@ -68,6 +71,8 @@ impl Options {
 pub struct Error {
     unsupported: bool,
     msg: String,
+    /// The graph input that would have to be a constant.
+    input: Option<String>,
 }
 
 impl Error {
@@ -75,6 +80,7 @@ impl Error {
         Error {
             unsupported: false,
             msg: msg.into(),
+            input: None,
         }
     }
 
@@ -82,6 +88,7 @@ impl Error {
         Error {
             unsupported: true,
             msg: msg.into(),
+            input: None,
         }
     }
 
@@ -97,6 +104,22 @@ impl Error {
     /// value or an element type); false when the model itself is malformed.
     pub fn is_unsupported(&self) -> bool {
         self.unsupported
+    }
+
+    /// An error for graph input `input`, which decides a shape and so must be bound to a value
+    /// at import time ([`Options::constants`]).
+    pub(crate) fn needs_constant(msg: impl Into<String>, input: &str) -> Error {
+        Error {
+            unsupported: true,
+            msg: msg.into(),
+            input: Some(input.to_string()),
+        }
+    }
+
+    /// The graph input that must be bound with [`Options::constants`] for the import to go on,
+    /// when that is the problem.
+    pub fn constant_needed(&self) -> Option<&str> {
+        self.input.as_deref()
     }
 
     /// The message, without the `error:` prefix.

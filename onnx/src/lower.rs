@@ -200,7 +200,7 @@ pub(crate) fn lower(cx: &mut Ctx, n: &Node) -> Result<Vec<Option<Value>>> {
         "Conv" => one(conv(cx, n)?),
         "BatchNormalization" => {
             if n.int("training_mode", 0)? != 0 {
-                return n.unsupported("training_mode=1");
+                return batch_norm_training(cx, n);
             }
             let eps = n.float("epsilon", 1e-5)? as f64;
             let args = [
@@ -425,15 +425,29 @@ fn axis(a: i64, r: usize) -> Result<usize> {
         .ok_or_else(|| Error::invalid(format!("axis {a} is out of range for rank {r}")))
 }
 
+/// The value of input `i`, which must be known at import time.
+fn const_input(cx: &Ctx, n: &Node, i: usize, what: &str) -> Result<Tensor> {
+    let v = n.input(i, what)?;
+    if let Some(t) = cx.constant_of(v) {
+        return Ok(t);
+    }
+    let name = cx.function().name(v);
+    if cx.function().params().contains(&v) {
+        return Err(Error::needs_constant(
+            format!(
+                "input {i} ({what}) must be known at import time (tcc's shapes are static), but it is graph input `{name}`; fix its value with --const {name}=FILE.npy"
+            ),
+            name,
+        ));
+    }
+    Err(Error::unsupported(format!(
+        "input {i} ({what}) must be known at import time (tcc's shapes are static), but `{name}` is computed from the graph's inputs"
+    )))
+}
+
 /// The integer elements of constant input `i`.
 fn const_ints(cx: &Ctx, n: &Node, i: usize, what: &str) -> Result<Vec<i64>> {
-    let v = n.input(i, what)?;
-    let t = cx.constant_of(v).ok_or_else(|| {
-        Error::unsupported(format!(
-            "input {i} ({what}) must be known at import time (tcc's shapes are static), but `{}` is computed from the graph's inputs",
-            cx.function().name(v)
-        ))
-    })?;
+    let t = const_input(cx, n, i, what)?;
     match t.data() {
         Data::I64(v) => Ok(v.clone()),
         Data::I32(v) => Ok(v.iter().map(|&x| x as i64).collect()),
@@ -541,16 +555,11 @@ fn dropout(cx: &mut Ctx, n: &Node) -> Result<Vec<Option<Value>>> {
     // Opset 12 moved `ratio` and `training_mode` to inputs; before it, Dropout in an inference
     // graph is the identity.
     if n.opset >= 12 && n.opt(2).is_some() {
-        let training = const_ints_or_bool(cx, n, 2, "training_mode")?;
+        let training = const_input(cx, n, 2, "training_mode")?;
+        let training =
+            (0..training.ty().numel() as usize).any(|i| training.data().get(i).to_f64() != 0.0);
         let ratio = match n.opt(1) {
-            Some(r) => cx
-                .constant_of(r)
-                .and_then(|t| match t.data() {
-                    Data::F32(v) => v.first().map(|&x| x as f64),
-                    Data::F64(v) => v.first().copied(),
-                    _ => None,
-                })
-                .ok_or_else(|| Error::unsupported("input 1 (ratio) must be a constant"))?,
+            Some(_) => const_input(cx, n, 1, "ratio")?.data().get(0).to_f64(),
             None => 0.5,
         };
         if training && ratio != 0.0 {
@@ -565,25 +574,6 @@ fn dropout(cx: &mut Ctx, n: &Node) -> Result<Vec<Option<Value>>> {
         None
     };
     Ok(vec![Some(x), mask])
-}
-
-/// A constant boolean input (`training_mode`).
-fn const_ints_or_bool(cx: &Ctx, n: &Node, i: usize, what: &str) -> Result<bool> {
-    let v = n.input(i, what)?;
-    let t = cx
-        .constant_of(v)
-        .ok_or_else(|| Error::unsupported(format!("input {i} ({what}) must be a constant")))?;
-    Ok(match t.data() {
-        Data::Bool(v) => v.first().copied().unwrap_or(false),
-        Data::I64(v) => v.first().is_some_and(|&x| x != 0),
-        Data::I32(v) => v.first().is_some_and(|&x| x != 0),
-        _ => {
-            return Err(Error::invalid(format!(
-                "input {i} ({what}) must be bool, found {}",
-                t.ty()
-            )));
-        }
-    })
 }
 
 // --- Linear algebra ---
@@ -662,6 +652,8 @@ struct Window {
     dilations: Vec<u64>,
     /// Padding before and after each axis.
     pads: Vec<(u64, u64)>,
+    /// How much of the padding after each axis `ceil_mode` added (averages never count it).
+    ceil_extra: Vec<u64>,
 }
 
 fn positive(v: Vec<i64>, what: &str) -> Result<Vec<u64>> {
@@ -724,6 +716,7 @@ fn window(n: &Node, input: &[u64], kernel: &[u64], ceil: bool) -> Result<Window>
             )));
         }
     };
+    let mut ceil_extra = vec![0; k];
     for i in 0..k {
         let padded = input[i] + pads[i].0 + pads[i].1;
         if padded < eff[i] {
@@ -738,13 +731,15 @@ fn window(n: &Node, input: &[u64], kernel: &[u64], ceil: bool) -> Result<Window>
                 out -= 1;
             }
             let need = (out - 1) * strides[i] + eff[i];
-            pads[i].1 += need.saturating_sub(padded);
+            ceil_extra[i] = need.saturating_sub(padded);
+            pads[i].1 += ceil_extra[i];
         }
     }
     Ok(Window {
         strides,
         dilations,
         pads,
+        ceil_extra,
     })
 }
 
@@ -821,7 +816,12 @@ fn conv(cx: &mut Ctx, n: &Node) -> Result<Value> {
 fn pool(cx: &mut Ctx, n: &Node, max: bool) -> Result<Value> {
     let op = if max { "MaxPool" } else { "AveragePool" };
     let x = n.input(0, "X")?;
-    let (x4, one_d) = to_2d(cx, x, "the input", op)?;
+    if cx.ty(x).rank() < 3 {
+        return Err(Error::invalid(format!(
+            "{op} needs [N, C, spatial...], found {}",
+            cx.ty(x)
+        )));
+    }
     let k = cx.ty(x).rank() - 2;
     let kernel = positive(
         n.ints("kernel_shape")?
@@ -835,12 +835,14 @@ fn pool(cx: &mut Ctx, n: &Node, max: bool) -> Result<Value> {
     }
     let ceil = n.int("ceil_mode", 0)? != 0;
     let win = window(n, &cx.dims(x)[2..], &kernel, ceil)?;
-    if win.dilations.iter().any(|&d| d != 1) {
-        return n.unsupported(format_args!("dilations {:?}", win.dilations));
+    let count_include_pad = n.int("count_include_pad", 0)? != 0;
+    // `avg_pool2d` with count_include_pad counts every padded position, ONNX not those that
+    // ceil_mode adds.
+    let extra_counted = !max && count_include_pad && win.ceil_extra.iter().any(|&e| e > 0);
+    if k > 2 || win.dilations.iter().any(|&d| d != 1) || extra_counted {
+        return pool_sliced(cx, x, &kernel, &win, max, count_include_pad);
     }
-    if max && n.int("storage_order", 0)? != 0 {
-        return n.unsupported("storage_order=1");
-    }
+    let (x4, one_d) = to_2d(cx, x, "the input", op)?;
     let lift =
         |v: &[u64], fill: u64| -> [u64; 2] { if one_d { [fill, v[0]] } else { [v[0], v[1]] } };
     let pb: Vec<u64> = win.pads.iter().map(|p| p.0).collect();
@@ -856,7 +858,7 @@ fn pool(cx: &mut Ctx, n: &Node, max: bool) -> Result<Value> {
     } else {
         OpKind::AvgPool2d {
             pool: attrs,
-            count_include_pad: n.int("count_include_pad", 0)? != 0,
+            count_include_pad,
         }
     };
     let mut y = cx.op1(kind, &[x4])?;
@@ -865,6 +867,121 @@ fn pool(cx: &mut Ctx, n: &Node, max: bool) -> Result<Value> {
         y = reshape(cx, y, &[d[0], d[1], d[3]])?;
     }
     Ok(y)
+}
+
+/// Pooling that `max_pool2d` and `avg_pool2d` cannot express (3-D windows, dilations), built
+/// from slices. Both poolings are separable over the spatial axes (a max of maxes; a sum of
+/// sums whose divisor, the window's count of positions, is a product of per-axis counts), so
+/// each axis in turn is padded and combined from its `k` strided slices.
+fn pool_sliced(
+    cx: &mut Ctx,
+    x: Value,
+    kernel: &[u64],
+    win: &Window,
+    max: bool,
+    count_include_pad: bool,
+) -> Result<Value> {
+    let dt = cx.dtype(x);
+    let mut y = x;
+    for (i, &k) in kernel.iter().enumerate() {
+        let a = 2 + i;
+        let dims = cx.dims(y);
+        let len = dims[a];
+        let (pb, pe) = win.pads[i];
+        let counted_end = (len + pe - win.ceil_extra[i]) as i64;
+        let (s, d) = (win.strides[i], win.dilations[i]);
+        let out = (len + pb + pe - ((k - 1) * d + 1)) / s + 1;
+        let fill = if max { f64::NEG_INFINITY } else { 0.0 };
+        let padded = pad_axis(cx, y, a, pb, pe, fill)?;
+        let r = dims.len();
+        let mut acc: Option<Value> = None;
+        for j in 0..k {
+            let (mut starts, mut ends, mut steps) = (vec![0; r], vec![i64::MAX; r], vec![1; r]);
+            starts[a] = (j * d) as i64;
+            ends[a] = (j * d + (out - 1) * s + 1) as i64;
+            steps[a] = s as i64;
+            let sl = cx.op1(
+                OpKind::Slice {
+                    starts,
+                    ends,
+                    steps,
+                },
+                &[padded],
+            )?;
+            let op = if max { BinaryOp::Max } else { BinaryOp::Add };
+            acc = Some(match acc {
+                None => sl,
+                Some(p) => binary(cx, op, p, sl)?,
+            });
+        }
+        let mut pooled = acc.ok_or_else(|| Error::invalid("an empty pooling window"))?;
+        if !max {
+            // Positions of each window along this axis that the divisor counts.
+            let counts: Vec<f64> = (0..out)
+                .map(|o| {
+                    (0..k)
+                        .filter(|&j| {
+                            let p = (o * s + j * d) as i64 - pb as i64;
+                            if count_include_pad {
+                                (-(pb as i64)..counted_end).contains(&p)
+                            } else {
+                                (0..len as i64).contains(&p)
+                            }
+                        })
+                        .count() as f64
+                })
+                .collect();
+            let mut shape = vec![1; r];
+            shape[a] = out;
+            let data = Data::from_scalars(dt, counts.iter().map(|&c| scalar_of(dt, c)))
+                .ok_or_else(|| Error::invalid("counts of the pooling windows"))?;
+            let c =
+                cx.constant(Tensor::from_data(&shape, data).map_err(|e| Error::invalid(e.0))?)?;
+            pooled = binary(cx, BinaryOp::Div, pooled, c)?;
+        }
+        y = pooled;
+    }
+    Ok(y)
+}
+
+/// `x` with `before` and `after` elements of `fill` added along `axis`.
+fn pad_axis(
+    cx: &mut Ctx,
+    x: Value,
+    axis: usize,
+    before: u64,
+    after: u64,
+    fill: f64,
+) -> Result<Value> {
+    if before == 0 && after == 0 {
+        return Ok(x);
+    }
+    let dt = cx.dtype(x);
+    let mut parts = Vec::with_capacity(3);
+    for (count, is_x) in [(before, false), (0, true), (after, false)] {
+        if is_x {
+            parts.push(x);
+        } else if count > 0 {
+            let mut dims = cx.dims(x);
+            dims[axis] = count;
+            let ty = TensorType::new(dt, dims).map_err(|e| Error::invalid(e.to_string()))?;
+            parts.push(cx.splat(ty, scalar_of(dt, fill))?);
+        }
+    }
+    cx.op1(OpKind::Concat { axis: axis as i64 }, &parts)
+}
+
+/// `x` as a scalar of `dtype` (saturating for integers).
+fn scalar_of(dtype: DType, x: f64) -> Scalar {
+    match dtype {
+        DType::F32 => Scalar::F32(x as f32),
+        DType::F64 => Scalar::F64(x),
+        DType::I8 => Scalar::I8(x as i8),
+        DType::U8 => Scalar::U8(x as u8),
+        DType::I32 => Scalar::I32(x as i32),
+        DType::I64 => Scalar::I64(x as i64),
+        DType::Bool => Scalar::Bool(x != 0.0),
+    }
 }
 
 /// Global pooling as a reduction over the spatial axes, keeping them as size 1.
@@ -892,6 +1009,19 @@ fn global(cx: &mut Ctx, x: Value, op: ReduceOp) -> Result<Value> {
 /// reduce everything unless `noop_with_empty_axes`.
 fn reduce(cx: &mut Ctx, n: &Node, op: ReduceOp, input_since: i64) -> Result<Value> {
     let x = n.input(0, "data")?;
+    if cx.dtype(x) == DType::Bool && op == ReduceOp::Max {
+        // `any`, as a maximum over 0/1.
+        let n2 = Node {
+            p: n.p,
+            ins: std::iter::once(Some(cast(cx, x, DType::U8)?))
+                .chain(n.ins[1..].iter().copied())
+                .collect(),
+            opset: n.opset,
+            dir: n.dir,
+        };
+        let y = reduce(cx, &n2, op, input_since)?;
+        return cast(cx, y, DType::Bool);
+    }
     let r = cx.ty(x).rank();
     let keepdims = n.int("keepdims", 1)? != 0;
     let axes = axes_of(cx, n, input_since)?.filter(|a| !a.is_empty());
@@ -992,6 +1122,27 @@ fn lrn(cx: &mut Ctx, n: &Node) -> Result<Value> {
     let e = cx.scalar(dt, beta)?;
     let den = binary(cx, BinaryOp::Pow, base, e)?;
     binary(cx, BinaryOp::Div, x, den)
+}
+
+/// `BatchNormalization` with `training_mode=1`: normalises with the batch statistics (biased
+/// variance) and returns the running statistics updated with `momentum`.
+fn batch_norm_training(cx: &mut Ctx, n: &Node) -> Result<Vec<Option<Value>>> {
+    let eps = n.float("epsilon", 1e-5)? as f64;
+    let momentum = n.float("momentum", 0.9)? as f64;
+    let (x, scale, b) = (n.input(0, "X")?, n.input(1, "scale")?, n.input(2, "B")?);
+    let (mean, var) = (n.input(3, "input_mean")?, n.input(4, "input_var")?);
+    let r = cx.op(OpKind::BatchNormTrain { eps: F64(eps) }, &[x, scale, b])?;
+    let dt = cx.dtype(x);
+    let m = cx.scalar(dt, momentum)?;
+    let m1 = cx.scalar(dt, 1.0 - momentum)?;
+    let mut running = |old: Value, batch: Value| -> Result<Value> {
+        let a = binary(cx, BinaryOp::Mul, old, m)?;
+        let b = binary(cx, BinaryOp::Mul, batch, m1)?;
+        binary(cx, BinaryOp::Add, a, b)
+    };
+    let running_mean = running(mean, r[1])?;
+    let running_var = running(var, r[2])?;
+    Ok(vec![Some(r[0]), Some(running_mean), Some(running_var)])
 }
 
 /// `LayerNormalization` over the axes from `axis` on: outputs `Y`, `Mean` and `InvStdDev`.
