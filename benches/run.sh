@@ -3,6 +3,8 @@
 #   benches/run.sh         CPU backend against numpy (installs numpy into target/bench-venv)
 #   benches/run.sh train   one train step against PyTorch on the CPU (installs torch into
 #                          target/torch-venv; the PyPI wheel brings CUDA libraries, ~5 GB)
+#   benches/run.sh onnx    torchvision resnet18 and mobilenet_v2 through tcc against onnxruntime
+#                          (installs torch, torchvision, onnx and onnxruntime into target/torch-venv)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-cpu}" in
@@ -23,8 +25,16 @@ case "${1:-cpu}" in
     target/torch-venv/bin/python -c "import torch; print('torch', torch.__version__)"
     TCC_TORCH_PYTHON=target/torch-venv/bin/python cargo bench --bench train
     ;;
+  onnx)
+    if ! target/torch-venv/bin/python -c "import torch, torchvision, onnx, onnxruntime" 2>/dev/null; then
+      python3 -m venv target/torch-venv
+      target/torch-venv/bin/pip install --quiet --upgrade pip
+      target/torch-venv/bin/pip install --quiet torch torchvision numpy onnx==1.22.0 onnxruntime
+    fi
+    TCC_TORCH_PYTHON=target/torch-venv/bin/python cargo bench --bench onnx
+    ;;
   *)
-    echo "usage: benches/run.sh [cpu|train]" >&2
+    echo "usage: benches/run.sh [cpu|train|onnx]" >&2
     exit 2
     ;;
 esac

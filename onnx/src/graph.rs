@@ -62,7 +62,11 @@ impl Ctx {
         let tys: Vec<&TensorType> = args.iter().map(|&a| f.ty(a)).collect();
         let out = infer(&kind, &tys)
             .map_err(|e| Error::invalid(format!("`{}`: {e}", kind.mnemonic())))?;
-        let size: u64 = tys.iter().copied().chain(&out).map(TensorType::numel).sum();
+        let size = tys
+            .iter()
+            .copied()
+            .chain(&out)
+            .fold(0u64, |acc, t| acc.saturating_add(t.numel()));
         if !args.is_empty() && size <= FOLD_LIMIT {
             let consts: Option<Vec<Tensor>> = args.iter().map(|&a| self.constant_of(a)).collect();
             if let Some(consts) = consts {
@@ -198,8 +202,21 @@ fn import_graph(g: &GraphProto, opset: i64, opts: &Options) -> Result<Function> 
         .iter()
         .filter_map(|t| t.name.as_deref())
         .collect();
-    let mut used_shapes = vec![false; opts.shapes.len()];
-    let mut used_consts = vec![false; opts.constants.len()];
+    let inputs: Vec<&str> = g
+        .input
+        .iter()
+        .filter_map(|vi| vi.name.as_deref())
+        .filter(|n| !initialized.contains(n))
+        .collect();
+    let unknown = (opts.shapes.iter().map(|s| ("--shape", &s.0)))
+        .chain(opts.constants.iter().map(|s| ("--const", &s.0)))
+        .find(|(_, n)| !inputs.contains(&n.as_str()));
+    if let Some((flag, name)) = unknown {
+        return Err(Error::invalid(format!(
+            "{flag} names `{name}`, which is not a graph input; the inputs are {}",
+            list(&inputs)
+        )));
+    }
     for vi in &g.input {
         let name = vi.name.as_deref().unwrap_or("");
         if initialized.contains(name) {
@@ -209,7 +226,6 @@ fn import_graph(g: &GraphProto, opset: i64, opts: &Options) -> Result<Function> 
             return Err(Error::invalid("a graph input has no name"));
         }
         if let Some(i) = opts.constants.iter().position(|(n, _)| n == name) {
-            used_consts[i] = true;
             let t = &opts.constants[i].1;
             let (dtype, _) = input_type(vi, Some(t.dims()))?;
             if dtype != t.dtype() {
@@ -224,9 +240,6 @@ fn import_graph(g: &GraphProto, opset: i64, opts: &Options) -> Result<Function> 
             continue;
         }
         let bound = opts.shapes.iter().position(|(n, _)| n == name);
-        if let Some(i) = bound {
-            used_shapes[i] = true;
-        }
         let (dtype, dims) = input_type(vi, bound.map(|i| opts.shapes[i].1.as_slice()))?;
         if cx.vals.contains_key(name) {
             return Err(Error::invalid(format!(
@@ -237,29 +250,6 @@ fn import_graph(g: &GraphProto, opset: i64, opts: &Options) -> Result<Function> 
             cx.b.param(name, dtype, &dims)
                 .map_err(|e| Error::invalid(format!("graph input `{name}`: {}", e.0)))?;
         cx.vals.insert(name.to_string(), v);
-    }
-    let unused = used_shapes
-        .iter()
-        .zip(&opts.shapes)
-        .map(|(u, s)| (u, "--shape", &s.0))
-        .chain(
-            used_consts
-                .iter()
-                .zip(&opts.constants)
-                .map(|(u, s)| (u, "--const", &s.0)),
-        )
-        .find(|(u, _, _)| !**u);
-    if let Some((_, flag, name)) = unused {
-        let inputs: Vec<&str> = g
-            .input
-            .iter()
-            .filter_map(|vi| vi.name.as_deref())
-            .filter(|n| !initialized.contains(n))
-            .collect();
-        return Err(Error::invalid(format!(
-            "{flag} names `{name}`, which is not a graph input; the inputs are {}",
-            list(&inputs)
-        )));
     }
     for t in &g.initializer {
         let name = t.name.as_deref().unwrap_or("");
@@ -357,7 +347,10 @@ fn input_type(vi: &ValueInfoProto, bound: Option<&[u64]>) -> Result<(DType, Vec<
     let what = format!("graph input `{name}`");
     let t = tensor_of(vi, &what)?;
     let dtype = tensor::dtype(t.elem_type.unwrap_or(0), &what)?;
-    let example = |dims: &[String]| format!("--shape {name}={}", dims.join(","));
+    let example = |dims: &[Option<u64>]| {
+        let d: Vec<String> = dims.iter().map(|d| d.unwrap_or(1).to_string()).collect();
+        format!("--shape {name}={}", d.join(","))
+    };
     let Some(shape) = &t.shape else {
         return bound.map(|b| (dtype, b.to_vec())).ok_or_else(|| {
             Error::invalid(format!(
@@ -409,10 +402,10 @@ fn input_type(vi: &ValueInfoProto, bound: Option<&[u64]>) -> Result<(DType, Vec<
         }
         None => match declared.iter().position(Option::is_none) {
             Some(i) => Err(Error::invalid(format!(
-                "{what} has dynamic dimension `{}` (axis {i} of [{}]); bind it with {}",
+                "{what} has dynamic dimension `{}` (axis {i} of [{}]); bind it, as in {}",
                 spelled[i],
                 spelled.join(","),
-                example(&spelled)
+                example(&declared)
             ))),
             None => Ok((dtype, declared.into_iter().flatten().collect())),
         },

@@ -160,6 +160,11 @@ pub fn read_model(bytes: &[u8]) -> Result<proto::ModelProto> {
         .map_err(|e| Error::invalid(format!("not a valid ONNX model (protobuf): {e}")))
 }
 
+/// Encodes a model (for tools and tests that build models in Rust).
+pub fn write_model(m: &proto::ModelProto) -> Vec<u8> {
+    m.encode_to_vec()
+}
+
 /// Decodes a serialized `TensorProto` (the `.pb` files of ONNX test data).
 pub fn read_tensor(bytes: &[u8]) -> Result<Tensor> {
     let t = proto::TensorProto::decode(bytes)

@@ -684,14 +684,27 @@ fn window(n: &Node, input: &[u64], kernel: &[u64], ceil: bool) -> Result<Window>
     };
     let strides = get("strides", 1)?;
     let dilations = get("dilations", 1)?;
-    let eff: Vec<u64> = (0..k).map(|i| (kernel[i] - 1) * dilations[i] + 1).collect();
+    let eff: Vec<u64> = (0..k)
+        .map(|i| {
+            (kernel[i] - 1)
+                .checked_mul(dilations[i])
+                .and_then(|e| e.checked_add(1))
+                .filter(|&e| e <= 1 << 40)
+                .ok_or_else(|| {
+                    Error::invalid(format!(
+                        "the window ({} with dilation {}) is absurdly large",
+                        kernel[i], dilations[i]
+                    ))
+                })
+        })
+        .collect::<Result<_>>()?;
     let auto_pad = n.string("auto_pad", "NOTSET")?;
     let mut pads: Vec<(u64, u64)> = match auto_pad.as_str() {
         "NOTSET" => {
             let p = n.ints("pads")?.unwrap_or_else(|| vec![0; 2 * k]);
-            if p.len() != 2 * k || p.iter().any(|&x| x < 0) {
+            if p.len() != 2 * k || p.iter().any(|&x| !(0..1 << 40).contains(&x)) {
                 return Err(Error::invalid(format!(
-                    "`pads` must be {} non-negative numbers, found {p:?}",
+                    "`pads` must be {} non-negative numbers below 2^40, found {p:?}",
                     2 * k
                 )));
             }
@@ -700,7 +713,7 @@ fn window(n: &Node, input: &[u64], kernel: &[u64], ceil: bool) -> Result<Window>
         "VALID" => vec![(0, 0); k],
         "SAME_UPPER" | "SAME_LOWER" => (0..k)
             .map(|i| {
-                let out = input[i].div_ceil(strides[i]);
+                let out = input[i].div_ceil(strides[i]).min(1 << 40);
                 let total = ((out.max(1) - 1) * strides[i] + eff[i]).saturating_sub(input[i]);
                 let small = total / 2;
                 if auto_pad == "SAME_UPPER" {
@@ -881,6 +894,12 @@ fn pool_sliced(
     max: bool,
     count_include_pad: bool,
 ) -> Result<Value> {
+    let slices: u64 = kernel.iter().sum();
+    if slices > 4096 {
+        return Err(Error::unsupported(format!(
+            "pooling windows {kernel:?} with dilations or over 3 or more axes are built from one slice per window position, and {slices} are too many"
+        )));
+    }
     let dt = cx.dtype(x);
     let mut y = x;
     for (i, &k) in kernel.iter().enumerate() {

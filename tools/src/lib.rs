@@ -83,6 +83,10 @@ enum Cmd {
         /// Bind a graph input's shape, for inputs with dynamic dimensions (repeatable).
         #[arg(long = "shape", value_name = "NAME=D0,D1,...")]
         shapes: Vec<String>,
+        /// Fix a graph input to the value in a .npy file, making it a constant (repeatable);
+        /// needed for inputs that decide shapes, such as a Reshape target.
+        #[arg(long = "const", value_name = "NAME=PATH.npy")]
+        consts: Vec<String>,
         /// Write the IR here instead of stdout.
         #[arg(short = 'o', long = "output")]
         output: Option<String>,
@@ -97,6 +101,9 @@ enum Cmd {
         /// For ONNX models: bind a graph input's shape (repeatable).
         #[arg(long = "shape", value_name = "NAME=D0,D1,...")]
         shapes: Vec<String>,
+        /// For ONNX models: fix a graph input to the value in a .npy file (repeatable).
+        #[arg(long = "const", value_name = "NAME=PATH.npy")]
+        consts: Vec<String>,
         /// The function to run (needed when the file defines several).
         #[arg(long)]
         func: Option<String>,
@@ -239,12 +246,29 @@ fn read_input(file: &str, stdin: &mut dyn Read) -> Result<Input, String> {
     }
 }
 
-/// ONNX import options from `--shape` flags.
-fn onnx_options(shapes: &[String]) -> Result<tcc_onnx::Options, (i32, String)> {
+/// ONNX import options from `--shape` and `--const` flags.
+fn onnx_options(shapes: &[String], consts: &[String]) -> Result<tcc_onnx::Options, (i32, String)> {
     let mut opts = tcc_onnx::Options::default();
     for s in shapes {
         opts.add_shape(s)
             .map_err(|e| (EXIT_USAGE, format!("error: {e}")))?;
+    }
+    for c in consts {
+        let (name, path) = c.split_once('=').ok_or_else(|| {
+            (
+                EXIT_USAGE,
+                format!("error: --const `{c}`: expected NAME=PATH.npy"),
+            )
+        })?;
+        let bytes = std::fs::read(path).map_err(|e| {
+            (
+                EXIT_INPUT,
+                format!("error: --const {name}: cannot read `{path}`: {e}"),
+            )
+        })?;
+        let t = npy::read(&bytes)
+            .map_err(|e| (EXIT_INPUT, format!("error: --const {name}: `{path}`: {e}")))?;
+        opts.constants.push((name.to_string(), t));
     }
     Ok(opts)
 }
@@ -366,8 +390,9 @@ pub fn run(
         Cmd::Import {
             file,
             shapes,
+            consts,
             output,
-        } => onnx_options(&shapes).and_then(|opts| {
+        } => onnx_options(&shapes, &consts).and_then(|opts| {
             let input = read_input(&file, stdin).map_err(|e| (EXIT_INPUT, e))?;
             let m = tcc_onnx::import(&input.bytes, &opts_for(&input, opts))
                 .map_err(|e| (EXIT_INPUT, format!("error: {}: {e}", input.name)))?;
@@ -376,13 +401,14 @@ pub fn run(
         Cmd::Run {
             file,
             shapes,
+            consts,
             func,
             inputs,
             output,
             interp,
             stats,
             target,
-        } => onnx_options(&shapes).and_then(|onnx| {
+        } => onnx_options(&shapes, &consts).and_then(|onnx| {
             run_cmd(
                 &file,
                 &onnx,

@@ -1,0 +1,97 @@
+//! ONNX models through tcc against onnxruntime, in the same run: torchvision resnet18 and
+//! mobilenet_v2 with random weights, exported by `benches/onnx_peer.py` into
+//! `target/onnx-bench/` (once), at batch 1. onnxruntime gets as many intra-op threads as tcc's
+//! thread pool has. tcc's result must match onnxruntime's before it is timed.
+//!
+//! ```text
+//! cargo bench --bench onnx            # needs torch, torchvision, onnx and onnxruntime:
+//! benches/run.sh onnx                 # installs them into target/torch-venv first
+//! ```
+
+#[path = "common/peer.rs"]
+mod peer;
+#[path = "common/timing.rs"]
+mod timing;
+
+use std::path::Path;
+use tcc::ir::{Data, Tensor};
+
+const RUNS: usize = 30;
+
+fn load_npy(path: &Path) -> Tensor {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    tcc_tools::npy::read(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn f32s(t: &Tensor) -> &[f32] {
+    match t.data() {
+        Data::F32(v) => v,
+        _ => panic!("an f32 tensor"),
+    }
+}
+
+fn main() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = root.join("target/onnx-bench");
+    let python = std::env::var("TCC_TORCH_PYTHON").unwrap_or_else(|_| {
+        root.join("target/torch-venv/bin/python")
+            .display()
+            .to_string()
+    });
+    let threads = rayon::current_num_threads();
+    let peer = peer::run(
+        &python,
+        &root.join("benches/onnx_peer.py").display().to_string(),
+        &[
+            dir.display().to_string(),
+            threads.to_string(),
+            RUNS.to_string(),
+        ],
+    );
+    let peer = match peer {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!(
+                "{e}\n(the peer needs torch, torchvision, onnx and onnxruntime: run benches/run.sh onnx)"
+            );
+            std::process::exit(1);
+        }
+    };
+    println!("ONNX models at batch 1, {threads} threads; best of {RUNS} runs");
+    println!(
+        "{:<14} {:>10} {:>10} {:>9} {:>12}",
+        "model", "tcc ms", "ort ms", "tcc/ort", "max rel err"
+    );
+    for name in ["resnet18", "mobilenet_v2"] {
+        let m = tcc::onnx::import_file(&dir.join(format!("{name}.onnx")), &Default::default())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let exe = tcc::codegen::Executable::compile(&m.functions[0]).unwrap();
+        let x = load_npy(&dir.join(format!("{name}_input.npy")));
+        let want = load_npy(&dir.join(format!("{name}_output.npy")));
+        let got = exe.run(std::slice::from_ref(&x)).unwrap();
+        let scale = f32s(&want).iter().fold(0f32, |a, &b| a.max(b.abs()));
+        let err = f32s(&got[0])
+            .iter()
+            .zip(f32s(&want))
+            .fold(0f32, |a, (&g, &w)| a.max((g - w).abs() / scale));
+        assert!(
+            err < 1e-4,
+            "{name}: tcc and onnxruntime differ ({err:e} of the largest logit)"
+        );
+        let t = timing::best(
+            || {
+                exe.run(std::slice::from_ref(&x)).unwrap();
+            },
+            5,
+            RUNS,
+        );
+        let ort = peer[name];
+        println!(
+            "{name:<14} {:>10.2} {:>10.2} {:>9.2} {:>12.1e}",
+            t.as_secs_f64() * 1e3,
+            ort * 1e3,
+            t.as_secs_f64() / ort,
+            err
+        );
+    }
+}

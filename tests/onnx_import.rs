@@ -1,0 +1,473 @@
+//! The ONNX importer on models built here: names kept, dynamic dimensions bound with `--shape`,
+//! inputs fixed with `--const`, external data, the driver's `import` and `run`, and every kind
+//! of bad file giving an error that names the place, never a panic.
+
+use std::path::PathBuf;
+use tcc::ir::{Data, Tensor};
+use tcc::onnx::proto::{
+    AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, StringStringEntryProto,
+    TensorProto, TensorShapeProto, TypeProto, ValueInfoProto, attribute_proto::AttributeType,
+    tensor_proto::DataType, tensor_shape_proto::Dimension, tensor_shape_proto::dimension,
+    type_proto,
+};
+use tcc::onnx::{Options, import, write_model};
+
+fn tcc(args: &[&str]) -> (i32, String, String) {
+    let args: Vec<String> = std::iter::once("tcc")
+        .chain(args.iter().copied())
+        .map(String::from)
+        .collect();
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = tcc_tools::run(&args, &mut &b""[..], &mut out, &mut err);
+    (
+        code,
+        String::from_utf8(out).unwrap(),
+        String::from_utf8(err).unwrap(),
+    )
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("tcc-onnx-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A dim: a number, or a symbol when negative... spelled as `Some(n)` / `None` ("N").
+fn value_info(name: &str, elem: DataType, dims: &[Option<i64>]) -> ValueInfoProto {
+    let dim = dims
+        .iter()
+        .map(|d| Dimension {
+            value: Some(match d {
+                Some(v) => dimension::Value::DimValue(*v),
+                None => dimension::Value::DimParam("N".into()),
+            }),
+            ..Default::default()
+        })
+        .collect();
+    ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: Some(elem as i32),
+                shape: Some(TensorShapeProto { dim }),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn node(
+    op: &str,
+    name: &str,
+    ins: &[&str],
+    outs: &[&str],
+    attrs: Vec<AttributeProto>,
+) -> NodeProto {
+    NodeProto {
+        op_type: Some(op.into()),
+        name: Some(name.into()),
+        input: ins.iter().map(|s| s.to_string()).collect(),
+        output: outs.iter().map(|s| s.to_string()).collect(),
+        attribute: attrs,
+        ..Default::default()
+    }
+}
+
+fn ints_attr(name: &str, v: &[i64]) -> AttributeProto {
+    AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(AttributeType::Ints as i32),
+        ints: v.to_vec(),
+        ..Default::default()
+    }
+}
+
+fn f32_init(name: &str, dims: &[i64], v: &[f32]) -> TensorProto {
+    TensorProto {
+        name: Some(name.into()),
+        dims: dims.to_vec(),
+        data_type: Some(DataType::Float as i32),
+        float_data: v.to_vec(),
+        ..Default::default()
+    }
+}
+
+fn model(graph: GraphProto, opset: i64) -> ModelProto {
+    ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(opset),
+        }],
+        graph: Some(graph),
+        ..Default::default()
+    }
+}
+
+/// `y = relu(x @ w + b)` with a dynamic batch dimension `N`, then `Reshape` to `[-1]`.
+fn mlp() -> ModelProto {
+    model(
+        GraphProto {
+            name: Some("mlp".into()),
+            node: vec![
+                node("MatMul", "fc/matmul", &["x", "fc/w"], &["fc/xw"], vec![]),
+                node("Add", "fc/add", &["fc/xw", "fc/b"], &["fc/out"], vec![]),
+                node("Relu", "act", &["fc/out"], &["h"], vec![]),
+                node("Reshape", "flat", &["h", "shape"], &["y"], vec![]),
+            ],
+            initializer: vec![
+                f32_init("fc/w", &[3, 2], &[1.0, -1.0, 0.5, 0.5, -2.0, 1.0]),
+                f32_init("fc/b", &[2], &[0.25, -0.25]),
+                TensorProto {
+                    name: Some("shape".into()),
+                    dims: vec![1],
+                    data_type: Some(DataType::Int64 as i32),
+                    int64_data: vec![-1],
+                    ..Default::default()
+                },
+            ],
+            input: vec![value_info("x", DataType::Float, &[None, Some(3)])],
+            output: vec![value_info("y", DataType::Float, &[None])],
+            ..Default::default()
+        },
+        13,
+    )
+}
+
+fn bound(name: &str, dims: &[u64]) -> Options {
+    Options {
+        shapes: vec![(name.into(), dims.to_vec())],
+        ..Default::default()
+    }
+}
+
+#[test]
+fn imports_with_names_and_runs() {
+    let m = import(&write_model(&mlp()), &bound("x", &[2, 3])).unwrap();
+    insta::assert_snapshot!(m.to_string());
+    let x = Tensor::from_f32(&[2, 3], vec![1.0, 2.0, 3.0, -1.0, 0.0, 1.0]).unwrap();
+    let got = tcc::Program::from_function(&m.functions[0])
+        .unwrap()
+        .run(&[x])
+        .unwrap();
+    // Row 1: [1+1-6, -1+1+3] + b = [-3.75, 2.75]; row 2: [-1+0-2, 1+0+1] + b = [-2.75, 1.75].
+    assert_eq!(got[0].data(), &Data::F32(vec![0.0, 2.75, 0.0, 1.75]));
+}
+
+#[test]
+fn a_dynamic_dimension_must_be_bound() {
+    let e = import(&write_model(&mlp()), &Options::default()).unwrap_err();
+    assert_eq!(
+        e.message(),
+        "graph input `x` has dynamic dimension `N` (axis 0 of [N,3]); bind it, as in --shape x=1,3"
+    );
+    assert!(!e.is_unsupported());
+    let e = import(&write_model(&mlp()), &bound("x", &[2, 4])).unwrap_err();
+    assert_eq!(
+        e.message(),
+        "the shape given for `x` has 4 at dimension 1, but the model fixes it at 3"
+    );
+    let e = import(&write_model(&mlp()), &bound("z", &[2, 3])).unwrap_err();
+    assert_eq!(
+        e.message(),
+        "--shape names `z`, which is not a graph input; the inputs are `x`"
+    );
+}
+
+#[test]
+fn driver_imports_and_runs_models() {
+    let d = scratch("driver");
+    let path = d.join("mlp.onnx");
+    std::fs::write(&path, write_model(&mlp())).unwrap();
+    let p = path.to_str().unwrap();
+    let out = d.join("mlp.tir");
+    let (code, _, err) = tcc(&["import", p, "--shape", "x=4,3", "-o", out.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(
+        text.starts_with("func @main(%x: f32[4,3]) -> (f32[8]) {"),
+        "{text}"
+    );
+    // The IR file runs the same as the model.
+    let (code, from_ir, err) = tcc(&["run", out.to_str().unwrap(), "--input", "x=random:3"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, from_onnx, err) = tcc(&["run", p, "--shape", "x=4,3", "--input", "x=random:3"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(from_ir, from_onnx);
+    assert!(from_onnx.starts_with("%y: f32[8]  min "), "{from_onnx}");
+    // Without the binding, the error names the input and says what to do.
+    let (code, _, err) = tcc(&["run", p]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("graph input `x` has dynamic dimension `N`"),
+        "{err}"
+    );
+    assert!(err.contains("--shape x=1,3"), "{err}");
+    let (code, _, err) = tcc(&["import", p, "--shape", "x=two,3"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("dimensions must be non-negative integers"),
+        "{err}"
+    );
+}
+
+/// A `Reshape` whose target is a graph input needs the input fixed with `--const`.
+#[test]
+fn shape_inputs_are_fixed_with_const() {
+    let mut m = mlp();
+    let g = m.graph.as_mut().unwrap();
+    g.initializer.pop();
+    g.input
+        .push(value_info("shape", DataType::Int64, &[Some(2)]));
+    let bytes = write_model(&m);
+    let e = import(&bytes, &bound("x", &[2, 3])).unwrap_err();
+    assert_eq!(e.constant_needed(), Some("shape"));
+    assert!(
+        e.message().contains(
+            "node `flat` (Reshape, opset 13): input 1 (shape) must be known at import time"
+        ),
+        "{e}"
+    );
+    assert!(e.message().contains("--const shape=FILE.npy"), "{e}");
+
+    let d = scratch("const");
+    let path = d.join("m.onnx");
+    std::fs::write(&path, &bytes).unwrap();
+    let npy = d.join("shape.npy");
+    let t = Tensor::from_data(&[2], Data::I64(vec![4, -1])).unwrap();
+    std::fs::write(&npy, tcc_tools::npy::write(&t)).unwrap();
+    let (code, out, err) = tcc(&[
+        "import",
+        path.to_str().unwrap(),
+        "--shape",
+        "x=2,3",
+        "--const",
+        &format!("shape={}", npy.display()),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("-> (f32[4,1])"), "{out}");
+}
+
+/// Initializers stored in a file beside the model.
+#[test]
+fn external_data() {
+    let d = scratch("external");
+    let w: Vec<u8> = [1.0f32, -1.0, 0.5, 0.5, -2.0, 1.0]
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect();
+    let mut file = vec![0u8; 16];
+    file.extend(&w);
+    std::fs::write(d.join("weights.bin"), &file).unwrap();
+    let kv = |k: &str, v: &str| StringStringEntryProto {
+        key: Some(k.into()),
+        value: Some(v.into()),
+    };
+    let external = |location: &str| TensorProto {
+        name: Some("fc/w".into()),
+        dims: vec![3, 2],
+        data_type: Some(DataType::Float as i32),
+        data_location: Some(tcc::onnx::proto::tensor_proto::DataLocation::External as i32),
+        external_data: vec![
+            kv("location", location),
+            kv("offset", "16"),
+            kv("length", "24"),
+        ],
+        ..Default::default()
+    };
+    let with = |location: &str| {
+        let mut m = mlp();
+        m.graph.as_mut().unwrap().initializer[0] = external(location);
+        let path = d.join("m.onnx");
+        std::fs::write(&path, write_model(&m)).unwrap();
+        tcc::onnx::import_file(&path, &bound("x", &[2, 3]))
+    };
+    let m = with("weights.bin").unwrap();
+    let inline = import(&write_model(&mlp()), &bound("x", &[2, 3])).unwrap();
+    assert_eq!(m.to_string(), inline.to_string());
+
+    let e = with("missing.bin").unwrap_err();
+    assert!(
+        e.message().contains("initializer `fc/w`: cannot open"),
+        "{e}"
+    );
+    let e = with("../weights.bin").unwrap_err();
+    assert!(
+        e.message()
+            .contains("must be a relative path inside the model's folder"),
+        "{e}"
+    );
+    // From bytes, with no folder to look in.
+    let mut mm = mlp();
+    mm.graph.as_mut().unwrap().initializer[0] = external("weights.bin");
+    let e = import(&write_model(&mm), &bound("x", &[2, 3])).unwrap_err();
+    assert!(
+        e.message().contains("the model was not read from a file"),
+        "{e}"
+    );
+}
+
+fn err(m: &ModelProto) -> String {
+    import(&write_model(m), &bound("x", &[2, 3]))
+        .unwrap_err()
+        .message()
+        .to_string()
+}
+
+#[test]
+fn bad_graphs_are_errors_that_name_the_place() {
+    // Missing input.
+    let mut m = mlp();
+    m.graph.as_mut().unwrap().node[1].input[1] = "fc/bias".into();
+    assert_eq!(
+        err(&m),
+        "node `fc/add` (Add, opset 13): input 1 `fc/bias` is not produced by any node and is not a graph input or initializer"
+    );
+    // A cycle: matmul reads the relu's output.
+    let mut m = mlp();
+    m.graph.as_mut().unwrap().node[0].input[0] = "h".into();
+    assert_eq!(
+        err(&m),
+        "the graph has a cycle: node `fc/matmul` (MatMul, opset 13) depends, through its inputs, on its own outputs"
+    );
+    // Out of order but acyclic graphs are sorted.
+    let mut m = mlp();
+    m.graph.as_mut().unwrap().node.reverse();
+    assert!(import(&write_model(&m), &bound("x", &[2, 3])).is_ok());
+    // Unsupported op.
+    let mut m = mlp();
+    m.graph.as_mut().unwrap().node[2].op_type = Some("Softsign".into());
+    assert_eq!(
+        err(&m),
+        "node `act` (Softsign, opset 13): unsupported ONNX op `Softsign`"
+    );
+    assert!(
+        import(&write_model(&m), &bound("x", &[2, 3]))
+            .unwrap_err()
+            .is_unsupported()
+    );
+    // An attribute of the wrong type.
+    let mut m = mlp();
+    let g = m.graph.as_mut().unwrap();
+    g.node.push(node(
+        "Transpose",
+        "t",
+        &["y"],
+        &["z"],
+        vec![AttributeProto {
+            name: Some("perm".into()),
+            r#type: Some(AttributeType::Float as i32),
+            f: Some(1.0),
+            ..Default::default()
+        }],
+    ));
+    g.output[0] = value_info("z", DataType::Float, &[None]);
+    assert_eq!(
+        err(&m),
+        "node `t` (Transpose, opset 13): attribute `perm` must be INTS, found FLOAT"
+    );
+    // Shapes that do not fit.
+    let mut m = mlp();
+    m.graph.as_mut().unwrap().initializer[0] = f32_init("fc/w", &[2, 2], &[0.0; 4]);
+    let e = err(&m);
+    assert!(
+        e.starts_with("node `fc/matmul` (MatMul, opset 13): `matmul`: inner dims 3 != 2"),
+        "{e}"
+    );
+    // A declared output shape that disagrees.
+    let mut m = mlp();
+    m.graph.as_mut().unwrap().output[0] = value_info("y", DataType::Float, &[Some(5)]);
+    assert_eq!(
+        err(&m),
+        "graph output `y` is declared with shape [5], but tcc computes f32[4]"
+    );
+    // Opsets.
+    let mut m = mlp();
+    m.opset_import[0].version = Some(6);
+    assert!(err(&m).contains("the model uses ONNX opset 6; tcc reads opset 7 and newer"));
+    let mut m = mlp();
+    m.opset_import.clear();
+    assert!(err(&m).contains("imports no version of the default ONNX opset"));
+}
+
+#[test]
+fn absurd_sizes_are_errors() {
+    // Dims whose product overflows.
+    let mut m = mlp();
+    m.graph.as_mut().unwrap().initializer[1] = f32_init("fc/b", &[1 << 40, 1 << 40], &[]);
+    let e = err(&m);
+    assert!(e.contains("initializer `fc/b`"), "{e}");
+    // Fits the type but not the data given.
+    let mut m = mlp();
+    m.graph.as_mut().unwrap().initializer[1] = f32_init("fc/b", &[1 << 30, 4], &[1.0]);
+    assert_eq!(
+        err(&m),
+        "initializer `fc/b`: float_data holds 1 elements, but its shape [1073741824, 4] has 4294967296"
+    );
+    let mut m = mlp();
+    m.graph.as_mut().unwrap().initializer[1] = f32_init("fc/b", &[-2], &[]);
+    assert_eq!(err(&m), "initializer `fc/b` has a negative dimension -2");
+    // A graph input of absurd size.
+    let e = import(&write_model(&mlp()), &bound("x", &[u64::MAX, 3])).unwrap_err();
+    assert!(e.message().contains("graph input `x`"), "{e}");
+    // A pooling window larger than any input.
+    let mut m = mlp();
+    let g = m.graph.as_mut().unwrap();
+    g.input[0] = value_info(
+        "x",
+        DataType::Float,
+        &[Some(1), Some(1), Some(4), Some(4), Some(4)],
+    );
+    g.node = vec![node(
+        "MaxPool",
+        "pool",
+        &["x"],
+        &["y"],
+        vec![ints_attr("kernel_shape", &[1 << 62, 1, 1])],
+    )];
+    g.initializer.clear();
+    g.output[0] = value_info("y", DataType::Float, &[]);
+    let e = import(&write_model(&m), &Options::default()).unwrap_err();
+    assert!(
+        e.message()
+            .starts_with("node `pool` (MaxPool, opset 13): the window"),
+        "{e}"
+    );
+}
+
+/// Every prefix of a valid model, and many corrupted copies, import or fail cleanly.
+#[test]
+fn truncated_and_corrupted_files_never_panic() {
+    let bytes = write_model(&mlp());
+    let opts = bound("x", &[2, 3]);
+    let mut errors = 0;
+    for n in 0..bytes.len() {
+        if import(&bytes[..n], &opts).is_err() {
+            errors += 1;
+        }
+    }
+    assert!(
+        errors > bytes.len() / 2,
+        "most prefixes are not models ({errors})"
+    );
+    let e = import(&bytes[..bytes.len() / 2], &opts).unwrap_err();
+    assert!(
+        e.message().starts_with("not a valid ONNX model (protobuf)"),
+        "{e}"
+    );
+    // A field with the wrong wire type: ir_version (field 1, varint) as a length-delimited field.
+    let e = import(&[0x0a, 0x01, 0x00], &opts).unwrap_err();
+    assert!(e.message().contains("invalid wire type"), "{e}");
+    let mut rng = tcc::ir::random::Rng::new(11);
+    for _ in 0..2000 {
+        let mut b = bytes.clone();
+        for _ in 0..1 + rng.below(4) {
+            let i = rng.below(b.len() as u64) as usize;
+            b[i] = rng.below(256) as u8;
+        }
+        let _ = std::panic::catch_unwind(|| import(&b, &opts))
+            .unwrap_or_else(|_| panic!("import panicked on {b:?}"));
+    }
+}
