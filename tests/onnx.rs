@@ -6,7 +6,8 @@
 //! counted: passed, failed (a wrong result, or an error on a valid model) or unsupported (the
 //! importer says the model uses an op, attribute value or element type tcc does not have). The
 //! test fails on any failure, and on any case whose status differs from
-//! `tests/onnx/node_status.txt`; `TCC_BLESS=1` rewrites that file. It also writes the per-op table
+//! `tests/onnx/node_status.txt` (`converted_status.txt` for the older suites); `TCC_BLESS=1`
+//! rewrites those files. It also writes the per-op table
 //! for docs/onnx.md to `target/onnx-node-table.md`.
 
 use rayon::prelude::*;
@@ -165,8 +166,15 @@ fn import(model: &Path, inputs: &[Tensor]) -> Result<(tcc::ir::Module, Vec<Tenso
         .filter_map(|vi| vi.name.clone())
         .filter(|n| !inits.contains(&n.as_str()))
         .collect();
+    // Every input's shape is bound to its test value's, as a user would with `--shape` (it must
+    // agree with the model's static dims; the dynamic ones need it).
     let mut opts = tcc::onnx::Options {
         dir: model.parent().map(Path::to_path_buf),
+        shapes: names
+            .iter()
+            .zip(inputs)
+            .map(|(n, t)| (n.clone(), t.dims().to_vec()))
+            .collect(),
         ..Default::default()
     };
     loop {
@@ -186,7 +194,10 @@ fn import(model: &Path, inputs: &[Tensor]) -> Result<(tcc::ir::Module, Vec<Tenso
                     Some((n.to_string(), inputs.get(i)?.clone()))
                 });
                 match bind {
-                    Some(b) if !opts.constants.iter().any(|c| c.0 == b.0) => opts.constants.push(b),
+                    Some(b) if !opts.constants.iter().any(|c| c.0 == b.0) => {
+                        opts.shapes.retain(|s| s.0 != b.0);
+                        opts.constants.push(b)
+                    }
                     _ if e.is_unsupported() => return Err(Status::Unsupported(e.message().into())),
                     _ => return Err(Status::Failed(format!("import: {e}"))),
                 }
@@ -281,64 +292,44 @@ fn op_of(dir: &Path) -> String {
     uniq.join("+")
 }
 
-#[test]
-fn node_conformance() {
-    let node = data_dir().join("node");
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&node)
-        .expect("the node cases")
+type Results = Vec<(String, String, Status)>;
+
+/// Runs every case of `data/<suite>` in parallel: (case, op, status).
+fn run_suite(suite: &str) -> Results {
+    let root = data_dir().join(suite);
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
+        .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
         .flatten()
         .map(|e| e.path())
         .filter(|p| p.join("model.onnx").exists())
         .collect();
     dirs.sort();
-    assert!(
-        dirs.len() > 1000,
-        "only {} node cases in {}",
-        dirs.len(),
-        node.display()
-    );
-    let results: Vec<(String, String, Status)> = dirs
-        .par_iter()
+    dirs.par_iter()
         .map(|d| {
             let name = d.file_name().unwrap().to_string_lossy().into_owned();
             let status = std::panic::catch_unwind(|| run_case(d))
                 .unwrap_or_else(|_| Status::Failed("panicked".into()));
             (name, op_of(d), status)
         })
-        .collect();
+        .collect()
+}
 
+/// Prints the counts and failures, then fails on any failure or any case whose status differs
+/// from `tests/onnx/<file>` (rewritten under `TCC_BLESS=1`).
+fn check_statuses(what: &str, results: &Results, file: &str) {
     let count = |w: &str| results.iter().filter(|r| r.2.word() == w).count();
     let (passed, failed, unsupported) = (count("pass"), count("FAIL"), count("unsupported"));
-    println!("ONNX node tests: {passed} passed, {failed} failed, {unsupported} unsupported");
-    for (name, _, s) in &results {
+    println!("{what}: {passed} passed, {failed} failed, {unsupported} unsupported");
+    for (name, _, s) in results {
         if let Status::Failed(why) = s {
             println!("FAIL {name}: {why}");
         }
     }
-
-    // The per-op table for docs/onnx.md.
-    let mut by_op: BTreeMap<&str, [usize; 3]> = BTreeMap::new();
-    for (_, op, s) in &results {
-        let e = by_op.entry(op).or_default();
-        e[match s {
-            Status::Passed => 0,
-            Status::Failed(_) => 1,
-            Status::Unsupported(_) => 2,
-        }] += 1;
-    }
-    let mut table = String::from("| op | passed | failed | unsupported |\n|---|---:|---:|---:|\n");
-    for (op, [p, f, u]) in &by_op {
-        table += &format!("| {op} | {p} | {f} | {u} |\n");
-    }
-    table += &format!("| **total** | {passed} | {failed} | {unsupported} |\n");
-    let _ = std::fs::write(Path::new(ROOT).join("target/onnx-node-table.md"), &table);
-
-    // Every case's status against the committed list.
-    let status_file = Path::new(ROOT).join("tests/onnx/node_status.txt");
-    let mut actual = String::from(
-        "# Status of every ONNX node test case (onnx 1.22.0); written by `TCC_BLESS=1 cargo test --test onnx`.\n",
+    let status_file = Path::new(ROOT).join("tests/onnx").join(file);
+    let mut actual = format!(
+        "# Status of every case of the {what} (onnx 1.22.0); written by `TCC_BLESS=1 cargo test --test onnx`.\n"
     );
-    for (name, _, s) in &results {
+    for (name, _, s) in results {
         actual += &match s {
             Status::Unsupported(why) => format!("{name} unsupported: {}\n", why.replace('\n', " ")),
             s => format!("{name} {}\n", s.word()),
@@ -376,12 +367,64 @@ fn node_conformance() {
                 .map(|k| format!("{k}: missing")),
         )
         .collect();
-    assert_eq!(failed, 0, "{failed} ONNX node cases fail (listed above)");
+    assert_eq!(
+        failed, 0,
+        "{failed} cases of the {what} fail (listed above)"
+    );
     assert!(
         changed.is_empty(),
-        "{} cases changed status against tests/onnx/node_status.txt (rerun with TCC_BLESS=1 if intended):\n{}",
+        "{} cases changed status against tests/onnx/{file} (rerun with TCC_BLESS=1 if intended):\n{}",
         changed.len(),
         changed.join("\n")
+    );
+}
+
+#[test]
+fn node_conformance() {
+    let results = run_suite("node");
+    assert!(results.len() > 1000, "only {} node cases", results.len());
+
+    // The per-op table for docs/onnx.md.
+    let mut by_op: BTreeMap<&str, [usize; 3]> = BTreeMap::new();
+    for (_, op, s) in &results {
+        let e = by_op.entry(op).or_default();
+        e[match s {
+            Status::Passed => 0,
+            Status::Failed(_) => 1,
+            Status::Unsupported(_) => 2,
+        }] += 1;
+    }
+    let mut table = String::from("| op | passed | failed | unsupported |\n|---|---:|---:|---:|\n");
+    let mut total = [0; 3];
+    for (op, counts) in &by_op {
+        table += &format!("| {op} | {} | {} | {} |\n", counts[0], counts[1], counts[2]);
+        (0..3).for_each(|i| total[i] += counts[i]);
+    }
+    table += &format!(
+        "| **total** | {} | {} | {} |\n",
+        total[0], total[1], total[2]
+    );
+    let _ = std::fs::write(Path::new(ROOT).join("target/onnx-node-table.md"), &table);
+
+    check_statuses("ONNX node tests", &results, "node_status.txt");
+}
+
+/// The older suites the wheel ships: models converted from PyTorch (opsets 6 to 9) and small
+/// multi-op models.
+#[test]
+fn converted_models() {
+    let mut results = Results::new();
+    for suite in ["pytorch-converted", "pytorch-operator", "simple"] {
+        results.extend(
+            run_suite(suite)
+                .into_iter()
+                .map(|(n, op, s)| (format!("{suite}/{n}"), op, s)),
+        );
+    }
+    check_statuses(
+        "pytorch-converted, pytorch-operator and simple suites",
+        &results,
+        "converted_status.txt",
     );
 }
 

@@ -31,7 +31,7 @@ use tcc_ir::{Module, Tensor};
 
 /// The oldest default-domain opset the importer accepts (newer ones than it knows, 27, are read
 /// with the newest semantics it knows).
-pub const MIN_OPSET: i64 = 7;
+pub const MIN_OPSET: i64 = 6;
 
 /// How to import.
 #[derive(Clone, Debug, Default)]

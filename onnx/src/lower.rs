@@ -143,11 +143,14 @@ pub(crate) fn lower(cx: &mut Ctx, n: &Node) -> Result<Vec<Option<Value>>> {
         "Sigmoid" => one(unary(cx, U::Sigmoid, x()?)?),
         "Relu" => one(unary(cx, U::Relu, x()?)?),
         "Erf" => one(unary(cx, U::Erf, x()?)?),
-        "Add" => one(binary(cx, B::Add, x()?, n.input(1, "B")?)?),
-        "Sub" => one(binary(cx, B::Sub, x()?, n.input(1, "B")?)?),
-        "Mul" => one(binary(cx, B::Mul, x()?, n.input(1, "B")?)?),
-        "Div" => one(binary(cx, B::Div, x()?, n.input(1, "B")?)?),
-        "Pow" => one(pow(cx, x()?, n.input(1, "the exponent")?)?),
+        "Add" => one(binop(cx, n, B::Add)?),
+        "Sub" => one(binop(cx, n, B::Sub)?),
+        "Mul" => one(binop(cx, n, B::Mul)?),
+        "Div" => one(binop(cx, n, B::Div)?),
+        "Pow" => {
+            let b = legacy_b(cx, n)?;
+            one(pow(cx, x()?, b)?)
+        }
         "Max" => one(variadic(cx, n, B::Max)?),
         "Min" => one(variadic(cx, n, B::Min)?),
         "Sum" => one(variadic(cx, n, B::Add)?),
@@ -156,11 +159,11 @@ pub(crate) fn lower(cx: &mut Ctx, n: &Node) -> Result<Vec<Option<Value>>> {
             let k = cx.scalar(cx.dtype(s), n.ins.len() as f64)?;
             one(binary(cx, B::Div, s, k)?)
         }
-        "Equal" => one(compare(cx, CmpOp::Eq, x()?, n.input(1, "B")?)?),
-        "Less" => one(compare(cx, CmpOp::Lt, x()?, n.input(1, "B")?)?),
-        "LessOrEqual" => one(compare(cx, CmpOp::Le, x()?, n.input(1, "B")?)?),
-        "Greater" => one(compare(cx, CmpOp::Gt, x()?, n.input(1, "B")?)?),
-        "GreaterOrEqual" => one(compare(cx, CmpOp::Ge, x()?, n.input(1, "B")?)?),
+        "Equal" => one(cmpop(cx, n, CmpOp::Eq)?),
+        "Less" => one(cmpop(cx, n, CmpOp::Lt)?),
+        "LessOrEqual" => one(cmpop(cx, n, CmpOp::Le)?),
+        "Greater" => one(cmpop(cx, n, CmpOp::Gt)?),
+        "GreaterOrEqual" => one(cmpop(cx, n, CmpOp::Ge)?),
         "Where" => {
             let (c, a, b) = (x()?, n.input(1, "X")?, n.input(2, "Y")?);
             one(cx.op1(OpKind::Select, &[c, a, b])?)
@@ -201,6 +204,12 @@ pub(crate) fn lower(cx: &mut Ctx, n: &Node) -> Result<Vec<Option<Value>>> {
         "BatchNormalization" => {
             if n.int("training_mode", 0)? != 0 {
                 return batch_norm_training(cx, n);
+            }
+            if n.opset < 7 && n.int("is_test", 0)? == 0 {
+                return n.unsupported("is_test=0 (training, before opset 7)");
+            }
+            if n.opset < 9 && n.int("spatial", 1)? == 0 {
+                return n.unsupported("spatial=0");
             }
             let eps = n.float("epsilon", 1e-5)? as f64;
             let args = [
@@ -472,6 +481,40 @@ fn axes_of(cx: &Ctx, n: &Node, input_since: i64) -> Result<Option<Vec<i64>>> {
 
 // --- Elementwise ---
 
+/// The second operand of a broadcasting binary op. Before opset 7, broadcasting was explicit:
+/// with `broadcast=1`, `B`'s axes line up with `A`'s from `axis` (default: the trailing axes), so
+/// `B` is reshaped with trailing ones for numpy broadcasting to do the same.
+fn legacy_b(cx: &mut Ctx, n: &Node) -> Result<Value> {
+    let b = n.input(1, "B")?;
+    if n.opset >= 7 || n.int("broadcast", 0)? == 0 || n.attr("axis").is_none() {
+        return Ok(b);
+    }
+    let (ra, db) = (cx.ty(n.input(0, "A")?).rank(), cx.dims(b));
+    let a = n.int("axis", 0)?;
+    let a = if a < 0 { a + ra as i64 } else { a };
+    if a < 0 || a as usize + db.len() > ra {
+        return Err(Error::invalid(format!(
+            "axis {a} does not fit B {} into A of rank {ra}",
+            cx.ty(b)
+        )));
+    }
+    let mut dims = db;
+    dims.resize(ra - a as usize, 1);
+    reshape(cx, b, &dims)
+}
+
+/// A broadcasting binary op node.
+fn binop(cx: &mut Ctx, n: &Node, op: BinaryOp) -> Result<Value> {
+    let b = legacy_b(cx, n)?;
+    binary(cx, op, n.input(0, "A")?, b)
+}
+
+/// A comparison node.
+fn cmpop(cx: &mut Ctx, n: &Node, op: CmpOp) -> Result<Value> {
+    let b = legacy_b(cx, n)?;
+    compare(cx, op, n.input(0, "A")?, b)
+}
+
 /// Folds `op` over every input (`Max`, `Min`, `Sum`).
 fn variadic(cx: &mut Ctx, n: &Node, op: BinaryOp) -> Result<Value> {
     let ins: Vec<Value> = n.ins.iter().flatten().copied().collect();
@@ -553,7 +596,10 @@ fn gelu(cx: &mut Ctx, n: &Node, x: Value) -> Result<Value> {
 fn dropout(cx: &mut Ctx, n: &Node) -> Result<Vec<Option<Value>>> {
     let x = n.input(0, "the input")?;
     // Opset 12 moved `ratio` and `training_mode` to inputs; before it, Dropout in an inference
-    // graph is the identity.
+    // graph is the identity (before opset 7, when `is_test` says so).
+    if n.opset < 7 && n.int("is_test", 0)? == 0 && n.float("ratio", 0.5)? != 0.0 {
+        return n.unsupported("is_test=0 (random masks)");
+    }
     if n.opset >= 12 && n.opt(2).is_some() {
         let training = const_input(cx, n, 2, "training_mode")?;
         let training =
