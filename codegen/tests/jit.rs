@@ -386,6 +386,19 @@ fn convolutions_through_im2col_and_gemm() {
             "f32[2,4,5,3]",
         ),
         ("f32[2,8,6,6]", "f32[5,8,1,1]", "", "f32[2,5,6,6]"),
+        // Depthwise (the direct kernel): strided with uneven pads, and f64 with dilation.
+        (
+            "f32[2,5,9,8]",
+            "f32[5,1,3,3]",
+            "{strides=[2,2], pads=[1,0,1,1], groups=5}",
+            "f32[2,5,5,4]",
+        ),
+        (
+            "f64[1,3,6,7]",
+            "f64[3,1,3,2]",
+            "{strides=[1,3], pads=[0,1,2,1], dilations=[2,1], groups=3}",
+            "f64[1,3,4,3]",
+        ),
         (
             "f64[1,2,5,5]",
             "f64[3,2,3,3]",

@@ -840,7 +840,9 @@ unsafe impl<T> Sync for Ptr<T> {}
 ///
 /// # Safety
 /// As for `run_conv`; `scratch` is `None` only for a plain 1x1 convolution.
-unsafe fn conv_gemm<T: Copy + Default + Send + Sync + std::ops::AddAssign + 'static>(
+unsafe fn conv_gemm<
+    T: Copy + Default + Send + Sync + std::ops::AddAssign + std::ops::Mul<Output = T> + 'static,
+>(
     cv: &Conv,
     x: *mut T,
     w: *mut T,
@@ -854,6 +856,11 @@ unsafe fn conv_gemm<T: Copy + Default + Send + Sync + std::ops::AddAssign + 'sta
     let cols_len =
         crate::memory::conv_scratch_elements(&cv.attrs, &dims(cv.xd), &dims(cv.wd), &dims(cv.yd))
             as usize;
+    if cv.mode == ConvMode::Forward && cg == 1 && o == cv.xd[1] && cv.attrs.groups as usize == o {
+        // SAFETY: the caller's contract.
+        unsafe { depthwise(cv, x, w, y) };
+        return;
+    }
     let parts = rayon::current_num_threads().min(nb).max(1);
     let per = nb.div_ceil(parts);
     if cv.mode == ConvMode::GradInput {
@@ -911,6 +918,80 @@ unsafe fn conv_gemm<T: Copy + Default + Send + Sync + std::ops::AddAssign + 'sta
             }
         }
     }
+}
+
+/// A depthwise convolution (one filter per channel, `groups == C == O`) computed directly: a
+/// GEMM per channel would multiply a 1 x kH*kW filter by its columns, all overhead. For each
+/// output row and filter tap, the in-image run of the row is one multiply-add over contiguous
+/// (stride 1) or strided input; channels are split among threads.
+///
+/// # Safety
+/// `x`, `w` and `y` hold tensors of the dims `cv` records.
+unsafe fn depthwise<T>(cv: &Conv, x: *mut T, w: *mut T, y: *mut T)
+where
+    T: Copy + Default + Send + Sync + std::ops::AddAssign + std::ops::Mul<Output = T> + 'static,
+{
+    let [nb, c, h, wd] = cv.xd;
+    let [_, _, kh, kw] = cv.wd;
+    let [_, _, oh, ow] = cv.yd;
+    let taps = Taps::new(cv);
+    let (sy, sx) = (taps.s[0], taps.s[1]);
+    let plane = |ch: usize, px: Ptr<T>, pw: Ptr<T>, py: Ptr<T>| {
+        let (px, pw, py) = (px, pw, py);
+        // SAFETY: channel `ch` of image `ch / c` is in bounds of x and y, its filter of w; each
+        // call writes only its own output plane.
+        unsafe {
+            let xin = std::slice::from_raw_parts(px.0.add(ch * h * wd), h * wd);
+            let out = std::slice::from_raw_parts_mut(py.0.add(ch * oh * ow), oh * ow);
+            let f = std::slice::from_raw_parts(pw.0.add((ch % c) * kh * kw), kh * kw);
+            out.fill(T::default());
+            for oy in 0..oh {
+                let row = &mut out[oy * ow..(oy + 1) * ow];
+                for ky in 0..kh {
+                    let iy = oy as isize * sy + ky as isize * taps.d[0] - taps.p[0];
+                    if iy < 0 || iy >= taps.h {
+                        continue;
+                    }
+                    let src = &xin[iy as usize * wd..(iy as usize + 1) * wd];
+                    for kx in 0..kw {
+                        let wv = f[ky * kw + kx];
+                        // ix = ox * sx + off must lie in 0..wd.
+                        let off = kx as isize * taps.d[1] - taps.p[1];
+                        let lo = if off >= 0 { 0 } else { (-off + sx - 1) / sx };
+                        let hi = if taps.w - 1 - off < 0 {
+                            0
+                        } else {
+                            ((taps.w - 1 - off) / sx + 1).min(ow as isize)
+                        };
+                        if hi <= lo {
+                            continue;
+                        }
+                        let (lo, hi) = (lo as usize, hi as usize);
+                        let first = (lo as isize * sx + off) as usize;
+                        if sx == 1 {
+                            for (o, &v) in row[lo..hi].iter_mut().zip(&src[first..]) {
+                                *o += wv * v;
+                            }
+                        } else {
+                            let step = sx as usize;
+                            for (o, &v) in row[lo..hi]
+                                .iter_mut()
+                                .zip(src[first..].iter().step_by(step))
+                            {
+                                *o += wv * v;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    };
+    let (px, pw, py) = (Ptr(x), Ptr(w), Ptr(y));
+    use rayon::prelude::*;
+    (0..nb * c)
+        .into_par_iter()
+        .with_min_len(4)
+        .for_each(|ch| plane(ch, px, pw, py));
 }
 
 /// The convolution of `images` on one thread (see `conv_gemm`), `cv.group` images side by side
