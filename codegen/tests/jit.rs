@@ -415,6 +415,22 @@ fn convolutions_through_im2col_and_gemm() {
         assert_eq!(exe.stats().reference, 0, "{src}");
         check(&got, &want, 1e-5, 1e-5).unwrap_or_else(|e| panic!("{src}\n{e}"));
     }
+    // A constant filter, packed once at compile time (two groups, strided, padded).
+    let values: Vec<String> = (0..108)
+        .map(|i| format!("{}", ((i * 7 % 13) as f32 - 6.0) / 8.0))
+        .collect();
+    let src = format!(
+        "func @f(%x: f32[2,4,9,9]) -> (f32[2,6,5,5]) {{
+  %w = const {{value=[{}]}} : f32[6,2,3,3]
+  %y = conv2d %x, %w {{strides=[2,2], pads=[1,1,1,1], groups=2}} : f32[2,6,5,5]
+  return %y
+}}",
+        values.join(", ")
+    );
+    let f = parse_function(&src).unwrap();
+    let (got, want, exe) = both(&f, &randoms(&f, 31));
+    assert_eq!(exe.stats().reference, 0);
+    check(&got, &want, 1e-5, 1e-5).unwrap();
     // A convolution with a per-channel bias and relu in its epilogue.
     let src = "func @f(%x: f32[1,3,12,12], %w: f32[8,3,3,3], %b: f32[8,1,1]) -> (f32[1,8,10,10]) {
   %c = conv2d %x, %w : f32[1,8,10,10]

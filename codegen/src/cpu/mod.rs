@@ -138,6 +138,8 @@ struct Conv {
     scratch: Option<u64>,
     /// Images side by side in one GEMM (`memory::conv_group`).
     group: usize,
+    /// A constant filter packed for the f32 GEMM, one per group (forward only).
+    packed: Vec<sgemm::PackedA>,
 }
 
 /// The library call a library kernel starts with.
@@ -239,6 +241,11 @@ fn library_step(
                 f.ty(x).dims()[0],
                 f.ty(y).dims()[2] * f.ty(y).dims()[3],
             ) as usize,
+            packed: if mode == ConvMode::Forward {
+                pack_filter(f, w, attrs.groups as usize)
+            } else {
+                Vec::new()
+            },
         })
     };
     let mut lib = match &d.kind {
@@ -254,6 +261,35 @@ fn library_step(
     let (epi, dst) = epilogue(f, kd, r)?;
     lib.set_dst(dst);
     Some((lib, Some((epi, r))))
+}
+
+/// A constant f32 filter `[O, C/g, kH, kW]` packed for the AVX-512 GEMM, one `[O/g, C/g·kH·kW]`
+/// matrix per group; empty when the filter is not a constant or that GEMM is not used.
+fn pack_filter(f: &Function, w: Value, groups: usize) -> Vec<sgemm::PackedA> {
+    let ty = f.ty(w);
+    if ty.dtype() != DType::F32 || !sgemm::available() {
+        return Vec::new();
+    }
+    let Some(OpKind::Const { ty, value }) = f.def_op(w).map(|op| &f.op(op).kind) else {
+        return Vec::new();
+    };
+    let Ok(t) = Tensor::from_literal(ty, value) else {
+        return Vec::new();
+    };
+    let data = t.as_f32().expect("an f32 constant");
+    let d = ty.dims();
+    let (og, kk) = (d[0] as usize / groups, (d[1] * d[2] * d[3]) as usize);
+    (0..groups)
+        .map(|g| {
+            let a = sgemm::Mat {
+                ptr: data[g * og * kk..].as_ptr(),
+                rs: kk,
+                cs: 1,
+            };
+            // SAFETY: group g's rows of the filter are og x kk elements of `data`.
+            unsafe { sgemm::PackedA::new(og, kk, a) }
+        })
+        .collect()
 }
 
 fn matmul_step(f: &Function, plan: &Plan, a: Value, b: Value, r: Value) -> MatMul {
@@ -1043,7 +1079,50 @@ unsafe fn conv_images<T: Copy + Default + std::ops::AddAssign + 'static>(
                     Some(s) if b > 1 => s.add(kk * cv.group * m),
                     _ => out(0),
                 };
-                if cv.mode != ConvMode::GradInput && scratch.is_some() {
+                let implicit = cv.mode == ConvMode::Forward
+                    && scratch.is_some()
+                    && std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
+                    && sgemm::available();
+                if implicit {
+                    // The f32 GEMM gathers its columns from the images itself.
+                    let view = sgemm::Im2col {
+                        x: image(0) as *const f32,
+                        image_stride: c * h * wd,
+                        h,
+                        w: wd,
+                        kh,
+                        kw,
+                        oh,
+                        ow,
+                        stride: cv.attrs.strides.map(|v| v as usize),
+                        dilation: cv.attrs.dilations.map(|v| v as usize),
+                        pad: [cv.attrs.pads[0] as usize, cv.attrs.pads[1] as usize],
+                    };
+                    let a = match cv.packed.get(gi) {
+                        Some(p) => sgemm::A::Packed(p),
+                        None => sgemm::A::Mat(sgemm::Mat {
+                            ptr: filt as *const f32,
+                            rs: kk,
+                            cs: 1,
+                        }),
+                    };
+                    let threads = if parallel {
+                        rayon::current_num_threads()
+                    } else {
+                        1
+                    };
+                    sgemm::product(
+                        og,
+                        ld,
+                        kk,
+                        a,
+                        sgemm::B::Im2col(view),
+                        rows as *mut f32,
+                        ld,
+                        false,
+                        threads,
+                    );
+                } else if cv.mode != ConvMode::GradInput && scratch.is_some() {
                     for i in 0..b {
                         taps.im2col(cv, image(i), cols.add(i * m), m, ld);
                     }
@@ -1060,6 +1139,7 @@ unsafe fn conv_images<T: Copy + Default + std::ops::AddAssign + 'static>(
                     }
                 }
                 match cv.mode {
+                    ConvMode::Forward if implicit => {}
                     ConvMode::Forward => gemm(
                         og,
                         ld,

@@ -7,6 +7,12 @@
 //! once per block. Threads take disjoint column ranges of C and pack their own panels. The
 //! `gemm` crate is used instead where AVX-512F is missing (its own AVX-512 kernels need a
 //! nightly compiler).
+//!
+//! Two operand forms serve convolutions: A packed once ahead of time ([`PackedA`], a constant
+//! filter), and B read as the im2col matrix of images without building it ([`Im2col`]): each
+//! panel is gathered straight from the images, so the columns never go through memory. With
+//! a packed A and few columns (a late convolution layer: 49 output positions), threads take
+//! row ranges instead.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -43,7 +49,84 @@ pub(crate) struct Mat {
     pub cs: usize,
 }
 
-/// `C = A · B`, or `C += A · B` with `accumulate`.
+/// A, packed once into the microkernel's panels: for each block of `KC` along k, the panels of
+/// `MR` rows in order (zero-padded), so the panel of rows `r..` in block `pc` starts at
+/// `pc * mpad + r * kc`.
+pub(crate) struct PackedA {
+    data: Vec<Line>,
+    m: usize,
+    k: usize,
+    mpad: usize,
+}
+
+// SAFETY: plain floats, immutable after packing.
+unsafe impl Send for PackedA {}
+unsafe impl Sync for PackedA {}
+
+impl PackedA {
+    /// Packs the `m×k` matrix `a`.
+    ///
+    /// # Safety
+    /// `a` addresses an `m×k` matrix with its strides.
+    pub(crate) unsafe fn new(m: usize, k: usize, a: Mat) -> PackedA {
+        let mpad = m.div_ceil(MR) * MR;
+        let mut data = aligned(mpad * k);
+        // SAFETY: `Line` is 16 plain f32s.
+        let buf =
+            unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr() as *mut f32, mpad * k) };
+        for pc in (0..k).step_by(KC) {
+            let kc = KC.min(k - pc);
+            for r in (0..m).step_by(MR) {
+                let off = pc * mpad + r * kc;
+                // SAFETY: the caller's contract.
+                unsafe { pack_a_panel(a, r, pc, MR.min(m - r), kc, &mut buf[off..off + kc * MR]) };
+            }
+        }
+        PackedA { data, m, k, mpad }
+    }
+
+    fn ptr(&self) -> *const f32 {
+        self.data.as_ptr() as *const f32
+    }
+}
+
+/// The left operand: a matrix to pack as it is used, or one packed ahead of time.
+#[derive(Clone, Copy)]
+pub(crate) enum A<'a> {
+    Mat(Mat),
+    Packed(&'a PackedA),
+}
+
+/// The im2col matrix of `images` consecutive images for a convolution, never built: row `p` is
+/// filter tap `(ci, ky, kx)` (row-major over `[channels, kh, kw]`), column `j` is output
+/// position `(image, oy, ox)` (row-major over `[images, oh, ow]`); an element is the image value
+/// the tap reads there, or 0 in the padding.
+#[derive(Clone, Copy)]
+pub(crate) struct Im2col {
+    /// The first image's first channel (of this group).
+    pub x: *const f32,
+    /// Elements from one image to the next.
+    pub image_stride: usize,
+    pub h: usize,
+    pub w: usize,
+    pub kh: usize,
+    pub kw: usize,
+    pub oh: usize,
+    pub ow: usize,
+    pub stride: [usize; 2],
+    pub dilation: [usize; 2],
+    /// Padding before rows and before columns.
+    pub pad: [usize; 2],
+}
+
+/// The right operand: a matrix, or the columns of a convolution.
+#[derive(Clone, Copy)]
+pub(crate) enum B {
+    Mat(Mat),
+    Im2col(Im2col),
+}
+
+/// `C = A · B`, or `C += A · B` with `accumulate`, for plain matrices.
 ///
 /// # Safety
 /// `available()` must be true; `a` and `b` must address `m×k` and `k×n` matrices with their
@@ -60,6 +143,30 @@ pub(crate) unsafe fn sgemm(
     accumulate: bool,
     threads: usize,
 ) {
+    // SAFETY: the caller's contract.
+    unsafe { product(m, n, k, A::Mat(a), B::Mat(b), c, ldc, accumulate, threads) }
+}
+
+/// `C (+)= A · B` with either form of each operand.
+///
+/// # Safety
+/// As for [`sgemm`]; a packed A is `m×k`; an [`Im2col`] B has `k = channels·kh·kw` rows and
+/// `n = images·oh·ow` columns and addresses its images.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn product(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: A,
+    b: B,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+    threads: usize,
+) {
+    if let A::Packed(p) = a {
+        assert!(p.m == m && p.k == k, "a packed A of the product's shape");
+    }
     if m == 0 || n == 0 || (k == 0 && accumulate) {
         return;
     }
@@ -69,40 +176,54 @@ pub(crate) unsafe fn sgemm(
         }
         return;
     }
-    // Split the columns among threads in multiples of NR, when there is enough work.
-    let parts = if m * n * k >= 1 << 18 {
-        threads.clamp(1, n.div_ceil(NR))
+    let threads = if m * n * k >= 1 << 18 {
+        threads.max(1)
     } else {
         1
     };
-    let cols = n.div_ceil(parts).div_ceil(NR) * NR;
-    let (ap, bp, cp) = (
-        Shared(a.ptr as *mut f32),
-        Shared(b.ptr as *mut f32),
-        Shared(c),
-    );
-    let run = move |j0: usize| {
-        // Move the wrappers (not their pointer fields) into the closure, so it is Send.
-        let (ap, bp, cp) = (ap, bp, cp);
-        let j1 = (j0 + cols).min(n);
-        let a = Mat { ptr: ap.0, ..a };
-        let b = Mat {
-            ptr: unsafe { bp.0.add(j0 * b.cs) },
-            ..b
+    // Threads take rows when A is packed (nothing to pack twice) and there are too few column
+    // panels to go round; otherwise columns, in multiples of NR.
+    let by_rows = matches!(a, A::Packed(_)) && n.div_ceil(NR) < 2 * threads && m >= MR * threads;
+    let (parts, chunk) = if by_rows {
+        let parts = threads.min(m.div_ceil(MR));
+        (parts, m.div_ceil(parts).div_ceil(MR) * MR)
+    } else {
+        let parts = threads.clamp(1, n.div_ceil(NR));
+        (parts, n.div_ceil(parts).div_ceil(NR) * NR)
+    };
+    let (a, b, cp) = (SendA(a), SendB(b), Shared(c));
+    let run = move |start: usize| {
+        // Move the wrappers (not their fields) into the closure, so it is Send.
+        let (a, b, cp) = (a, b, cp);
+        let (rows, cols) = if by_rows {
+            (start..(start + chunk).min(m), 0..n)
+        } else {
+            (0..m, start..(start + chunk).min(n))
         };
-        // SAFETY: as for `sgemm`; this call writes columns j0..j1 of C only.
-        unsafe { block(m, j1 - j0, k, a, b, cp.0.add(j0), ldc, accumulate) };
+        // SAFETY: as for `product`; this call writes rows × cols of C only.
+        unsafe { block(rows, cols, k, a.0, b.0, cp.0, ldc, accumulate) };
     };
     if parts == 1 {
         run(0);
     } else {
+        let total = if by_rows { m } else { n };
         rayon::scope(|s| {
-            for j0 in (0..n).step_by(cols) {
-                s.spawn(move |_| run(j0));
+            for start in (0..total).step_by(chunk) {
+                s.spawn(move |_| run(start));
             }
         });
     }
 }
+
+/// Operands that may cross threads: the threads read them and write disjoint parts of C.
+#[derive(Clone, Copy)]
+struct SendA<'a>(A<'a>);
+unsafe impl Send for SendA<'_> {}
+unsafe impl Sync for SendA<'_> {}
+#[derive(Clone, Copy)]
+struct SendB(B);
+unsafe impl Send for SendB {}
+unsafe impl Sync for SendB {}
 
 /// 16 floats on a 64-byte boundary: packed panels are built of these so that every `zmm` load
 /// of a panel is aligned (an unaligned one splits a cache line).
@@ -115,22 +236,30 @@ fn aligned(n: usize) -> Vec<Line> {
     vec![Line([0.0; 16]); n.div_ceil(16)]
 }
 
-/// The blocked product on one thread.
+/// The blocked product of rows `rows` and columns `cols` of C on one thread (`rows` starts at a
+/// multiple of MR).
 #[allow(clippy::too_many_arguments)]
 unsafe fn block(
-    m: usize,
-    n: usize,
+    rows: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
     k: usize,
-    a: Mat,
-    b: Mat,
+    a: A,
+    b: B,
     c: *mut f32,
     ldc: usize,
     accumulate: bool,
 ) {
+    let (m, n) = (rows.len(), cols.len());
+    if m == 0 || n == 0 {
+        return;
+    }
     let kc_max = KC.min(k);
     let (nb, na) = (
         kc_max * NC.min(n.div_ceil(NR) * NR),
-        kc_max * MC.min(m.div_ceil(MR) * MR),
+        match a {
+            A::Mat(_) => kc_max * MC.min(m.div_ceil(MR) * MR),
+            A::Packed(_) => 0,
+        },
     );
     // The packing buffers live on per thread and grow as needed: a small GEMM (one image of a
     // convolution) must not pay for allocating and zeroing them on every call.
@@ -146,8 +275,169 @@ unsafe fn block(
         let bp = unsafe { std::slice::from_raw_parts_mut(bp_buf.as_mut_ptr() as *mut f32, nb) };
         let ap = unsafe { std::slice::from_raw_parts_mut(ap_buf.as_mut_ptr() as *mut f32, na) };
         // SAFETY: the caller's contract.
-        unsafe { block_in(m, n, k, a, b, c, ldc, accumulate, bp, ap) }
+        unsafe { block_in(rows, cols, k, a, b, c, ldc, accumulate, bp, ap) }
     })
+}
+
+/// Packs rows `r..r+h` and depths `pc..pc+kc` of `a` into one panel of MR rows, zero-padded.
+///
+/// # Safety
+/// `a` addresses those elements.
+unsafe fn pack_a_panel(a: Mat, r: usize, pc: usize, h: usize, kc: usize, panel: &mut [f32]) {
+    if a.cs == 1 {
+        // A row-major A: walk each row along k, reading memory in order.
+        if h < MR {
+            panel.fill(0.0);
+        }
+        for ii in 0..h {
+            let row = unsafe { a.ptr.add((r + ii) * a.rs + pc) };
+            for p in 0..kc {
+                panel[p * MR + ii] = unsafe { *row.add(p) };
+            }
+        }
+    } else {
+        for p in 0..kc {
+            for ii in 0..MR {
+                panel[p * MR + ii] = if ii < h {
+                    unsafe { *a.ptr.add((r + ii) * a.rs + (pc + p) * a.cs) }
+                } else {
+                    0.0
+                };
+            }
+        }
+    }
+}
+
+/// Packs rows `pc..pc+kc` and columns `j0..j0+w` of a matrix B into one panel of NR columns,
+/// zero-padded.
+///
+/// # Safety
+/// `b` addresses those elements.
+unsafe fn pack_b_panel(b: Mat, pc: usize, kc: usize, j0: usize, w: usize, panel: &mut [f32]) {
+    if b.cs != 1 && b.rs == 1 {
+        // A transposed B: walk each column down, reading memory in order.
+        panel.fill(0.0);
+        for j in 0..w {
+            let col = unsafe { b.ptr.add(pc + (j0 + j) * b.cs) };
+            for p in 0..kc {
+                panel[p * NR + j] = unsafe { *col.add(p) };
+            }
+        }
+    } else {
+        for p in 0..kc {
+            let start = unsafe { b.ptr.add((pc + p) * b.rs + j0 * b.cs) };
+            let dst = &mut panel[p * NR..p * NR + w];
+            if b.cs == 1 {
+                dst.copy_from_slice(unsafe { std::slice::from_raw_parts(start, w) });
+            } else {
+                for (j, d) in dst.iter_mut().enumerate() {
+                    *d = unsafe { *start.add(j * b.cs) };
+                }
+            }
+            panel[p * NR + w..(p + 1) * NR].fill(0.0);
+        }
+    }
+}
+
+/// Packs rows `pc..pc+kc` and columns `j0..j0+w` of the im2col matrix `v` into one panel,
+/// gathering from the images. The panel's columns are cut once into runs along output rows;
+/// then for each tap every run is a contiguous (stride 1) or strided read of one image row, with
+/// zeros where the tap falls in the padding.
+///
+/// # Safety
+/// `v` addresses its images.
+unsafe fn pack_im2col_panel(
+    v: &Im2col,
+    pc: usize,
+    kc: usize,
+    j0: usize,
+    w: usize,
+    panel: &mut [f32],
+) {
+    // (first panel column, length, offset of the image, oy, first ox) of each run.
+    let mut runs = [(0usize, 0usize, 0usize, 0usize, 0usize); NR];
+    let mut count = 0;
+    let per_image = v.oh * v.ow;
+    let mut j = 0;
+    let (mut img, mut pos) = (j0 / per_image, j0 % per_image);
+    let (mut oy, mut ox) = (pos / v.ow, pos % v.ow);
+    while j < w {
+        let run = (v.ow - ox).min(w - j);
+        runs[count] = (j, run, img * v.image_stride, oy, ox);
+        count += 1;
+        j += run;
+        pos += run;
+        ox = 0;
+        oy += 1;
+        if pos == per_image {
+            (img, pos, oy) = (img + 1, 0, 0);
+        }
+    }
+    let runs = &runs[..count];
+    let (sy, sx) = (v.stride[0] as isize, v.stride[1] as isize);
+    let taps = v.kh * v.kw;
+    let (mut ci, mut ky, mut kx) = (pc / taps, pc % taps / v.kw, pc % v.kw);
+    for p in 0..kc {
+        let dst = &mut panel[p * NR..(p + 1) * NR];
+        dst[w..].fill(0.0);
+        let dy = (ky * v.dilation[0]) as isize - v.pad[0] as isize;
+        let dx = (kx * v.dilation[1]) as isize - v.pad[1] as isize;
+        // Output columns ox with 0 <= ox * sx + dx < w read inside the image row.
+        let (lo, hi) = if sx == 1 {
+            (
+                (-dx).max(0) as usize,
+                (v.w as isize - dx).clamp(0, v.ow as isize) as usize,
+            )
+        } else {
+            let lo = if dx >= 0 {
+                0
+            } else {
+                ((-dx + sx - 1) / sx) as usize
+            };
+            let hi = if v.w as isize - 1 - dx < 0 {
+                0
+            } else {
+                (((v.w as isize - 1 - dx) / sx + 1) as usize).min(v.ow)
+            };
+            (lo, hi)
+        };
+        let channel = ci * v.h;
+        for &(j, run, image, oy, ox) in runs {
+            let out = &mut dst[j..j + run];
+            let iy = oy as isize * sy + dy;
+            if iy < 0 || iy >= v.h as isize || hi <= lo {
+                out.fill(0.0);
+                continue;
+            }
+            let row = unsafe { v.x.add(image + (channel + iy as usize) * v.w) };
+            // The in-image part of this run: output columns a..b.
+            let (a, b) = (lo.clamp(ox, ox + run), hi.clamp(ox, ox + run));
+            out[..a - ox].fill(0.0);
+            out[b - ox..].fill(0.0);
+            if b > a {
+                let first = (a as isize * sx + dx) as usize;
+                let seg = &mut out[a - ox..b - ox];
+                if sx == 1 {
+                    seg.copy_from_slice(unsafe {
+                        std::slice::from_raw_parts(row.add(first), b - a)
+                    });
+                } else {
+                    for (t, d) in seg.iter_mut().enumerate() {
+                        *d = unsafe { *row.add(first + t * sx as usize) };
+                    }
+                }
+            }
+        }
+        kx += 1;
+        if kx == v.kw {
+            kx = 0;
+            ky += 1;
+            if ky == v.kh {
+                ky = 0;
+                ci += 1;
+            }
+        }
+    }
 }
 
 thread_local! {
@@ -159,85 +449,57 @@ thread_local! {
 /// `block` with its packing buffers.
 #[allow(clippy::too_many_arguments)]
 unsafe fn block_in(
-    m: usize,
-    n: usize,
+    rows: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
     k: usize,
-    a: Mat,
-    b: Mat,
+    a: A,
+    b: B,
     c: *mut f32,
     ldc: usize,
     accumulate: bool,
     bp: &mut [f32],
     ap: &mut [f32],
 ) {
+    let (r0, m) = (rows.start, rows.len());
+    let (c0, n) = (cols.start, cols.len());
     for jc in (0..n).step_by(NC) {
         let nc = NC.min(n - jc);
         for pc in (0..k).step_by(KC) {
             let kc = KC.min(k - pc);
-            // Pack B[pc.., jc..] into panels of NR columns, zero-padded.
             for (jp, j0) in (0..nc).step_by(NR).enumerate() {
                 let w = NR.min(nc - j0);
                 let panel = &mut bp[jp * kc * NR..(jp + 1) * kc * NR];
-                if b.cs != 1 && b.rs == 1 {
-                    // A transposed B: walk each column down, reading memory in order.
-                    panel.fill(0.0);
-                    for j in 0..w {
-                        let col = unsafe { b.ptr.add(pc + (jc + j0 + j) * b.cs) };
-                        for p in 0..kc {
-                            panel[p * NR + j] = unsafe { *col.add(p) };
-                        }
-                    }
-                } else {
-                    for p in 0..kc {
-                        let start = unsafe { b.ptr.add((pc + p) * b.rs + (jc + j0) * b.cs) };
-                        let dst = &mut panel[p * NR..p * NR + w];
-                        if b.cs == 1 {
-                            dst.copy_from_slice(unsafe { std::slice::from_raw_parts(start, w) });
-                        } else {
-                            for (j, d) in dst.iter_mut().enumerate() {
-                                *d = unsafe { *start.add(j * b.cs) };
-                            }
-                        }
-                        panel[p * NR + w..(p + 1) * NR].fill(0.0);
+                let col = c0 + jc + j0;
+                // SAFETY: the caller's contract.
+                unsafe {
+                    match &b {
+                        B::Mat(b) => pack_b_panel(*b, pc, kc, col, w, panel),
+                        B::Im2col(v) => pack_im2col_panel(v, pc, kc, col, w, panel),
                     }
                 }
             }
             for ic in (0..m).step_by(MC) {
                 let mc = MC.min(m - ic);
-                // Pack A[ic.., pc..] into panels of MR rows, zero-padded.
-                for (ip, i0) in (0..mc).step_by(MR).enumerate() {
-                    let h = MR.min(mc - i0);
-                    let panel = &mut ap[ip * kc * MR..(ip + 1) * kc * MR];
-                    if a.cs == 1 {
-                        // A row-major A: walk each row along k, reading memory in order.
-                        if h < MR {
-                            panel.fill(0.0);
+                let a_block = match a {
+                    A::Mat(a) => {
+                        for (ip, i0) in (0..mc).step_by(MR).enumerate() {
+                            let panel = &mut ap[ip * kc * MR..(ip + 1) * kc * MR];
+                            // SAFETY: the caller's contract.
+                            unsafe {
+                                pack_a_panel(a, r0 + ic + i0, pc, MR.min(mc - i0), kc, panel)
+                            };
                         }
-                        for ii in 0..h {
-                            let row = unsafe { a.ptr.add((ic + i0 + ii) * a.rs + pc) };
-                            for p in 0..kc {
-                                panel[p * MR + ii] = unsafe { *row.add(p) };
-                            }
-                        }
-                    } else {
-                        for p in 0..kc {
-                            for ii in 0..MR {
-                                panel[p * MR + ii] = if ii < h {
-                                    unsafe { *a.ptr.add((ic + i0 + ii) * a.rs + (pc + p) * a.cs) }
-                                } else {
-                                    0.0
-                                };
-                            }
-                        }
+                        ap.as_ptr()
                     }
-                }
+                    A::Packed(p) => unsafe { p.ptr().add(pc * p.mpad + (r0 + ic) * kc) },
+                };
                 for (jp, j0) in (0..nc).step_by(NR).enumerate() {
                     for (ip, i0) in (0..mc).step_by(MR).enumerate() {
-                        let cp = unsafe { c.add((ic + i0) * ldc + jc + j0) };
+                        let cp = unsafe { c.add((r0 + ic + i0) * ldc + c0 + jc + j0) };
                         unsafe {
                             micro(
                                 kc,
-                                ap.as_ptr().add(ip * kc * MR),
+                                a_block.add(ip * kc * MR),
                                 bp.as_ptr().add(jp * kc * NR),
                                 cp,
                                 ldc,
@@ -333,6 +595,114 @@ unsafe fn micro(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A packed A, and B as the im2col view of two images (strided, padded, dilated, with more
+    /// columns than a panel and more taps than a depth block), against explicit im2col.
+    #[test]
+    fn packed_a_and_implicit_im2col() {
+        if !available() {
+            return;
+        }
+        // (channels, h, w, kh, kw, stride, dilation, pad, output channels)
+        let cases = [
+            (3, 9, 8, 3, 3, [2, 1], [1, 2], [1, 2], 13),
+            (30, 7, 7, 3, 3, [1, 1], [1, 1], [1, 1], 25),
+            // Few columns and enough rows: with a packed A, threads split the rows.
+            (20, 12, 11, 5, 4, [3, 2], [1, 1], [2, 0], 40),
+        ];
+        for (ch, h, w, kh, kw, st, dil, pad, o) in cases {
+            let oh = (h + 2 * pad[0] - dil[0] * (kh - 1) - 1) / st[0] + 1;
+            let ow = (w + 2 * pad[1] - dil[1] * (kw - 1) - 1) / st[1] + 1;
+            let images = 2;
+            let x: Vec<f32> = (0..images * ch * h * w)
+                .map(|i| ((i * 7 % 19) as f32 - 9.0) / 4.0)
+                .collect();
+            let k = ch * kh * kw;
+            let n = images * oh * ow;
+            let filt: Vec<f32> = (0..o * k)
+                .map(|i| ((i * 5 % 11) as f32 - 5.0) / 8.0)
+                .collect();
+            // Explicit im2col: row (c, ky, kx), column (image, oy, ox).
+            let mut cols = vec![0.0f32; k * n];
+            for c in 0..ch {
+                for ky in 0..kh {
+                    for kx in 0..kw {
+                        let r = (c * kh + ky) * kw + kx;
+                        for im in 0..images {
+                            for oy in 0..oh {
+                                for ox in 0..ow {
+                                    let iy = (oy * st[0] + ky * dil[0]) as isize - pad[0] as isize;
+                                    let ix = (ox * st[1] + kx * dil[1]) as isize - pad[1] as isize;
+                                    if (0..h as isize).contains(&iy)
+                                        && (0..w as isize).contains(&ix)
+                                    {
+                                        cols[r * n + (im * oh + oy) * ow + ox] =
+                                            x[((im * ch + c) * h + iy as usize) * w + ix as usize];
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            let fa = Mat {
+                ptr: filt.as_ptr(),
+                rs: k,
+                cs: 1,
+            };
+            let mut want = vec![0.0f32; o * n];
+            unsafe {
+                sgemm(
+                    o,
+                    n,
+                    k,
+                    fa,
+                    Mat {
+                        ptr: cols.as_ptr(),
+                        rs: n,
+                        cs: 1,
+                    },
+                    want.as_mut_ptr(),
+                    n,
+                    false,
+                    1,
+                )
+            };
+            let view = Im2col {
+                x: x.as_ptr(),
+                image_stride: ch * h * w,
+                h,
+                w,
+                kh,
+                kw,
+                oh,
+                ow,
+                stride: st,
+                dilation: dil,
+                pad,
+            };
+            let packed = unsafe { PackedA::new(o, k, fa) };
+            for threads in [1, 2] {
+                for a in [A::Mat(fa), A::Packed(&packed)] {
+                    let mut got = vec![f32::NAN; o * n];
+                    unsafe {
+                        product(
+                            o,
+                            n,
+                            k,
+                            a,
+                            B::Im2col(view),
+                            got.as_mut_ptr(),
+                            n,
+                            false,
+                            threads,
+                        )
+                    };
+                    assert_eq!(got, want, "case {ch}x{h}x{w} k{kh}x{kw}, {threads} threads");
+                }
+            }
+        }
+    }
 
     #[test]
     fn matches_a_plain_product() {
