@@ -957,9 +957,8 @@ unsafe fn conv_gemm<
 }
 
 /// A depthwise convolution (one filter per channel, `groups == C == O`) computed directly: a
-/// GEMM per channel would multiply a 1 x kH*kW filter by its columns, all overhead. For each
-/// output row and filter tap, the in-image run of the row is one multiply-add over contiguous
-/// (stride 1) or strided input; channels are split among threads.
+/// GEMM per channel would multiply a 1 x kH*kW filter by its columns, all overhead. Channels are
+/// split among threads; see [`depthwise_plane`] for one channel.
 ///
 /// # Safety
 /// `x`, `w` and `y` hold tensors of the dims `cv` records.
@@ -971,7 +970,8 @@ where
     let [_, _, kh, kw] = cv.wd;
     let [_, _, oh, ow] = cv.yd;
     let taps = Taps::new(cv);
-    let (sy, sx) = (taps.s[0], taps.s[1]);
+    let f32_fma = std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() && has_avx2_fma();
+    let (px, pw, py) = (Ptr(x), Ptr(w), Ptr(y));
     let plane = |ch: usize, px: Ptr<T>, pw: Ptr<T>, py: Ptr<T>| {
         let (px, pw, py) = (px, pw, py);
         // SAFETY: channel `ch` of image `ch / c` is in bounds of x and y, its filter of w; each
@@ -980,54 +980,152 @@ where
             let xin = std::slice::from_raw_parts(px.0.add(ch * h * wd), h * wd);
             let out = std::slice::from_raw_parts_mut(py.0.add(ch * oh * ow), oh * ow);
             let f = std::slice::from_raw_parts(pw.0.add((ch % c) * kh * kw), kh * kw);
-            out.fill(T::default());
-            for oy in 0..oh {
-                let row = &mut out[oy * ow..(oy + 1) * ow];
-                for ky in 0..kh {
-                    let iy = oy as isize * sy + ky as isize * taps.d[0] - taps.p[0];
-                    if iy < 0 || iy >= taps.h {
-                        continue;
-                    }
-                    let src = &xin[iy as usize * wd..(iy as usize + 1) * wd];
-                    for kx in 0..kw {
-                        let wv = f[ky * kw + kx];
-                        // ix = ox * sx + off must lie in 0..wd.
-                        let off = kx as isize * taps.d[1] - taps.p[1];
-                        let lo = if off >= 0 { 0 } else { (-off + sx - 1) / sx };
-                        let hi = if taps.w - 1 - off < 0 {
-                            0
-                        } else {
-                            ((taps.w - 1 - off) / sx + 1).min(ow as isize)
-                        };
-                        if hi <= lo {
-                            continue;
-                        }
-                        let (lo, hi) = (lo as usize, hi as usize);
-                        let first = (lo as isize * sx + off) as usize;
-                        if sx == 1 {
-                            for (o, &v) in row[lo..hi].iter_mut().zip(&src[first..]) {
-                                *o += wv * v;
-                            }
-                        } else {
-                            let step = sx as usize;
-                            for (o, &v) in row[lo..hi]
-                                .iter_mut()
-                                .zip(src[first..].iter().step_by(step))
-                            {
-                                *o += wv * v;
-                            }
-                        }
-                    }
-                }
+            if f32_fma {
+                let cast = |s: &[T]| std::slice::from_raw_parts(s.as_ptr() as *const f32, s.len());
+                let out = std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut f32, out.len());
+                depthwise_plane_fma(&taps, [kh, kw, oh, ow], cast(xin), cast(f), out);
+            } else {
+                depthwise_plane::<T, false>(&taps, [kh, kw, oh, ow], xin, f, out);
             }
         }
     };
-    let (px, pw, py) = (Ptr(x), Ptr(w), Ptr(y));
     use rayon::prelude::*;
     (0..nb * c)
         .into_par_iter()
         .with_min_len(4)
         .for_each(|ch| plane(ch, px, pw, py));
+}
+
+/// Whether this CPU has AVX2 and FMA (the depthwise kernel's wide version).
+fn has_avx2_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// [`depthwise_plane`] for f32 compiled for AVX2 with fused multiply-adds.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA ([`has_avx2_fma`]).
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma"))]
+unsafe fn depthwise_plane_fma(
+    taps: &Taps,
+    dims: [usize; 4],
+    x: &[f32],
+    f: &[f32],
+    out: &mut [f32],
+) {
+    depthwise_plane::<f32, true>(taps, dims, x, f, out)
+}
+
+/// One channel of a depthwise convolution: `dims` is `[kh, kw, oh, ow]`, `x` the input plane, `f`
+/// the channel's filter. For each output row and filter tap, the in-image span of the row is
+/// one multiply-add run over contiguous input. With a column stride `s > 1` the input rows are
+/// first split by column phase (`x[.., q::s]` for each `q < s`), so the runs stay contiguous and
+/// vectorise. `FMA` fuses each multiply-add (f32 with the CPU feature only).
+#[inline(always)]
+fn depthwise_plane<T, const FMA: bool>(
+    taps: &Taps,
+    [kh, kw, oh, ow]: [usize; 4],
+    x: &[T],
+    f: &[T],
+    out: &mut [T],
+) where
+    T: Copy + Default + std::ops::AddAssign + std::ops::Mul<Output = T> + 'static,
+{
+    let (h, w) = (taps.h as usize, taps.w as usize);
+    let (sy, sx) = (taps.s[0], taps.s[1]);
+    let s = sx as usize;
+    // Column phases: phase q holds columns q, q + s, ... of every row, `pw` per row.
+    let pw = w.div_ceil(s);
+    let split;
+    let src: &[T] = if s == 1 {
+        x
+    } else {
+        let mut v = vec![T::default(); s * h * pw];
+        for q in 0..s {
+            for r in 0..h {
+                let dst = &mut v[(q * h + r) * pw..(q * h + r + 1) * pw];
+                for (d, &e) in dst
+                    .iter_mut()
+                    .zip(x[r * w + q..(r + 1) * w].iter().step_by(s))
+                {
+                    *d = e;
+                }
+            }
+        }
+        split = v;
+        &split
+    };
+    // Per filter column: the output columns lo..hi whose tap is inside the row, and where
+    // their inputs start (phase, index in the phase).
+    let spans: Vec<(usize, usize, usize)> = (0..kw)
+        .map(|kx| {
+            // ix = ox * sx + off must lie in 0..w.
+            let off = kx as isize * taps.d[1] - taps.p[1];
+            let lo = if off >= 0 { 0 } else { (-off + sx - 1) / sx };
+            let hi = if taps.w - 1 - off < 0 {
+                0
+            } else {
+                ((taps.w - 1 - off) / sx + 1).min(ow as isize)
+            };
+            if hi <= lo {
+                return (0, 0, 0);
+            }
+            let first = (lo * sx + off) as usize;
+            (lo as usize, hi as usize, (first % s) * h * pw + first / s)
+        })
+        .collect();
+    out.fill(T::default());
+    for oy in 0..oh {
+        let row = &mut out[oy * ow..(oy + 1) * ow];
+        for ky in 0..kh {
+            let iy = oy as isize * sy + ky as isize * taps.d[0] - taps.p[0];
+            if iy < 0 || iy >= taps.h {
+                continue;
+            }
+            let at = |kx: usize, from: usize, len: usize| {
+                let (lo, _, start) = spans[kx];
+                let b = start + iy as usize * pw + (from - lo);
+                &src[b..b + len]
+            };
+            for (kx, &(lo, hi, _)) in spans.iter().enumerate() {
+                if hi > lo {
+                    depthwise_run::<T, FMA>(&mut row[lo..hi], at(kx, lo, hi - lo), f[ky * kw + kx]);
+                }
+            }
+        }
+    }
+}
+
+/// `out += wv * input`, elementwise (fused when `FMA`, where T is f32).
+#[inline(always)]
+fn depthwise_run<T, const FMA: bool>(out: &mut [T], input: &[T], wv: T)
+where
+    T: Copy + std::ops::AddAssign + std::ops::Mul<Output = T> + 'static,
+{
+    if FMA {
+        // SAFETY: T is f32 (only `depthwise_plane_fma` sets FMA).
+        let (o, i, wv) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut f32, out.len()),
+                std::slice::from_raw_parts(input.as_ptr() as *const f32, input.len()),
+                *(&wv as *const T as *const f32),
+            )
+        };
+        for (o, &v) in o.iter_mut().zip(i) {
+            *o = v.mul_add(wv, *o);
+        }
+    } else {
+        for (o, &v) in out.iter_mut().zip(input) {
+            *o += wv * v;
+        }
+    }
 }
 
 /// The convolution of `images` on one thread (see `conv_gemm`), `cv.group` images side by side
@@ -1080,11 +1178,12 @@ unsafe fn conv_images<T: Copy + Default + std::ops::AddAssign + 'static>(
                     _ => out(0),
                 };
                 let implicit = cv.mode == ConvMode::Forward
-                    && scratch.is_some()
                     && std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
-                    && sgemm::available();
+                    && sgemm::available()
+                    && (scratch.is_some() || !cv.packed.is_empty());
                 if implicit {
-                    // The f32 GEMM gathers its columns from the images itself.
+                    // The f32 GEMM gathers its columns from the images itself (a plain 1x1
+                    // reads its one image as they are).
                     let view = sgemm::Im2col {
                         x: image(0) as *const f32,
                         image_stride: c * h * wd,
@@ -1111,17 +1210,15 @@ unsafe fn conv_images<T: Copy + Default + std::ops::AddAssign + 'static>(
                     } else {
                         1
                     };
-                    sgemm::product(
-                        og,
-                        ld,
-                        kk,
-                        a,
-                        sgemm::B::Im2col(view),
-                        rows as *mut f32,
-                        ld,
-                        false,
-                        threads,
-                    );
+                    let b = match scratch {
+                        Some(_) => sgemm::B::Im2col(view),
+                        None => sgemm::B::Mat(sgemm::Mat {
+                            ptr: cols as *const f32,
+                            rs: m,
+                            cs: 1,
+                        }),
+                    };
+                    sgemm::product(og, ld, kk, a, b, rows as *mut f32, ld, false, threads);
                 } else if cv.mode != ConvMode::GradInput && scratch.is_some() {
                     for i in 0..b {
                         taps.im2col(cv, image(i), cols.add(i * m), m, ld);
