@@ -335,6 +335,22 @@ fn matmuls_through_gemm_with_epilogues() {
   %c = matmul %a, %b : f64[64,64]
   return %c
 }",
+        // Row vectors (the GEMV path): a weight as it is, a transposed one (a fully connected
+        // layer's [out, in] weight), and batched.
+        "func @f(%x: f32[1,300], %w: f32[300,257], %b: f32[257]) -> (f32[1,257]) {
+  %h = matmul %x, %w : f32[1,257]
+  %y = add %h, %b : f32[1,257]
+  return %y
+}",
+        "func @f(%x: f32[1,300], %wt: f32[257,300]) -> (f32[1,257]) {
+  %w = transpose %wt {perm=[1,0]} : f32[300,257]
+  %y = matmul %x, %w : f32[1,257]
+  return %y
+}",
+        "func @f(%a: f32[2,1,40], %b: f32[2,40,9]) -> (f32[2,1,9]) {
+  %c = matmul %a, %b : f32[2,1,9]
+  return %c
+}",
         // Large enough to run on both cores.
         "func @f(%a: f32[96,128], %b: f32[128,80]) -> (f32[96,80]) {
   %c = matmul %a, %b : f32[96,80]

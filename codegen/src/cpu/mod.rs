@@ -482,11 +482,79 @@ fn run_matmul(mm: &MatMul, addr: &dyn Fn(Value) -> *mut u8) {
     // SAFETY: a, b and dst hold tensors of the dims recorded at compile time, of `dtype`.
     unsafe {
         match mm.dtype {
+            DType::F32 if mm.m == 1 && !mm.ta => gemv(mm, a as _, b as _, dst as _),
             DType::F32 => matmul_batches::<f32>(mm, a as _, b as _, dst as _, 1.0),
             DType::F64 => matmul_batches::<f64>(mm, a as _, b as _, dst as _, 1.0),
             _ => unreachable!("library matmuls are f32 or f64"),
         }
     }
+}
+
+/// A row vector times a matrix, per batch: packing the matrix for a GEMM would cost more than
+/// the product. With B transposed (a `[n, k]` weight, as `Gemm` with `transB` and fully
+/// connected layers store it) each output is a dot product of two contiguous rows; otherwise
+/// the output row accumulates `a[p] * B[p, ..]`. Outputs are split among threads.
+///
+/// # Safety
+/// As for `matmul_batches`, with `m == 1` and `a` not transposed.
+unsafe fn gemv(mm: &MatMul, a: *const f32, b: *const f32, dst: *mut f32) {
+    let (n, k) = (mm.n, mm.k);
+    let (pa, pb, pd) = (Ptr(a as *mut f32), Ptr(b as *mut f32), Ptr(dst));
+    for (i, &(ab, bb)) in mm.batches.iter().enumerate() {
+        let chunk = n.div_ceil(rayon::current_num_threads()).max(64);
+        let job = move |j0: usize| {
+            let (pa, pb, pd) = (pa, pb, pd);
+            let j1 = (j0 + chunk).min(n);
+            // SAFETY: the batch's operands are in bounds (the caller's contract); each job
+            // writes outputs j0..j1 only.
+            unsafe {
+                let x = std::slice::from_raw_parts(pa.0.add(ab * k), k);
+                let y = std::slice::from_raw_parts_mut(pd.0.add(i * n + j0), j1 - j0);
+                let w = pb.0.add(bb * k * n);
+                if mm.tb {
+                    for (j, y) in (j0..j1).zip(y.iter_mut()) {
+                        let row = std::slice::from_raw_parts(w.add(j * k), k);
+                        *y = dot(x, row);
+                    }
+                } else {
+                    y.fill(0.0);
+                    for (p, &xp) in x.iter().enumerate() {
+                        let row = std::slice::from_raw_parts(w.add(p * n + j0), j1 - j0);
+                        for (y, &v) in y.iter_mut().zip(row) {
+                            *y += xp * v;
+                        }
+                    }
+                }
+            }
+        };
+        if n * k < 1 << 16 {
+            (0..n).step_by(chunk).for_each(job);
+            continue;
+        }
+        rayon::scope(|s| {
+            for j0 in (0..n).step_by(chunk) {
+                s.spawn(move |_| job(j0));
+            }
+        });
+    }
+}
+
+/// A dot product in eight independent partial sums, so it vectorises.
+fn dot(x: &[f32], y: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let (xc, yc) = (x.chunks_exact(8), y.chunks_exact(8));
+    let tail: f32 = xc
+        .remainder()
+        .iter()
+        .zip(yc.remainder())
+        .map(|(a, b)| a * b)
+        .sum();
+    for (a, b) in xc.zip(yc) {
+        for t in 0..8 {
+            acc[t] += a[t] * b[t];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
 }
 
 /// One GEMM per output batch.
