@@ -168,6 +168,161 @@ pub(crate) fn lower(cx: &mut Ctx, n: &Node) -> Result<Vec<Option<Value>>> {
             let (c, a, b) = (x()?, n.input(1, "X")?, n.input(2, "Y")?);
             one(cx.op1(OpKind::Select, &[c, a, b])?)
         }
+        "Not" => {
+            let x = x()?;
+            let f = cx.scalar(DType::Bool, 0.0)?;
+            one(compare(cx, CmpOp::Eq, x, f)?)
+        }
+        "And" | "Or" | "Xor" => {
+            let a = x()?;
+            let b = legacy_b(cx, n)?;
+            one(match n.op_type() {
+                "And" => {
+                    let f = cx.scalar(DType::Bool, 0.0)?;
+                    cx.op1(OpKind::Select, &[a, b, f])?
+                }
+                "Or" => {
+                    let t = cx.scalar(DType::Bool, 1.0)?;
+                    cx.op1(OpKind::Select, &[a, t, b])?
+                }
+                _ => compare(cx, CmpOp::Ne, a, b)?,
+            })
+        }
+        "Softplus" => one(softplus(cx, x()?)?),
+        "Softsign" => {
+            let x = x()?;
+            let a = unary(cx, U::Abs, x)?;
+            let one_ = cx.scalar(cx.dtype(x), 1.0)?;
+            let d = binary(cx, B::Add, a, one_)?;
+            one(binary(cx, B::Div, x, d)?)
+        }
+        "Mish" => {
+            let x = x()?;
+            let sp = softplus(cx, x)?;
+            let t = unary(cx, U::Tanh, sp)?;
+            one(binary(cx, B::Mul, x, t)?)
+        }
+        "HardSigmoid" => {
+            let (alpha, beta) = (n.float("alpha", 0.2)? as f64, n.float("beta", 0.5)? as f64);
+            one(hard_sigmoid(cx, x()?, alpha, beta)?)
+        }
+        "HardSwish" => {
+            let x = x()?;
+            let h = hard_sigmoid(cx, x, 1.0 / 6.0, 0.5)?;
+            one(binary(cx, B::Mul, x, h)?)
+        }
+        "Selu" => {
+            let alpha = n.float("alpha", 1.673_263_2)? as f64;
+            let gamma = n.float("gamma", 1.050_701)? as f64;
+            let x = x()?;
+            let dt = cx.dtype(x);
+            let e = elu(cx, x, alpha)?;
+            let g = cx.scalar(dt, gamma)?;
+            one(binary(cx, B::Mul, e, g)?)
+        }
+        "Celu" => {
+            // max(0, x) + min(0, alpha * (exp(x / alpha) - 1))
+            let alpha = n.float("alpha", 1.0)? as f64;
+            let x = x()?;
+            let dt = cx.dtype(x);
+            let a = cx.scalar(dt, alpha)?;
+            let xa = binary(cx, B::Div, x, a)?;
+            let e = elu(cx, xa, 1.0)?;
+            let ae = binary(cx, B::Mul, e, a)?;
+            let zero = cx.scalar(dt, 0.0)?;
+            let neg = binary(cx, B::Min, ae, zero)?;
+            let pos = unary(cx, U::Relu, x)?;
+            one(binary(cx, B::Add, pos, neg)?)
+        }
+        "ThresholdedRelu" => {
+            let alpha = n.float("alpha", 1.0)? as f64;
+            let x = x()?;
+            let dt = cx.dtype(x);
+            let a = cx.scalar(dt, alpha)?;
+            let gt = compare(cx, CmpOp::Gt, x, a)?;
+            let zero = cx.scalar(dt, 0.0)?;
+            one(cx.op1(OpKind::Select, &[gt, x, zero])?)
+        }
+        "PRelu" => {
+            let x = x()?;
+            let mut slope = n.input(1, "slope")?;
+            let (xd, sd) = (cx.dims(x), cx.dims(slope));
+            if n.opset < 7 && xd.len() > 2 && sd.len() == 1 && sd[0] == xd[1] && sd[0] != 1 {
+                // Before opset 7 a 1-D slope is per channel (axis 1).
+                let mut d = vec![1; xd.len() - 1];
+                d[0] = sd[0];
+                slope = reshape(cx, slope, &d)?;
+            }
+            let ax = binary(cx, B::Mul, x, slope)?;
+            let zero = cx.scalar(cx.dtype(x), 0.0)?;
+            let lt = compare(cx, CmpOp::Lt, x, zero)?;
+            one(cx.op1(OpKind::Select, &[lt, ax, x])?)
+        }
+        "Sign" => {
+            let x = x()?;
+            let dt = cx.dtype(x);
+            let (zero, p1, m1) = (
+                cx.scalar(dt, 0.0)?,
+                cx.scalar(dt, 1.0)?,
+                cx.scalar(dt, -1.0)?,
+            );
+            let gt = compare(cx, CmpOp::Gt, x, zero)?;
+            let lt = compare(cx, CmpOp::Lt, x, zero)?;
+            let neg = cx.op1(OpKind::Select, &[lt, m1, zero])?;
+            one(cx.op1(OpKind::Select, &[gt, p1, neg])?)
+        }
+        "ReduceMin" | "ReduceL1" | "ReduceL2" | "ReduceSumSquare" | "ReduceLogSum"
+        | "ReduceLogSumExp" => one(reduce_composite(cx, n)?),
+        "Split" => split(cx, n),
+        "Pad" => one(pad(cx, n)?),
+        "Tile" => {
+            let x = x()?;
+            let reps = const_ints(cx, n, 1, "repeats")?;
+            let r = cx.ty(x).rank();
+            if reps.len() != r || reps.iter().any(|&k| k < 0) {
+                return Err(Error::invalid(format!(
+                    "repeats {reps:?} must be {r} non-negative numbers"
+                )));
+            }
+            let mut y = x;
+            for (a, &k) in reps.iter().enumerate() {
+                if k != 1 {
+                    if k == 0 || k > 1 << 16 {
+                        return n.unsupported(format_args!("repeats {k}"));
+                    }
+                    let parts = vec![y; k as usize];
+                    y = cx.op1(OpKind::Concat { axis: a as i64 }, &parts)?;
+                }
+            }
+            one(y)
+        }
+        "Trilu" => one(trilu(cx, n)?),
+        "Range" => {
+            let dt = cx.dtype(x()?);
+            let get = |i: usize, what: &str| -> Result<f64> {
+                let t = const_input(cx, n, i, what)?;
+                if t.ty().numel() != 1 {
+                    return Err(Error::invalid(format!(
+                        "{what} must be a scalar, found {}",
+                        t.ty()
+                    )));
+                }
+                Ok(t.data().get(0).to_f64())
+            };
+            let (start, limit, delta) = (get(0, "start")?, get(1, "limit")?, get(2, "delta")?);
+            if delta == 0.0 {
+                return Err(Error::invalid("delta is 0"));
+            }
+            let count = ((limit - start) / delta).ceil().max(0.0);
+            if count > (1u64 << 24) as f64 {
+                return n.unsupported(format_args!("{count} elements"));
+            }
+            let vals = (0..count as u64).map(|i| scalar_of(dt, start + i as f64 * delta));
+            let data = Data::from_scalars(dt, vals).ok_or_else(|| Error::invalid("Range"))?;
+            let t = Tensor::from_data(&[count as u64], data).map_err(|e| Error::invalid(e.0))?;
+            one(cx.constant(t)?)
+        }
+        "ConvTranspose" => one(conv_transpose(cx, n)?),
         "Identity" => one(x()?),
         "Dropout" => dropout(cx, n),
         "Cast" => {
@@ -186,16 +341,7 @@ pub(crate) fn lower(cx: &mut Ctx, n: &Node) -> Result<Vec<Option<Value>>> {
         }
         "Elu" => {
             let alpha = n.float("alpha", 1.0)? as f64;
-            let x = x()?;
-            let dt = cx.dtype(x);
-            let e = unary(cx, U::Exp, x)?;
-            let one_ = cx.scalar(dt, 1.0)?;
-            let em1 = binary(cx, B::Sub, e, one_)?;
-            let a = cx.scalar(dt, alpha)?;
-            let neg = binary(cx, B::Mul, em1, a)?;
-            let zero = cx.scalar(dt, 0.0)?;
-            let lt = compare(cx, CmpOp::Lt, x, zero)?;
-            one(cx.op1(OpKind::Select, &[lt, neg, x])?)
+            one(elu(cx, x()?, alpha)?)
         }
         "Gelu" => one(gelu(cx, n, x()?)?),
         "MatMul" => one(matmul(cx, x()?, n.input(1, "B")?)?),
@@ -567,6 +713,46 @@ fn leaky_relu(cx: &mut Ctx, x: Value, alpha: f64) -> Result<Value> {
     let zero = cx.scalar(dt, 0.0)?;
     let lt = compare(cx, CmpOp::Lt, x, zero)?;
     cx.op1(OpKind::Select, &[lt, ax, x])
+}
+
+/// `x` for `x >= 0`, `alpha * (exp(x) - 1)` below.
+fn elu(cx: &mut Ctx, x: Value, alpha: f64) -> Result<Value> {
+    let dt = cx.dtype(x);
+    let e = unary(cx, UnaryOp::Exp, x)?;
+    let one = cx.scalar(dt, 1.0)?;
+    let em1 = binary(cx, BinaryOp::Sub, e, one)?;
+    let a = cx.scalar(dt, alpha)?;
+    let neg = binary(cx, BinaryOp::Mul, em1, a)?;
+    let zero = cx.scalar(dt, 0.0)?;
+    let lt = compare(cx, CmpOp::Lt, x, zero)?;
+    cx.op1(OpKind::Select, &[lt, neg, x])
+}
+
+/// `log(1 + exp(x))`, computed as `max(x, 0) + log(1 + exp(-|x|))` so it neither overflows nor
+/// loses small values.
+fn softplus(cx: &mut Ctx, x: Value) -> Result<Value> {
+    let dt = cx.dtype(x);
+    let a = unary(cx, UnaryOp::Abs, x)?;
+    let na = unary(cx, UnaryOp::Neg, a)?;
+    let e = unary(cx, UnaryOp::Exp, na)?;
+    let one = cx.scalar(dt, 1.0)?;
+    let e1 = binary(cx, BinaryOp::Add, e, one)?;
+    let l = unary(cx, UnaryOp::Log, e1)?;
+    let r = unary(cx, UnaryOp::Relu, x)?;
+    binary(cx, BinaryOp::Add, r, l)
+}
+
+/// `max(0, min(1, alpha * x + beta))`.
+fn hard_sigmoid(cx: &mut Ctx, x: Value, alpha: f64, beta: f64) -> Result<Value> {
+    let dt = cx.dtype(x);
+    let a = cx.scalar(dt, alpha)?;
+    let b = cx.scalar(dt, beta)?;
+    let ax = binary(cx, BinaryOp::Mul, x, a)?;
+    let y = binary(cx, BinaryOp::Add, ax, b)?;
+    let one = cx.scalar(dt, 1.0)?;
+    let zero = cx.scalar(dt, 0.0)?;
+    let y = binary(cx, BinaryOp::Min, y, one)?;
+    binary(cx, BinaryOp::Max, y, zero)
 }
 
 fn gelu(cx: &mut Ctx, n: &Node, x: Value) -> Result<Value> {
@@ -1076,17 +1262,15 @@ fn reduce(cx: &mut Ctx, n: &Node, op: ReduceOp, input_since: i64) -> Result<Valu
     let x = n.input(0, "data")?;
     if cx.dtype(x) == DType::Bool && op == ReduceOp::Max {
         // `any`, as a maximum over 0/1.
-        let n2 = Node {
-            p: n.p,
-            ins: std::iter::once(Some(cast(cx, x, DType::U8)?))
-                .chain(n.ins[1..].iter().copied())
-                .collect(),
-            opset: n.opset,
-            dir: n.dir,
-        };
-        let y = reduce(cx, &n2, op, input_since)?;
+        let b = cast(cx, x, DType::U8)?;
+        let y = reduce_with(cx, n, op, input_since, b)?;
         return cast(cx, y, DType::Bool);
     }
+    reduce_with(cx, n, op, input_since, x)
+}
+
+/// Reduces `x` over the node's axes (see [`reduce`]).
+fn reduce_with(cx: &mut Ctx, n: &Node, op: ReduceOp, input_since: i64, x: Value) -> Result<Value> {
     let r = cx.ty(x).rank();
     let keepdims = n.int("keepdims", 1)? != 0;
     let axes = axes_of(cx, n, input_since)?.filter(|a| !a.is_empty());
@@ -1101,6 +1285,20 @@ fn reduce(cx: &mut Ctx, n: &Node, op: ReduceOp, input_since: i64) -> Result<Valu
     let mut norm: Vec<usize> = axes.iter().map(|&a| axis(a, r)).collect::<Result<_>>()?;
     norm.sort_unstable();
     norm.dedup();
+    let dims = cx.dims(x);
+    if op == ReduceOp::Max && norm.iter().any(|&a| dims[a] == 0) {
+        // The maximum of nothing: -inf (the smallest value for integers), as ONNX defines it.
+        let out: Vec<u64> = (0..r)
+            .filter_map(|i| match (norm.contains(&i), keepdims) {
+                (false, _) => Some(dims[i]),
+                (true, true) => Some(1),
+                (true, false) => None,
+            })
+            .collect();
+        let dt = cx.dtype(x);
+        let ty = TensorType::new(dt, out).map_err(|e| Error::invalid(e.to_string()))?;
+        return cx.splat(ty, scalar_of(dt, f64::NEG_INFINITY));
+    }
     cx.op1(
         OpKind::Reduce {
             op,
@@ -1109,6 +1307,381 @@ fn reduce(cx: &mut Ctx, n: &Node, op: ReduceOp, input_since: i64) -> Result<Valu
         },
         &[x],
     )
+}
+
+/// The reductions built from `reduce_sum` and `reduce_max` (axes as inputs from opset 18).
+fn reduce_composite(cx: &mut Ctx, n: &Node) -> Result<Value> {
+    let x = n.input(0, "data")?;
+    let dt = cx.dtype(x);
+    if !dt.is_float() {
+        return n.unsupported(format_args!("{dt} data (floats only)"));
+    }
+    let sum = |cx: &mut Ctx, v| reduce_with(cx, n, ReduceOp::Sum, 18, v);
+    match n.op_type() {
+        "ReduceMin" => {
+            let neg = unary(cx, UnaryOp::Neg, x)?;
+            let m = reduce_with(cx, n, ReduceOp::Max, 18, neg)?;
+            unary(cx, UnaryOp::Neg, m)
+        }
+        "ReduceL1" => {
+            let a = unary(cx, UnaryOp::Abs, x)?;
+            sum(cx, a)
+        }
+        "ReduceSumSquare" | "ReduceL2" => {
+            let sq = binary(cx, BinaryOp::Mul, x, x)?;
+            let s = sum(cx, sq)?;
+            if n.op_type() == "ReduceL2" {
+                unary(cx, UnaryOp::Sqrt, s)
+            } else {
+                Ok(s)
+            }
+        }
+        "ReduceLogSum" => {
+            let s = sum(cx, x)?;
+            unary(cx, UnaryOp::Log, s)
+        }
+        _ => {
+            // ReduceLogSumExp: m + log(sum(exp(x - m))), m the maximum (kept as size-1 axes for
+            // the subtraction, then reduced the node's way).
+            let m = reduce_keepdims(cx, n, x)?;
+            let d = binary(cx, BinaryOp::Sub, x, m)?;
+            let e = unary(cx, UnaryOp::Exp, d)?;
+            let s = sum(cx, e)?;
+            let l = unary(cx, UnaryOp::Log, s)?;
+            let mr = reduce_with(cx, n, ReduceOp::Max, 18, x)?;
+            binary(cx, BinaryOp::Add, l, mr)
+        }
+    }
+}
+
+/// The maximum over the node's axes with the reduced axes kept (size 1).
+fn reduce_keepdims(cx: &mut Ctx, n: &Node, x: Value) -> Result<Value> {
+    let m = reduce_with(cx, n, ReduceOp::Max, 18, x)?;
+    if n.int("keepdims", 1)? != 0 || m == x {
+        return Ok(m);
+    }
+    // Put the reduced axes back as ones.
+    let r = cx.ty(x).rank();
+    let axes = axes_of(cx, n, 18)?.filter(|a| !a.is_empty());
+    let axes: Vec<usize> = match axes {
+        Some(a) => a.iter().map(|&a| axis(a, r)).collect::<Result<_>>()?,
+        None => (0..r).collect(),
+    };
+    let dims: Vec<u64> = cx
+        .dims(x)
+        .iter()
+        .enumerate()
+        .map(|(i, &d)| if axes.contains(&i) { 1 } else { d })
+        .collect();
+    reshape(cx, m, &dims)
+}
+
+/// `Split`: slices along `axis`, sized by the `split` input (opset 13+), the `split` attribute,
+/// or evenly (`num_outputs` from opset 18, else the output count; the last part smaller).
+fn split(cx: &mut Ctx, n: &Node) -> Result<Vec<Option<Value>>> {
+    let x = n.input(0, "input")?;
+    let dims = cx.dims(x);
+    let a = axis(n.int("axis", 0)?, dims.len())?;
+    let len = dims[a];
+    let outs = n.p.output.len() as u64;
+    let sizes: Vec<u64> = match if n.opset >= 13 {
+        n.opt(1)
+            .map(|_| const_ints(cx, n, 1, "split"))
+            .transpose()?
+    } else {
+        n.ints("split")?
+    } {
+        Some(s) => s
+            .iter()
+            .map(|&v| {
+                u64::try_from(v)
+                    .map_err(|_| Error::invalid(format!("split {s:?} has a negative size")))
+            })
+            .collect::<Result<_>>()?,
+        None => {
+            let parts = if n.opset >= 18 {
+                n.attr("num_outputs")
+                    .map(|_| n.int("num_outputs", 0))
+                    .transpose()?
+                    .unwrap_or(outs as i64) as u64
+            } else {
+                outs
+            };
+            if parts == 0 {
+                return Err(Error::invalid("Split into 0 parts"));
+            }
+            let each = len.div_ceil(parts);
+            (0..parts)
+                .map(|i| each.min(len.saturating_sub(i * each)))
+                .collect()
+        }
+    };
+    if sizes.iter().sum::<u64>() != len {
+        return Err(Error::invalid(format!(
+            "split sizes {sizes:?} do not add up to axis {a} of length {len}"
+        )));
+    }
+    let r = dims.len();
+    let mut start = 0;
+    let mut res = Vec::with_capacity(sizes.len());
+    for &sz in &sizes {
+        let (mut starts, mut ends, steps) = (vec![0; r], vec![i64::MAX; r], vec![1; r]);
+        starts[a] = start as i64;
+        ends[a] = (start + sz) as i64;
+        res.push(Some(cx.op1(
+            OpKind::Slice {
+                starts,
+                ends,
+                steps,
+            },
+            &[x],
+        )?));
+        start += sz;
+    }
+    Ok(res)
+}
+
+/// `Pad` in `constant` mode: negative pads crop (a slice), positive ones concatenate constant
+/// blocks.
+fn pad(cx: &mut Ctx, n: &Node) -> Result<Value> {
+    let x = n.input(0, "data")?;
+    let mode = n.string("mode", "constant")?;
+    if mode != "constant" {
+        return n.unsupported(format_args!("mode=\"{mode}\""));
+    }
+    let r = cx.ty(x).rank();
+    let (pads, value, axes) = if n.opset < 11 {
+        let p = n
+            .ints("pads")?
+            .ok_or_else(|| Error::invalid("Pad needs `pads`"))?;
+        (p, n.float("value", 0.0)? as f64, None)
+    } else {
+        let p = const_ints(cx, n, 1, "pads")?;
+        let v = match n.opt(2) {
+            Some(_) => {
+                let t = const_input(cx, n, 2, "constant_value")?;
+                if t.ty().numel() == 0 {
+                    0.0
+                } else {
+                    t.data().get(0).to_f64()
+                }
+            }
+            None => 0.0,
+        };
+        let axes = n.opt(3).map(|_| const_ints(cx, n, 3, "axes")).transpose()?;
+        (p, v, axes)
+    };
+    let axes: Vec<usize> = match axes {
+        Some(a) => a.iter().map(|&a| axis(a, r)).collect::<Result<_>>()?,
+        None => (0..r).collect(),
+    };
+    let k = axes.len();
+    if pads.len() != 2 * k {
+        return Err(Error::invalid(format!(
+            "pads {pads:?} must have 2 entries per padded axis ({k} axes)"
+        )));
+    }
+    // Crop first (negative pads), then pad.
+    let dims = cx.dims(x);
+    let (mut starts, mut ends, steps) = (vec![0i64; r], vec![i64::MAX; r], vec![1i64; r]);
+    let mut crop = false;
+    for (i, &a) in axes.iter().enumerate() {
+        let (b, e) = (pads[i], pads[k + i]);
+        if b < 0 {
+            starts[a] = -b;
+            crop = true;
+        }
+        if e < 0 {
+            ends[a] = dims[a] as i64 + e;
+            crop = true;
+        }
+    }
+    let mut y = x;
+    if crop {
+        y = cx.op1(
+            OpKind::Slice {
+                starts,
+                ends,
+                steps,
+            },
+            &[x],
+        )?;
+    }
+    for (i, &a) in axes.iter().enumerate() {
+        let (b, e) = (pads[i].max(0) as u64, pads[k + i].max(0) as u64);
+        if b > 1 << 40 || e > 1 << 40 {
+            return Err(Error::invalid(format!("pads {pads:?} are absurdly large")));
+        }
+        y = pad_axis(cx, y, a, b, e, value)?;
+    }
+    Ok(y)
+}
+
+/// `Trilu`: the lower (`upper=0`) or upper triangle of the last two axes, shifted by `k`, as a
+/// select with a constant mask.
+fn trilu(cx: &mut Ctx, n: &Node) -> Result<Value> {
+    let x = n.input(0, "input")?;
+    let dims = cx.dims(x);
+    let r = dims.len();
+    if r < 2 {
+        return Err(Error::invalid(format!(
+            "Trilu needs rank 2 or more, found {}",
+            cx.ty(x)
+        )));
+    }
+    let k = match n.opt(1) {
+        Some(_) => const_input(cx, n, 1, "k")?.data().get(0).to_f64() as i64,
+        None => 0,
+    };
+    let upper = n.int("upper", 1)? != 0;
+    let (rows, cols) = (dims[r - 2], dims[r - 1]);
+    if rows.saturating_mul(cols) > 1 << 24 {
+        return n.unsupported(format_args!("a {rows}x{cols} matrix"));
+    }
+    let mask: Vec<bool> = (0..rows as i64)
+        .flat_map(|i| (0..cols as i64).map(move |j| if upper { j - i >= k } else { j - i <= k }))
+        .collect();
+    let m = cx.constant(
+        Tensor::from_data(&[rows, cols], Data::Bool(mask)).map_err(|e| Error::invalid(e.0))?,
+    )?;
+    let zero = cx.scalar(cx.dtype(x), 0.0)?;
+    cx.op1(OpKind::Select, &[m, x, zero])
+}
+
+/// `ConvTranspose` as the gradient of a convolution with respect to its input: the filter
+/// `[C_in, C_out/group, kH, kW]` is that convolution's filter, the output its input.
+fn conv_transpose(cx: &mut Ctx, n: &Node) -> Result<Value> {
+    let (x, w) = (n.input(0, "X")?, n.input(1, "W")?);
+    let (x4, one_d) = to_2d(cx, x, "the input", "ConvTranspose")?;
+    let (w4, _) = to_2d(cx, w, "the filter", "ConvTranspose")?;
+    let (xd, wd) = (cx.dims(x), cx.dims(w));
+    if xd.len() != wd.len() {
+        return Err(Error::invalid(format!(
+            "input {} and filter {} differ in rank",
+            cx.ty(x),
+            cx.ty(w)
+        )));
+    }
+    let k = xd.len() - 2;
+    let g = u64::try_from(n.int("group", 1)?)
+        .ok()
+        .filter(|&g| g > 0)
+        .ok_or_else(|| Error::invalid("group must be positive"))?;
+    let kernel: Vec<u64> = wd[2..].to_vec();
+    let get = |name: &str, default: i64| -> Result<Vec<u64>> {
+        let v = n.ints(name)?.unwrap_or_else(|| vec![default; k]);
+        if v.len() != k || v.iter().any(|&e| !(0..1 << 40).contains(&e)) {
+            return Err(Error::invalid(format!(
+                "`{name}` must be {k} non-negative numbers, found {v:?}"
+            )));
+        }
+        Ok(v.iter().map(|&e| e as u64).collect())
+    };
+    let strides = get("strides", 1)?;
+    let dil = get("dilations", 1)?;
+    let out_pad = get("output_padding", 0)?;
+    if strides.iter().chain(&dil).any(|&v| v == 0) {
+        return Err(Error::invalid("strides and dilations must be positive"));
+    }
+    let eff: Vec<u64> = (0..k)
+        .map(|i| (kernel[i].max(1) - 1) * dil[i] + 1)
+        .collect();
+    // The full output before padding is removed, per axis.
+    let full: Vec<u64> = (0..k)
+        .map(|i| strides[i] * (xd[2 + i].max(1) - 1) + out_pad[i] + eff[i])
+        .collect();
+    let auto_pad = n.string("auto_pad", "NOTSET")?;
+    let mut full = full;
+    let (begin, end): (Vec<u64>, Vec<u64>) = if let Some(os) = n.ints("output_shape")? {
+        let os = os
+            .iter()
+            .rev()
+            .take(k)
+            .rev()
+            .map(|&v| v.max(0) as u64)
+            .collect::<Vec<_>>();
+        if os.len() != k {
+            return Err(Error::invalid(format!(
+                "output_shape {os:?} must give {k} spatial sizes"
+            )));
+        }
+        (0..k)
+            .map(|i| {
+                // A larger output than the windows reach is extra output padding at the end.
+                full[i] = full[i].max(os[i]);
+                let total = full[i] - os[i];
+                if auto_pad == "SAME_UPPER" {
+                    (total / 2, total - total / 2)
+                } else {
+                    (total - total / 2, total / 2)
+                }
+            })
+            .unzip()
+    } else {
+        match auto_pad.as_str() {
+            "NOTSET" => {
+                let p = n.ints("pads")?.unwrap_or_else(|| vec![0; 2 * k]);
+                if p.len() != 2 * k || p.iter().any(|&v| !(0..1 << 40).contains(&v)) {
+                    return Err(Error::invalid(format!(
+                        "`pads` must be {} non-negative numbers, found {p:?}",
+                        2 * k
+                    )));
+                }
+                (
+                    (0..k).map(|i| p[i] as u64).collect(),
+                    (0..k).map(|i| p[k + i] as u64).collect(),
+                )
+            }
+            "VALID" => (vec![0; k], vec![0; k]),
+            "SAME_UPPER" | "SAME_LOWER" => (0..k)
+                .map(|i| {
+                    let total = full[i].saturating_sub(xd[2 + i] * strides[i]);
+                    if auto_pad == "SAME_UPPER" {
+                        (total / 2, total - total / 2)
+                    } else {
+                        (total - total / 2, total / 2)
+                    }
+                })
+                .unzip(),
+            other => return Err(Error::invalid(format!("unknown auto_pad `{other}`"))),
+        }
+    };
+    let out: Vec<u64> = (0..k)
+        .map(|i| {
+            full[i]
+                .checked_sub(begin[i] + end[i])
+                .filter(|&o| o > 0)
+                .ok_or_else(|| {
+                    Error::invalid(format!(
+                        "the padding {begin:?}/{end:?} removes the whole output {full:?}"
+                    ))
+                })
+        })
+        .collect::<Result<_>>()?;
+    // The convolution whose input gradient this is; the output padding is extra end padding
+    // its windows never reach.
+    let lift =
+        |v: &[u64], fill: u64| -> [u64; 2] { if one_d { [fill, v[0]] } else { [v[0], v[1]] } };
+    let (b2, e2) = (lift(&begin, 0), lift(&end, 0));
+    let conv = Conv2d {
+        strides: lift(&strides, 1),
+        pads: [b2[0], b2[1], e2[0], e2[1]],
+        dilations: lift(&dil, 1),
+        groups: g,
+    };
+    let o2 = lift(&out, 1);
+    let shape = vec![xd[0], wd[1] * g, o2[0], o2[1]];
+    let mut y = cx.op1(OpKind::Conv2dGradInput { conv, shape }, &[x4, w4])?;
+    if let Some(b) = n.opt(2) {
+        let c = wd[1] * g;
+        let b4 = reshape(cx, b, &[1, c, 1, 1])?;
+        y = binary(cx, BinaryOp::Add, y, b4)?;
+    }
+    if one_d {
+        let d = cx.dims(y);
+        y = reshape(cx, y, &[d[0], d[1], d[3]])?;
+    }
+    Ok(y)
 }
 
 /// `Softmax`/`LogSoftmax`. Before opset 13 the input is viewed as 2-D `[prod(dims[..axis]),
