@@ -197,6 +197,15 @@ fn driver_imports_and_runs_models() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(from_ir, from_onnx);
     assert!(from_onnx.starts_with("%y: f32[8]  min "), "{from_onnx}");
+    // From standard input (recognised by its first byte, as IR text never starts so).
+    let args: Vec<String> = ["tcc", "import", "-", "--shape", "x=4,3"]
+        .map(String::from)
+        .to_vec();
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let bytes = write_model(&mlp());
+    let code = tcc_tools::run(&args, &mut &bytes[..], &mut out, &mut err);
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
+    assert_eq!(String::from_utf8(out).unwrap(), text);
     // Without the binding, the error names the input and says what to do.
     let (code, _, err) = tcc(&["run", p]);
     assert_eq!(code, 1);

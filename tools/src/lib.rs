@@ -282,9 +282,10 @@ fn opts_for(input: &Input, mut opts: tcc_onnx::Options) -> tcc_onnx::Options {
     opts
 }
 
-/// Whether an input is an ONNX model: a `.onnx` file, or bytes that are not text.
+/// Whether an input is an ONNX model: a `.onnx` file, or bytes that start as a serialized
+/// `ModelProto` does (field 1, `ir_version`, a varint: byte 0x08), which IR text never does.
 fn is_onnx(input: &Input) -> bool {
-    input.name.ends_with(".onnx") || std::str::from_utf8(&input.bytes).is_err()
+    input.name.ends_with(".onnx") || input.bytes.first() == Some(&0x08)
 }
 
 /// Parses and verifies IR, or imports an ONNX model; on failure returns the rendered
