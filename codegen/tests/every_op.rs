@@ -507,3 +507,31 @@ fn max_pooling_with_nan_and_ties() {
         "the first of the tied 4.0s takes window 0's gradient"
     );
 }
+
+#[test]
+fn overlapping_max_pooling_with_nan() {
+    // Padded, strided, overlapping windows (the row-wise path): a plane with a NaN takes the
+    // exact window-by-window path, where NaN wins; the plane without one is row by row.
+    let src = "func @f(%x: f32[1,2,5,6]) -> (f32[1,2,3,3]) {\n  %p = max_pool2d %x {kernel=[3,3], strides=[2,2], pads=[1,1,1,0]} : f32[1,2,3,3]\n  return %p\n}";
+    let f = parse_function(src).unwrap();
+    let mut v: Vec<f32> = (0..60)
+        .map(|i| ((i * 7 % 23) as f32 - 11.0) / 4.0)
+        .collect();
+    v[8] = f32::NAN;
+    let x = Tensor::from_f32(&[1, 2, 5, 6], v).unwrap();
+    let want = tcc_ir::interp::run(&f, std::slice::from_ref(&x)).unwrap();
+    let got = Executable::compile(&f).unwrap().run(&[x]).unwrap();
+    let (Data::F32(g), Data::F32(w)) = (got[0].data(), want[0].data()) else {
+        unreachable!()
+    };
+    assert!(
+        g[..9].iter().any(|a| a.is_nan()),
+        "the NaN wins its windows: {g:?}"
+    );
+    assert!(
+        g.iter()
+            .zip(w)
+            .all(|(a, b)| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())),
+        "{g:?} vs {w:?}"
+    );
+}

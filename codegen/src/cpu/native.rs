@@ -221,19 +221,7 @@ impl Native {
                 Kind::MaxPool { p, xd, yd } if tiles(p) => {
                     max_pool_tiled(p, *xd, *yd, input(0), output(0));
                 }
-                Kind::MaxPool { p, xd, yd } => {
-                    let x = input(0);
-                    pool_forward(p, *xd, *yd, x, output(0), |plane, w| {
-                        let mut m = f32::NEG_INFINITY;
-                        w.each(|i| {
-                            let v = plane[i];
-                            if v > m || v.is_nan() {
-                                m = v;
-                            }
-                        });
-                        m
-                    });
-                }
+                Kind::MaxPool { p, xd, yd } => max_pool_rows(p, *xd, *yd, input(0), output(0)),
                 Kind::MaxPoolGrad { p, xd, yd } if tiles(p) => {
                     max_pool_grad_tiled(p, *xd, *yd, input(0), input(1), output(0));
                 }
@@ -456,6 +444,96 @@ fn sum(xs: &[f32]) -> f32 {
 /// Whether any element is NaN (branch-free, so it vectorises).
 fn has_nan(xs: &[f32]) -> bool {
     xs.iter().fold(false, |a, v| a | v.is_nan())
+}
+
+/// `max_pool2d` with padding or overlapping windows, planes in parallel. A plane without NaN is
+/// done row by row: for each window tap, one vectorisable maximum over the span of the output
+/// row whose tap is inside the image (input rows split by column phase when the stride is
+/// larger than one, so the span reads contiguous input). A plane holding a NaN takes the exact
+/// path, window by window, where NaN wins.
+fn max_pool_rows(p: &Pool2d, xd: [usize; 4], yd: [usize; 4], x: &[f32], y: &mut [f32]) {
+    let [_, _, h, w] = xd;
+    let [_, _, oh, ow] = yd;
+    let (kh, kw) = (p.kernel[0] as usize, p.kernel[1] as usize);
+    let (sy, s) = (p.strides[0] as usize, p.strides[1] as usize);
+    let (py, px) = (p.pads[0] as isize, p.pads[1] as isize);
+    let (xs, ys) = (h * w, oh * ow);
+    let pw = w.div_ceil(s);
+    // Per window column: the output columns lo..hi whose tap is in the image, and where their
+    // inputs start in the phase-split plane.
+    let spans: Vec<(usize, usize, usize)> = (0..kw)
+        .map(|kx| {
+            let off = kx as isize - px;
+            let sx = s as isize;
+            let lo = if off >= 0 { 0 } else { (-off + sx - 1) / sx };
+            let hi = if w as isize - 1 - off < 0 {
+                0
+            } else {
+                ((w as isize - 1 - off) / sx + 1).min(ow as isize)
+            };
+            if hi <= lo {
+                return (0, 0, 0);
+            }
+            let first = (lo * sx + off) as usize;
+            (lo as usize, hi as usize, (first % s) * h * pw + first / s)
+        })
+        .collect();
+    let work = |(plane, out): (usize, &mut [f32])| {
+        let xp = &x[plane * xs..(plane + 1) * xs];
+        if has_nan(xp) {
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    let mut m = f32::NEG_INFINITY;
+                    window(p, h, w, oy, ox).each(|i| {
+                        let v = xp[i];
+                        if v > m || v.is_nan() {
+                            m = v;
+                        }
+                    });
+                    out[oy * ow + ox] = m;
+                }
+            }
+            return;
+        }
+        let split;
+        let src: &[f32] = if s == 1 {
+            xp
+        } else {
+            let mut v = vec![f32::NEG_INFINITY; s * h * pw];
+            for q in 0..s {
+                for r in 0..h {
+                    let dst = &mut v[(q * h + r) * pw..(q * h + r + 1) * pw];
+                    for (d, &e) in dst
+                        .iter_mut()
+                        .zip(xp[r * w + q..(r + 1) * w].iter().step_by(s))
+                    {
+                        *d = e;
+                    }
+                }
+            }
+            split = v;
+            &split
+        };
+        for oy in 0..oh {
+            let orow = &mut out[oy * ow..(oy + 1) * ow];
+            orow.fill(f32::NEG_INFINITY);
+            for ky in 0..kh {
+                let iy = (oy * sy + ky) as isize - py;
+                if iy < 0 || iy >= h as isize {
+                    continue;
+                }
+                for &(lo, hi, start) in &spans {
+                    if hi > lo {
+                        let base = start + iy as usize * pw;
+                        for (o, &v) in orow[lo..hi].iter_mut().zip(&src[base..base + (hi - lo)]) {
+                            *o = o.max(v);
+                        }
+                    }
+                }
+            }
+        }
+    };
+    for_planes(y, ys, work);
 }
 
 /// `max_pool2d` for tiling windows: row by row of windows, planes in parallel.
