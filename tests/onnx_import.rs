@@ -2,6 +2,9 @@
 //! inputs fixed with `--const`, external data, the driver's `import` and `run`, and every kind
 //! of bad file giving an error that names the place, never a panic.
 
+mod common;
+use common::tcc;
+
 use std::path::PathBuf;
 use tcc::ir::{Data, Tensor};
 use tcc::onnx::proto::{
@@ -11,20 +14,6 @@ use tcc::onnx::proto::{
     type_proto,
 };
 use tcc::onnx::{Options, import, write_model};
-
-fn tcc(args: &[&str]) -> (i32, String, String) {
-    let args: Vec<String> = std::iter::once("tcc")
-        .chain(args.iter().copied())
-        .map(String::from)
-        .collect();
-    let (mut out, mut err) = (Vec::new(), Vec::new());
-    let code = tcc_tools::run(&args, &mut &b""[..], &mut out, &mut err);
-    (
-        code,
-        String::from_utf8(out).unwrap(),
-        String::from_utf8(err).unwrap(),
-    )
-}
 
 fn scratch(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("tcc-onnx-{}-{name}", std::process::id()));
@@ -198,14 +187,10 @@ fn driver_imports_and_runs_models() {
     assert_eq!(from_ir, from_onnx);
     assert!(from_onnx.starts_with("%y: f32[8]  min "), "{from_onnx}");
     // From standard input (recognised by its first byte, as IR text never starts so).
-    let args: Vec<String> = ["tcc", "import", "-", "--shape", "x=4,3"]
-        .map(String::from)
-        .to_vec();
-    let (mut out, mut err) = (Vec::new(), Vec::new());
-    let bytes = write_model(&mlp());
-    let code = tcc_tools::run(&args, &mut &bytes[..], &mut out, &mut err);
-    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
-    assert_eq!(String::from_utf8(out).unwrap(), text);
+    let (code, out, err) =
+        common::tcc_with(&["import", "-", "--shape", "x=4,3"], &write_model(&mlp()));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, text);
     // Without the binding, the error names the input and says what to do.
     let (code, _, err) = tcc(&["run", p]);
     assert_eq!(code, 1);

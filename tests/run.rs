@@ -2,22 +2,14 @@
 //! `.npy`; the reader checked against files numpy 2.4 wrote (tests/data/npy); and the errors a
 //! user can cause.
 
+mod common;
+
 use std::path::PathBuf;
 use tcc::ir::{DType, Data};
 use tcc_tools::npy;
 
 fn tcc(args: &[&str], stdin: &str) -> (i32, String, String) {
-    let args: Vec<String> = std::iter::once("tcc")
-        .chain(args.iter().copied())
-        .map(String::from)
-        .collect();
-    let (mut out, mut err) = (Vec::new(), Vec::new());
-    let code = tcc_tools::run(&args, &mut stdin.as_bytes(), &mut out, &mut err);
-    (
-        code,
-        String::from_utf8(out).unwrap(),
-        String::from_utf8(err).unwrap(),
-    )
+    common::tcc_with(args, stdin.as_bytes())
 }
 
 fn scratch(name: &str) -> PathBuf {

@@ -1,22 +1,11 @@
 //! `tcc grad` and `tcc train` end to end: the shipped examples train to a real result, the
 //! trained parameters are saved, and a user's mistakes get clear errors.
 
+mod common;
+use common::tcc;
+
 use std::path::PathBuf;
 use tcc_tools::npy;
-
-fn tcc(args: &[&str]) -> (i32, String, String) {
-    let args: Vec<String> = std::iter::once("tcc")
-        .chain(args.iter().copied())
-        .map(String::from)
-        .collect();
-    let (mut out, mut err) = (Vec::new(), Vec::new());
-    let code = tcc_tools::run(&args, &mut std::io::empty(), &mut out, &mut err);
-    (
-        code,
-        String::from_utf8(out).unwrap(),
-        String::from_utf8(err).unwrap(),
-    )
-}
 
 fn scratch(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("tcc-train-{}-{name}", std::process::id()));

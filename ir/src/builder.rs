@@ -138,15 +138,7 @@ impl FunctionBuilder {
     /// A constant with every element `x` (converted to `dtype`).
     pub fn splat(&mut self, dtype: DType, dims: &[u64], x: f64) -> R<Value> {
         let ty = TensorType::new(dtype, dims.to_vec()).map_err(|e| BuildError(e.to_string()))?;
-        let s = match dtype {
-            DType::F32 => Scalar::F32(x as f32),
-            DType::F64 => Scalar::F64(x),
-            DType::I8 => Scalar::I8(x as i8),
-            DType::U8 => Scalar::U8(x as u8),
-            DType::I32 => Scalar::I32(x as i32),
-            DType::I64 => Scalar::I64(x as i64),
-            DType::Bool => Scalar::Bool(x != 0.0),
-        };
+        let s = Scalar::from_f64(dtype, x);
         self.op1(
             OpKind::Const {
                 ty,

@@ -41,6 +41,20 @@ impl Scalar {
         }
     }
 
+    /// `x` as a scalar of `dtype`, by Rust's `as` conversions (integers saturate and take NaN to
+    /// 0; bool is `x != 0`).
+    pub fn from_f64(dtype: DType, x: f64) -> Scalar {
+        match dtype {
+            DType::F32 => Scalar::F32(x as f32),
+            DType::F64 => Scalar::F64(x),
+            DType::I8 => Scalar::I8(x as i8),
+            DType::U8 => Scalar::U8(x as u8),
+            DType::I32 => Scalar::I32(x as i32),
+            DType::I64 => Scalar::I64(x as i64),
+            DType::Bool => Scalar::Bool(x != 0.0),
+        }
+    }
+
     /// The value as `f64` (exact for every dtype but large `i64`).
     pub fn to_f64(self) -> f64 {
         match self {

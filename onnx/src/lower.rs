@@ -317,7 +317,7 @@ pub(crate) fn lower(cx: &mut Ctx, n: &Node) -> Result<Vec<Option<Value>>> {
             if count > (1u64 << 24) as f64 {
                 return n.unsupported(format_args!("{count} elements"));
             }
-            let vals = (0..count as u64).map(|i| scalar_of(dt, start + i as f64 * delta));
+            let vals = (0..count as u64).map(|i| Scalar::from_f64(dt, start + i as f64 * delta));
             let data = Data::from_scalars(dt, vals).ok_or_else(|| Error::invalid("Range"))?;
             let t = Tensor::from_data(&[count as u64], data).map_err(|e| Error::invalid(e.0))?;
             one(cx.constant(t)?)
@@ -1184,7 +1184,7 @@ fn pool_sliced(
                 .collect();
             let mut shape = vec![1; r];
             shape[a] = out;
-            let data = Data::from_scalars(dt, counts.iter().map(|&c| scalar_of(dt, c)))
+            let data = Data::from_scalars(dt, counts.iter().map(|&c| Scalar::from_f64(dt, c)))
                 .ok_or_else(|| Error::invalid("counts of the pooling windows"))?;
             let c =
                 cx.constant(Tensor::from_data(&shape, data).map_err(|e| Error::invalid(e.0))?)?;
@@ -1216,23 +1216,10 @@ fn pad_axis(
             let mut dims = cx.dims(x);
             dims[axis] = count;
             let ty = TensorType::new(dt, dims).map_err(|e| Error::invalid(e.to_string()))?;
-            parts.push(cx.splat(ty, scalar_of(dt, fill))?);
+            parts.push(cx.splat(ty, Scalar::from_f64(dt, fill))?);
         }
     }
     cx.op1(OpKind::Concat { axis: axis as i64 }, &parts)
-}
-
-/// `x` as a scalar of `dtype` (saturating for integers).
-fn scalar_of(dtype: DType, x: f64) -> Scalar {
-    match dtype {
-        DType::F32 => Scalar::F32(x as f32),
-        DType::F64 => Scalar::F64(x),
-        DType::I8 => Scalar::I8(x as i8),
-        DType::U8 => Scalar::U8(x as u8),
-        DType::I32 => Scalar::I32(x as i32),
-        DType::I64 => Scalar::I64(x as i64),
-        DType::Bool => Scalar::Bool(x != 0.0),
-    }
 }
 
 /// Global pooling as a reduction over the spatial axes, keeping them as size 1.
@@ -1297,7 +1284,7 @@ fn reduce_with(cx: &mut Ctx, n: &Node, op: ReduceOp, input_since: i64, x: Value)
             .collect();
         let dt = cx.dtype(x);
         let ty = TensorType::new(dt, out).map_err(|e| Error::invalid(e.to_string()))?;
-        return cx.splat(ty, scalar_of(dt, f64::NEG_INFINITY));
+        return cx.splat(ty, Scalar::from_f64(dt, f64::NEG_INFINITY));
     }
     cx.op1(
         OpKind::Reduce {

@@ -815,6 +815,75 @@ fn run_conv(cv: &Conv, addr: &dyn Fn(Value) -> *mut u8, base: *mut u8) {
     }
 }
 
+/// The outputs `lo..hi` (of `n_out`) whose tap reads inside an axis of length `len`, when output
+/// `o` reads position `o * stride + off`; `(0, 0)` when there are none.
+pub(crate) fn in_bounds(off: isize, stride: isize, len: isize, n_out: usize) -> (usize, usize) {
+    let (lo, hi) = if stride == 1 {
+        ((-off).max(0), (len - off).min(n_out as isize))
+    } else {
+        let lo = if off >= 0 {
+            0
+        } else {
+            (-off + stride - 1) / stride
+        };
+        let hi = if len - 1 - off < 0 {
+            0
+        } else {
+            ((len - 1 - off) / stride + 1).min(n_out as isize)
+        };
+        (lo, hi)
+    };
+    if hi <= lo {
+        (0, 0)
+    } else {
+        (lo as usize, hi as usize)
+    }
+}
+
+/// An `h x w` plane with its columns split by phase for a column stride `s`: phase `q` holds
+/// columns `q, q + s, ...` of every row, `w.div_ceil(s)` per row, so strided reads along a row
+/// become contiguous ones.
+pub(crate) fn phase_split<T: Copy + Default>(x: &[T], h: usize, w: usize, s: usize) -> Vec<T> {
+    let pw = w.div_ceil(s);
+    let mut v = vec![T::default(); s * h * pw];
+    for q in 0..s.min(w) {
+        for r in 0..h {
+            let dst = &mut v[(q * h + r) * pw..(q * h + r + 1) * pw];
+            for (d, &e) in dst
+                .iter_mut()
+                .zip(x[r * w + q..(r + 1) * w].iter().step_by(s))
+            {
+                *d = e;
+            }
+        }
+    }
+    v
+}
+
+/// For each of `kw` window columns (dilation `d`, padding `p` before, column stride `s`): the
+/// outputs `lo..hi` (of `ow`) whose tap is inside a row of `w`, and where their inputs start in
+/// the [`phase_split`] plane of `h` rows (row 0; add `row * w.div_ceil(s)`).
+pub(crate) fn phase_spans(
+    kw: usize,
+    d: isize,
+    p: isize,
+    s: usize,
+    (h, w, ow): (usize, usize, usize),
+) -> Vec<(usize, usize, usize)> {
+    let pw = w.div_ceil(s);
+    (0..kw)
+        .map(|kx| {
+            let off = kx as isize * d - p;
+            let (lo, hi) = in_bounds(off, s as isize, w as isize, ow);
+            if hi == lo {
+                return (0, 0, 0);
+            }
+            let first = (lo as isize * s as isize + off) as usize;
+            (lo, hi, (first % s) * h * pw + first / s)
+        })
+        .collect()
+}
+
 /// The position in the padded input that tap `(ky, kx)` of output `(oy, ox)` reads, if it is
 /// inside the image: one function for im2col and col2im.
 struct Taps {
@@ -849,16 +918,11 @@ impl Taps {
                     let row = (ci * kh + ky) * kw + kx;
                     // ix = ox * s + off must lie in 0..w.
                     let off = kx as isize * self.d[1] - self.p[1];
-                    let lo = if off >= 0 { 0 } else { ((-off) + s - 1) / s };
-                    let hi = if w - 1 - off < 0 {
-                        0
-                    } else {
-                        ((w - 1 - off) / s + 1).min(ow as isize)
-                    };
-                    if hi <= lo {
+                    let (lo, hi) = in_bounds(off, s, w, ow);
+                    if hi == lo {
                         continue;
                     }
-                    let (lo, len) = (lo as usize, (hi - lo) as usize);
+                    let len = hi - lo;
                     for oy in 0..oh {
                         let iy = oy as isize * self.s[0] + ky as isize * self.d[0] - self.p[0];
                         if iy < 0 || iy >= h {
@@ -1109,46 +1173,15 @@ fn depthwise_plane<T, const FMA: bool>(
     let (h, w) = (taps.h as usize, taps.w as usize);
     let (sy, sx) = (taps.s[0], taps.s[1]);
     let s = sx as usize;
-    // Column phases: phase q holds columns q, q + s, ... of every row, `pw` per row.
     let pw = w.div_ceil(s);
     let split;
     let src: &[T] = if s == 1 {
         x
     } else {
-        let mut v = vec![T::default(); s * h * pw];
-        for q in 0..s {
-            for r in 0..h {
-                let dst = &mut v[(q * h + r) * pw..(q * h + r + 1) * pw];
-                for (d, &e) in dst
-                    .iter_mut()
-                    .zip(x[r * w + q..(r + 1) * w].iter().step_by(s))
-                {
-                    *d = e;
-                }
-            }
-        }
-        split = v;
+        split = phase_split(x, h, w, s);
         &split
     };
-    // Per filter column: the output columns lo..hi whose tap is inside the row, and where
-    // their inputs start (phase, index in the phase).
-    let spans: Vec<(usize, usize, usize)> = (0..kw)
-        .map(|kx| {
-            // ix = ox * sx + off must lie in 0..w.
-            let off = kx as isize * taps.d[1] - taps.p[1];
-            let lo = if off >= 0 { 0 } else { (-off + sx - 1) / sx };
-            let hi = if taps.w - 1 - off < 0 {
-                0
-            } else {
-                ((taps.w - 1 - off) / sx + 1).min(ow as isize)
-            };
-            if hi <= lo {
-                return (0, 0, 0);
-            }
-            let first = (lo * sx + off) as usize;
-            (lo as usize, hi as usize, (first % s) * h * pw + first / s)
-        })
-        .collect();
+    let spans = phase_spans(kw, taps.d[1], taps.p[1], s, (h, w, ow));
     out.fill(T::default());
     for oy in 0..oh {
         let row = &mut out[oy * ow..(oy + 1) * ow];

@@ -459,25 +459,7 @@ fn max_pool_rows(p: &Pool2d, xd: [usize; 4], yd: [usize; 4], x: &[f32], y: &mut 
     let (py, px) = (p.pads[0] as isize, p.pads[1] as isize);
     let (xs, ys) = (h * w, oh * ow);
     let pw = w.div_ceil(s);
-    // Per window column: the output columns lo..hi whose tap is in the image, and where their
-    // inputs start in the phase-split plane.
-    let spans: Vec<(usize, usize, usize)> = (0..kw)
-        .map(|kx| {
-            let off = kx as isize - px;
-            let sx = s as isize;
-            let lo = if off >= 0 { 0 } else { (-off + sx - 1) / sx };
-            let hi = if w as isize - 1 - off < 0 {
-                0
-            } else {
-                ((w as isize - 1 - off) / sx + 1).min(ow as isize)
-            };
-            if hi <= lo {
-                return (0, 0, 0);
-            }
-            let first = (lo * sx + off) as usize;
-            (lo as usize, hi as usize, (first % s) * h * pw + first / s)
-        })
-        .collect();
+    let spans = super::phase_spans(kw, 1, px, s, (h, w, ow));
     let work = |(plane, out): (usize, &mut [f32])| {
         let xp = &x[plane * xs..(plane + 1) * xs];
         if has_nan(xp) {
@@ -499,19 +481,7 @@ fn max_pool_rows(p: &Pool2d, xd: [usize; 4], yd: [usize; 4], x: &[f32], y: &mut 
         let src: &[f32] = if s == 1 {
             xp
         } else {
-            let mut v = vec![f32::NEG_INFINITY; s * h * pw];
-            for q in 0..s {
-                for r in 0..h {
-                    let dst = &mut v[(q * h + r) * pw..(q * h + r + 1) * pw];
-                    for (d, &e) in dst
-                        .iter_mut()
-                        .zip(xp[r * w + q..(r + 1) * w].iter().step_by(s))
-                    {
-                        *d = e;
-                    }
-                }
-            }
-            split = v;
+            split = super::phase_split(xp, h, w, s);
             &split
         };
         for oy in 0..oh {

@@ -383,24 +383,7 @@ unsafe fn pack_im2col_panel(
         let dy = (ky * v.dilation[0]) as isize - v.pad[0] as isize;
         let dx = (kx * v.dilation[1]) as isize - v.pad[1] as isize;
         // Output columns ox with 0 <= ox * sx + dx < w read inside the image row.
-        let (lo, hi) = if sx == 1 {
-            (
-                (-dx).max(0) as usize,
-                (v.w as isize - dx).clamp(0, v.ow as isize) as usize,
-            )
-        } else {
-            let lo = if dx >= 0 {
-                0
-            } else {
-                ((-dx + sx - 1) / sx) as usize
-            };
-            let hi = if v.w as isize - 1 - dx < 0 {
-                0
-            } else {
-                (((v.w as isize - 1 - dx) / sx + 1) as usize).min(v.ow)
-            };
-            (lo, hi)
-        };
+        let (lo, hi) = super::in_bounds(dx, sx, v.w as isize, v.ow);
         let channel = ci * v.h;
         for &(j, run, image, oy, ox) in runs {
             let out = &mut dst[j..j + run];
