@@ -1,0 +1,678 @@
+//! Lowering: each ONNX op as tcc IR ops. [`lower`] is the table; an op type missing from it is
+//! an "unsupported" error naming the op, the node and the opset.
+
+use crate::graph::Ctx;
+use crate::proto::attribute_proto::AttributeType;
+use crate::proto::{AttributeProto, NodeProto, TensorProto};
+use crate::{Error, Result, tensor};
+use std::path::Path;
+use tcc_ir::ops::{F64, normalize_axis};
+use tcc_ir::typing::broadcast_shapes;
+use tcc_ir::{
+    BinaryOp, CmpOp, Conv2d, DType, Data, OpKind, Pool2d, ReduceOp, Scalar, Tensor, TensorType,
+    UnaryOp, Value,
+};
+
+mod conv;
+mod elementwise;
+mod reduce;
+mod shape;
+
+use conv::*;
+use elementwise::*;
+use reduce::*;
+use shape::*;
+
+/// A node with its inputs resolved (`None` for an omitted optional input).
+pub(crate) struct Node<'a> {
+    pub p: &'a NodeProto,
+    pub ins: Vec<Option<Value>>,
+    pub opset: i64,
+    pub dir: Option<&'a Path>,
+}
+
+impl Node<'_> {
+    fn op_type(&self) -> &str {
+        self.p.op_type.as_deref().unwrap_or("")
+    }
+
+    /// Input `i` if given.
+    fn opt(&self, i: usize) -> Option<Value> {
+        self.ins.get(i).copied().flatten()
+    }
+
+    /// Input `i`, which the op requires.
+    fn input(&self, i: usize, what: &str) -> Result<Value> {
+        self.opt(i).ok_or_else(|| {
+            Error::invalid(format!(
+                "{} needs input {i} ({what}), which is missing",
+                self.op_type()
+            ))
+        })
+    }
+
+    fn attr(&self, name: &str) -> Option<&AttributeProto> {
+        self.p
+            .attribute
+            .iter()
+            .find(|a| a.name.as_deref() == Some(name))
+    }
+
+    /// The attribute `name`, checked to be of type `want`.
+    fn typed(&self, name: &str, want: AttributeType) -> Result<Option<&AttributeProto>> {
+        let Some(a) = self.attr(name) else {
+            return Ok(None);
+        };
+        if a.ref_attr_name.is_some() {
+            return Err(Error::unsupported(format!(
+                "attribute `{name}` refers to a function attribute, which is not supported"
+            )));
+        }
+        match a.r#type.map(AttributeType::try_from) {
+            Some(Ok(t)) if t == want => Ok(Some(a)),
+            None | Some(Ok(AttributeType::Undefined)) => Ok(Some(a)),
+            Some(Ok(t)) => Err(Error::invalid(format!(
+                "attribute `{name}` must be {}, found {}",
+                want.as_str_name(),
+                t.as_str_name()
+            ))),
+            Some(Err(_)) => Err(Error::invalid(format!(
+                "attribute `{name}` has an unknown type {}",
+                a.r#type.unwrap_or(0)
+            ))),
+        }
+    }
+
+    fn int(&self, name: &str, default: i64) -> Result<i64> {
+        Ok(self
+            .typed(name, AttributeType::Int)?
+            .and_then(|a| a.i)
+            .unwrap_or(default))
+    }
+
+    fn float(&self, name: &str, default: f32) -> Result<f32> {
+        Ok(self
+            .typed(name, AttributeType::Float)?
+            .and_then(|a| a.f)
+            .unwrap_or(default))
+    }
+
+    fn ints(&self, name: &str) -> Result<Option<Vec<i64>>> {
+        Ok(self
+            .typed(name, AttributeType::Ints)?
+            .map(|a| a.ints.clone()))
+    }
+
+    fn floats(&self, name: &str) -> Result<Option<Vec<f32>>> {
+        Ok(self
+            .typed(name, AttributeType::Floats)?
+            .map(|a| a.floats.clone()))
+    }
+
+    fn string(&self, name: &str, default: &str) -> Result<String> {
+        Ok(
+            match self
+                .typed(name, AttributeType::String)?
+                .and_then(|a| a.s.as_ref())
+            {
+                Some(s) => String::from_utf8_lossy(s).into_owned(),
+                None => default.to_string(),
+            },
+        )
+    }
+
+    fn tensor(&self, name: &str) -> Result<Option<&TensorProto>> {
+        Ok(self
+            .typed(name, AttributeType::Tensor)?
+            .and_then(|a| a.t.as_ref()))
+    }
+
+    /// An error for an attribute value tcc does not support.
+    fn unsupported<T>(&self, what: impl std::fmt::Display) -> Result<T> {
+        Err(Error::unsupported(format!(
+            "{} with {what} is not supported",
+            self.op_type()
+        )))
+    }
+}
+
+/// Lowers `n`; the result has one entry per output the lowering provides.
+pub(crate) fn lower(cx: &mut Ctx, n: &Node) -> Result<Vec<Option<Value>>> {
+    use BinaryOp as B;
+    use UnaryOp as U;
+    let one = |v: Value| Ok(vec![Some(v)]);
+    let x = || n.input(0, "the input");
+    match n.op_type() {
+        "Neg" => one(unary(cx, U::Neg, x()?)?),
+        "Abs" => one(unary(cx, U::Abs, x()?)?),
+        "Exp" => one(unary(cx, U::Exp, x()?)?),
+        "Log" => one(unary(cx, U::Log, x()?)?),
+        "Sqrt" => one(unary(cx, U::Sqrt, x()?)?),
+        "Reciprocal" => one(unary(cx, U::Reciprocal, x()?)?),
+        "Tanh" => one(unary(cx, U::Tanh, x()?)?),
+        "Sigmoid" => one(unary(cx, U::Sigmoid, x()?)?),
+        "Relu" => one(unary(cx, U::Relu, x()?)?),
+        "Erf" => one(unary(cx, U::Erf, x()?)?),
+        "Add" => one(binop(cx, n, B::Add)?),
+        "Sub" => one(binop(cx, n, B::Sub)?),
+        "Mul" => one(binop(cx, n, B::Mul)?),
+        "Div" => one(binop(cx, n, B::Div)?),
+        "Pow" => {
+            let b = legacy_b(cx, n)?;
+            one(pow(cx, x()?, b)?)
+        }
+        "Max" => one(variadic(cx, n, B::Max)?),
+        "Min" => one(variadic(cx, n, B::Min)?),
+        "Sum" => one(variadic(cx, n, B::Add)?),
+        "Mean" => {
+            let s = variadic(cx, n, B::Add)?;
+            let k = cx.scalar(cx.dtype(s), n.ins.len() as f64)?;
+            one(binary(cx, B::Div, s, k)?)
+        }
+        "Equal" => one(cmpop(cx, n, CmpOp::Eq)?),
+        "Less" => one(cmpop(cx, n, CmpOp::Lt)?),
+        "LessOrEqual" => one(cmpop(cx, n, CmpOp::Le)?),
+        "Greater" => one(cmpop(cx, n, CmpOp::Gt)?),
+        "GreaterOrEqual" => one(cmpop(cx, n, CmpOp::Ge)?),
+        "Where" => {
+            let (c, a, b) = (x()?, n.input(1, "X")?, n.input(2, "Y")?);
+            one(cx.op1(OpKind::Select, &[c, a, b])?)
+        }
+        "Not" => {
+            let x = x()?;
+            let f = cx.scalar(DType::Bool, 0.0)?;
+            one(compare(cx, CmpOp::Eq, x, f)?)
+        }
+        "And" | "Or" | "Xor" => {
+            let a = x()?;
+            let b = legacy_b(cx, n)?;
+            one(match n.op_type() {
+                "And" => {
+                    let f = cx.scalar(DType::Bool, 0.0)?;
+                    cx.op1(OpKind::Select, &[a, b, f])?
+                }
+                "Or" => {
+                    let t = cx.scalar(DType::Bool, 1.0)?;
+                    cx.op1(OpKind::Select, &[a, t, b])?
+                }
+                _ => compare(cx, CmpOp::Ne, a, b)?,
+            })
+        }
+        "Softplus" => one(softplus(cx, x()?)?),
+        "Softsign" => {
+            let x = x()?;
+            let a = unary(cx, U::Abs, x)?;
+            let one_ = cx.scalar(cx.dtype(x), 1.0)?;
+            let d = binary(cx, B::Add, a, one_)?;
+            one(binary(cx, B::Div, x, d)?)
+        }
+        "Mish" => {
+            let x = x()?;
+            let sp = softplus(cx, x)?;
+            let t = unary(cx, U::Tanh, sp)?;
+            one(binary(cx, B::Mul, x, t)?)
+        }
+        "HardSigmoid" => {
+            let (alpha, beta) = (n.float("alpha", 0.2)? as f64, n.float("beta", 0.5)? as f64);
+            one(hard_sigmoid(cx, x()?, alpha, beta)?)
+        }
+        "HardSwish" => {
+            let x = x()?;
+            let h = hard_sigmoid(cx, x, 1.0 / 6.0, 0.5)?;
+            one(binary(cx, B::Mul, x, h)?)
+        }
+        "Selu" => {
+            let alpha = n.float("alpha", 1.673_263_2)? as f64;
+            let gamma = n.float("gamma", 1.050_701)? as f64;
+            let x = x()?;
+            let dt = cx.dtype(x);
+            let e = elu(cx, x, alpha)?;
+            let g = cx.scalar(dt, gamma)?;
+            one(binary(cx, B::Mul, e, g)?)
+        }
+        "Celu" => {
+            // max(0, x) + min(0, alpha * (exp(x / alpha) - 1))
+            let alpha = n.float("alpha", 1.0)? as f64;
+            let x = x()?;
+            let dt = cx.dtype(x);
+            let a = cx.scalar(dt, alpha)?;
+            let xa = binary(cx, B::Div, x, a)?;
+            let e = elu(cx, xa, 1.0)?;
+            let ae = binary(cx, B::Mul, e, a)?;
+            let zero = cx.scalar(dt, 0.0)?;
+            let neg = binary(cx, B::Min, ae, zero)?;
+            let pos = unary(cx, U::Relu, x)?;
+            one(binary(cx, B::Add, pos, neg)?)
+        }
+        "ThresholdedRelu" => {
+            let alpha = n.float("alpha", 1.0)? as f64;
+            let x = x()?;
+            let dt = cx.dtype(x);
+            let a = cx.scalar(dt, alpha)?;
+            let gt = compare(cx, CmpOp::Gt, x, a)?;
+            let zero = cx.scalar(dt, 0.0)?;
+            one(cx.op1(OpKind::Select, &[gt, x, zero])?)
+        }
+        "PRelu" => {
+            let x = x()?;
+            let mut slope = n.input(1, "slope")?;
+            let (xd, sd) = (cx.dims(x), cx.dims(slope));
+            if n.opset < 7 && xd.len() > 2 && sd.len() == 1 && sd[0] == xd[1] && sd[0] != 1 {
+                // Before opset 7 a 1-D slope is per channel (axis 1).
+                let mut d = vec![1; xd.len() - 1];
+                d[0] = sd[0];
+                slope = reshape(cx, slope, &d)?;
+            }
+            let ax = binary(cx, B::Mul, x, slope)?;
+            let zero = cx.scalar(cx.dtype(x), 0.0)?;
+            let lt = compare(cx, CmpOp::Lt, x, zero)?;
+            one(cx.op1(OpKind::Select, &[lt, ax, x])?)
+        }
+        "Sign" => {
+            let x = x()?;
+            let dt = cx.dtype(x);
+            let (zero, p1, m1) = (
+                cx.scalar(dt, 0.0)?,
+                cx.scalar(dt, 1.0)?,
+                cx.scalar(dt, -1.0)?,
+            );
+            let gt = compare(cx, CmpOp::Gt, x, zero)?;
+            let lt = compare(cx, CmpOp::Lt, x, zero)?;
+            let neg = cx.op1(OpKind::Select, &[lt, m1, zero])?;
+            one(cx.op1(OpKind::Select, &[gt, p1, neg])?)
+        }
+        "ReduceMin" | "ReduceL1" | "ReduceL2" | "ReduceSumSquare" | "ReduceLogSum"
+        | "ReduceLogSumExp" => one(reduce_composite(cx, n)?),
+        "Split" => split(cx, n),
+        "Pad" => one(pad(cx, n)?),
+        "Tile" => {
+            let x = x()?;
+            let reps = const_ints(cx, n, 1, "repeats")?;
+            let r = cx.ty(x).rank();
+            if reps.len() != r || reps.iter().any(|&k| k < 0) {
+                return Err(Error::invalid(format!(
+                    "repeats {reps:?} must be {r} non-negative numbers"
+                )));
+            }
+            let mut y = x;
+            for (a, &k) in reps.iter().enumerate() {
+                if k != 1 {
+                    if k == 0 || k > 1 << 16 {
+                        return n.unsupported(format_args!("repeats {k}"));
+                    }
+                    let parts = vec![y; k as usize];
+                    y = cx.op1(OpKind::Concat { axis: a as i64 }, &parts)?;
+                }
+            }
+            one(y)
+        }
+        "Trilu" => one(trilu(cx, n)?),
+        "Range" => {
+            let dt = cx.dtype(x()?);
+            let get = |i: usize, what: &str| -> Result<f64> {
+                let t = const_input(cx, n, i, what)?;
+                if t.ty().numel() != 1 {
+                    return Err(Error::invalid(format!(
+                        "{what} must be a scalar, found {}",
+                        t.ty()
+                    )));
+                }
+                Ok(t.data().get(0).to_f64())
+            };
+            let (start, limit, delta) = (get(0, "start")?, get(1, "limit")?, get(2, "delta")?);
+            if delta == 0.0 {
+                return Err(Error::invalid("delta is 0"));
+            }
+            let count = ((limit - start) / delta).ceil().max(0.0);
+            if count > (1u64 << 24) as f64 {
+                return n.unsupported(format_args!("{count} elements"));
+            }
+            let vals = (0..count as u64).map(|i| Scalar::from_f64(dt, start + i as f64 * delta));
+            let data = Data::from_scalars(dt, vals).ok_or_else(|| Error::invalid("Range"))?;
+            let t = Tensor::from_data(&[count as u64], data).map_err(|e| Error::invalid(e.0))?;
+            one(cx.constant(t)?)
+        }
+        "ConvTranspose" => one(conv_transpose(cx, n)?),
+        "Identity" => one(x()?),
+        "Dropout" => dropout(cx, n),
+        "Cast" => {
+            let to = n.int("to", 0)?;
+            let to = tensor::dtype(to as i32, "the target type `to`")?;
+            one(cast(cx, x()?, to)?)
+        }
+        "CastLike" => {
+            let to = cx.dtype(n.input(1, "target_type")?);
+            one(cast(cx, x()?, to)?)
+        }
+        "Clip" => one(clip(cx, n)?),
+        "LeakyRelu" => {
+            let alpha = n.float("alpha", 0.01)?;
+            one(leaky_relu(cx, x()?, alpha as f64)?)
+        }
+        "Elu" => {
+            let alpha = n.float("alpha", 1.0)? as f64;
+            one(elu(cx, x()?, alpha)?)
+        }
+        "Gelu" => one(gelu(cx, n, x()?)?),
+        "MatMul" => one(matmul(cx, x()?, n.input(1, "B")?)?),
+        "Gemm" => one(gemm(cx, n)?),
+        "Conv" => one(conv(cx, n)?),
+        "BatchNormalization" => {
+            if n.int("training_mode", 0)? != 0 {
+                return batch_norm_training(cx, n);
+            }
+            if n.opset < 7 && n.int("is_test", 0)? == 0 {
+                return n.unsupported("is_test=0 (training, before opset 7)");
+            }
+            if n.opset < 9 && n.int("spatial", 1)? == 0 {
+                return n.unsupported("spatial=0");
+            }
+            let eps = n.float("epsilon", 1e-5)? as f64;
+            let args = [
+                x()?,
+                n.input(1, "scale")?,
+                n.input(2, "B")?,
+                n.input(3, "mean")?,
+                n.input(4, "var")?,
+            ];
+            one(cx.op1(OpKind::BatchNorm { eps: F64(eps) }, &args)?)
+        }
+        "MaxPool" => {
+            if n.p.output.len() > 1 && !n.p.output[1].is_empty() {
+                return n.unsupported("the Indices output");
+            }
+            one(pool(cx, n, true)?)
+        }
+        "AveragePool" => one(pool(cx, n, false)?),
+        "GlobalAveragePool" => {
+            let x = x()?;
+            if cx.ty(x).rank() == 4 {
+                one(cx.op1(OpKind::GlobalAvgPool, &[x])?)
+            } else {
+                one(global(cx, x, ReduceOp::Mean)?)
+            }
+        }
+        "GlobalMaxPool" => one(global(cx, x()?, ReduceOp::Max)?),
+        "ReduceSum" => one(reduce(cx, n, ReduceOp::Sum, 13)?),
+        "ReduceMean" => one(reduce(cx, n, ReduceOp::Mean, 18)?),
+        "ReduceMax" => one(reduce(cx, n, ReduceOp::Max, 18)?),
+        "Softmax" | "LogSoftmax" => one(softmax(cx, n)?),
+        "LRN" => one(lrn(cx, n)?),
+        "LayerNormalization" => layer_norm(cx, n),
+        "Reshape" => {
+            let x = x()?;
+            let shape = const_ints(cx, n, 1, "shape")?;
+            let dims = reshape_dims(&cx.dims(x), &shape, n.int("allowzero", 0)? != 0)?;
+            one(reshape(cx, x, &dims)?)
+        }
+        "Flatten" => {
+            let x = x()?;
+            let dims = cx.dims(x);
+            let r = dims.len() as i64;
+            let axis = n.int("axis", 1)?;
+            let a = if axis < 0 { axis + r } else { axis };
+            if !(0..=r).contains(&a) {
+                return Err(Error::invalid(format!(
+                    "axis {axis} is out of range for rank {r}"
+                )));
+            }
+            let a = a as usize;
+            let outer = dims[..a].iter().product();
+            let inner = dims[a..].iter().product();
+            one(reshape(cx, x, &[outer, inner])?)
+        }
+        "Transpose" => {
+            let x = x()?;
+            let r = cx.ty(x).rank() as i64;
+            let perm = n.ints("perm")?.unwrap_or_else(|| (0..r).rev().collect());
+            let perm: Vec<u64> = perm
+                .iter()
+                .map(|&p| {
+                    u64::try_from(p)
+                        .map_err(|_| Error::invalid(format!("perm has a negative entry {p}")))
+                })
+                .collect::<Result<_>>()?;
+            one(cx.op1(OpKind::Transpose { perm }, &[x])?)
+        }
+        "Concat" => {
+            let axis = n
+                .attr("axis")
+                .map(|_| n.int("axis", 0))
+                .transpose()?
+                .ok_or_else(|| Error::invalid("Concat needs the attribute `axis`"))?;
+            let ins: Vec<Value> = n.ins.iter().flatten().copied().collect();
+            one(cx.op1(OpKind::Concat { axis }, &ins)?)
+        }
+        "Slice" => one(slice(cx, n)?),
+        "Gather" => {
+            let axis = n.int("axis", 0)?;
+            one(cx.op1(OpKind::Gather { axis }, &[x()?, n.input(1, "indices")?])?)
+        }
+        "Unsqueeze" => {
+            let x = x()?;
+            let axes = axes_of(cx, n, 13)?.ok_or_else(|| Error::invalid("Unsqueeze needs axes"))?;
+            let mut dims = cx.dims(x);
+            let r = dims.len() + axes.len();
+            let mut axes: Vec<usize> = axes.iter().map(|&a| axis(a, r)).collect::<Result<_>>()?;
+            axes.sort_unstable();
+            if axes.windows(2).any(|w| w[0] == w[1]) {
+                return Err(Error::invalid(format!("axes {axes:?} repeat an axis")));
+            }
+            for a in axes {
+                dims.insert(a, 1);
+            }
+            one(reshape(cx, x, &dims)?)
+        }
+        "Squeeze" => {
+            let x = x()?;
+            let dims = cx.dims(x);
+            let r = dims.len();
+            let squeeze: Vec<usize> = match axes_of(cx, n, 13)? {
+                Some(axes) => axes.iter().map(|&a| axis(a, r)).collect::<Result<_>>()?,
+                None => (0..r).filter(|&i| dims[i] == 1).collect(),
+            };
+            if let Some(&a) = squeeze.iter().find(|&&a| dims[a] != 1) {
+                return Err(Error::invalid(format!(
+                    "cannot squeeze axis {a} of size {} (shape {dims:?})",
+                    dims[a]
+                )));
+            }
+            let kept: Vec<u64> = (0..r)
+                .filter(|i| !squeeze.contains(i))
+                .map(|i| dims[i])
+                .collect();
+            one(reshape(cx, x, &kept)?)
+        }
+        "Expand" => {
+            let x = x()?;
+            let shape = const_ints(cx, n, 1, "shape")?;
+            let shape: Vec<u64> = shape
+                .iter()
+                .map(|&d| {
+                    u64::try_from(d)
+                        .map_err(|_| Error::invalid(format!("shape has a negative entry {d}")))
+                })
+                .collect::<Result<_>>()?;
+            let out = broadcast_shapes(&cx.dims(x), &shape).map_err(Error::invalid)?;
+            if out == cx.dims(x) {
+                return one(x);
+            }
+            one(cx.op1(OpKind::BroadcastTo { shape: out }, &[x])?)
+        }
+        "Shape" => {
+            let dims = cx.dims(x()?);
+            let r = dims.len() as i64;
+            let clampi = |i: i64| (if i < 0 { i + r } else { i }).clamp(0, r) as usize;
+            let start = clampi(n.int("start", 0)?);
+            let end = clampi(n.int("end", r)?);
+            let v: Vec<i64> = dims[start..end.max(start)]
+                .iter()
+                .map(|&d| d as i64)
+                .collect();
+            let len = v.len() as u64;
+            one(cx.constant(tensor_i64(&[len], v)?)?)
+        }
+        "Size" => {
+            let numel = cx.ty(x()?).numel() as i64;
+            one(cx.constant(tensor_i64(&[], vec![numel])?)?)
+        }
+        "Constant" => one(constant(cx, n)?),
+        "ConstantOfShape" => {
+            let shape = const_ints(cx, n, 0, "shape")?;
+            let dims: Vec<u64> = shape
+                .iter()
+                .map(|&d| {
+                    u64::try_from(d)
+                        .map_err(|_| Error::invalid(format!("shape has a negative entry {d}")))
+                })
+                .collect::<Result<_>>()?;
+            let s = match n.tensor("value")? {
+                Some(t) => {
+                    let t = tensor::from_proto(t, n.dir, "attribute `value`")?;
+                    if t.ty().numel() != 1 {
+                        return Err(Error::invalid(format!(
+                            "attribute `value` must hold one element, found {}",
+                            t.ty()
+                        )));
+                    }
+                    t.data().get(0)
+                }
+                None => Scalar::F32(0.0),
+            };
+            let ty = TensorType::new(s.dtype(), dims).map_err(|e| Error::invalid(e.to_string()))?;
+            one(cx.splat(ty, s)?)
+        }
+        "" => Err(Error::invalid("the node has no op_type")),
+        other => Err(Error::unsupported(format!("unsupported ONNX op `{other}`"))),
+    }
+}
+
+fn unary(cx: &mut Ctx, op: UnaryOp, x: Value) -> Result<Value> {
+    cx.op1(OpKind::Unary(op), &[x])
+}
+
+fn binary(cx: &mut Ctx, op: BinaryOp, a: Value, b: Value) -> Result<Value> {
+    cx.op1(OpKind::Binary(op), &[a, b])
+}
+
+fn compare(cx: &mut Ctx, op: CmpOp, a: Value, b: Value) -> Result<Value> {
+    cx.op1(OpKind::Compare(op), &[a, b])
+}
+
+fn cast(cx: &mut Ctx, x: Value, to: DType) -> Result<Value> {
+    if cx.dtype(x) == to {
+        return Ok(x);
+    }
+    cx.op1(OpKind::Cast { to }, &[x])
+}
+
+fn reshape(cx: &mut Ctx, x: Value, dims: &[u64]) -> Result<Value> {
+    if cx.dims(x) == dims {
+        return Ok(x);
+    }
+    cx.op1(
+        OpKind::Reshape {
+            shape: dims.to_vec(),
+        },
+        &[x],
+    )
+}
+
+fn tensor_i64(dims: &[u64], v: Vec<i64>) -> Result<Tensor> {
+    Tensor::from_data(dims, Data::I64(v)).map_err(|e| Error::invalid(e.to_string()))
+}
+
+/// An axis in `-r..r` as an index.
+fn axis(a: i64, r: usize) -> Result<usize> {
+    normalize_axis(a, r)
+        .ok_or_else(|| Error::invalid(format!("axis {a} is out of range for rank {r}")))
+}
+
+/// The value of input `i`, which must be known at import time.
+fn const_input(cx: &Ctx, n: &Node, i: usize, what: &str) -> Result<Tensor> {
+    let v = n.input(i, what)?;
+    if let Some(t) = cx.constant_of(v) {
+        return Ok(t);
+    }
+    let name = cx.function().name(v);
+    if cx.function().params().contains(&v) {
+        return Err(Error::needs_constant(
+            format!(
+                "input {i} ({what}) must be known at import time (tcc's shapes are static), but it is graph input `{name}`; fix its value with --const {name}=FILE.npy"
+            ),
+            name,
+        ));
+    }
+    Err(Error::unsupported(format!(
+        "input {i} ({what}) must be known at import time (tcc's shapes are static), but `{name}` is computed from the graph's inputs"
+    )))
+}
+
+/// The integer elements of constant input `i`.
+fn const_ints(cx: &Ctx, n: &Node, i: usize, what: &str) -> Result<Vec<i64>> {
+    let t = const_input(cx, n, i, what)?;
+    match t.data() {
+        Data::I64(v) => Ok(v.clone()),
+        Data::I32(v) => Ok(v.iter().map(|&x| x as i64).collect()),
+        _ => Err(Error::invalid(format!(
+            "input {i} ({what}) must be int64 or int32, found {}",
+            t.ty()
+        ))),
+    }
+}
+
+/// The axes of a reduction-like op: an attribute before `input_since`, else the optional
+/// input 1. `None` when absent.
+fn axes_of(cx: &Ctx, n: &Node, input_since: i64) -> Result<Option<Vec<i64>>> {
+    if n.opset < input_since {
+        n.ints("axes")
+    } else if n.opt(1).is_some() {
+        const_ints(cx, n, 1, "axes").map(Some)
+    } else {
+        Ok(None)
+    }
+}
+
+/// The second operand of a broadcasting binary op. Before opset 7, broadcasting was explicit:
+/// with `broadcast=1`, `B`'s axes line up with `A`'s from `axis` (default: the trailing axes), so
+/// `B` is reshaped with trailing ones for numpy broadcasting to do the same.
+fn legacy_b(cx: &mut Ctx, n: &Node) -> Result<Value> {
+    let b = n.input(1, "B")?;
+    if n.opset >= 7 || n.int("broadcast", 0)? == 0 || n.attr("axis").is_none() {
+        return Ok(b);
+    }
+    let (ra, db) = (cx.ty(n.input(0, "A")?).rank(), cx.dims(b));
+    let a = n.int("axis", 0)?;
+    let a = if a < 0 { a + ra as i64 } else { a };
+    if a < 0 || a as usize + db.len() > ra {
+        return Err(Error::invalid(format!(
+            "axis {a} does not fit B {} into A of rank {ra}",
+            cx.ty(b)
+        )));
+    }
+    let mut dims = db;
+    dims.resize(ra - a as usize, 1);
+    reshape(cx, b, &dims)
+}
+
+/// A broadcasting binary op node.
+fn binop(cx: &mut Ctx, n: &Node, op: BinaryOp) -> Result<Value> {
+    let b = legacy_b(cx, n)?;
+    binary(cx, op, n.input(0, "A")?, b)
+}
+
+/// A comparison node.
+fn cmpop(cx: &mut Ctx, n: &Node, op: CmpOp) -> Result<Value> {
+    let b = legacy_b(cx, n)?;
+    compare(cx, op, n.input(0, "A")?, b)
+}
+
+/// Folds `op` over every input (`Max`, `Min`, `Sum`).
+fn variadic(cx: &mut Ctx, n: &Node, op: BinaryOp) -> Result<Value> {
+    let ins: Vec<Value> = n.ins.iter().flatten().copied().collect();
+    let (&first, rest) = ins
+        .split_first()
+        .ok_or_else(|| Error::invalid(format!("{} needs at least one input", n.op_type())))?;
+    rest.iter()
+        .try_fold(first, |acc, &v| binary(cx, op, acc, v))
+}
