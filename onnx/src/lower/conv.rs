@@ -249,8 +249,8 @@ pub(super) fn conv(cx: &mut Ctx, n: &Node) -> Result<Value> {
     Ok(y)
 }
 
-pub(super) fn pool(cx: &mut Ctx, n: &Node, max: bool) -> Result<Value> {
-    let op = if max { "MaxPool" } else { "AveragePool" };
+/// A pooling node's input, window size and window geometry.
+fn pool_geometry(cx: &Ctx, n: &Node, op: &str) -> Result<(Value, Vec<u64>, Window)> {
     let x = n.input(0, "X")?;
     if cx.ty(x).rank() < 3 {
         return Err(Error::invalid(format!(
@@ -271,6 +271,119 @@ pub(super) fn pool(cx: &mut Ctx, n: &Node, max: bool) -> Result<Value> {
     }
     let ceil = n.int("ceil_mode", 0)? != 0;
     let win = window(n, &cx.dims(x)[2..], &kernel, ceil)?;
+    Ok((x, kernel, win))
+}
+
+/// `MaxPool` with its `Indices` output: the flat index into the input of each window's first
+/// maximum (row-major; column-major within the plane with `storage_order=1`). Built from one
+/// strided slice of the padded input per window position: a running maximum, and a `select` of
+/// that position's constant indices where it is strictly larger.
+pub(super) fn max_pool_with_indices(cx: &mut Ctx, n: &Node) -> Result<Vec<Option<Value>>> {
+    let (x, kernel, win) = pool_geometry(cx, n, "MaxPool")?;
+    let column_major = n.int("storage_order", 0)? != 0;
+    let dims = cx.dims(x);
+    let k = kernel.len();
+    if column_major && k != 2 {
+        return n.unsupported(format_args!("storage_order=1 over {k} spatial axes"));
+    }
+    let taps: u64 = kernel.iter().product();
+    let out: Vec<u64> = (0..k)
+        .map(|i| {
+            let (b, e) = win.pads[i];
+            (dims[2 + i] + b + e - ((kernel[i] - 1) * win.dilations[i] + 1)) / win.strides[i] + 1
+        })
+        .collect();
+    let plane: u64 = out.iter().product();
+    if taps > 4096 || taps.saturating_mul(plane) > 1 << 24 {
+        return n.unsupported(format_args!(
+            "the Indices output for {taps} window positions"
+        ));
+    }
+    let mut padded = x;
+    for (i, &(b, e)) in win.pads.iter().enumerate() {
+        padded = pad_axis(cx, padded, 2 + i, b, e, f64::NEG_INFINITY)?;
+    }
+    let r = dims.len();
+    let (mut best, mut index): (Option<Value>, Option<Value>) = (None, None);
+    for t in 0..taps {
+        // This window position's offset along each spatial axis.
+        let mut rest = t;
+        let mut tap = vec![0u64; k];
+        for i in (0..k).rev() {
+            tap[i] = rest % kernel[i];
+            rest /= kernel[i];
+        }
+        let (mut starts, mut ends, mut steps) = (vec![0i64; r], vec![i64::MAX; r], vec![1i64; r]);
+        for i in 0..k {
+            let first = tap[i] * win.dilations[i];
+            starts[2 + i] = first as i64;
+            ends[2 + i] = (first + (out[i] - 1) * win.strides[i] + 1) as i64;
+            steps[2 + i] = win.strides[i] as i64;
+        }
+        let v = cx.op1(
+            OpKind::Slice {
+                starts,
+                ends,
+                steps,
+            },
+            &[padded],
+        )?;
+        // The input position each output reads at this tap, within its plane.
+        let mut at = Vec::with_capacity(plane as usize);
+        for o in 0..plane {
+            let (mut rest, mut pos, mut flat) = (o, vec![0i64; k], 0i64);
+            for i in (0..k).rev() {
+                let oi = rest % out[i];
+                rest /= out[i];
+                pos[i] =
+                    (oi * win.strides[i] + tap[i] * win.dilations[i]) as i64 - win.pads[i].0 as i64;
+            }
+            if column_major {
+                flat = pos[1] * dims[2] as i64 + pos[0];
+            } else {
+                for i in 0..k {
+                    flat = flat * dims[2 + i] as i64 + pos[i];
+                }
+            }
+            at.push(flat);
+        }
+        let mut shape = vec![1u64, 1];
+        shape.extend(&out);
+        let idx = cx.constant(tensor_i64(&shape, at)?)?;
+        (best, index) = match (best, index) {
+            (Some(b), Some(ix)) => {
+                let gt = compare(cx, CmpOp::Gt, v, b)?;
+                (
+                    Some(cx.op1(OpKind::Select, &[gt, v, b])?),
+                    Some(cx.op1(OpKind::Select, &[gt, idx, ix])?),
+                )
+            }
+            _ => {
+                let mut full = dims[..2].to_vec();
+                full.extend(&out);
+                (
+                    Some(v),
+                    Some(cx.op1(OpKind::BroadcastTo { shape: full }, &[idx])?),
+                )
+            }
+        };
+    }
+    let (best, index) = (best.expect("a window"), index.expect("a window"));
+    // Plane offsets: (n * C + c) * (spatial size).
+    let spatial: u64 = dims[2..].iter().product();
+    let planes = dims[0] * dims[1];
+    let base: Vec<i64> = (0..planes).map(|p| (p * spatial) as i64).collect();
+    let mut base_shape = dims[..2].to_vec();
+    base_shape.extend(std::iter::repeat_n(1, k));
+    let base = cx.constant(tensor_i64(&base_shape, base)?)?;
+    let index = binary(cx, BinaryOp::Add, index, base)?;
+    Ok(vec![Some(best), Some(index)])
+}
+
+pub(super) fn pool(cx: &mut Ctx, n: &Node, max: bool) -> Result<Value> {
+    let op = if max { "MaxPool" } else { "AveragePool" };
+    let (x, kernel, win) = pool_geometry(cx, n, op)?;
+    let k = kernel.len();
     let count_include_pad = n.int("count_include_pad", 0)? != 0;
     // `avg_pool2d` with count_include_pad counts every padded position, ONNX not those that
     // ceil_mode adds.

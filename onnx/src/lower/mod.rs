@@ -379,7 +379,7 @@ pub(crate) fn lower(cx: &mut Ctx, n: &Node) -> Result<Vec<Option<Value>>> {
         }
         "MaxPool" => {
             if n.p.output.len() > 1 && !n.p.output[1].is_empty() {
-                return n.unsupported("the Indices output");
+                return max_pool_with_indices(cx, n);
             }
             one(pool(cx, n, true)?)
         }
