@@ -344,8 +344,13 @@ unsafe fn pack_b_panel(b: Mat, pc: usize, kc: usize, j0: usize, w: usize, panel:
 /// then for each tap every run is a contiguous (stride 1) or strided read of one image row, with
 /// zeros where the tap falls in the padding.
 ///
+/// With stride 1 on x86-64 each panel row is assembled in two registers by masked loads (the
+/// lanes of a run from its image row, zeros elsewhere) and stored once: no per-run copy or fill
+/// calls.
+///
 /// # Safety
-/// `v` addresses its images.
+/// `v` addresses its images; the CPU has AVX-512F (`available()`).
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx512f"))]
 unsafe fn pack_im2col_panel(
     v: &Im2col,
     pc: usize,
@@ -385,6 +390,36 @@ unsafe fn pack_im2col_panel(
         // Output columns ox with 0 <= ox * sx + dx < w read inside the image row.
         let (lo, hi) = super::in_bounds(dx, sx, v.w as isize, v.ow);
         let channel = ci * v.h;
+        #[cfg(target_arch = "x86_64")]
+        if sx == 1 {
+            let (mut v0, mut v1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+            for &(j, run, image, oy, ox) in runs {
+                let iy = oy as isize * sy + dy;
+                let (a, b) = (lo.clamp(ox, ox + run), hi.clamp(ox, ox + run));
+                if iy < 0 || iy >= v.h as isize || b <= a {
+                    continue;
+                }
+                // Panel lanes pj..pj + (b - a) take image columns a + dx...; lane i reads
+                // `base[i]`, and only the masked lanes are read.
+                let pj = j + a - ox;
+                let row = unsafe { v.x.add(image + (channel + iy as usize) * v.w) };
+                let base = row.wrapping_offset(a as isize + dx - pj as isize);
+                let mask = ((1u64 << (b - a)) - 1) << pj;
+                let (m0, m1) = (mask as u16, (mask >> 16) as u16);
+                if m0 != 0 {
+                    v0 = unsafe { _mm512_mask_loadu_ps(v0, m0, base) };
+                }
+                if m1 != 0 {
+                    v1 = unsafe { _mm512_mask_loadu_ps(v1, m1, base.wrapping_add(16)) };
+                }
+            }
+            unsafe {
+                _mm512_storeu_ps(dst.as_mut_ptr(), v0);
+                _mm512_storeu_ps(dst.as_mut_ptr().add(16), v1);
+            }
+            advance(&mut ci, &mut ky, &mut kx, v);
+            continue;
+        }
         for &(j, run, image, oy, ox) in runs {
             let out = &mut dst[j..j + run];
             let iy = oy as isize * sy + dy;
@@ -411,14 +446,19 @@ unsafe fn pack_im2col_panel(
                 }
             }
         }
-        kx += 1;
-        if kx == v.kw {
-            kx = 0;
-            ky += 1;
-            if ky == v.kh {
-                ky = 0;
-                ci += 1;
-            }
+        advance(&mut ci, &mut ky, &mut kx, v);
+    }
+}
+
+/// The next filter tap `(ci, ky, kx)` in row-major order.
+fn advance(ci: &mut usize, ky: &mut usize, kx: &mut usize, v: &Im2col) {
+    *kx += 1;
+    if *kx == v.kw {
+        *kx = 0;
+        *ky += 1;
+        if *ky == v.kh {
+            *ky = 0;
+            *ci += 1;
         }
     }
 }
