@@ -139,3 +139,29 @@ pub(super) fn dropout(cx: &mut Ctx, n: &Node) -> Result<Vec<Option<Value>>> {
     };
     Ok(vec![Some(x), mask])
 }
+
+/// `Mod` on integers: `a - trunc(a / b) * b`, the sign of the dividend (`fmod=1`), or moved to
+/// the sign of the divisor when they differ (`fmod=0`, Python's `%`). Float `Mod` is not
+/// supported (tcc has no `trunc`).
+pub(super) fn modulo(cx: &mut Ctx, n: &Node) -> Result<Value> {
+    let (a, b) = (n.input(0, "A")?, n.input(1, "B")?);
+    let dt = cx.dtype(a);
+    if !dt.is_int() {
+        return n.unsupported(format_args!("{dt} operands (integers only)"));
+    }
+    let q = binary(cx, BinaryOp::Div, a, b)?;
+    let qb = binary(cx, BinaryOp::Mul, q, b)?;
+    let r = binary(cx, BinaryOp::Sub, a, qb)?;
+    if n.int("fmod", 0)? != 0 {
+        return Ok(r);
+    }
+    let zero = cx.scalar(dt, 0.0)?;
+    let nonzero = compare(cx, CmpOp::Ne, r, zero)?;
+    let r_neg = compare(cx, CmpOp::Lt, r, zero)?;
+    let b_neg = compare(cx, CmpOp::Lt, b, zero)?;
+    let differ = compare(cx, CmpOp::Ne, r_neg, b_neg)?;
+    let f = cx.scalar(DType::Bool, 0.0)?;
+    let fix = cx.op1(OpKind::Select, &[nonzero, differ, f])?;
+    let rb = binary(cx, BinaryOp::Add, r, b)?;
+    cx.op1(OpKind::Select, &[fix, rb, r])
+}

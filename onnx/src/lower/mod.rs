@@ -198,6 +198,7 @@ pub(crate) fn lower(cx: &mut Ctx, n: &Node) -> Result<Vec<Option<Value>>> {
                 _ => compare(cx, CmpOp::Ne, a, b)?,
             })
         }
+        "Mod" => one(modulo(cx, n)?),
         "Softplus" => one(softplus(cx, x()?)?),
         "Softsign" => {
             let x = x()?;
