@@ -200,6 +200,14 @@ pub(crate) fn lower(cx: &mut Ctx, n: &Node) -> Result<Vec<Option<Value>>> {
         }
         "Mod" => one(modulo(cx, n)?),
         "Softplus" => one(softplus(cx, x()?)?),
+        "Swish" => {
+            // x * sigmoid(alpha * x)
+            let x = x()?;
+            let a = cx.scalar(cx.dtype(x), n.float("alpha", 1.0)? as f64)?;
+            let ax = binary(cx, B::Mul, x, a)?;
+            let s = unary(cx, U::Sigmoid, ax)?;
+            one(binary(cx, B::Mul, x, s)?)
+        }
         "Softsign" => {
             let x = x()?;
             let a = unary(cx, U::Abs, x)?;
