@@ -344,9 +344,9 @@ unsafe fn pack_b_panel(b: Mat, pc: usize, kc: usize, j0: usize, w: usize, panel:
 /// then for each tap every run is a contiguous (stride 1) or strided read of one image row, with
 /// zeros where the tap falls in the padding.
 ///
-/// With stride 1 on x86-64 each panel row is assembled in two registers by masked loads (the
-/// lanes of a run from its image row, zeros elsewhere) and stored once: no per-run copy or fill
-/// calls.
+/// Each panel row is assembled in two registers by masked loads (stride 1) or masked gathers
+/// (the lanes of a run from its image row, zeros elsewhere, lanes past `w` too) and stored once:
+/// no per-run copy or fill calls.
 ///
 /// # Safety
 /// `v` addresses its images; the CPU has AVX-512F (`available()`).
@@ -384,14 +384,13 @@ unsafe fn pack_im2col_panel(
     let (mut ci, mut ky, mut kx) = (pc / taps, pc % taps / v.kw, pc % v.kw);
     for p in 0..kc {
         let dst = &mut panel[p * NR..(p + 1) * NR];
-        dst[w..].fill(0.0);
         let dy = (ky * v.dilation[0]) as isize - v.pad[0] as isize;
         let dx = (kx * v.dilation[1]) as isize - v.pad[1] as isize;
         // Output columns ox with 0 <= ox * sx + dx < w read inside the image row.
         let (lo, hi) = super::in_bounds(dx, sx, v.w as isize, v.ow);
         let channel = ci * v.h;
         #[cfg(target_arch = "x86_64")]
-        if sx == 1 {
+        {
             let (mut v0, mut v1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
             for &(j, run, image, oy, ox) in runs {
                 let iy = oy as isize * sy + dy;
@@ -399,53 +398,45 @@ unsafe fn pack_im2col_panel(
                 if iy < 0 || iy >= v.h as isize || b <= a {
                     continue;
                 }
-                // Panel lanes pj..pj + (b - a) take image columns a + dx...; lane i reads
-                // `base[i]`, and only the masked lanes are read.
+                // Panel lanes pj..pj + (b - a) take image columns (a + t) * sx + dx; only the
+                // masked lanes are read.
                 let pj = j + a - ox;
                 let row = unsafe { v.x.add(image + (channel + iy as usize) * v.w) };
-                let base = row.wrapping_offset(a as isize + dx - pj as isize);
+                let first = row.wrapping_offset(a as isize * sx + dx);
                 let mask = ((1u64 << (b - a)) - 1) << pj;
                 let (m0, m1) = (mask as u16, (mask >> 16) as u16);
-                if m0 != 0 {
-                    v0 = unsafe { _mm512_mask_loadu_ps(v0, m0, base) };
-                }
-                if m1 != 0 {
-                    v1 = unsafe { _mm512_mask_loadu_ps(v1, m1, base.wrapping_add(16)) };
+                if sx == 1 {
+                    // Lane i reads base[i].
+                    let base = first.wrapping_sub(pj);
+                    if m0 != 0 {
+                        v0 = unsafe { _mm512_mask_loadu_ps(v0, m0, base) };
+                    }
+                    if m1 != 0 {
+                        v1 = unsafe { _mm512_mask_loadu_ps(v1, m1, base.wrapping_add(16)) };
+                    }
+                } else {
+                    // Lane i reads first[(i - pj) * sx].
+                    let lane =
+                        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+                    let at = |half: i32| {
+                        let i = _mm512_add_epi32(lane, _mm512_set1_epi32(16 * half - pj as i32));
+                        _mm512_mullo_epi32(i, _mm512_set1_epi32(sx as i32))
+                    };
+                    if m0 != 0 {
+                        v0 = unsafe { _mm512_mask_i32gather_ps::<4>(v0, m0, at(0), first) };
+                    }
+                    if m1 != 0 {
+                        v1 = unsafe { _mm512_mask_i32gather_ps::<4>(v1, m1, at(1), first) };
+                    }
                 }
             }
             unsafe {
                 _mm512_storeu_ps(dst.as_mut_ptr(), v0);
                 _mm512_storeu_ps(dst.as_mut_ptr().add(16), v1);
             }
-            advance(&mut ci, &mut ky, &mut kx, v);
-            continue;
         }
-        for &(j, run, image, oy, ox) in runs {
-            let out = &mut dst[j..j + run];
-            let iy = oy as isize * sy + dy;
-            if iy < 0 || iy >= v.h as isize || hi <= lo {
-                out.fill(0.0);
-                continue;
-            }
-            let row = unsafe { v.x.add(image + (channel + iy as usize) * v.w) };
-            // The in-image part of this run: output columns a..b.
-            let (a, b) = (lo.clamp(ox, ox + run), hi.clamp(ox, ox + run));
-            out[..a - ox].fill(0.0);
-            out[b - ox..].fill(0.0);
-            if b > a {
-                let first = (a as isize * sx + dx) as usize;
-                let seg = &mut out[a - ox..b - ox];
-                if sx == 1 {
-                    seg.copy_from_slice(unsafe {
-                        std::slice::from_raw_parts(row.add(first), b - a)
-                    });
-                } else {
-                    for (t, d) in seg.iter_mut().enumerate() {
-                        *d = unsafe { *row.add(first + t * sx as usize) };
-                    }
-                }
-            }
-        }
+        #[cfg(not(target_arch = "x86_64"))]
+        unreachable!("only called when available()");
         advance(&mut ci, &mut ky, &mut kx, v);
     }
 }
