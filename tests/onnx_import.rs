@@ -326,6 +326,13 @@ fn bad_graphs_are_errors_that_name_the_place() {
         err(&m),
         "the graph has a cycle: node `fc/matmul` (MatMul, opset 13) depends, through its inputs, on its own outputs"
     );
+    // A value produced twice.
+    let mut m = mlp();
+    m.graph.as_mut().unwrap().node[2].output[0] = "fc/out".into();
+    assert_eq!(
+        err(&m),
+        "value `fc/out` is produced twice: by node `fc/add` (Add, opset 13) and by node `act` (Relu, opset 13)"
+    );
     // Out of order but acyclic graphs are sorted.
     let mut m = mlp();
     m.graph.as_mut().unwrap().node.reverse();
