@@ -1278,9 +1278,12 @@ unsafe fn conv_images<T: Copy + Default + std::ops::AddAssign + 'static>(
                     Some(s) if b > 1 => s.add(kk * cv.group * m),
                     _ => out(0),
                 };
+                // The gathered panels index image rows with 32-bit offsets.
+                let narrow = wd < 1 << 30 && cv.attrs.strides[1] < 1 << 20;
                 let implicit = cv.mode == ConvMode::Forward
                     && std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
                     && sgemm::available()
+                    && narrow
                     && (scratch.is_some() || !cv.packed.is_empty());
                 if implicit {
                     // The f32 GEMM gathers its columns from the images itself (a plain 1x1

@@ -349,7 +349,8 @@ unsafe fn pack_b_panel(b: Mat, pc: usize, kc: usize, j0: usize, w: usize, panel:
 /// no per-run copy or fill calls.
 ///
 /// # Safety
-/// `v` addresses its images; the CPU has AVX-512F (`available()`).
+/// `v` addresses its images; the CPU has AVX-512F (`available()`); a row's in-image offsets
+/// (`ox * stride`) fit an `i32` (the gather's index).
 #[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx512f"))]
 unsafe fn pack_im2col_panel(
     v: &Im2col,
