@@ -351,7 +351,8 @@ unsafe fn pack_b_panel(b: Mat, pc: usize, kc: usize, j0: usize, w: usize, panel:
 /// # Safety
 /// `v` addresses its images; the CPU has AVX-512F (`available()`); a row's in-image offsets
 /// (`ox * stride`) fit an `i32` (the gather's index).
-#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx512f"))]
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
 unsafe fn pack_im2col_panel(
     v: &Im2col,
     pc: usize,
@@ -390,7 +391,6 @@ unsafe fn pack_im2col_panel(
         // Output columns ox with 0 <= ox * sx + dx < w read inside the image row.
         let (lo, hi) = super::in_bounds(dx, sx, v.w as isize, v.ow);
         let channel = ci * v.h;
-        #[cfg(target_arch = "x86_64")]
         {
             let (mut v0, mut v1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
             for &(j, run, image, oy, ox) in runs {
@@ -436,13 +436,17 @@ unsafe fn pack_im2col_panel(
                 _mm512_storeu_ps(dst.as_mut_ptr().add(16), v1);
             }
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        unreachable!("only called when available()");
         advance(&mut ci, &mut ky, &mut kx, v);
     }
 }
 
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn pack_im2col_panel(_: &Im2col, _: usize, _: usize, _: usize, _: usize, _: &mut [f32]) {
+    unreachable!("only called when available()")
+}
+
 /// The next filter tap `(ci, ky, kx)` in row-major order.
+#[cfg(target_arch = "x86_64")]
 fn advance(ci: &mut usize, ky: &mut usize, kx: &mut usize, v: &Im2col) {
     *kx += 1;
     if *kx == v.kw {
