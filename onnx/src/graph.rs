@@ -7,14 +7,14 @@ use crate::{Error, MIN_OPSET, Options, Result};
 use std::collections::{BinaryHeap, HashMap};
 use std::fmt;
 use std::path::Path;
-use tcc_ir::interp::eval_op;
+use tcc_ir::interp::{ConstArg, fold};
 use tcc_ir::typing::infer;
 use tcc_ir::{
-    DType, Data, Function, FunctionBuilder, Literal, Module, OpKind, Tensor, TensorType, Value,
+    DType, Function, FunctionBuilder, Literal, Module, OpKind, Tensor, TensorType, Value,
 };
 
-/// Ops whose operands are all constants are evaluated at import time when the operands and
-/// results hold at most this many elements in all.
+/// Ops whose operands are all constants are evaluated at import time when no operand or result
+/// holds more than this many elements (splats fold at any size, see `tcc_ir::interp::fold`).
 const FOLD_LIMIT: u64 = 1 << 20;
 
 /// The state of one import: the function being built and the ONNX names bound so far.
@@ -56,51 +56,40 @@ impl Ctx {
         }
     }
 
-    /// Adds an op, folding it into a constant when every operand is one and it is small.
+    /// Adds an op, folding it into constants when every operand is one (see `FOLD_LIMIT`).
     pub fn op(&mut self, kind: OpKind, args: &[Value]) -> Result<Vec<Value>> {
         let f = self.b.function();
         let tys: Vec<&TensorType> = args.iter().map(|&a| f.ty(a)).collect();
         let out = infer(&kind, &tys)
             .map_err(|e| Error::invalid(format!("`{}`: {e}", kind.mnemonic())))?;
-        let size = tys
+        let consts: Option<Vec<ConstArg<'_>>> = args
             .iter()
-            .copied()
-            .chain(&out)
-            .fold(0u64, |acc, t| acc.saturating_add(t.numel()));
-        if !args.is_empty() && size <= FOLD_LIMIT {
-            let consts: Option<Vec<Tensor>> = args.iter().map(|&a| self.constant_of(a)).collect();
-            if let Some(consts) = consts {
-                let refs: Vec<&Tensor> = consts.iter().collect();
-                let res = eval_op(&kind, &refs, &out).map_err(|e| {
-                    Error::invalid(format!("`{}` on constants: {e}", kind.mnemonic()))
-                })?;
-                return res.into_iter().map(|t| self.folded(t)).collect();
-            }
+            .map(|&a| match &f.op(f.def_op(a)?).kind {
+                OpKind::Const { ty, value } => Some(ConstArg { ty, value }),
+                _ => None,
+            })
+            .collect();
+        let folded = match consts {
+            Some(consts) if !args.is_empty() => fold(&kind, &consts, &out, FOLD_LIMIT),
+            _ => None,
+        };
+        match folded {
+            Some(Ok(values)) => out
+                .into_iter()
+                .zip(values)
+                .map(|(ty, value)| self.b.constant(ty, value).map_err(|e| Error::invalid(e.0)))
+                .collect(),
+            Some(Err(e)) => Err(Error::invalid(format!(
+                "`{}` on constants: {e}",
+                kind.mnemonic()
+            ))),
+            None => self.b.op(kind, args, None).map_err(|e| Error::invalid(e.0)),
         }
-        self.b.op(kind, args, None).map_err(|e| Error::invalid(e.0))
     }
 
     /// Adds a single-result op.
     pub fn op1(&mut self, kind: OpKind, args: &[Value]) -> Result<Value> {
         Ok(self.op(kind, args)?[0])
-    }
-
-    /// A constant holding a folded result: a splat when every element is the same.
-    fn folded(&mut self, t: Tensor) -> Result<Value> {
-        let same = |d: &Data| match d {
-            Data::F32(v) => v.windows(2).all(|w| w[0].to_bits() == w[1].to_bits()),
-            Data::F64(v) => v.windows(2).all(|w| w[0].to_bits() == w[1].to_bits()),
-            Data::I8(v) => v.windows(2).all(|w| w[0] == w[1]),
-            Data::U8(v) => v.windows(2).all(|w| w[0] == w[1]),
-            Data::I32(v) => v.windows(2).all(|w| w[0] == w[1]),
-            Data::I64(v) => v.windows(2).all(|w| w[0] == w[1]),
-            Data::Bool(v) => v.windows(2).all(|w| w[0] == w[1]),
-        };
-        if t.ty().numel() > 1 && same(t.data()) {
-            let s = t.data().get(0);
-            return self.splat(t.ty().clone(), s);
-        }
-        self.constant(t)
     }
 
     /// A constant holding `t`.

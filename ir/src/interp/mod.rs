@@ -242,6 +242,68 @@ fn op_error(f: &Function, op: Op, msg: String) -> InterpError {
     ))
 }
 
+/// A constant operand, for [`fold`].
+pub struct ConstArg<'a> {
+    /// Its type.
+    pub ty: &'a TensorType,
+    /// Its value.
+    pub value: &'a crate::literal::Literal,
+}
+
+/// Evaluates `kind` on constant operands, giving each result (of the types `out`) as a literal:
+/// exactly what running the op would produce. When every operand is a splat and the op is
+/// elementwise or only moves data (`broadcast_to`, `reshape`, `transpose`), the result is a
+/// splat of any size and nothing is materialised. Otherwise the reference kernels run, if no
+/// operand or result has more than `limit` elements; `None` when one does. `Some(Err)` is the
+/// op's run-time error.
+pub fn fold(
+    kind: &crate::ops::OpKind,
+    args: &[ConstArg<'_>],
+    out: &[TensorType],
+    limit: u64,
+) -> Option<Result<Vec<crate::literal::Literal>, String>> {
+    use crate::literal::Literal;
+    use crate::ops::OpKind;
+    let moves_data = matches!(
+        kind,
+        OpKind::BroadcastTo { .. } | OpKind::Reshape { .. } | OpKind::Transpose { .. }
+    );
+    let splats: Option<Vec<crate::literal::Scalar>> =
+        args.iter().map(|a| a.value.as_splat()).collect();
+    if let (Some(s), true, [o]) = (splats, moves_data || kind.is_elementwise(), out) {
+        if moves_data {
+            return Some(Ok(vec![Literal::Splat(s[0])]));
+        }
+        // Elementwise on splats: compute one element.
+        let scalars: Vec<Tensor> = s
+            .iter()
+            .map(|&x| Tensor::splat(TensorType::scalar(x.dtype()), x).expect("a scalar"))
+            .collect();
+        let refs: Vec<&Tensor> = scalars.iter().collect();
+        return Some(
+            eval_op(kind, &refs, &[TensorType::scalar(o.dtype())])
+                .map(|r| vec![Literal::Splat(r[0].data().get(0))]),
+        );
+    }
+    if out
+        .iter()
+        .chain(args.iter().map(|a| a.ty))
+        .any(|t| t.numel() > limit)
+    {
+        return None;
+    }
+    let tensors: Vec<Tensor> = args
+        .iter()
+        .map(|a| Tensor::from_literal(a.ty, a.value).expect("verified constants"))
+        .collect();
+    let refs: Vec<&Tensor> = tensors.iter().collect();
+    Some(eval_op(kind, &refs, out).map(|r| {
+        r.into_iter()
+            .map(|t| Literal::Dense(t.into_data()))
+            .collect()
+    }))
+}
+
 /// Evaluates one op on operands given as tensors (for constant folding, and for runtimes that
 /// fall back to the reference kernels). The error is the run-time error, without the op's name.
 pub fn eval_op(

@@ -63,10 +63,12 @@ fn rewrite(f: &Function, op: Op, limit: u64) -> Rewrite {
 
     // Constant folding.
     if !args.is_empty() && !matches!(d.kind, OpKind::Const { .. }) {
-        let consts: Option<Vec<fold::ConstArg<'_>>> = args
+        let consts: Option<Vec<tcc_ir::interp::ConstArg<'_>>> = args
             .iter()
             .map(|&a| match producer(f, a) {
-                Some((OpKind::Const { ty, value }, _)) => Some(fold::ConstArg { ty, value }),
+                Some((OpKind::Const { ty, value }, _)) => {
+                    Some(tcc_ir::interp::ConstArg { ty, value })
+                }
                 _ => None,
             })
             .collect();
