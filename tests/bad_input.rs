@@ -1,19 +1,8 @@
 //! Malformed input never panics: each case gives exit status 1 and a diagnostic naming the
 //! problem (and, where the input has one, its `line:col`). Usage errors give status 2.
 
-fn run(args: &[&str], stdin: &[u8]) -> (i32, String, String) {
-    let args: Vec<String> = std::iter::once("tcc")
-        .chain(args.iter().copied())
-        .map(String::from)
-        .collect();
-    let (mut out, mut err) = (Vec::new(), Vec::new());
-    let code = tcc_tools::run(&args, &mut &stdin[..], &mut out, &mut err);
-    (
-        code,
-        String::from_utf8(out).unwrap(),
-        String::from_utf8(err).unwrap(),
-    )
-}
+mod common;
+use common::tcc_with as run;
 
 const HEAD: &str = "func @f(%x: f32[4]) -> (f32[4]) {\n";
 

@@ -171,8 +171,3 @@ pub fn read_tensor(bytes: &[u8]) -> Result<Tensor> {
         .map_err(|e| Error::invalid(format!("not a valid ONNX tensor (protobuf): {e}")))?;
     tensor::from_proto(&t, None, "tensor")
 }
-
-/// Encodes a tensor as a serialized `TensorProto` named `name`, with raw little-endian data.
-pub fn write_tensor(t: &Tensor, name: &str) -> Vec<u8> {
-    tensor::to_proto(t, name).encode_to_vec()
-}

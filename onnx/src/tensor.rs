@@ -206,35 +206,3 @@ fn read_external(t: &TensorProto, dir: Option<&Path>, what: &str, want: u64) -> 
         .map_err(|e| Error::invalid(format!("{what}: reading `{}`: {e}", path.display())))?;
     Ok(buf)
 }
-
-/// Encodes a tensor with raw little-endian data.
-pub(crate) fn to_proto(t: &Tensor, name: &str) -> TensorProto {
-    let (data_type, raw): (DataType, Vec<u8>) = match t.data() {
-        Data::F32(v) => (
-            DataType::Float,
-            v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        ),
-        Data::F64(v) => (
-            DataType::Double,
-            v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        ),
-        Data::I8(v) => (DataType::Int8, v.iter().map(|&x| x as u8).collect()),
-        Data::U8(v) => (DataType::Uint8, v.clone()),
-        Data::I32(v) => (
-            DataType::Int32,
-            v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        ),
-        Data::I64(v) => (
-            DataType::Int64,
-            v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        ),
-        Data::Bool(v) => (DataType::Bool, v.iter().map(|&x| x as u8).collect()),
-    };
-    TensorProto {
-        dims: t.dims().iter().map(|&d| d as i64).collect(),
-        data_type: Some(data_type as i32),
-        name: Some(name.to_string()),
-        raw_data: Some(raw),
-        ..Default::default()
-    }
-}

@@ -1102,6 +1102,15 @@ where
     let [_, _, kh, kw] = cv.wd;
     let [_, _, oh, ow] = cv.yd;
     let taps = Taps::new(cv);
+    let s = taps.s[1] as usize;
+    let g = Depthwise {
+        spans: phase_spans(kw, taps.d[1], taps.p[1], s, (h, wd, ow)),
+        taps,
+        kh,
+        kw,
+        oh,
+        ow,
+    };
     let f32_fma = std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() && has_avx2_fma();
     let (px, pw, py) = (Ptr(x), Ptr(w), Ptr(y));
     let plane = |ch: usize, px: Ptr<T>, pw: Ptr<T>, py: Ptr<T>| {
@@ -1115,9 +1124,9 @@ where
             if f32_fma {
                 let cast = |s: &[T]| std::slice::from_raw_parts(s.as_ptr() as *const f32, s.len());
                 let out = std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut f32, out.len());
-                depthwise_plane_fma(&taps, [kh, kw, oh, ow], cast(xin), cast(f), out);
+                depthwise_plane_fma(&g, cast(xin), cast(f), out);
             } else {
-                depthwise_plane::<T, false>(&taps, [kh, kw, oh, ow], xin, f, out);
+                depthwise_plane::<T, false>(&g, xin, f, out);
             }
         }
     };
@@ -1140,36 +1149,36 @@ fn has_avx2_fma() -> bool {
     }
 }
 
+/// What every channel of a depthwise convolution shares: the taps, the filter and output sizes,
+/// and each filter column's span ([`phase_spans`]).
+struct Depthwise {
+    taps: Taps,
+    kh: usize,
+    kw: usize,
+    oh: usize,
+    ow: usize,
+    spans: Vec<(usize, usize, usize)>,
+}
+
 /// [`depthwise_plane`] for f32 compiled for AVX2 with fused multiply-adds.
 ///
 /// # Safety
 /// The CPU must have AVX2 and FMA ([`has_avx2_fma`]).
 #[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma"))]
-unsafe fn depthwise_plane_fma(
-    taps: &Taps,
-    dims: [usize; 4],
-    x: &[f32],
-    f: &[f32],
-    out: &mut [f32],
-) {
-    depthwise_plane::<f32, true>(taps, dims, x, f, out)
+unsafe fn depthwise_plane_fma(g: &Depthwise, x: &[f32], f: &[f32], out: &mut [f32]) {
+    depthwise_plane::<f32, true>(g, x, f, out)
 }
 
-/// One channel of a depthwise convolution: `dims` is `[kh, kw, oh, ow]`, `x` the input plane, `f`
-/// the channel's filter. For each output row and filter tap, the in-image span of the row is
+/// One channel of a depthwise convolution: `x` the input plane, `f` the channel's filter. For each output row and filter tap, the in-image span of the row is
 /// one multiply-add run over contiguous input. With a column stride `s > 1` the input rows are
 /// first split by column phase (`x[.., q::s]` for each `q < s`), so the runs stay contiguous and
 /// vectorise. `FMA` fuses each multiply-add (f32 with the CPU feature only).
 #[inline(always)]
-fn depthwise_plane<T, const FMA: bool>(
-    taps: &Taps,
-    [kh, kw, oh, ow]: [usize; 4],
-    x: &[T],
-    f: &[T],
-    out: &mut [T],
-) where
+fn depthwise_plane<T, const FMA: bool>(g: &Depthwise, x: &[T], f: &[T], out: &mut [T])
+where
     T: Copy + Default + std::ops::AddAssign + std::ops::Mul<Output = T> + 'static,
 {
+    let (taps, kh, kw, oh, ow) = (&g.taps, g.kh, g.kw, g.oh, g.ow);
     let (h, w) = (taps.h as usize, taps.w as usize);
     let (sy, sx) = (taps.s[0], taps.s[1]);
     let s = sx as usize;
@@ -1181,7 +1190,6 @@ fn depthwise_plane<T, const FMA: bool>(
         split = phase_split(x, h, w, s);
         &split
     };
-    let spans = phase_spans(kw, taps.d[1], taps.p[1], s, (h, w, ow));
     out.fill(T::default());
     for oy in 0..oh {
         let row = &mut out[oy * ow..(oy + 1) * ow];
@@ -1190,14 +1198,14 @@ fn depthwise_plane<T, const FMA: bool>(
             if iy < 0 || iy >= taps.h {
                 continue;
             }
-            let at = |kx: usize, from: usize, len: usize| {
-                let (lo, _, start) = spans[kx];
-                let b = start + iy as usize * pw + (from - lo);
-                &src[b..b + len]
-            };
-            for (kx, &(lo, hi, _)) in spans.iter().enumerate() {
+            for (kx, &(lo, hi, start)) in g.spans.iter().enumerate() {
                 if hi > lo {
-                    depthwise_run::<T, FMA>(&mut row[lo..hi], at(kx, lo, hi - lo), f[ky * kw + kx]);
+                    let b = start + iy as usize * pw;
+                    depthwise_run::<T, FMA>(
+                        &mut row[lo..hi],
+                        &src[b..b + hi - lo],
+                        f[ky * kw + kx],
+                    );
                 }
             }
         }

@@ -90,6 +90,14 @@ pub(super) fn positive(v: Vec<i64>, what: &str) -> Result<Vec<u64>> {
         .collect()
 }
 
+/// A convolution node's `group` attribute (default 1), which must be positive.
+fn group(n: &Node) -> Result<u64> {
+    u64::try_from(n.int("group", 1)?)
+        .ok()
+        .filter(|&g| g > 0)
+        .ok_or_else(|| Error::invalid("group must be positive"))
+}
+
 /// Strides, dilations and pads (explicit or from `auto_pad`) for a window of `kernel` over
 /// `input` (the spatial dims); with `ceil`, the end padding grows so that the last partial
 /// window is kept, as `ceil_mode` asks.
@@ -179,13 +187,51 @@ pub(super) fn window(n: &Node, input: &[u64], kernel: &[u64], ceil: bool) -> Res
     })
 }
 
+/// Whether a 1-D convolution or pooling runs as a 2-D one over `[N, C, 1, W]`: per-axis
+/// attributes gain a leading height entry, and the result loses its height axis.
+#[derive(Clone, Copy)]
+pub(super) struct Planar {
+    one_d: bool,
+}
+
+impl Planar {
+    /// A per-axis attribute for the two axes, `fill` for the added height.
+    fn pair(self, v: &[u64], fill: u64) -> [u64; 2] {
+        if self.one_d {
+            [fill, v[0]]
+        } else {
+            [v[0], v[1]]
+        }
+    }
+
+    /// `[top, left, bottom, right]` from padding before and after each axis.
+    fn pads(self, pads: &[(u64, u64)]) -> [u64; 4] {
+        let before: Vec<u64> = pads.iter().map(|p| p.0).collect();
+        let after: Vec<u64> = pads.iter().map(|p| p.1).collect();
+        let (b, e) = (self.pair(&before, 0), self.pair(&after, 0));
+        [b[0], b[1], e[0], e[1]]
+    }
+
+    /// The result in the node's rank.
+    fn back(self, cx: &mut Ctx, y: Value) -> Result<Value> {
+        if !self.one_d {
+            return Ok(y);
+        }
+        let d = cx.dims(y);
+        reshape(cx, y, &[d[0], d[1], d[3]])
+    }
+}
+
 /// Reshapes 3-D `[N, C, W]` to 4-D `[N, C, 1, W]` (1-D convolution and pooling run as 2-D);
 /// other ranks must be 4.
-pub(super) fn to_2d(cx: &mut Ctx, x: Value, what: &str, op: &str) -> Result<(Value, bool)> {
+pub(super) fn to_2d(cx: &mut Ctx, x: Value, what: &str, op: &str) -> Result<(Value, Planar)> {
     let d = cx.dims(x);
     match d.len() {
-        4 => Ok((x, false)),
-        3 => Ok((reshape(cx, x, &[d[0], d[1], 1, d[2]])?, true)),
+        4 => Ok((x, Planar { one_d: false })),
+        3 => Ok((
+            reshape(cx, x, &[d[0], d[1], 1, d[2]])?,
+            Planar { one_d: true },
+        )),
         r => Err(Error::unsupported(format!(
             "{op} over {} spatial axes is not supported ({what} is {}); tcc has 1-D and 2-D",
             r.saturating_sub(2),
@@ -196,7 +242,7 @@ pub(super) fn to_2d(cx: &mut Ctx, x: Value, what: &str, op: &str) -> Result<(Val
 
 pub(super) fn conv(cx: &mut Ctx, n: &Node) -> Result<Value> {
     let (x, w) = (n.input(0, "X")?, n.input(1, "W")?);
-    let (x4, one_d) = to_2d(cx, x, "the input", "Conv")?;
+    let (x4, planar) = to_2d(cx, x, "the input", "Conv")?;
     let (w4, _) = to_2d(cx, w, "the filter", "Conv")?;
     if cx.ty(x).rank() != cx.ty(w).rank() {
         return Err(Error::invalid(format!(
@@ -216,37 +262,31 @@ pub(super) fn conv(cx: &mut Ctx, n: &Node) -> Result<Value> {
         )));
     }
     let win = window(n, &cx.dims(x)[2..], &kernel, false)?;
-    let lift =
-        |v: &[u64], fill: u64| -> [u64; 2] { if one_d { [fill, v[0]] } else { [v[0], v[1]] } };
-    let pb: Vec<u64> = win.pads.iter().map(|p| p.0).collect();
-    let pe: Vec<u64> = win.pads.iter().map(|p| p.1).collect();
-    let (b2, e2) = (lift(&pb, 0), lift(&pe, 0));
     let attrs = Conv2d {
-        strides: lift(&win.strides, 1),
-        pads: [b2[0], b2[1], e2[0], e2[1]],
-        dilations: lift(&win.dilations, 1),
-        groups: u64::try_from(n.int("group", 1)?)
-            .ok()
-            .filter(|&g| g > 0)
-            .ok_or_else(|| Error::invalid("group must be positive"))?,
+        strides: planar.pair(&win.strides, 1),
+        pads: planar.pads(&win.pads),
+        dilations: planar.pair(&win.dilations, 1),
+        groups: group(n)?,
     };
-    let mut y = cx.op1(OpKind::Conv2d(attrs), &[x4, w4])?;
-    if let Some(b) = n.opt(2) {
-        let o = wd[0];
-        if cx.dims(b) != [o] {
-            return Err(Error::invalid(format!(
-                "the bias must be [{o}], found {}",
-                cx.ty(b)
-            )));
-        }
-        let b4 = reshape(cx, b, &[1, o, 1, 1])?;
-        y = binary(cx, BinaryOp::Add, y, b4)?;
+    let y = cx.op1(OpKind::Conv2d(attrs), &[x4, w4])?;
+    let y = add_bias(cx, n, y, wd[0])?;
+    planar.back(cx, y)
+}
+
+/// Adds the optional per-channel bias (input 2, `[channels]`) of a convolution node to `y`
+/// (`[N, channels, H, W]`).
+fn add_bias(cx: &mut Ctx, n: &Node, y: Value, channels: u64) -> Result<Value> {
+    let Some(b) = n.opt(2) else {
+        return Ok(y);
+    };
+    if cx.dims(b) != [channels] {
+        return Err(Error::invalid(format!(
+            "the bias must be [{channels}], found {}",
+            cx.ty(b)
+        )));
     }
-    if one_d {
-        let d = cx.dims(y);
-        y = reshape(cx, y, &[d[0], d[1], d[3]])?;
-    }
-    Ok(y)
+    let b4 = reshape(cx, b, &[1, channels, 1, 1])?;
+    binary(cx, BinaryOp::Add, y, b4)
 }
 
 /// A pooling node's input, window size and window geometry.
@@ -391,16 +431,11 @@ pub(super) fn pool(cx: &mut Ctx, n: &Node, max: bool) -> Result<Value> {
     if k > 2 || win.dilations.iter().any(|&d| d != 1) || extra_counted {
         return pool_sliced(cx, x, &kernel, &win, max, count_include_pad);
     }
-    let (x4, one_d) = to_2d(cx, x, "the input", op)?;
-    let lift =
-        |v: &[u64], fill: u64| -> [u64; 2] { if one_d { [fill, v[0]] } else { [v[0], v[1]] } };
-    let pb: Vec<u64> = win.pads.iter().map(|p| p.0).collect();
-    let pe: Vec<u64> = win.pads.iter().map(|p| p.1).collect();
-    let (b2, e2) = (lift(&pb, 0), lift(&pe, 0));
+    let (x4, planar) = to_2d(cx, x, "the input", op)?;
     let attrs = Pool2d {
-        kernel: lift(&kernel, 1),
-        strides: lift(&win.strides, 1),
-        pads: [b2[0], b2[1], e2[0], e2[1]],
+        kernel: planar.pair(&kernel, 1),
+        strides: planar.pair(&win.strides, 1),
+        pads: planar.pads(&win.pads),
     };
     let kind = if max {
         OpKind::MaxPool2d(attrs)
@@ -410,12 +445,8 @@ pub(super) fn pool(cx: &mut Ctx, n: &Node, max: bool) -> Result<Value> {
             count_include_pad,
         }
     };
-    let mut y = cx.op1(kind, &[x4])?;
-    if one_d {
-        let d = cx.dims(y);
-        y = reshape(cx, y, &[d[0], d[1], d[3]])?;
-    }
-    Ok(y)
+    let y = cx.op1(kind, &[x4])?;
+    planar.back(cx, y)
 }
 
 /// Pooling that `max_pool2d` and `avg_pool2d` cannot express (3-D windows, dilations), built
@@ -522,7 +553,7 @@ pub(super) fn global(cx: &mut Ctx, x: Value, op: ReduceOp) -> Result<Value> {
 /// `[C_in, C_out/group, kH, kW]` is that convolution's filter, the output its input.
 pub(super) fn conv_transpose(cx: &mut Ctx, n: &Node) -> Result<Value> {
     let (x, w) = (n.input(0, "X")?, n.input(1, "W")?);
-    let (x4, one_d) = to_2d(cx, x, "the input", "ConvTranspose")?;
+    let (x4, planar) = to_2d(cx, x, "the input", "ConvTranspose")?;
     let (w4, _) = to_2d(cx, w, "the filter", "ConvTranspose")?;
     let (xd, wd) = (cx.dims(x), cx.dims(w));
     if xd.len() != wd.len() {
@@ -533,10 +564,7 @@ pub(super) fn conv_transpose(cx: &mut Ctx, n: &Node) -> Result<Value> {
         )));
     }
     let k = xd.len() - 2;
-    let g = u64::try_from(n.int("group", 1)?)
-        .ok()
-        .filter(|&g| g > 0)
-        .ok_or_else(|| Error::invalid("group must be positive"))?;
+    let g = group(n)?;
     let kernel: Vec<u64> = wd[2..].to_vec();
     let get = |name: &str, default: i64| -> Result<Vec<u64>> {
         let v = n.ints(name)?.unwrap_or_else(|| vec![default; k]);
@@ -630,26 +658,16 @@ pub(super) fn conv_transpose(cx: &mut Ctx, n: &Node) -> Result<Value> {
         .collect::<Result<_>>()?;
     // The convolution whose input gradient this is; the output padding is extra end padding
     // its windows never reach.
-    let lift =
-        |v: &[u64], fill: u64| -> [u64; 2] { if one_d { [fill, v[0]] } else { [v[0], v[1]] } };
-    let (b2, e2) = (lift(&begin, 0), lift(&end, 0));
+    let pads: Vec<(u64, u64)> = begin.into_iter().zip(end).collect();
     let conv = Conv2d {
-        strides: lift(&strides, 1),
-        pads: [b2[0], b2[1], e2[0], e2[1]],
-        dilations: lift(&dil, 1),
+        strides: planar.pair(&strides, 1),
+        pads: planar.pads(&pads),
+        dilations: planar.pair(&dil, 1),
         groups: g,
     };
-    let o2 = lift(&out, 1);
+    let o2 = planar.pair(&out, 1);
     let shape = vec![xd[0], wd[1] * g, o2[0], o2[1]];
-    let mut y = cx.op1(OpKind::Conv2dGradInput { conv, shape }, &[x4, w4])?;
-    if let Some(b) = n.opt(2) {
-        let c = wd[1] * g;
-        let b4 = reshape(cx, b, &[1, c, 1, 1])?;
-        y = binary(cx, BinaryOp::Add, y, b4)?;
-    }
-    if one_d {
-        let d = cx.dims(y);
-        y = reshape(cx, y, &[d[0], d[1], d[3]])?;
-    }
-    Ok(y)
+    let y = cx.op1(OpKind::Conv2dGradInput { conv, shape }, &[x4, w4])?;
+    let y = add_bias(cx, n, y, wd[1] * g)?;
+    planar.back(cx, y)
 }

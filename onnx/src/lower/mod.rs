@@ -416,31 +416,14 @@ pub(crate) fn lower(cx: &mut Ctx, n: &Node) -> Result<Vec<Option<Value>>> {
         }
         "Flatten" => {
             let x = x()?;
-            let dims = cx.dims(x);
-            let r = dims.len() as i64;
-            let axis = n.int("axis", 1)?;
-            let a = if axis < 0 { axis + r } else { axis };
-            if !(0..=r).contains(&a) {
-                return Err(Error::invalid(format!(
-                    "axis {axis} is out of range for rank {r}"
-                )));
-            }
-            let a = a as usize;
-            let outer = dims[..a].iter().product();
-            let inner = dims[a..].iter().product();
-            one(reshape(cx, x, &[outer, inner])?)
+            let view = matrix_view(&cx.dims(x), n.int("axis", 1)?)?;
+            one(reshape(cx, x, &view)?)
         }
         "Transpose" => {
             let x = x()?;
             let r = cx.ty(x).rank() as i64;
             let perm = n.ints("perm")?.unwrap_or_else(|| (0..r).rev().collect());
-            let perm: Vec<u64> = perm
-                .iter()
-                .map(|&p| {
-                    u64::try_from(p)
-                        .map_err(|_| Error::invalid(format!("perm has a negative entry {p}")))
-                })
-                .collect::<Result<_>>()?;
+            let perm = non_negative(&perm, "perm")?;
             one(cx.op1(OpKind::Transpose { perm }, &[x])?)
         }
         "Concat" => {
@@ -495,13 +478,7 @@ pub(crate) fn lower(cx: &mut Ctx, n: &Node) -> Result<Vec<Option<Value>>> {
         "Expand" => {
             let x = x()?;
             let shape = const_ints(cx, n, 1, "shape")?;
-            let shape: Vec<u64> = shape
-                .iter()
-                .map(|&d| {
-                    u64::try_from(d)
-                        .map_err(|_| Error::invalid(format!("shape has a negative entry {d}")))
-                })
-                .collect::<Result<_>>()?;
+            let shape = non_negative(&shape, "shape")?;
             let out = broadcast_shapes(&cx.dims(x), &shape).map_err(Error::invalid)?;
             if out == cx.dims(x) {
                 return one(x);
@@ -528,13 +505,7 @@ pub(crate) fn lower(cx: &mut Ctx, n: &Node) -> Result<Vec<Option<Value>>> {
         "Constant" => one(constant(cx, n)?),
         "ConstantOfShape" => {
             let shape = const_ints(cx, n, 0, "shape")?;
-            let dims: Vec<u64> = shape
-                .iter()
-                .map(|&d| {
-                    u64::try_from(d)
-                        .map_err(|_| Error::invalid(format!("shape has a negative entry {d}")))
-                })
-                .collect::<Result<_>>()?;
+            let dims = non_negative(&shape, "shape")?;
             let s = match n.tensor("value")? {
                 Some(t) => {
                     let t = tensor::from_proto(t, n.dir, "attribute `value`")?;
@@ -589,6 +560,29 @@ fn reshape(cx: &mut Ctx, x: Value, dims: &[u64]) -> Result<Value> {
 
 fn tensor_i64(dims: &[u64], v: Vec<i64>) -> Result<Tensor> {
     Tensor::from_data(dims, Data::I64(v)).map_err(|e| Error::invalid(e.to_string()))
+}
+
+/// `v` as sizes or indices, none negative.
+fn non_negative(v: &[i64], what: &str) -> Result<Vec<u64>> {
+    v.iter()
+        .map(|&d| {
+            u64::try_from(d).map_err(|_| Error::invalid(format!("{what} has a negative entry {d}")))
+        })
+        .collect()
+}
+
+/// The 2-D view `[prod(dims[..axis]), prod(dims[axis..])]` of a tensor, for an `axis` in
+/// `-r..=r` (Flatten, and Softmax before opset 13).
+fn matrix_view(dims: &[u64], axis: i64) -> Result<[u64; 2]> {
+    let r = dims.len() as i64;
+    let a = if axis < 0 { axis + r } else { axis };
+    if !(0..=r).contains(&a) {
+        return Err(Error::invalid(format!(
+            "axis {axis} is out of range for rank {r}"
+        )));
+    }
+    let (outer, inner) = dims.split_at(a as usize);
+    Ok([outer.iter().product(), inner.iter().product()])
 }
 
 /// An axis in `-r..r` as an index.

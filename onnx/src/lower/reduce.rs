@@ -146,17 +146,8 @@ pub(super) fn softmax(cx: &mut Ctx, n: &Node) -> Result<Value> {
         let a = axis(n.int("axis", -1)?, dims.len())?;
         return cx.op1(make(a as i64), &[x]);
     }
-    let a = n.int("axis", 1)?;
-    let r = dims.len() as i64;
-    let a = if a < 0 { a + r } else { a };
-    if !(0..=r).contains(&a) {
-        return Err(Error::invalid(format!(
-            "axis {a} is out of range for rank {r}"
-        )));
-    }
-    let a = a as usize;
-    let (outer, inner): (u64, u64) = (dims[..a].iter().product(), dims[a..].iter().product());
-    let x2 = reshape(cx, x, &[outer, inner])?;
+    let view = matrix_view(&dims, n.int("axis", 1)?)?;
+    let x2 = reshape(cx, x, &view)?;
     let y = cx.op1(make(1), &[x2])?;
     reshape(cx, y, &dims)
 }

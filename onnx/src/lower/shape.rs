@@ -44,13 +44,7 @@ pub(super) fn split(cx: &mut Ctx, n: &Node) -> Result<Vec<Option<Value>>> {
     } else {
         n.ints("split")?
     } {
-        Some(s) => s
-            .iter()
-            .map(|&v| {
-                u64::try_from(v)
-                    .map_err(|_| Error::invalid(format!("split {s:?} has a negative size")))
-            })
-            .collect::<Result<_>>()?,
+        Some(s) => non_negative(&s, "split")?,
         None => {
             let parts = if n.opset >= 18 {
                 n.attr("num_outputs")
