@@ -1,10 +1,10 @@
 //! The text format's writer: `Display` for [`Function`] and [`Module`].
 //!
 //! The parser reads exactly this form; docs/ir.md describes it. Attributes equal to their
-//! default are left out, so print(parse(text)) is a fixed point.
+//! default are left out ([`crate::ops::OpKind::attr_texts`]), so print(parse(text)) is a fixed
+//! point.
 
 use crate::function::{Function, Module, Op};
-use crate::ops::{Conv2d, OpKind, Pool2d};
 use std::fmt::{self, Display, Formatter, Write};
 
 /// Whether `s` can be written bare after `%` or `@`.
@@ -37,135 +37,6 @@ pub fn write_name(f: &mut impl Write, sigil: char, s: &str) -> fmt::Result {
     f.write_char('"')
 }
 
-fn ints<T: Display>(v: &[T]) -> String {
-    let mut s = String::from("[");
-    for (i, x) in v.iter().enumerate() {
-        if i > 0 {
-            s.push(',');
-        }
-        let _ = write!(s, "{x}");
-    }
-    s.push(']');
-    s
-}
-
-fn conv_attrs(c: &Conv2d, out: &mut Vec<(&'static str, String)>) {
-    let d = Conv2d::default();
-    if c.strides != d.strides {
-        out.push(("strides", ints(&c.strides)));
-    }
-    if c.pads != d.pads {
-        out.push(("pads", ints(&c.pads)));
-    }
-    if c.dilations != d.dilations {
-        out.push(("dilations", ints(&c.dilations)));
-    }
-    if c.groups != d.groups {
-        out.push(("groups", c.groups.to_string()));
-    }
-}
-
-fn pool_attrs(p: &Pool2d, out: &mut Vec<(&'static str, String)>) {
-    out.push(("kernel", ints(&p.kernel)));
-    if p.strides != [1, 1] {
-        out.push(("strides", ints(&p.strides)));
-    }
-    if p.pads != [0; 4] {
-        out.push(("pads", ints(&p.pads)));
-    }
-}
-
-/// The attributes of an op as `(key, text)`, leaving out those equal to their default.
-pub fn attrs(kind: &OpKind) -> Vec<(&'static str, String)> {
-    let mut a = Vec::new();
-    match kind {
-        OpKind::Const { value, .. } => a.push(("value", value.to_string())),
-        OpKind::BroadcastTo { shape } | OpKind::Reshape { shape } => a.push(("shape", ints(shape))),
-        OpKind::Cast { to } => a.push(("to", to.to_string())),
-        OpKind::Conv2d(c) => conv_attrs(c, &mut a),
-        OpKind::MaxPool2d(p) | OpKind::MaxPool2dGrad(p) => pool_attrs(p, &mut a),
-        OpKind::Conv2dGradInput { conv, shape } | OpKind::Conv2dGradFilter { conv, shape } => {
-            conv_attrs(conv, &mut a);
-            a.push(("shape", ints(shape)));
-        }
-        OpKind::AvgPool2dGrad {
-            pool,
-            count_include_pad,
-            shape,
-        } => {
-            pool_attrs(pool, &mut a);
-            if *count_include_pad {
-                a.push(("count_include_pad", "true".into()));
-            }
-            a.push(("shape", ints(shape)));
-        }
-        OpKind::SliceGrad {
-            shape,
-            starts,
-            ends,
-            steps,
-        } => {
-            a.push(("shape", ints(shape)));
-            a.push(("starts", ints(starts)));
-            a.push(("ends", ints(ends)));
-            if steps.iter().any(|&s| s != 1) {
-                a.push(("steps", ints(steps)));
-            }
-        }
-        OpKind::AvgPool2d {
-            pool,
-            count_include_pad,
-        } => {
-            pool_attrs(pool, &mut a);
-            if *count_include_pad {
-                a.push(("count_include_pad", "true".into()));
-            }
-        }
-        OpKind::Reduce { axes, keepdims, .. } => {
-            a.push(("axes", ints(axes)));
-            if *keepdims {
-                a.push(("keepdims", "true".into()));
-            }
-        }
-        OpKind::Softmax { axis } | OpKind::LogSoftmax { axis } => {
-            if *axis != -1 {
-                a.push(("axis", axis.to_string()));
-            }
-        }
-        OpKind::Concat { axis } | OpKind::Gather { axis } | OpKind::ScatterAdd { axis } => {
-            a.push(("axis", axis.to_string()))
-        }
-        OpKind::BatchNorm { eps } | OpKind::BatchNormTrain { eps } => {
-            if eps.0 != 1e-5 {
-                a.push(("eps", crate::literal::Scalar::F64(eps.0).to_string()));
-            }
-        }
-        OpKind::Transpose { perm } => a.push(("perm", ints(perm))),
-        OpKind::Slice {
-            starts,
-            ends,
-            steps,
-        } => {
-            a.push(("starts", ints(starts)));
-            a.push(("ends", ints(ends)));
-            if steps.iter().any(|&s| s != 1) {
-                a.push(("steps", ints(steps)));
-            }
-        }
-        OpKind::Unary(_)
-        | OpKind::Binary(_)
-        | OpKind::Compare(_)
-        | OpKind::Select
-        | OpKind::StopGradient
-        | OpKind::Identity
-        | OpKind::MatMul
-        | OpKind::GlobalAvgPool
-        | OpKind::SoftmaxCrossEntropy
-        | OpKind::SoftmaxCrossEntropyGrad => {}
-    }
-    a
-}
-
 impl Function {
     /// Writes one op as a line of text (without indentation or newline). With `types`, the
     /// result types follow; without, the form is the short one used in diagnostics.
@@ -185,7 +56,7 @@ impl Function {
         if !types {
             return Ok(());
         }
-        let attrs = attrs(&d.kind);
+        let attrs = d.kind.attr_texts();
         if !attrs.is_empty() {
             w.write_str(" {")?;
             for (i, (k, v)) in attrs.iter().enumerate() {

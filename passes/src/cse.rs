@@ -1,8 +1,9 @@
 //! `cse`: common-subexpression elimination.
 //!
 //! Two scheduled ops with the same kind and attributes, the same operands and the same control
-//! dependencies compute the same values (every op is pure), so the later one is removed and its
-//! uses read the earlier one's results. The survivor keeps its name. Constants are compared by
+//! dependencies compute the same values (ops are pure unless the op table flags side effects;
+//! those are never merged), so the later one is removed and its uses read the earlier one's
+//! results. The survivor keeps its name. Constants are compared by
 //! value (floats bitwise). One forward sweep with a substitution table: O(ops).
 
 use crate::manager::Pass;
@@ -33,6 +34,9 @@ pub fn cse(f: &mut Function) -> usize {
             }
         }
         let d = f.op(op);
+        if d.kind.has_side_effects() {
+            continue;
+        }
         let mut h = DefaultHasher::new();
         (&d.kind, &d.args, &d.deps).hash(&mut h);
         let bucket = table.entry(h.finish()).or_default();

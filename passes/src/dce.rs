@@ -2,7 +2,8 @@
 //!
 //! Removes every scheduled op none of whose results reaches a function result, through data or
 //! control edges. An op that a live op names in `after` stays: control edges exist to order ops
-//! that matter (swapping, recomputation), so they keep their targets alive. One backward sweep
+//! that matter (swapping, recomputation), so they keep their targets alive, and an op the op table
+//! flags as having side effects stays with everything it reads. One backward sweep
 //! over the schedule; names of the survivors are unchanged.
 
 use crate::manager::Pass;
@@ -19,7 +20,7 @@ pub fn dce(f: &mut Function) -> usize {
     }
     for &op in f.schedule().iter().rev() {
         let d = f.op(op);
-        if live_op[op] || d.results.iter().any(|&r| live_val[r]) {
+        if live_op[op] || d.kind.has_side_effects() || d.results.iter().any(|&r| live_val[r]) {
             live_op[op] = true;
             for &a in &d.args {
                 live_val[a] = true;

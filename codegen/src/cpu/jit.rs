@@ -78,8 +78,33 @@ fn supported_op(kind: &OpKind) -> bool {
         OpKind::Binary(b) => !matches!(b, BinaryOp::Pow),
         OpKind::Identity | OpKind::StopGradient | OpKind::BroadcastTo { .. } => true,
         // Masks: comparisons of f32 values, used by `select` and casts in the same kernel.
-        OpKind::Compare(_) | OpKind::Select | OpKind::Cast { to: DType::F32 } => true,
-        _ => false,
+        OpKind::Compare(_) | OpKind::Select => true,
+        OpKind::Cast { to } => *to == DType::F32,
+        // Not elementwise: rows, reductions and library kernels handle these.
+        OpKind::Const { .. }
+        | OpKind::MatMul
+        | OpKind::Conv2d(_)
+        | OpKind::MaxPool2d(_)
+        | OpKind::AvgPool2d { .. }
+        | OpKind::GlobalAvgPool
+        | OpKind::Reduce { .. }
+        | OpKind::Softmax { .. }
+        | OpKind::LogSoftmax { .. }
+        | OpKind::SoftmaxCrossEntropy
+        | OpKind::BatchNorm { .. }
+        | OpKind::BatchNormTrain { .. }
+        | OpKind::Reshape { .. }
+        | OpKind::Transpose { .. }
+        | OpKind::Concat { .. }
+        | OpKind::Slice { .. }
+        | OpKind::Gather { .. }
+        | OpKind::ScatterAdd { .. }
+        | OpKind::Conv2dGradInput { .. }
+        | OpKind::Conv2dGradFilter { .. }
+        | OpKind::SoftmaxCrossEntropyGrad
+        | OpKind::MaxPool2dGrad(_)
+        | OpKind::AvgPool2dGrad { .. }
+        | OpKind::SliceGrad { .. } => false,
     }
 }
 
@@ -519,7 +544,32 @@ fn emit_ops(
                 pick(b, ty, a[0], one, zero)
             }
             OpKind::Cast { .. } => a[0],
-            _ => unreachable!("checked by can_compile"),
+            OpKind::Const { .. }
+            | OpKind::MatMul
+            | OpKind::Conv2d(_)
+            | OpKind::MaxPool2d(_)
+            | OpKind::AvgPool2d { .. }
+            | OpKind::GlobalAvgPool
+            | OpKind::Reduce { .. }
+            | OpKind::Softmax { .. }
+            | OpKind::LogSoftmax { .. }
+            | OpKind::SoftmaxCrossEntropy
+            | OpKind::BatchNorm { .. }
+            | OpKind::BatchNormTrain { .. }
+            | OpKind::Reshape { .. }
+            | OpKind::Transpose { .. }
+            | OpKind::Concat { .. }
+            | OpKind::Slice { .. }
+            | OpKind::Gather { .. }
+            | OpKind::ScatterAdd { .. }
+            | OpKind::Conv2dGradInput { .. }
+            | OpKind::Conv2dGradFilter { .. }
+            | OpKind::SoftmaxCrossEntropyGrad
+            | OpKind::MaxPool2dGrad(_)
+            | OpKind::AvgPool2dGrad { .. }
+            | OpKind::SliceGrad { .. } => {
+                unreachable!("checked by can_compile")
+            }
         };
         vals.insert(d.results[0], r);
     }

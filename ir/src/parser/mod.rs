@@ -11,7 +11,7 @@ mod lexer;
 use crate::diag::{Diagnostic, Diagnostics, clip};
 use crate::function::{Function, Module, Op, SrcLoc, Value, ValueDef};
 use crate::literal::{Data, Literal, Scalar};
-use crate::ops::{BinaryOp, CmpOp, Conv2d, F64, OpKind, Pool2d, ReduceOp, UnaryOp, all_mnemonics};
+use crate::ops::{AttrDefault, AttrText, AttrValue, OpId, OpKind, ReadAttrs, all_mnemonics};
 use crate::types::{DType, TensorType};
 use cranelift_entity::SecondaryMap;
 use cranelift_entity::packed_option::ReservedValue;
@@ -83,12 +83,6 @@ struct Body<'a> {
     def_pos: SecondaryMap<Value, usize>,
     pending: Vec<Pending<'a>>,
     errors: Vec<Diagnostic>,
-}
-
-enum AttrVal<'a> {
-    Word(&'a str),
-    Num(&'a str),
-    List(Vec<(&'a str, usize)>),
 }
 
 struct Parser<'a> {
@@ -427,7 +421,7 @@ impl<'a> Parser<'a> {
                 }
             }
         }
-        let mut attrs: Vec<(&'a str, usize, AttrVal<'a>)> = Vec::new();
+        let mut attrs: Vec<(&'a str, usize, AttrText<'a>)> = Vec::new();
         if self.eat_punct(b'{')? {
             loop {
                 let t = self.next()?;
@@ -584,11 +578,11 @@ impl<'a> Parser<'a> {
         Ok(body.f)
     }
 
-    fn attr_value(&mut self) -> PResult<AttrVal<'a>> {
+    fn attr_value(&mut self) -> PResult<AttrText<'a>> {
         let t = self.next()?;
         Ok(match t.tok {
-            Tok::Num(n) => AttrVal::Num(n),
-            Tok::Ident(w) => AttrVal::Word(w),
+            Tok::Num(n) => AttrText::Num(n),
+            Tok::Ident(w) => AttrText::Word(w),
             Tok::Punct(b'[') => {
                 let mut items = Vec::new();
                 if !self.eat_punct(b']')? {
@@ -604,7 +598,7 @@ impl<'a> Parser<'a> {
                         self.expect_punct(b',')?;
                     }
                 }
-                AttrVal::List(items)
+                AttrText::List(items)
             }
             _ => {
                 return Err(
@@ -618,9 +612,16 @@ impl<'a> Parser<'a> {
         &self,
         mnemonic: &'a str,
         mpos: usize,
-        attrs: Vec<(&'a str, usize, AttrVal<'a>)>,
+        attrs: Vec<(&'a str, usize, AttrText<'a>)>,
         types: &[TensorType],
     ) -> PResult<OpKind> {
+        let Some(id) = OpId::from_mnemonic(mnemonic) else {
+            let mut msg = format!("unknown op `{mnemonic}`");
+            if let Some(s) = closest(mnemonic, &all_mnemonics()) {
+                msg += &format!("; did you mean `{s}`?");
+            }
+            return Err(self.err(mpos, msg).note("docs/ir.md lists every op"));
+        };
         let mut a = Attrs {
             p: self,
             mnemonic,
@@ -631,133 +632,29 @@ impl<'a> Parser<'a> {
                 .collect(),
             asked: Vec::new(),
         };
-        let kind = if let Some(u) = UnaryOp::ALL.iter().find(|u| u.mnemonic() == mnemonic) {
-            OpKind::Unary(*u)
-        } else if let Some(b) = BinaryOp::ALL.iter().find(|b| b.mnemonic() == mnemonic) {
-            OpKind::Binary(*b)
-        } else if let Some(c) = CmpOp::ALL.iter().find(|c| c.mnemonic() == mnemonic) {
-            OpKind::Compare(*c)
-        } else if let Some(r) = ReduceOp::ALL.iter().find(|r| r.mnemonic() == mnemonic) {
-            OpKind::Reduce {
-                op: *r,
-                axes: a.ints("axes", None)?,
-                keepdims: a.boolean("keepdims", Some(false))?,
-            }
-        } else {
-            match mnemonic {
-                "const" => {
-                    let ty = types[0].clone();
-                    let value = a.literal("value", ty.dtype())?;
-                    OpKind::Const { ty, value }
-                }
-                "select" => OpKind::Select,
-                "broadcast_to" => OpKind::BroadcastTo {
-                    shape: a.uints("shape", None)?,
-                },
-                "cast" => OpKind::Cast { to: a.dtype("to")? },
-                "stop_gradient" => OpKind::StopGradient,
-                "identity" => OpKind::Identity,
-                "matmul" => OpKind::MatMul,
-                "conv2d" => OpKind::Conv2d(a.conv()?),
-                "conv2d_grad_input" => OpKind::Conv2dGradInput {
-                    conv: a.conv()?,
-                    shape: a.uints("shape", None)?,
-                },
-                "conv2d_grad_filter" => OpKind::Conv2dGradFilter {
-                    conv: a.conv()?,
-                    shape: a.uints("shape", None)?,
-                },
-                "max_pool2d" => OpKind::MaxPool2d(a.pool()?),
-                "max_pool2d_grad" => OpKind::MaxPool2dGrad(a.pool()?),
-                "avg_pool2d_grad" => OpKind::AvgPool2dGrad {
-                    pool: a.pool()?,
-                    count_include_pad: a.boolean("count_include_pad", Some(false))?,
-                    shape: a.uints("shape", None)?,
-                },
-                "avg_pool2d" => OpKind::AvgPool2d {
-                    pool: a.pool()?,
-                    count_include_pad: a.boolean("count_include_pad", Some(false))?,
-                },
-                "global_avg_pool" => OpKind::GlobalAvgPool,
-                "softmax" => OpKind::Softmax {
-                    axis: a.int("axis", Some(-1))?,
-                },
-                "log_softmax" => OpKind::LogSoftmax {
-                    axis: a.int("axis", Some(-1))?,
-                },
-                "softmax_cross_entropy" => OpKind::SoftmaxCrossEntropy,
-                "softmax_cross_entropy_grad" => OpKind::SoftmaxCrossEntropyGrad,
-                "batch_norm" => OpKind::BatchNorm {
-                    eps: F64(a.float("eps", 1e-5)?),
-                },
-                "batch_norm_train" => OpKind::BatchNormTrain {
-                    eps: F64(a.float("eps", 1e-5)?),
-                },
-                "reshape" => OpKind::Reshape {
-                    shape: a.uints("shape", None)?,
-                },
-                "transpose" => OpKind::Transpose {
-                    perm: a.uints("perm", None)?,
-                },
-                "concat" => OpKind::Concat {
-                    axis: a.int("axis", None)?,
-                },
-                "slice" => {
-                    let starts = a.ints("starts", None)?;
-                    let ends = a.ints("ends", None)?;
-                    let steps = a.ints("steps", Some(vec![1; starts.len()]))?;
-                    OpKind::Slice {
-                        starts,
-                        ends,
-                        steps,
-                    }
-                }
-                "slice_grad" => {
-                    let shape = a.uints("shape", None)?;
-                    let starts = a.ints("starts", None)?;
-                    let ends = a.ints("ends", None)?;
-                    let steps = a.ints("steps", Some(vec![1; starts.len()]))?;
-                    OpKind::SliceGrad {
-                        shape,
-                        starts,
-                        ends,
-                        steps,
-                    }
-                }
-                "gather" => OpKind::Gather {
-                    axis: a.int("axis", None)?,
-                },
-                "scatter_add" => OpKind::ScatterAdd {
-                    axis: a.int("axis", None)?,
-                },
-                _ => {
-                    let mut msg = format!("unknown op `{mnemonic}`");
-                    if let Some(s) = closest(mnemonic, &all_mnemonics()) {
-                        msg += &format!("; did you mean `{s}`?");
-                    }
-                    return Err(self.err(mpos, msg).note("docs/ir.md lists every op"));
-                }
-            }
-        };
+        // A `const` takes its type from its first declared result (there is at least one: the
+        // caller matched the types with the result names).
+        let mut kind = id.blank(&types[0]);
+        kind.read_attrs(&mut a)?;
         a.finish()?;
         Ok(kind)
     }
 }
 
-/// Attribute conversion for one op: each accessor takes its key (or uses the default), and
-/// [`Attrs::finish`] rejects keys nobody took.
+/// The attributes written on one op, read through [`OpKind::read_attrs`]: each declared
+/// attribute takes its key (or its default), and [`Attrs::finish`] rejects keys nobody took.
 struct Attrs<'p, 'a> {
     p: &'p Parser<'a>,
     mnemonic: &'a str,
     mpos: usize,
-    /// `(key, position, value)`; the value is moved out when an accessor takes it.
-    items: Vec<(&'a str, usize, Option<AttrVal<'a>>)>,
-    /// Every key an accessor asked for: the attributes this op takes.
+    /// `(key, position, value)`; the value is moved out when an attribute takes it.
+    items: Vec<(&'a str, usize, Option<AttrText<'a>>)>,
+    /// Every key the op declares, in order.
     asked: Vec<&'static str>,
 }
 
 impl<'a> Attrs<'_, 'a> {
-    fn take(&mut self, key: &'static str) -> Option<(usize, AttrVal<'a>)> {
+    fn take(&mut self, key: &'static str) -> Option<(usize, AttrText<'a>)> {
         self.asked.push(key);
         let it = self.items.iter_mut().find(|i| i.0 == key)?;
         Some((it.1, it.2.take()?))
@@ -770,150 +667,6 @@ impl<'a> Attrs<'_, 'a> {
         )
     }
 
-    fn bad(&self, pos: usize, key: &'static str, want: &str) -> Diagnostic {
-        self.p.err(
-            pos,
-            format!("attribute `{key}` of `{}` must be {want}", self.mnemonic),
-        )
-    }
-
-    fn int_list(&self, pos: usize, key: &'static str, v: &AttrVal<'a>) -> PResult<Vec<i64>> {
-        match v {
-            AttrVal::List(items) => items
-                .iter()
-                .map(|(s, p)| {
-                    s.parse::<i64>()
-                        .map_err(|_| self.bad(*p, key, "a list of integers"))
-                })
-                .collect(),
-            _ => Err(self.bad(pos, key, "a list of integers such as `[0,1]`")),
-        }
-    }
-
-    fn ints(&mut self, key: &'static str, default: Option<Vec<i64>>) -> PResult<Vec<i64>> {
-        match self.take(key) {
-            Some((pos, v)) => self.int_list(pos, key, &v),
-            None => default.ok_or_else(|| self.missing(key)),
-        }
-    }
-
-    fn uints(&mut self, key: &'static str, default: Option<Vec<u64>>) -> PResult<Vec<u64>> {
-        match self.take(key) {
-            Some((pos, v)) => match v {
-                AttrVal::List(items) => items
-                    .iter()
-                    .map(|(s, p)| {
-                        s.parse::<u64>()
-                            .map_err(|_| self.bad(*p, key, "a list of non-negative integers"))
-                    })
-                    .collect(),
-                _ => Err(self.bad(pos, key, "a list of non-negative integers such as `[2,3]`")),
-            },
-            None => default.ok_or_else(|| self.missing(key)),
-        }
-    }
-
-    fn fixed<const N: usize>(
-        &mut self,
-        key: &'static str,
-        default: Option<[u64; N]>,
-    ) -> PResult<[u64; N]> {
-        let pos = self
-            .items
-            .iter()
-            .find(|i| i.0 == key)
-            .map_or(self.mpos, |i| i.1);
-        let v = self.uints(key, default.map(|d| d.to_vec()))?;
-        v.try_into()
-            .map_err(|_| self.bad(pos, key, &format!("a list of {N} non-negative integers")))
-    }
-
-    fn conv(&mut self) -> PResult<Conv2d> {
-        let d = Conv2d::default();
-        Ok(Conv2d {
-            strides: self.fixed("strides", Some(d.strides))?,
-            pads: self.fixed("pads", Some(d.pads))?,
-            dilations: self.fixed("dilations", Some(d.dilations))?,
-            groups: self.uint("groups", Some(1))?,
-        })
-    }
-
-    fn pool(&mut self) -> PResult<Pool2d> {
-        Ok(Pool2d {
-            kernel: self.fixed("kernel", None)?,
-            strides: self.fixed("strides", Some([1, 1]))?,
-            pads: self.fixed("pads", Some([0; 4]))?,
-        })
-    }
-
-    fn int(&mut self, key: &'static str, default: Option<i64>) -> PResult<i64> {
-        match self.take(key) {
-            Some((pos, AttrVal::Num(s))) => s.parse().map_err(|_| self.bad(pos, key, "an integer")),
-            Some((pos, _)) => Err(self.bad(pos, key, "an integer")),
-            None => default.ok_or_else(|| self.missing(key)),
-        }
-    }
-
-    fn uint(&mut self, key: &'static str, default: Option<u64>) -> PResult<u64> {
-        match self.take(key) {
-            Some((pos, AttrVal::Num(s))) => s
-                .parse()
-                .map_err(|_| self.bad(pos, key, "a non-negative integer")),
-            Some((pos, _)) => Err(self.bad(pos, key, "a non-negative integer")),
-            None => default.ok_or_else(|| self.missing(key)),
-        }
-    }
-
-    fn float(&mut self, key: &'static str, default: f64) -> PResult<f64> {
-        match self.take(key) {
-            Some((pos, AttrVal::Num(s))) => match Scalar::parse(DType::F64, s) {
-                Ok(x) => Ok(x.to_f64()),
-                Err(_) => Err(self.bad(pos, key, "a number")),
-            },
-            Some((pos, _)) => Err(self.bad(pos, key, "a number")),
-            None => Ok(default),
-        }
-    }
-
-    fn boolean(&mut self, key: &'static str, default: Option<bool>) -> PResult<bool> {
-        match self.take(key) {
-            Some((_, AttrVal::Word("true"))) => Ok(true),
-            Some((_, AttrVal::Word("false"))) => Ok(false),
-            Some((pos, _)) => Err(self.bad(pos, key, "`true` or `false`")),
-            None => default.ok_or_else(|| self.missing(key)),
-        }
-    }
-
-    fn dtype(&mut self, key: &'static str) -> PResult<DType> {
-        match self.take(key) {
-            Some((pos, AttrVal::Word(w))) => {
-                let w: &str = w;
-                DType::from_name(w)
-                    .ok_or_else(|| self.bad(pos, key, "a dtype (f32, f64, i8, u8, i32, i64, bool)"))
-            }
-            Some((pos, _)) => Err(self.bad(pos, key, "a dtype (f32, f64, i8, u8, i32, i64, bool)")),
-            None => Err(self.missing(key)),
-        }
-    }
-
-    fn literal(&mut self, key: &'static str, dtype: DType) -> PResult<Literal> {
-        let p = self.p;
-        match self.take(key) {
-            Some((pos, AttrVal::Num(s) | AttrVal::Word(s))) => Scalar::parse(dtype, s)
-                .map(Literal::Splat)
-                .map_err(|e| p.err(pos, e)),
-            Some((_, AttrVal::List(items))) => {
-                let mut d = Data::with_capacity(dtype, items.len());
-                for (s, pos) in items {
-                    let x = Scalar::parse(dtype, s).map_err(|e| p.err(pos, e))?;
-                    d.push(x).expect("parsed with the vector's dtype");
-                }
-                Ok(Literal::Dense(d))
-            }
-            None => Err(self.missing(key)),
-        }
-    }
-
     fn finish(self) -> PResult<()> {
         if let Some(&(key, pos, _)) = self.items.iter().find(|i| i.2.is_some()) {
             let mut msg = format!("`{}` has no attribute `{key}`", self.mnemonic);
@@ -924,6 +677,51 @@ impl<'a> Attrs<'_, 'a> {
             }
             return Err(self.p.err(pos, msg));
         }
+        Ok(())
+    }
+}
+
+impl ReadAttrs for Attrs<'_, '_> {
+    type Error = Diagnostic;
+
+    fn attr<T: AttrValue>(
+        &mut self,
+        key: &'static str,
+        field: &mut T,
+        default: AttrDefault<T>,
+    ) -> PResult<()> {
+        *field = match (self.take(key), default) {
+            (Some((pos, text)), _) => T::parse(&text).map_err(|e| {
+                self.p.err(
+                    e.at.unwrap_or(pos),
+                    format!(
+                        "attribute `{key}` of `{}` must be {}",
+                        self.mnemonic, e.expected
+                    ),
+                )
+            })?,
+            (None, AttrDefault::Value(v) | AttrDefault::OnePerAxis(v)) => v,
+            (None, AttrDefault::Required) => return Err(self.missing(key)),
+        };
+        Ok(())
+    }
+
+    fn literal(&mut self, key: &'static str, field: &mut Literal, dtype: DType) -> PResult<()> {
+        let p = self.p;
+        *field = match self.take(key) {
+            Some((pos, AttrText::Num(s) | AttrText::Word(s))) => Scalar::parse(dtype, s)
+                .map(Literal::Splat)
+                .map_err(|e| p.err(pos, e))?,
+            Some((_, AttrText::List(items))) => {
+                let mut d = Data::with_capacity(dtype, items.len());
+                for (s, pos) in items {
+                    let x = Scalar::parse(dtype, s).map_err(|e| p.err(pos, e))?;
+                    d.push(x).expect("parsed with the vector's dtype");
+                }
+                Literal::Dense(d)
+            }
+            None => return Err(self.missing(key)),
+        };
         Ok(())
     }
 }

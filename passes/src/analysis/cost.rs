@@ -51,7 +51,26 @@ pub fn flops(f: &Function, op: Op) -> u64 {
             };
             dy.saturating_mul(window(p.kernel))
         }
-        _ => d
+        OpKind::Unary(_)
+        | OpKind::Binary(_)
+        | OpKind::Compare(_)
+        | OpKind::Select
+        | OpKind::BroadcastTo { .. }
+        | OpKind::Cast { .. }
+        | OpKind::GlobalAvgPool
+        | OpKind::Reduce { .. }
+        | OpKind::Softmax { .. }
+        | OpKind::LogSoftmax { .. }
+        | OpKind::SoftmaxCrossEntropy
+        | OpKind::SoftmaxCrossEntropyGrad
+        | OpKind::BatchNorm { .. }
+        | OpKind::BatchNormTrain { .. }
+        | OpKind::Transpose { .. }
+        | OpKind::Concat { .. }
+        | OpKind::Slice { .. }
+        | OpKind::SliceGrad { .. }
+        | OpKind::Gather { .. }
+        | OpKind::ScatterAdd { .. } => d
             .args
             .iter()
             .chain(&d.results)

@@ -210,8 +210,7 @@ pub fn grad(f: &mut Function, opts: &GradOptions) -> Result<GradStats, String> {
     }
     for &op in f.schedule() {
         let d = f.op(op);
-        let blocks = matches!(d.kind, OpKind::StopGradient | OpKind::Const { .. });
-        let any = !blocks && d.args.iter().any(|&a| dep[a] && !stopped[a]);
+        let any = d.kind.is_differentiable() && d.args.iter().any(|&a| dep[a] && !stopped[a]);
         for &r in &d.results {
             if any && is_float(f, r) {
                 dep[r] = true;

@@ -1,8 +1,18 @@
 //! The closed set of operations.
 //!
-//! [`OpKind`] is one enum, grouped by category. Every consumer (type rules, printer, parser,
-//! passes, and later the interpreter, kernels and gradients) matches it exhaustively, so adding an
-//! op makes the compiler point at every place that must handle it.
+//! [`OpKind`] is one enum, grouped by category, with each op's attributes as typed fields. What
+//! is *data* about an op is written once: [`schema`] holds its mnemonic, operand and result
+//! counts, category and flags; [`attrs`] declares its attribute names, types and defaults. The
+//! parser, printer, mnemonic lists and the docs index derive from those. What an op *means* (type
+//! rule, interpreter, gradient, kernels, cost) is an exhaustive `match` on [`OpKind`] in the
+//! module that needs it, so adding an op makes the compiler point at every place that must handle
+//! it. docs/adding-an-op.md is the checklist.
+
+pub mod attrs;
+pub mod schema;
+
+pub use attrs::{AttrDefault, AttrError, AttrSpec, AttrText, AttrValue, ReadAttrs, WriteAttrs};
+pub use schema::{Category, Flags, OpId, OpSchema};
 
 use crate::literal::Literal;
 use crate::types::{DType, TensorType};
@@ -357,20 +367,7 @@ impl UnaryOp {
 
     /// Text mnemonic.
     pub fn mnemonic(self) -> &'static str {
-        match self {
-            UnaryOp::Neg => "neg",
-            UnaryOp::Abs => "abs",
-            UnaryOp::Exp => "exp",
-            UnaryOp::Log => "log",
-            UnaryOp::Sqrt => "sqrt",
-            UnaryOp::Rsqrt => "rsqrt",
-            UnaryOp::Reciprocal => "reciprocal",
-            UnaryOp::Tanh => "tanh",
-            UnaryOp::Sigmoid => "sigmoid",
-            UnaryOp::Relu => "relu",
-            UnaryOp::Erf => "erf",
-            UnaryOp::Gelu => "gelu",
-        }
+        self.id().mnemonic()
     }
 }
 
@@ -388,15 +385,7 @@ impl BinaryOp {
 
     /// Text mnemonic.
     pub fn mnemonic(self) -> &'static str {
-        match self {
-            BinaryOp::Add => "add",
-            BinaryOp::Sub => "sub",
-            BinaryOp::Mul => "mul",
-            BinaryOp::Div => "div",
-            BinaryOp::Pow => "pow",
-            BinaryOp::Max => "max",
-            BinaryOp::Min => "min",
-        }
+        self.id().mnemonic()
     }
 }
 
@@ -413,14 +402,7 @@ impl CmpOp {
 
     /// Text mnemonic.
     pub fn mnemonic(self) -> &'static str {
-        match self {
-            CmpOp::Eq => "eq",
-            CmpOp::Ne => "ne",
-            CmpOp::Lt => "lt",
-            CmpOp::Le => "le",
-            CmpOp::Gt => "gt",
-            CmpOp::Ge => "ge",
-        }
+        self.id().mnemonic()
     }
 }
 
@@ -430,164 +412,22 @@ impl ReduceOp {
 
     /// Text mnemonic.
     pub fn mnemonic(self) -> &'static str {
-        match self {
-            ReduceOp::Sum => "reduce_sum",
-            ReduceOp::Mean => "reduce_mean",
-            ReduceOp::Max => "reduce_max",
-        }
+        self.id().mnemonic()
     }
 }
 
-/// Every mnemonic that takes no family prefix, for error messages and docs.
-pub const OTHER_MNEMONICS: &[&str] = &[
-    "const",
-    "select",
-    "broadcast_to",
-    "cast",
-    "stop_gradient",
-    "identity",
-    "matmul",
-    "conv2d",
-    "max_pool2d",
-    "avg_pool2d",
-    "global_avg_pool",
-    "softmax",
-    "log_softmax",
-    "softmax_cross_entropy",
-    "batch_norm",
-    "batch_norm_train",
-    "reshape",
-    "transpose",
-    "concat",
-    "slice",
-    "gather",
-    "scatter_add",
-    "softmax_cross_entropy_grad",
-    "conv2d_grad_input",
-    "conv2d_grad_filter",
-    "max_pool2d_grad",
-    "avg_pool2d_grad",
-    "slice_grad",
-];
-
-/// Every mnemonic in the IR.
+/// Every mnemonic in the IR, in table order.
 pub fn all_mnemonics() -> Vec<&'static str> {
-    let mut v: Vec<&'static str> = Vec::new();
-    v.extend(UnaryOp::ALL.iter().map(|o| o.mnemonic()));
-    v.extend(BinaryOp::ALL.iter().map(|o| o.mnemonic()));
-    v.extend(CmpOp::ALL.iter().map(|o| o.mnemonic()));
-    v.extend(ReduceOp::ALL.iter().map(|o| o.mnemonic()));
-    v.extend_from_slice(OTHER_MNEMONICS);
-    v
+    OpId::ALL.iter().map(|id| id.mnemonic()).collect()
 }
 
 impl OpKind {
-    /// The text mnemonic.
-    pub fn mnemonic(&self) -> &'static str {
-        match self {
-            OpKind::Const { .. } => "const",
-            OpKind::Unary(u) => u.mnemonic(),
-            OpKind::Binary(b) => b.mnemonic(),
-            OpKind::Compare(c) => c.mnemonic(),
-            OpKind::Select => "select",
-            OpKind::BroadcastTo { .. } => "broadcast_to",
-            OpKind::Cast { .. } => "cast",
-            OpKind::StopGradient => "stop_gradient",
-            OpKind::Identity => "identity",
-            OpKind::MatMul => "matmul",
-            OpKind::Conv2d(_) => "conv2d",
-            OpKind::MaxPool2d(_) => "max_pool2d",
-            OpKind::AvgPool2d { .. } => "avg_pool2d",
-            OpKind::GlobalAvgPool => "global_avg_pool",
-            OpKind::Reduce { op, .. } => op.mnemonic(),
-            OpKind::Softmax { .. } => "softmax",
-            OpKind::LogSoftmax { .. } => "log_softmax",
-            OpKind::SoftmaxCrossEntropy => "softmax_cross_entropy",
-            OpKind::BatchNorm { .. } => "batch_norm",
-            OpKind::BatchNormTrain { .. } => "batch_norm_train",
-            OpKind::Reshape { .. } => "reshape",
-            OpKind::Transpose { .. } => "transpose",
-            OpKind::Concat { .. } => "concat",
-            OpKind::Slice { .. } => "slice",
-            OpKind::Gather { .. } => "gather",
-            OpKind::ScatterAdd { .. } => "scatter_add",
-            OpKind::SoftmaxCrossEntropyGrad => "softmax_cross_entropy_grad",
-            OpKind::Conv2dGradInput { .. } => "conv2d_grad_input",
-            OpKind::Conv2dGradFilter { .. } => "conv2d_grad_filter",
-            OpKind::MaxPool2dGrad(_) => "max_pool2d_grad",
-            OpKind::AvgPool2dGrad { .. } => "avg_pool2d_grad",
-            OpKind::SliceGrad { .. } => "slice_grad",
-        }
-    }
-
-    /// How many operands the op takes.
-    pub fn arity(&self) -> Arity {
-        use Arity::*;
-        match self {
-            OpKind::Const { .. } => Exactly(0),
-            OpKind::Unary(_)
-            | OpKind::BroadcastTo { .. }
-            | OpKind::Cast { .. }
-            | OpKind::StopGradient
-            | OpKind::Identity
-            | OpKind::MaxPool2d(_)
-            | OpKind::AvgPool2d { .. }
-            | OpKind::GlobalAvgPool
-            | OpKind::Reduce { .. }
-            | OpKind::Softmax { .. }
-            | OpKind::LogSoftmax { .. }
-            | OpKind::Reshape { .. }
-            | OpKind::Transpose { .. }
-            | OpKind::Slice { .. }
-            | OpKind::AvgPool2dGrad { .. }
-            | OpKind::SliceGrad { .. } => Exactly(1),
-            OpKind::Binary(_)
-            | OpKind::Compare(_)
-            | OpKind::MatMul
-            | OpKind::Conv2d(_)
-            | OpKind::SoftmaxCrossEntropy
-            | OpKind::Gather { .. }
-            | OpKind::Conv2dGradInput { .. }
-            | OpKind::Conv2dGradFilter { .. }
-            | OpKind::MaxPool2dGrad(_) => Exactly(2),
-            OpKind::Select
-            | OpKind::BatchNormTrain { .. }
-            | OpKind::ScatterAdd { .. }
-            | OpKind::SoftmaxCrossEntropyGrad => Exactly(3),
-            OpKind::BatchNorm { .. } => Exactly(5),
-            OpKind::Concat { .. } => AtLeast(1),
-        }
-    }
-
-    /// How many results the op produces.
-    pub fn num_results(&self) -> usize {
-        match self {
-            OpKind::BatchNormTrain { .. } => 3,
-            _ => 1,
-        }
-    }
-
     /// The scalar value if this is a constant whose elements are all equal.
     pub fn splat_value(&self) -> Option<crate::literal::Scalar> {
         match self {
             OpKind::Const { value, .. } => value.as_splat(),
             _ => None,
         }
-    }
-
-    /// Whether the op is elementwise (each output element depends only on the same-index
-    /// elements of the broadcast operands).
-    pub fn is_elementwise(&self) -> bool {
-        matches!(
-            self,
-            OpKind::Unary(_)
-                | OpKind::Binary(_)
-                | OpKind::Compare(_)
-                | OpKind::Select
-                | OpKind::Cast { .. }
-                | OpKind::StopGradient
-                | OpKind::Identity
-        )
     }
 }
 
