@@ -199,7 +199,15 @@ pub fn infer(kind: &OpKind, args: &[&TensorType]) -> R<Vec<TensorType>> {
                     }
                 }
                 UnaryOp::Abs | UnaryOp::Relu => need_numeric(x, "the operand")?,
-                _ => need_float(x, "the operand")?,
+                UnaryOp::Exp
+                | UnaryOp::Log
+                | UnaryOp::Sqrt
+                | UnaryOp::Rsqrt
+                | UnaryOp::Reciprocal
+                | UnaryOp::Tanh
+                | UnaryOp::Sigmoid
+                | UnaryOp::Erf
+                | UnaryOp::Gelu => need_float(x, "the operand")?,
             }
             one(x.clone())
         }

@@ -97,7 +97,15 @@ fn unary_i(op: UnaryOp, x: i64) -> i64 {
         UnaryOp::Neg => x.wrapping_neg(),
         UnaryOp::Abs => x.wrapping_abs(),
         UnaryOp::Relu => x.max(0),
-        _ => unreachable!("type rules allow only neg, abs and relu on integers"),
+        UnaryOp::Exp
+        | UnaryOp::Log
+        | UnaryOp::Sqrt
+        | UnaryOp::Rsqrt
+        | UnaryOp::Reciprocal
+        | UnaryOp::Tanh
+        | UnaryOp::Sigmoid
+        | UnaryOp::Erf
+        | UnaryOp::Gelu => unreachable!("type rules allow only neg, abs and relu on integers"),
     }
 }
 

@@ -476,6 +476,26 @@ mod tests {
     }
 
     #[test]
+    fn family_lists_hold_every_member() {
+        // The random generator and the gradient checks draw from these lists.
+        let ty = TensorType::new(DType::F32, vec![2]).unwrap();
+        for &id in OpId::ALL {
+            let listed = match id.blank(&ty) {
+                OpKind::Unary(u) => UnaryOp::ALL.contains(&u),
+                OpKind::Binary(b) => BinaryOp::ALL.contains(&b),
+                OpKind::Compare(c) => CmpOp::ALL.contains(&c),
+                OpKind::Reduce { op, .. } => ReduceOp::ALL.contains(&op),
+                _ => true,
+            };
+            assert!(
+                listed,
+                "`{}` is missing from its family's ALL list",
+                id.mnemonic()
+            );
+        }
+    }
+
+    #[test]
     fn blank_ops_map_back_to_their_id() {
         let ty = TensorType::new(DType::F32, vec![2]).unwrap();
         for &id in OpId::ALL {
