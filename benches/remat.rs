@@ -361,8 +361,12 @@ fn jit_training(name: &str, src: &str, spec: &str) {
     let f = parse_function(src).unwrap();
     let data = ["x".to_string(), "labels".to_string()];
     let build = |remat: Option<&str>| {
+        let remat = remat
+            .map(tcc::passes::remat::Remat::parse)
+            .transpose()
+            .map_err(|e| e.message)?;
         let (step, _) =
-            tcc_tools::train::train_step(&f, &data, Optimizer::Sgd { lr: 0.01 }, remat)?;
+            tcc_tools::train::train_step(&f, &data, Optimizer::Sgd { lr: 0.01 }, remat.as_ref())?;
         let exe = Executable::compile(&step).unwrap();
         Ok::<_, String>((step, exe))
     };

@@ -258,7 +258,14 @@ fn training_with_a_budget_keeps_the_losses_and_shrinks_the_arena() {
         (step, exe)
     };
     let (base, base_exe) = build(None);
-    let (r, r_exe) = build(Some("budget=0.8"));
+    // The typed constructor, as an embedder writes it; `tcc train --remat budget=0.8` parses to
+    // the same pass.
+    let typed = tcc::passes::remat::Remat::budget(0.8);
+    assert_eq!(
+        tcc::passes::remat::Remat::parse("budget=0.8").unwrap(),
+        typed
+    );
+    let (r, r_exe) = build(Some(&typed));
     assert!(analyze(&r).temps_peak.0 as f64 <= 0.8 * analyze(&base).temps_peak.0 as f64);
     let (a, b) = (base_exe.stats().arena_bytes, r_exe.stats().arena_bytes);
     assert!(b < a, "arena {a} -> {b}");

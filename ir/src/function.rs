@@ -75,6 +75,23 @@ pub struct Function {
     names: FxHashMap<String, Value>,
     next_suffix: FxHashMap<String, u32>,
     locs: SecondaryMap<Op, Option<SrcLoc>>,
+    /// The first op of the backward part, if the function has one (see [`Phase`]).
+    backward: Option<Op>,
+}
+
+/// Which part of a training function an op belongs to.
+///
+/// `grad` appends the backward part after the forward ops and records where it starts
+/// ([`Function::set_backward_start`]); everything scheduled from that op on (gradients, and
+/// whatever later passes add there, such as optimizer updates and recomputation) is backward.
+/// Passes that need the split (`remat`, swapping) ask [`Function::phase`] rather than
+/// recognising ops by their names. The text form marks the start with a `backward:` line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Phase {
+    /// Before the backward part, or a function without one.
+    Forward,
+    /// From the first backward op on.
+    Backward,
 }
 
 impl Function {
@@ -90,6 +107,7 @@ impl Function {
             names: FxHashMap::default(),
             next_suffix: FxHashMap::default(),
             locs: SecondaryMap::new(),
+            backward: None,
         }
     }
 
@@ -188,9 +206,40 @@ impl Function {
         self.order.insert(i, op);
     }
 
-    /// Replaces the schedule. The caller keeps it topological; the verifier checks.
+    /// Replaces the schedule. The caller keeps it topological; the verifier checks. The backward
+    /// part still starts at the same op (the verifier checks it is scheduled).
     pub fn set_schedule(&mut self, order: Vec<Op>) {
         self.order = order;
+    }
+
+    /// The first op of the backward part, if the function has one.
+    pub fn backward_start(&self) -> Option<Op> {
+        self.backward
+    }
+
+    /// Records that the backward part starts at `op` (which must be scheduled), or that there is
+    /// none.
+    pub fn set_backward_start(&mut self, op: Option<Op>) {
+        self.backward = op;
+    }
+
+    /// The schedule position where the backward part starts, if there is one.
+    pub fn backward_position(&self) -> Option<usize> {
+        let b = self.backward?;
+        self.order.iter().position(|&o| o == b)
+    }
+
+    /// The phase of each scheduled op, in schedule order.
+    pub fn phases(&self) -> impl Iterator<Item = (Op, Phase)> + '_ {
+        let b = self.backward_position().unwrap_or(self.order.len());
+        self.order.iter().enumerate().map(move |(i, &op)| {
+            let phase = if i < b {
+                Phase::Forward
+            } else {
+                Phase::Backward
+            };
+            (op, phase)
+        })
     }
 
     /// Ops in schedule order.
@@ -315,16 +364,25 @@ impl Function {
     }
 
     /// Removes from the schedule every op for which `dead` is true and frees its results' names.
-    /// Returns how many were removed. Control dependencies on removed ops are dropped.
+    /// Returns how many were removed. Control dependencies on removed ops are dropped; if the op
+    /// that started the backward part goes, the part starts at the next op that stays.
     pub fn remove_ops(&mut self, mut dead: impl FnMut(Op) -> bool) -> usize {
         let mut gone = SecondaryMap::<Op, bool>::with_capacity(self.ops.len());
         let before = self.order.len();
         let mut order = std::mem::take(&mut self.order);
+        let mut in_backward = false;
+        let mut backward = None;
         order.retain(|&op| {
             let d = dead(op);
             gone[op] = d;
+            // The backward part starts at its first surviving op.
+            in_backward |= Some(op) == self.backward;
+            if in_backward && !d && backward.is_none() {
+                backward = Some(op);
+            }
             !d
         });
+        self.backward = backward;
         for (op, is_gone) in gone.iter() {
             if *is_gone {
                 for &v in &self.ops[op].results {

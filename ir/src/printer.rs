@@ -112,7 +112,11 @@ impl Display for Function {
         }
         f.write_str(") {\n")?;
         let mut line = String::new();
+        let backward = self.backward_start();
         for &op in self.schedule() {
+            if Some(op) == backward {
+                f.write_str("backward:\n")?;
+            }
             line.clear();
             self.write_op(&mut line, op, true)?;
             writeln!(f, "  {line}")?;

@@ -69,6 +69,13 @@ pub fn verify_function(f: &Function) -> Result<(), Diagnostics> {
             ));
         }
     }
+    if let Some(b) = f.backward_start()
+        && pos.get(b).copied().flatten().is_none()
+    {
+        c.func(format!(
+            "the backward part starts at {b}, which is not scheduled"
+        ));
+    }
     let mut forward_dep = false;
     for (i, &op) in f.schedule().iter().enumerate() {
         let i = i as u32;

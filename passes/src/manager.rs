@@ -128,6 +128,22 @@ fn names_list() -> String {
         .join(", ")
 }
 
+impl Options {
+    /// The options of the registered pass `pass`, written as inside its braces in a pipeline
+    /// (`budget=0.5`), checked exactly as [`Pipeline::parse`] checks them.
+    pub fn parse_for(pass: &str, text: &str) -> Result<Options, PipelineError> {
+        let mut p = Pipeline::parse(&format!("{pass}{{{text}}}"))?;
+        match (p.0.pop(), p.0.is_empty()) {
+            (Some(spec), true) => Ok(spec.options),
+            _ => Err(PipelineError {
+                text: text.to_string(),
+                pos: 0,
+                message: format!("expected the options of `{pass}` only"),
+            }),
+        }
+    }
+}
+
 impl Pipeline {
     /// Parses and checks pipeline text. Whitespace around names, keys and values is ignored.
     pub fn parse(text: &str) -> Result<Pipeline, PipelineError> {

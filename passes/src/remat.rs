@@ -1,7 +1,7 @@
 //! `remat`: gradient checkpointing on a joint forward + backward function.
 //!
-//! The function is what `grad` produces: the forward ops first, then the backward ops, whose
-//! results are named `grad/...`. A set of forward values is kept (the checkpoints; parameters
+//! The function is what `grad` produces: the forward ops first, then the backward part, which
+//! starts where the function records it ([`tcc_ir::Function::backward_start`]). A set of forward values is kept (the checkpoints; parameters
 //! and constants are always available); every other forward value that a backward op reads is
 //! recomputed from the nearest checkpoints, just before the first backward op that needs it,
 //! and backward ops read the copy. The originals then die at their last forward use, so the
@@ -47,7 +47,7 @@
 
 use crate::analysis::cost::flops;
 use crate::analysis::memory::human;
-use crate::manager::{OptionInfo, Options, Pass};
+use crate::manager::{OptionInfo, Options, Pass, PipelineError};
 use cranelift_entity::{EntityRef, SecondaryMap};
 use std::collections::HashMap;
 
@@ -88,19 +88,13 @@ pub fn marked(name: &str) -> bool {
     name.split('/').any(|c| c == "checkpoint")
 }
 
-/// The schedule position where the backward ops start: the first op with a result named
-/// `grad/...`.
+/// The schedule position where the backward part starts (recorded by `grad`).
 fn boundary(f: &Function) -> Option<usize> {
-    f.schedule().iter().position(|&op| {
-        f.op(op)
-            .results
-            .iter()
-            .any(|&r| f.name(r).starts_with("grad/"))
-    })
+    f.backward_position()
 }
 
 fn no_backward() -> String {
-    "the function has no backward ops (values named grad/...); run `grad` first, as in --passes='grad,remat{strategy=speed}'".to_string()
+    "the function has no backward part (a `backward:` line, which `grad` writes); run `grad` first, as in --passes='grad,remat{strategy=speed}'".to_string()
 }
 
 /// The checkpoints a strategy picks among the forward values.
@@ -522,6 +516,9 @@ fn apply(f: &mut Function, b: usize, plan: &Plan) -> RematStats {
         }
         order.push(op);
     }
+    // Copies go at or after position `b`, so the backward part (recomputation included) now
+    // starts with whatever is there.
+    f.set_backward_start(order.get(b).copied());
     f.set_schedule(order);
     stats
 }
@@ -873,15 +870,58 @@ pub(crate) const OPTIONS: &[OptionInfo] = &[
     },
 ];
 
-struct Remat(Strategy);
+/// The `remat` pass with its way of choosing checkpoints: the typed form of `remat{...}` in a
+/// pipeline, for code that builds passes directly (`Remat::budget(0.5).run(&mut f)`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Remat(pub Strategy);
+
+impl Remat {
+    /// The least recomputation within a budget: a fraction of the peak without remat (`0.5`)
+    /// or a number of bytes (`64u64 << 20`).
+    pub fn budget(budget: impl Into<Budget>) -> Remat {
+        Remat(Strategy::Budget(budget.into()))
+    }
+
+    /// Options written as in a pipeline (`budget=0.5`, `strategy=memory`), checked as a
+    /// pipeline checks them.
+    pub fn parse(options: &str) -> Result<Remat, PipelineError> {
+        let o = Options::parse_for("remat", options)?;
+        Ok(Remat(self::options(&o).map_err(|message| {
+            PipelineError {
+                text: options.to_string(),
+                pos: 0,
+                message,
+            }
+        })?))
+    }
+
+    /// Chooses the checkpoints and rewrites `f`.
+    pub fn run(&self, f: &mut Function) -> Result<RematStats, String> {
+        let c = choose(f, &self.0)?;
+        remat(f, &c)
+    }
+}
+
+impl From<f64> for Budget {
+    /// A fraction of the peak without remat.
+    fn from(x: f64) -> Budget {
+        Budget::Fraction(x)
+    }
+}
+
+impl From<u64> for Budget {
+    /// Bytes.
+    fn from(n: u64) -> Budget {
+        Budget::Bytes(n)
+    }
+}
 
 impl Pass for Remat {
     fn name(&self) -> &'static str {
         "remat"
     }
     fn run_on_function(&self, f: &mut Function) -> Result<(), String> {
-        let c = choose(f, &self.0)?;
-        remat(f, &c).map(|_| ())
+        self.run(f).map(|_| ())
     }
 }
 

@@ -273,13 +273,14 @@ fn onnx_options(shapes: &[String], consts: &[String]) -> Result<tcc_onnx::Option
     Ok(opts)
 }
 
-/// `opts` with external data looked up beside the model file.
-fn opts_for(input: &Input, mut opts: tcc_onnx::Options) -> tcc_onnx::Options {
+/// Imports an ONNX model, looking up external data beside the model file.
+fn import_onnx(input: &Input, opts: &tcc_onnx::Options) -> Result<Module, String> {
+    let mut opts = opts.clone();
     if opts.dir.is_none() && input.name != "<stdin>" {
         let dir = std::path::Path::new(&input.name).parent();
         opts.dir = Some(dir.unwrap_or(std::path::Path::new(".")).to_path_buf());
     }
-    opts
+    tcc_onnx::import(&input.bytes, &opts).map_err(|e| format!("error: {}: {e}", input.name))
 }
 
 /// Whether an input is an ONNX model: a `.onnx` file, or bytes that start as a serialized
@@ -297,8 +298,7 @@ fn load(input: &Input) -> Result<Module, String> {
 /// [`load`] with options for ONNX models (`--shape` bindings).
 fn load_with(input: &Input, onnx: &tcc_onnx::Options) -> Result<Module, String> {
     if is_onnx(input) {
-        return tcc_onnx::import(&input.bytes, &opts_for(input, onnx.clone()))
-            .map_err(|e| format!("error: {}: {e}", input.name));
+        return import_onnx(input, onnx);
     }
     let src = String::from_utf8_lossy(&input.bytes);
     let m = parse_bytes(&input.bytes).map_err(|d| d.render(&input.name, &src))?;
@@ -395,8 +395,7 @@ pub fn run(
             output,
         } => onnx_options(&shapes, &consts).and_then(|opts| {
             let input = read_input(&file, stdin).map_err(|e| (EXIT_INPUT, e))?;
-            let m = tcc_onnx::import(&input.bytes, &opts_for(&input, opts))
-                .map_err(|e| (EXIT_INPUT, format!("error: {}: {e}", input.name)))?;
+            let m = import_onnx(&input, &opts).map_err(|e| (EXIT_INPUT, e))?;
             write_module(&m, output.as_deref(), stdout)
         }),
         Cmd::Run {
@@ -497,6 +496,12 @@ pub fn run(
                     ));
                 }
             };
+            let remat = remat
+                .map(|spec| {
+                    tcc_passes::remat::Remat::parse(&spec)
+                        .map_err(|e| (EXIT_INPUT, format!("error: --remat {spec}: {}", e.message)))
+                })
+                .transpose()?;
             let input = read_input(&file, stdin).map_err(|e| (EXIT_INPUT, e))?;
             let m = load(&input).map_err(|e| (EXIT_INPUT, e))?;
             let f = pick_function(&m, func.as_deref(), &input.name).map_err(|e| (EXIT_INPUT, e))?;
@@ -507,7 +512,7 @@ pub fn run(
                 optimizer,
                 save: save.as_deref(),
                 every,
-                remat: remat.as_deref(),
+                remat: remat.as_ref(),
             };
             train::train(f, &args, stdout, stderr).map_err(|e| (EXIT_INPUT, e))
         })(),

@@ -17,6 +17,7 @@ use tcc_ir::random::Rng;
 use tcc_ir::{DType, Data, Function, Tensor, TensorType};
 use tcc_passes::grad::{GradOptions, Wrt, grad};
 use tcc_passes::optim::{Optimizer, apply_optimizer};
+use tcc_passes::remat::Remat;
 
 /// What `tcc train` was asked to do.
 pub struct TrainArgs<'a> {
@@ -32,8 +33,8 @@ pub struct TrainArgs<'a> {
     pub save: Option<&'a str>,
     /// Print the loss every this many steps (0: ten times in all).
     pub every: usize,
-    /// Options of a `remat` pass run on the step after `grad` (`budget=0.5`), if any.
-    pub remat: Option<&'a str>,
+    /// A `remat` pass run on the step after `grad` and the optimizer, if any.
+    pub remat: Option<&'a Remat>,
 }
 
 /// A file name for a value: characters outside `[A-Za-z0-9_.-]` become `_`.
@@ -158,13 +159,13 @@ enum Source {
 }
 
 /// Builds the train-step function from the loss function `f`: its data parameter names and the
-/// step function. `remat` holds the options of a `remat` pass to run on the step (after `grad`
-/// and the optimizer): `budget=0.5`, `strategy=memory`.
+/// step function. `remat` is run on the step last (after `grad` and the optimizer), so that a
+/// budget refers to the function that is compiled.
 pub fn train_step(
     f: &Function,
     data_names: &[String],
     opt: Optimizer,
-    remat: Option<&str>,
+    remat: Option<&Remat>,
 ) -> Result<(Function, Vec<String>), String> {
     let Some(&loss) = f.results().first() else {
         return Err(format!(
@@ -200,14 +201,8 @@ pub fn train_step(
     };
     grad(&mut step, &opts).map_err(|e| format!("error: grad: {e}"))?;
     apply_optimizer(&mut step, opt).map_err(|e| format!("error: optimizer: {e}"))?;
-    // Last, so that a budget refers to the step function that is compiled.
-    if let Some(spec) = remat {
-        let pipeline = tcc_passes::Pipeline::parse(&format!("remat{{{spec}}}"))
-            .map_err(|e| format!("error: --remat {spec}: {}", e.message))?;
-        for pass in pipeline.build() {
-            pass.run_on_function(&mut step)
-                .map_err(|e| format!("error: remat: {e}"))?;
-        }
+    if let Some(r) = remat {
+        r.run(&mut step).map_err(|e| format!("error: remat: {e}"))?;
     }
     tcc_ir::verify_function(&step)
         .map_err(|d| format!("internal compiler error: the train step does not verify:\n{d}"))?;

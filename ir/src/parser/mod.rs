@@ -83,6 +83,8 @@ struct Body<'a> {
     def_pos: SecondaryMap<Value, usize>,
     pending: Vec<Pending<'a>>,
     errors: Vec<Diagnostic>,
+    /// The schedule length when the `backward:` line came, and where the line is.
+    backward_at: Option<(usize, usize)>,
 }
 
 struct Parser<'a> {
@@ -306,6 +308,7 @@ impl<'a> Parser<'a> {
             def_pos: SecondaryMap::new(),
             pending: Vec::new(),
             errors: Vec::new(),
+            backward_at: None,
         };
         self.expect_punct(b'(')?;
         if !self.eat_punct(b')')? {
@@ -358,6 +361,20 @@ impl<'a> Parser<'a> {
                 };
                 self.expect_punct(b'}')?;
                 break (rets, pos);
+            }
+            if self.peek_is_ident("backward")? {
+                let t = self.next()?;
+                self.expect_punct(b':')?;
+                if body.backward_at.is_some() {
+                    return Err(self
+                        .err(
+                            t.pos,
+                            "a function has one `backward:` line; this is the second",
+                        )
+                        .into());
+                }
+                body.backward_at = Some((body.f.schedule().len(), t.pos));
+                continue;
             }
             if matches!(self.peek()?.tok, Tok::Value(_)) {
                 self.op(&mut body, &mut names)?;
@@ -524,6 +541,12 @@ impl<'a> Parser<'a> {
     ) -> Result<Function, Diagnostics> {
         let f = &mut body.f;
         let errors = &mut body.errors;
+        if let Some((i, pos)) = body.backward_at {
+            match f.schedule().get(i) {
+                Some(&op) => f.set_backward_start(Some(op)),
+                None => errors.push(self.err(pos, "`backward:` must be followed by an op")),
+            }
+        }
         let undefined =
             |n: &str, pos: usize| self.err(pos, format!("undefined value `%{}`", clip(n)));
         for p in std::mem::take(&mut body.pending) {

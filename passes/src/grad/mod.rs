@@ -227,6 +227,7 @@ pub fn grad(f: &mut Function, opts: &GradOptions) -> Result<GradStats, String> {
     // Values created by this pass that no adjoint has claimed as its name yet.
     let mut fresh: SecondaryMap<Value, bool> = SecondaryMap::new();
     let first_new = b.function().num_values_created();
+    let first_new_op = b.function().num_ops_created();
     let mut marked_upto = first_new;
     let swept = (|| -> Result<Vec<Value>, String> {
         // Marks the op results created since the last call as fresh.
@@ -354,6 +355,11 @@ pub fn grad(f: &mut Function, opts: &GradOptions) -> Result<GradStats, String> {
             let mut results = old_results;
             results.extend(grads);
             f.set_results(results);
+            // The sweep appended the backward part; a function that had one keeps its start.
+            if f.backward_start().is_none() {
+                let first = f.schedule().iter().find(|op| op.index() >= first_new_op);
+                f.set_backward_start(first.copied());
+            }
         }
         Err(e) => {
             // Leave `f` computing what it did: drop everything the sweep added.
