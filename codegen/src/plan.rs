@@ -22,6 +22,7 @@
 
 use cranelift_entity::{PrimaryMap, SecondaryMap, entity_impl};
 use std::fmt::{self, Write};
+use tcc_ir::edit::Users;
 use tcc_ir::printer::write_name;
 use tcc_ir::{Function, Op, OpKind, TensorType, Value};
 
@@ -94,29 +95,10 @@ fn is_elementwise(kind: &OpKind) -> bool {
     kind.is_elementwise() || matches!(kind, OpKind::BroadcastTo { .. })
 }
 
-/// Who reads each value: the ops (with the operand index) and whether the function returns it.
-struct Readers {
-    by: SecondaryMap<Value, Vec<(Op, u32)>>,
-    returned: SecondaryMap<Value, bool>,
-}
-
-impl Readers {
-    fn new(f: &Function) -> Readers {
-        let mut returned = SecondaryMap::with_capacity(f.num_values_created());
-        for &r in f.results() {
-            returned[r] = true;
-        }
-        Readers {
-            by: f.uses(),
-            returned,
-        }
-    }
-}
-
 /// Whether elementwise `op` can join an open kernel producing values of type `open`: the same
 /// dims, and the same dtype, except that a comparison whose results only feed `select`s and
 /// casts may produce a `bool` mask inside an `f32` kernel (and those consumers join it).
-fn joins(f: &Function, uses: &Readers, op: Op, open: &TensorType) -> bool {
+fn joins(f: &Function, uses: &Users, op: Op, open: &TensorType) -> bool {
     let d = f.op(op);
     let out = f.ty(d.results[0]);
     if out.dims() != open.dims() {
@@ -128,9 +110,9 @@ fn joins(f: &Function, uses: &Readers, op: Op, open: &TensorType) -> bool {
     match d.kind {
         OpKind::Compare(_) => {
             let r = d.results[0];
-            !uses.by[r].is_empty()
-                && !uses.returned[r]
-                && uses.by[r].iter().all(|&(u, i)| {
+            !uses.uses(r).is_empty()
+                && !uses.is_returned(r)
+                && uses.uses(r).iter().all(|&(u, i)| {
                     matches!(f.op(u).kind, OpKind::Select if i == 0)
                         || matches!(f.op(u).kind, OpKind::Cast { .. })
                 })
@@ -143,7 +125,7 @@ fn joins(f: &Function, uses: &Readers, op: Op, open: &TensorType) -> bool {
 /// Whether a transpose is only read, as the operand of a floating-point `matmul`, with its last
 /// two axes swapped: the GEMM then reads its source with swapped strides, and the transpose is a
 /// view that moves no data. Backends must read such a view through [`folded_transpose`].
-fn folds_into_matmul(f: &Function, uses: &Readers, op: Op) -> bool {
+fn folds_into_matmul(f: &Function, uses: &Users, op: Op) -> bool {
     let d = f.op(op);
     let r = d.results[0];
     let OpKind::Transpose { perm } = &d.kind else {
@@ -159,9 +141,10 @@ fn folds_into_matmul(f: &Function, uses: &Readers, op: Op) -> bool {
             .all(|(i, &p)| p == i as u64);
     swaps_last_two
         && f.ty(r).dtype().is_float()
-        && !uses.returned[r]
-        && !uses.by[r].is_empty()
-        && uses.by[r]
+        && !uses.is_returned(r)
+        && !uses.uses(r).is_empty()
+        && uses
+            .uses(r)
             .iter()
             .all(|&(u, _)| matches!(f.op(u).kind, OpKind::MatMul))
 }
@@ -197,7 +180,7 @@ fn fusible_root(f: &Function, op: Op) -> bool {
 /// store them.
 fn private_to(
     f: &Function,
-    uses: &Readers,
+    uses: &Users,
     kernel_of: &SecondaryMap<Op, Option<Kernel>>,
     kd: &KernelData,
     k: Kernel,
@@ -205,8 +188,9 @@ fn private_to(
 ) -> bool {
     kd.ops.iter().all(|&o| {
         f.op(o).results.iter().all(|&v| {
-            !uses.returned[v]
-                && uses.by[v]
+            !uses.is_returned(v)
+                && uses
+                    .uses(v)
                     .iter()
                     .all(|&(user, _)| user == root || kernel_of[user] == Some(k))
         })
@@ -220,7 +204,7 @@ pub fn plan(f: &Function) -> Plan {
         SecondaryMap::with_capacity(f.num_ops_created());
     let mut constants = Vec::new();
     let mut open: Option<Open> = None;
-    let uses = Readers::new(f);
+    let uses = Users::new(f);
     let new = |kernels: &mut PrimaryMap<Kernel, KernelData>, kind: KernelKind, op: Op| {
         kernels.push(KernelData {
             kind,

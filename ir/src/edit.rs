@@ -29,24 +29,45 @@ impl fmt::Display for EditError {
 
 impl std::error::Error for EditError {}
 
-/// Who uses what, over the scheduled ops of a function.
+/// Who uses what, over the scheduled ops of a function: the one reader map every pass and the
+/// kernel planner share.
 pub struct Users {
     uses: SecondaryMap<Value, Vec<(Op, u32)>>,
     control: SecondaryMap<Op, Vec<Op>>,
+    returned: SecondaryMap<Value, bool>,
 }
 
 impl Users {
-    /// Computes the uses of every value and the control-dependents of every op.
+    /// Computes the uses of every value, the control-dependents of every op and which values
+    /// the function returns. One pass over the schedule.
     pub fn new(f: &Function) -> Users {
-        let uses = f.uses();
+        let mut uses: SecondaryMap<Value, Vec<(Op, u32)>> =
+            SecondaryMap::with_capacity(f.num_values_created());
         let mut control: SecondaryMap<Op, Vec<Op>> =
             SecondaryMap::with_capacity(f.num_ops_created());
         for &op in f.schedule() {
-            for &d in &f.op(op).deps {
-                control[d].push(op);
+            let d = f.op(op);
+            for (i, &a) in d.args.iter().enumerate() {
+                uses[a].push((op, i as u32));
+            }
+            for &dep in &d.deps {
+                control[dep].push(op);
             }
         }
-        Users { uses, control }
+        let mut returned = SecondaryMap::with_capacity(f.num_values_created());
+        for &r in f.results() {
+            returned[r] = true;
+        }
+        Users {
+            uses,
+            control,
+            returned,
+        }
+    }
+
+    /// Whether the function returns `v`.
+    pub fn is_returned(&self, v: Value) -> bool {
+        self.returned[v]
     }
 
     /// `(op, operand index)` for every use of `v`, in schedule order.
@@ -331,32 +352,75 @@ pub struct CopyMap {
     pub values: HashMap<Value, Value>,
 }
 
-/// Copies `ops` (in schedule order, so copies stay topological). An operand of a copy is: its
-/// replacement from `replace` if listed, else the copy of its producer if that was copied, else
-/// the original. Control dependencies on copied ops point at the copies. Copies keep their
-/// originals' names, made unique (`x` → `x.1`).
+/// Where [`copy_ops`] finds what a copy reads instead of a value from outside the copied ops.
+pub trait Replacements {
+    /// The value to read instead of `v`, if any.
+    fn replacement(&self, v: Value) -> Option<Value>;
+}
+
+impl Replacements for HashMap<Value, Value> {
+    fn replacement(&self, v: Value) -> Option<Value> {
+        self.get(&v).copied()
+    }
+}
+
+impl Replacements for SecondaryMap<Value, Option<Value>> {
+    fn replacement(&self, v: Value) -> Option<Value> {
+        self.get(v).copied().flatten()
+    }
+}
+
+/// Whether every op of `ops` comes after the ops of `ops` it reads or depends on.
+fn is_topological(f: &Function, ops: &[Op]) -> bool {
+    let set: HashSet<Op> = ops.iter().copied().collect();
+    let mut seen = HashSet::with_capacity(ops.len());
+    for &op in ops {
+        let d = f.op(op);
+        let before = d
+            .args
+            .iter()
+            .filter_map(|&a| f.def_op(a))
+            .chain(d.deps.iter().copied());
+        for p in before {
+            if set.contains(&p) && !seen.contains(&p) {
+                return false;
+            }
+        }
+        seen.insert(op);
+    }
+    true
+}
+
+/// Copies `ops`, in the order given if that is topological, else in schedule order (so copies
+/// stay topological either way). An operand of a copy is: the copy of its producer if that was
+/// copied, else its replacement from `replace` if it has one, else the original. Control
+/// dependencies on copied ops point at the copies. Copies keep their originals' names, made
+/// unique (`x` → `x.1`), and their source locations.
 pub fn copy_ops(
     f: &mut Function,
     ops: &[Op],
-    replace: &HashMap<Value, Value>,
+    replace: &impl Replacements,
     place: Placement,
 ) -> CopyMap {
-    let pos = f.positions();
     let mut order: Vec<Op> = ops.to_vec();
-    order.sort_by_key(|&o| (pos[o].is_none(), pos[o]));
-    order.dedup();
+    if !is_topological(f, &order) {
+        let pos = f.positions();
+        order.sort_by_key(|&o| (pos[o].is_none(), pos[o]));
+    }
+    let mut seen = HashSet::with_capacity(order.len());
+    order.retain(|&o| seen.insert(o));
     let mut map = CopyMap::default();
     for &op in &order {
         let d = f.op(op).clone();
         let args = d
             .args
             .iter()
-            .map(|a| {
-                replace
-                    .get(a)
-                    .or_else(|| map.values.get(a))
+            .map(|&a| {
+                map.values
+                    .get(&a)
                     .copied()
-                    .unwrap_or(*a)
+                    .or_else(|| replace.replacement(a))
+                    .unwrap_or(a)
             })
             .collect();
         let tys = d.results.iter().map(|&r| f.ty(r).clone()).collect();

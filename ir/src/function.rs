@@ -409,18 +409,6 @@ impl Function {
     pub fn set_loc(&mut self, op: Op, loc: SrcLoc) {
         self.locs[op] = Some(loc);
     }
-
-    /// Uses of each value by scheduled ops: `(op, operand index)` in schedule order.
-    pub fn uses(&self) -> SecondaryMap<Value, Vec<(Op, u32)>> {
-        let mut uses: SecondaryMap<Value, Vec<(Op, u32)>> =
-            SecondaryMap::with_capacity(self.values.len());
-        for &op in &self.order {
-            for (i, &a) in self.ops[op].args.iter().enumerate() {
-                uses[a].push((op, i as u32));
-            }
-        }
-        uses
-    }
 }
 
 /// A module: a list of functions with distinct names.

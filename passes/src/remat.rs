@@ -49,7 +49,8 @@ use crate::analysis::cost::flops;
 use crate::analysis::memory::human;
 use crate::manager::{OptionInfo, Options, Pass, PipelineError};
 use cranelift_entity::{EntityRef, SecondaryMap};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use tcc_ir::edit::{Placement, copy_ops};
 
 use tcc_ir::{Function, Op, OpKind, Value};
 
@@ -459,45 +460,37 @@ impl Joint {
 fn apply(f: &mut Function, b: usize, plan: &Plan) -> RematStats {
     let sched = f.schedule().to_vec();
     let nv = f.num_values_created();
+    // The latest copy of each forward value.
     let mut copies: SecondaryMap<Value, Option<Value>> = SecondaryMap::with_capacity(nv);
-    // The batch (numbered from 1) that made each copy.
-    let mut batch_of: SecondaryMap<Value, u32> = SecondaryMap::with_capacity(nv);
     let mut insert: HashMap<usize, Vec<Op>> = HashMap::new();
-    let mut batches = plan.batches.iter().enumerate().peekable();
+    let mut batches = plan.batches.iter().peekable();
     let mut stats = RematStats::default();
     for (i, &op) in sched.iter().enumerate().skip(b) {
-        if let Some((k, (_, range))) = batches.next_if(|(_, (at, _))| *at as usize == i) {
-            let k = k as u32 + 1;
+        if let Some((_, range)) = batches.next_if(|(at, _)| *at as usize == i) {
             let prev = sched[i - 1];
-            let mut copied = Vec::with_capacity(range.len());
-            for &p in &plan.ops[range.clone()] {
-                let o = sched[p as usize];
-                let d = f.op(o).clone();
-                let mut reads_copy = false;
-                let args: Vec<Value> = d
+            let originals: Vec<Op> = plan.ops[range.clone()]
+                .iter()
+                .map(|&p| sched[p as usize])
+                .collect();
+            // In schedule order; an operand reads this batch's copy, else the latest earlier one.
+            let batch = copy_ops(f, &originals, &copies, Placement::Unscheduled);
+            let made: HashSet<Op> = batch.ops.values().copied().collect();
+            let mut copied = Vec::with_capacity(originals.len());
+            for o in &originals {
+                let c = batch.ops[o];
+                // A copy that reads no other copy of its batch is pinned after the op before the
+                // batch, which keeps `cse` from merging it back into its original.
+                let reads_copy = f
+                    .op(c)
                     .args
                     .iter()
-                    .map(|&a| match copies[a] {
-                        Some(c) => {
-                            reads_copy |= batch_of[c] == k;
-                            c
-                        }
-                        None => a,
-                    })
-                    .collect();
-                let tys = d.results.iter().map(|&r| f.ty(r).clone()).collect();
-                let names: Vec<String> = d.results.iter().map(|&r| f.name(r).to_string()).collect();
-                let names: Vec<&str> = names.iter().map(String::as_str).collect();
-                let c = f.create_op(d.kind, args, tys, &names);
-                if !reads_copy {
-                    f.op_mut(c).deps.push(prev);
-                }
-                for (&r, &cr) in d.results.iter().zip(&f.op(c).results.clone()) {
-                    copies[r] = Some(cr);
-                    batch_of[cr] = k;
-                }
+                    .any(|&a| f.def_op(a).is_some_and(|p| made.contains(&p)));
+                f.op_mut(c).deps = if reads_copy { Vec::new() } else { vec![prev] };
                 stats.extra_flops += flops(f, c);
                 copied.push(c);
+            }
+            for (&r, &cr) in &batch.values {
+                copies[r] = Some(cr);
             }
             stats.recomputed_ops += copied.len();
             insert.insert(i, copied);
