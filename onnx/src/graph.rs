@@ -1,117 +1,15 @@
 //! The graph walk: opsets, initializers, inputs with their shapes, nodes in topological order,
-//! outputs; and [`Ctx`], the state lowering builds with.
+//! outputs. Each node goes to [`crate::lower::lower`] with a [`Ctx`] (from `ctx.rs`, which both
+//! this module and the lowerings import; neither imports the other's internals).
 
+use crate::ctx::{Ctx, Node};
 use crate::proto::{GraphProto, ModelProto, NodeProto, TypeProto, ValueInfoProto, type_proto};
 use crate::tensor;
 use crate::{Error, MIN_OPSET, Options, Result};
 use std::collections::{BinaryHeap, HashMap};
 use std::fmt;
 use std::path::Path;
-use tcc_ir::interp::{ConstArg, fold};
-use tcc_ir::typing::infer;
-use tcc_ir::{
-    DType, Function, FunctionBuilder, Literal, Module, OpKind, Tensor, TensorType, Value,
-};
-
-/// Ops whose operands are all constants are evaluated at import time when no operand or result
-/// holds more than this many elements (splats fold at any size, see `tcc_ir::interp::fold`).
-const FOLD_LIMIT: u64 = 1 << 20;
-
-/// The state of one import: the function being built and the ONNX names bound so far.
-pub(crate) struct Ctx {
-    b: FunctionBuilder,
-    /// ONNX value name to IR value.
-    vals: HashMap<String, Value>,
-}
-
-impl Ctx {
-    /// The type of `v`.
-    pub fn ty(&self, v: Value) -> &TensorType {
-        self.b.function().ty(v)
-    }
-
-    /// The dims of `v`.
-    pub fn dims(&self, v: Value) -> Vec<u64> {
-        self.ty(v).dims().to_vec()
-    }
-
-    /// The dtype of `v`.
-    pub fn dtype(&self, v: Value) -> DType {
-        self.ty(v).dtype()
-    }
-
-    /// The function so far.
-    pub fn function(&self) -> &Function {
-        self.b.function()
-    }
-
-    /// The value of `v` if a constant defines it.
-    pub fn constant_of(&self, v: Value) -> Option<Tensor> {
-        let f = self.b.function();
-        match &f.op(f.def_op(v)?).kind {
-            OpKind::Const { ty, value } if ty.numel() <= FOLD_LIMIT => {
-                Tensor::from_literal(ty, value).ok()
-            }
-            _ => None,
-        }
-    }
-
-    /// Adds an op, folding it into constants when every operand is one (see `FOLD_LIMIT`).
-    pub fn op(&mut self, kind: OpKind, args: &[Value]) -> Result<Vec<Value>> {
-        let f = self.b.function();
-        let tys: Vec<&TensorType> = args.iter().map(|&a| f.ty(a)).collect();
-        let out = infer(&kind, &tys)
-            .map_err(|e| Error::invalid(format!("`{}`: {e}", kind.mnemonic())))?;
-        let consts: Option<Vec<ConstArg<'_>>> = args
-            .iter()
-            .map(|&a| match &f.op(f.def_op(a)?).kind {
-                OpKind::Const { ty, value } => Some(ConstArg { ty, value }),
-                _ => None,
-            })
-            .collect();
-        let folded = match consts {
-            Some(consts) if !args.is_empty() => fold(&kind, &consts, &out, FOLD_LIMIT),
-            _ => None,
-        };
-        match folded {
-            Some(Ok(values)) => out
-                .into_iter()
-                .zip(values)
-                .map(|(ty, value)| self.b.constant(ty, value).map_err(|e| Error::invalid(e.0)))
-                .collect(),
-            Some(Err(e)) => Err(Error::invalid(format!(
-                "`{}` on constants: {e}",
-                kind.mnemonic()
-            ))),
-            None => self.b.op(kind, args, None).map_err(|e| Error::invalid(e.0)),
-        }
-    }
-
-    /// Adds a single-result op.
-    pub fn op1(&mut self, kind: OpKind, args: &[Value]) -> Result<Value> {
-        Ok(self.op(kind, args)?[0])
-    }
-
-    /// A constant holding `t`.
-    pub fn constant(&mut self, t: Tensor) -> Result<Value> {
-        let ty = t.ty().clone();
-        self.b
-            .constant(ty, Literal::Dense(t.into_data()))
-            .map_err(|e| Error::invalid(e.0))
-    }
-
-    /// A constant of type `ty` with every element `s`.
-    pub fn splat(&mut self, ty: TensorType, s: tcc_ir::Scalar) -> Result<Value> {
-        self.b
-            .constant(ty, Literal::Splat(s))
-            .map_err(|e| Error::invalid(e.0))
-    }
-
-    /// A scalar constant of `dtype` holding `x`.
-    pub fn scalar(&mut self, dtype: DType, x: f64) -> Result<Value> {
-        self.b.splat(dtype, &[], x).map_err(|e| Error::invalid(e.0))
-    }
-}
+use tcc_ir::{DType, Function, FunctionBuilder, Module, Value};
 
 /// Where in the model something is, for error messages.
 pub(crate) struct NodeRef<'a> {
@@ -537,7 +435,7 @@ fn lower_node(cx: &mut Ctx, node: &NodeProto, opset: i64, dir: Option<&Path>) ->
         .cloned()
         .unwrap_or_default();
     cx.b.push_scope(&scope);
-    let n = crate::lower::Node {
+    let n = Node {
         p: node,
         ins,
         opset,

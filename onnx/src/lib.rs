@@ -18,6 +18,7 @@
 
 #![deny(missing_docs)]
 
+mod ctx;
 mod graph;
 mod lower;
 #[allow(missing_docs, clippy::all, clippy::pedantic)]

@@ -1,7 +1,10 @@
 //! Matrix products, convolutions (and their transposes) and pooling, with the window geometry
 //! (strides, dilations, explicit or automatic padding, `ceil_mode`) they share.
 
-use super::*;
+use super::shape::pad_axis;
+use crate::ctx::{Ctx, Node, binary, compare, reshape, tensor_i64};
+use crate::{Error, Result};
+use tcc_ir::{BinaryOp, CmpOp, Conv2d, Data, OpKind, Pool2d, ReduceOp, Scalar, Tensor, Value};
 
 /// `MatMul` with numpy semantics: a 1-D operand is a row (left) or column (right) vector whose
 /// axis is dropped from the result.

@@ -1,7 +1,9 @@
 //! Elementwise ops that are compositions: Pow across types, Clip, the activation functions,
 //! Gelu, Dropout.
 
-use super::*;
+use crate::ctx::{Ctx, Node, binary, cast, compare, const_input, unary};
+use crate::{Error, Result};
+use tcc_ir::{BinaryOp, CmpOp, DType, OpKind, Scalar, TensorType, UnaryOp, Value};
 
 /// `Pow`: the exponent may have another type; integer bases compute in `f64`.
 pub(super) fn pow(cx: &mut Ctx, x: Value, y: Value) -> Result<Value> {

@@ -1,140 +1,25 @@
 //! Lowering: each ONNX op as tcc IR ops. [`lower`] is the table; an op type missing from it is
 //! an "unsupported" error naming the op, the node and the opset.
 
-use crate::graph::Ctx;
-use crate::proto::attribute_proto::AttributeType;
-use crate::proto::{AttributeProto, NodeProto, TensorProto};
+use crate::ctx::{
+    Ctx, Node, axes_of, axis, binary, cast, compare, const_input, const_ints, matrix_view,
+    non_negative, reshape, tensor_i64, unary,
+};
 use crate::{Error, Result, tensor};
-use std::path::Path;
-use tcc_ir::ops::{F64, normalize_axis};
+use conv::{conv, conv_transpose, gemm, global, matmul, max_pool_with_indices, pool};
+use elementwise::{clip, dropout, elu, gelu, hard_sigmoid, leaky_relu, modulo, pow, softplus};
+use reduce::{batch_norm_training, layer_norm, lrn, reduce, reduce_composite, softmax};
+use shape::{constant, pad, reshape_dims, slice, split, trilu};
+use tcc_ir::ops::F64;
 use tcc_ir::typing::broadcast_shapes;
 use tcc_ir::{
-    BinaryOp, CmpOp, Conv2d, DType, Data, OpKind, Pool2d, ReduceOp, Scalar, Tensor, TensorType,
-    UnaryOp, Value,
+    BinaryOp, CmpOp, DType, Data, OpKind, ReduceOp, Scalar, Tensor, TensorType, UnaryOp, Value,
 };
 
 mod conv;
 mod elementwise;
 mod reduce;
 mod shape;
-
-use conv::*;
-use elementwise::*;
-use reduce::*;
-use shape::*;
-
-/// A node with its inputs resolved (`None` for an omitted optional input).
-pub(crate) struct Node<'a> {
-    pub p: &'a NodeProto,
-    pub ins: Vec<Option<Value>>,
-    pub opset: i64,
-    pub dir: Option<&'a Path>,
-}
-
-impl Node<'_> {
-    fn op_type(&self) -> &str {
-        self.p.op_type.as_deref().unwrap_or("")
-    }
-
-    /// Input `i` if given.
-    fn opt(&self, i: usize) -> Option<Value> {
-        self.ins.get(i).copied().flatten()
-    }
-
-    /// Input `i`, which the op requires.
-    fn input(&self, i: usize, what: &str) -> Result<Value> {
-        self.opt(i).ok_or_else(|| {
-            Error::invalid(format!(
-                "{} needs input {i} ({what}), which is missing",
-                self.op_type()
-            ))
-        })
-    }
-
-    fn attr(&self, name: &str) -> Option<&AttributeProto> {
-        self.p
-            .attribute
-            .iter()
-            .find(|a| a.name.as_deref() == Some(name))
-    }
-
-    /// The attribute `name`, checked to be of type `want`.
-    fn typed(&self, name: &str, want: AttributeType) -> Result<Option<&AttributeProto>> {
-        let Some(a) = self.attr(name) else {
-            return Ok(None);
-        };
-        if a.ref_attr_name.is_some() {
-            return Err(Error::unsupported(format!(
-                "attribute `{name}` refers to a function attribute, which is not supported"
-            )));
-        }
-        match a.r#type.map(AttributeType::try_from) {
-            Some(Ok(t)) if t == want => Ok(Some(a)),
-            None | Some(Ok(AttributeType::Undefined)) => Ok(Some(a)),
-            Some(Ok(t)) => Err(Error::invalid(format!(
-                "attribute `{name}` must be {}, found {}",
-                want.as_str_name(),
-                t.as_str_name()
-            ))),
-            Some(Err(_)) => Err(Error::invalid(format!(
-                "attribute `{name}` has an unknown type {}",
-                a.r#type.unwrap_or(0)
-            ))),
-        }
-    }
-
-    fn int(&self, name: &str, default: i64) -> Result<i64> {
-        Ok(self
-            .typed(name, AttributeType::Int)?
-            .and_then(|a| a.i)
-            .unwrap_or(default))
-    }
-
-    fn float(&self, name: &str, default: f32) -> Result<f32> {
-        Ok(self
-            .typed(name, AttributeType::Float)?
-            .and_then(|a| a.f)
-            .unwrap_or(default))
-    }
-
-    fn ints(&self, name: &str) -> Result<Option<Vec<i64>>> {
-        Ok(self
-            .typed(name, AttributeType::Ints)?
-            .map(|a| a.ints.clone()))
-    }
-
-    fn floats(&self, name: &str) -> Result<Option<Vec<f32>>> {
-        Ok(self
-            .typed(name, AttributeType::Floats)?
-            .map(|a| a.floats.clone()))
-    }
-
-    fn string(&self, name: &str, default: &str) -> Result<String> {
-        Ok(
-            match self
-                .typed(name, AttributeType::String)?
-                .and_then(|a| a.s.as_ref())
-            {
-                Some(s) => String::from_utf8_lossy(s).into_owned(),
-                None => default.to_string(),
-            },
-        )
-    }
-
-    fn tensor(&self, name: &str) -> Result<Option<&TensorProto>> {
-        Ok(self
-            .typed(name, AttributeType::Tensor)?
-            .and_then(|a| a.t.as_ref()))
-    }
-
-    /// An error for an attribute value tcc does not support.
-    fn unsupported<T>(&self, what: impl std::fmt::Display) -> Result<T> {
-        Err(Error::unsupported(format!(
-            "{} with {what} is not supported",
-            self.op_type()
-        )))
-    }
-}
 
 /// Lowers `n`; the result has one entry per output the lowering provides.
 pub(crate) fn lower(cx: &mut Ctx, n: &Node) -> Result<Vec<Option<Value>>> {
@@ -524,115 +409,6 @@ pub(crate) fn lower(cx: &mut Ctx, n: &Node) -> Result<Vec<Option<Value>>> {
         }
         "" => Err(Error::invalid("the node has no op_type")),
         other => Err(Error::unsupported(format!("unsupported ONNX op `{other}`"))),
-    }
-}
-
-fn unary(cx: &mut Ctx, op: UnaryOp, x: Value) -> Result<Value> {
-    cx.op1(OpKind::Unary(op), &[x])
-}
-
-fn binary(cx: &mut Ctx, op: BinaryOp, a: Value, b: Value) -> Result<Value> {
-    cx.op1(OpKind::Binary(op), &[a, b])
-}
-
-fn compare(cx: &mut Ctx, op: CmpOp, a: Value, b: Value) -> Result<Value> {
-    cx.op1(OpKind::Compare(op), &[a, b])
-}
-
-fn cast(cx: &mut Ctx, x: Value, to: DType) -> Result<Value> {
-    if cx.dtype(x) == to {
-        return Ok(x);
-    }
-    cx.op1(OpKind::Cast { to }, &[x])
-}
-
-fn reshape(cx: &mut Ctx, x: Value, dims: &[u64]) -> Result<Value> {
-    if cx.dims(x) == dims {
-        return Ok(x);
-    }
-    cx.op1(
-        OpKind::Reshape {
-            shape: dims.to_vec(),
-        },
-        &[x],
-    )
-}
-
-fn tensor_i64(dims: &[u64], v: Vec<i64>) -> Result<Tensor> {
-    Tensor::from_data(dims, Data::I64(v)).map_err(|e| Error::invalid(e.to_string()))
-}
-
-/// `v` as sizes or indices, none negative.
-fn non_negative(v: &[i64], what: &str) -> Result<Vec<u64>> {
-    v.iter()
-        .map(|&d| {
-            u64::try_from(d).map_err(|_| Error::invalid(format!("{what} has a negative entry {d}")))
-        })
-        .collect()
-}
-
-/// The 2-D view `[prod(dims[..axis]), prod(dims[axis..])]` of a tensor, for an `axis` in
-/// `-r..=r` (Flatten, and Softmax before opset 13).
-fn matrix_view(dims: &[u64], axis: i64) -> Result<[u64; 2]> {
-    let r = dims.len() as i64;
-    let a = if axis < 0 { axis + r } else { axis };
-    if !(0..=r).contains(&a) {
-        return Err(Error::invalid(format!(
-            "axis {axis} is out of range for rank {r}"
-        )));
-    }
-    let (outer, inner) = dims.split_at(a as usize);
-    Ok([outer.iter().product(), inner.iter().product()])
-}
-
-/// An axis in `-r..r` as an index.
-fn axis(a: i64, r: usize) -> Result<usize> {
-    normalize_axis(a, r)
-        .ok_or_else(|| Error::invalid(format!("axis {a} is out of range for rank {r}")))
-}
-
-/// The value of input `i`, which must be known at import time.
-fn const_input(cx: &Ctx, n: &Node, i: usize, what: &str) -> Result<Tensor> {
-    let v = n.input(i, what)?;
-    if let Some(t) = cx.constant_of(v) {
-        return Ok(t);
-    }
-    let name = cx.function().name(v);
-    if cx.function().params().contains(&v) {
-        return Err(Error::needs_constant(
-            format!(
-                "input {i} ({what}) must be known at import time (tcc's shapes are static), but it is graph input `{name}`; fix its value with --const {name}=FILE.npy"
-            ),
-            name,
-        ));
-    }
-    Err(Error::unsupported(format!(
-        "input {i} ({what}) must be known at import time (tcc's shapes are static), but `{name}` is computed from the graph's inputs"
-    )))
-}
-
-/// The integer elements of constant input `i`.
-fn const_ints(cx: &Ctx, n: &Node, i: usize, what: &str) -> Result<Vec<i64>> {
-    let t = const_input(cx, n, i, what)?;
-    match t.data() {
-        Data::I64(v) => Ok(v.clone()),
-        Data::I32(v) => Ok(v.iter().map(|&x| x as i64).collect()),
-        _ => Err(Error::invalid(format!(
-            "input {i} ({what}) must be int64 or int32, found {}",
-            t.ty()
-        ))),
-    }
-}
-
-/// The axes of a reduction-like op: an attribute before `input_since`, else the optional
-/// input 1. `None` when absent.
-fn axes_of(cx: &Ctx, n: &Node, input_since: i64) -> Result<Option<Vec<i64>>> {
-    if n.opset < input_since {
-        n.ints("axes")
-    } else if n.opt(1).is_some() {
-        const_ints(cx, n, 1, "axes").map(Some)
-    } else {
-        Ok(None)
     }
 }
 

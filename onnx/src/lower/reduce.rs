@@ -1,7 +1,10 @@
 //! Reductions and normalisations: the Reduce family, Softmax, LRN, BatchNormalization in
 //! training mode, LayerNormalization.
 
-use super::*;
+use crate::ctx::{Ctx, Node, axes_of, axis, binary, cast, matrix_view, reshape, unary};
+use crate::{Error, Result};
+use tcc_ir::ops::F64;
+use tcc_ir::{BinaryOp, DType, OpKind, Pool2d, ReduceOp, Scalar, TensorType, UnaryOp, Value};
 
 /// `ReduceSum/Mean/Max`: axes from the attribute (before `input_since`) or input 1; no axes
 /// reduce everything unless `noop_with_empty_axes`.

@@ -1,6 +1,9 @@
 //! Data movement: Reshape targets, Slice, Split, Pad, Trilu, and constants.
 
-use super::*;
+use crate::ctx::{Ctx, Node, axis, const_input, const_ints, non_negative, tensor_i64};
+use crate::proto::attribute_proto::AttributeType;
+use crate::{Error, Result, tensor};
+use tcc_ir::{Data, OpKind, Scalar, Tensor, TensorType, Value};
 
 /// `x` with `before` and `after` elements of `fill` added along `axis`.
 pub(super) fn pad_axis(
