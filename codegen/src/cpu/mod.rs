@@ -12,6 +12,7 @@
 
 mod accuracy;
 mod jit;
+mod math;
 mod native;
 
 mod sgemm;
