@@ -68,7 +68,12 @@ fn main() {
     for name in ["resnet18", "mobilenet_v2"] {
         let m = tcc::onnx::import_file(&dir.join(format!("{name}.onnx")), &Default::default())
             .unwrap_or_else(|e| panic!("{e}"));
-        let exe = tcc::codegen::Executable::compile(&m.functions[0]).unwrap();
+        // TCC_PROFILE=1 prints where tcc's time went, step by step, after the timing.
+        let cpu = tcc::codegen::Cpu {
+            profile: std::env::var_os("TCC_PROFILE").is_some(),
+            ..Default::default()
+        };
+        let exe = tcc::codegen::compile(&cpu, &m.functions[0]).unwrap();
         let x = load_npy(&dir.join(format!("{name}_input.npy")));
         let want = load_npy(&dir.join(format!("{name}_output.npy")));
         let got = exe.run(std::slice::from_ref(&x)).unwrap();
@@ -103,5 +108,8 @@ fn main() {
             t.as_secs_f64() / ort,
             err
         );
+        if let Some(p) = exe.profile() {
+            eprint!("{p}");
+        }
     }
 }

@@ -279,3 +279,39 @@ fn compiled_and_interpreted_runs_agree() {
         "kernels: 1 compiled, 0 native, 0 on reference kernels, 0 views, 0 dead; arena 0 bytes, outputs 4096 bytes\n"
     );
 }
+
+#[test]
+fn profile_names_every_step() {
+    // A matmul with a fused bias-and-relu epilogue (one library step) and a softmax (one JIT
+    // row step): the profile has a header and one line per step, the library one naming its op.
+    let src = "func @f(%x: f32[4, 8], %w: f32[8, 16], %b: f32[16]) -> (f32[4, 16]) {\n\
+               \x20 %y = matmul %x, %w : f32[4, 16]\n\
+               \x20 %z = add %y, %b : f32[4, 16]\n\
+               \x20 %r = relu %z : f32[4, 16]\n\
+               \x20 %s = softmax %r {axis=1} : f32[4, 16]\n\
+               \x20 return %s\n}\n";
+    let (code, out, err) = tcc(&["run", "--profile", "-"], src);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("%s: f32[4,16]"), "{out}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert!(
+        lines[0].starts_with("profile of @f: ") && lines[0].ends_with(" in 2 steps"),
+        "{err}"
+    );
+    assert_eq!(lines.len(), 3, "{err}");
+    assert!(
+        lines[1..]
+            .iter()
+            .any(|l| l.ends_with("library   k0    matmul %y")),
+        "{err}"
+    );
+    assert!(
+        lines[1..]
+            .iter()
+            .any(|l| l.ends_with("jit       k1    softmax %s")),
+        "{err}"
+    );
+    // Without the flag, nothing is timed or printed.
+    let (code, _, err) = tcc(&["run", "-"], src);
+    assert_eq!((code, err.as_str()), (0, ""));
+}

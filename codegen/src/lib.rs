@@ -2,15 +2,18 @@
 //!
 //! [`plan::plan`] cuts a function into kernels (fused elementwise regions, reductions and
 //! softmax-like rows with their prologues and epilogues, library calls with epilogues);
-//! [`memory::plan_memory`] places every stored value in one arena. The Cranelift JIT and the PTX
-//! emitter consume both.
+//! [`memory::plan_memory`] places every stored value in one arena, asking the [`Backend`] how much
+//! scratch each kernel needs; the backend then compiles the planned function ([`compile`]). The
+//! CPU backend ([`cpu::Cpu`]) renders loops with Cranelift.
 
 #![deny(missing_docs)]
 
+pub mod backend;
 pub mod cpu;
 pub mod memory;
 pub mod plan;
 
-pub use cpu::{CompileError, Executable, RunError, Stats};
+pub use backend::{Backend, CompileError, RunError, compile};
+pub use cpu::{Cpu, Executable, Profile, Stats};
 pub use memory::{MemoryPlan, Storage, plan_memory, write_memory};
 pub use plan::{Kernel, KernelData, KernelKind, Plan, plan, write_plan};

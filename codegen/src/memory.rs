@@ -12,7 +12,10 @@
 //!   placed slot with an intersecting lifetime (TFLite's "greedy by size"). Offsets are 64-byte
 //!   aligned. `arena_bytes` is the resulting peak; `live_peak_bytes` is the lower bound any
 //!   placement must reach (the most bytes live at one kernel).
+//! - Scratch: a kernel that needs working space while it runs (the backend says how much,
+//!   [`Backend::scratch_bytes`]) gets a slot live during that kernel only.
 
+use crate::backend::Backend;
 use crate::plan::{KernelKind, Plan};
 use cranelift_entity::SecondaryMap;
 use tcc_ir::{Function, OpKind, Value};
@@ -60,46 +63,6 @@ pub struct Slot {
     pub output: Option<usize>,
 }
 
-/// Images a convolution over `images` images of `m` output pixels each puts side by side in one
-/// GEMM: enough for about 256 columns, so that small images do not make tiny GEMMs.
-pub fn conv_group(images: u64, m: u64) -> u64 {
-    256u64.div_ceil(m.max(1)).clamp(1, images.max(1))
-}
-
-/// Bytes of scratch space a kernel needs while it runs: for a convolution or its gradients, the
-/// im2col columns of one image (none for a plain 1x1), or, when several images share a GEMM
-/// ([`conv_group`]), their columns `[C/g*kH*kW, G*oH*oW]` and output-side rows
-/// `[O/g, G*oH*oW]`. Backends use the same rule to find the space the plan set aside.
-pub fn scratch_bytes(f: &Function, kd: &crate::plan::KernelData) -> u64 {
-    let KernelKind::Library { root } = kd.kind else {
-        return 0;
-    };
-    let d = f.op(root);
-    // The forward input, filter and output types, whichever of them the op computes.
-    let (a0, a1, r) = (d.args[0], d.args[1], d.results[0]);
-    let (c, x, w, y) = match &d.kind {
-        OpKind::Conv2d(c) => (c, f.ty(a0), f.ty(a1), f.ty(r)),
-        OpKind::Conv2dGradInput { conv, .. } => (conv, f.ty(r), f.ty(a1), f.ty(a0)),
-        OpKind::Conv2dGradFilter { conv, .. } => (conv, f.ty(a0), f.ty(r), f.ty(a1)),
-        _ => return 0,
-    };
-    conv_scratch_elements(c, x.dims(), w.dims(), y.dims()) * x.dtype().size_bytes()
-}
-
-/// Elements of scratch one thread of a convolution needs (see [`scratch_bytes`]), given the
-/// forward input, filter and output dims.
-pub fn conv_scratch_elements(c: &tcc_ir::Conv2d, x: &[u64], w: &[u64], y: &[u64]) -> u64 {
-    let (kh, kw) = (w[2], w[3]);
-    let m = y[2] * y[3];
-    let kk = w[1] * kh * kw;
-    let group = conv_group(x[0], m);
-    if group > 1 {
-        return group * (kk + w[0] / c.groups) * m;
-    }
-    let direct = kh == 1 && kw == 1 && c.strides == [1, 1] && c.pads == [0; 4];
-    if direct { 0 } else { kk * m }
-}
-
 /// The memory plan of one function.
 #[derive(Clone, Debug)]
 pub struct MemoryPlan {
@@ -122,8 +85,8 @@ pub struct MemoryPlan {
     pub const_bytes: u64,
 }
 
-/// Plans storage for `f` cut into kernels by `plan`.
-pub fn plan_memory(f: &Function, plan: &Plan) -> MemoryPlan {
+/// Plans storage for `f` cut into kernels by `plan`, with the scratch space `backend` needs.
+pub fn plan_memory<B: Backend + ?Sized>(f: &Function, plan: &Plan, backend: &B) -> MemoryPlan {
     let n_kernels = plan.kernels.len();
     let mut storage: SecondaryMap<Value, Storage> =
         SecondaryMap::with_capacity(f.num_values_created());
@@ -235,7 +198,7 @@ pub fn plan_memory(f: &Function, plan: &Plan) -> MemoryPlan {
     }
     // Greedy by size: largest first, lowest offset that fits among time-overlapping slots.
     for (ki, (k, kd)) in plan.kernels.iter().enumerate() {
-        let bytes = scratch_bytes(f, kd);
+        let bytes = backend.scratch_bytes(f, kd);
         if bytes > 0 {
             slots.push(Slot {
                 values: Vec::new(),

@@ -15,7 +15,7 @@ proptest! {
     fn plans_are_complete_ordered_and_never_overlap(seed in any::<u64>(), n in 1usize..80) {
         let f = random_function(seed, n);
         let p = plan(&f);
-        let m = plan_memory(&f, &p);
+        let m = plan_memory(&f, &p, &tcc_codegen::Cpu::default());
 
         // Every scheduled op is a constant or in exactly one kernel, in schedule order.
         let pos: HashMap<_, _> = f.schedule().iter().enumerate().map(|(i, &o)| (o, i)).collect();

@@ -178,16 +178,20 @@ pub enum Data {
     Bool(Vec<bool>),
 }
 
+/// Runs `$e` with `$v` bound to the vector inside a [`Data`](crate::Data), whatever its element
+/// type: the one match over every dtype's vector, for code that treats them alike (lengths,
+/// byte views).
+#[macro_export]
 macro_rules! each_data {
     ($d:expr, $v:ident => $e:expr) => {
         match $d {
-            Data::F32($v) => $e,
-            Data::F64($v) => $e,
-            Data::I8($v) => $e,
-            Data::U8($v) => $e,
-            Data::I32($v) => $e,
-            Data::I64($v) => $e,
-            Data::Bool($v) => $e,
+            $crate::Data::F32($v) => $e,
+            $crate::Data::F64($v) => $e,
+            $crate::Data::I8($v) => $e,
+            $crate::Data::U8($v) => $e,
+            $crate::Data::I32($v) => $e,
+            $crate::Data::I64($v) => $e,
+            $crate::Data::Bool($v) => $e,
         }
     };
 }

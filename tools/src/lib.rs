@@ -123,6 +123,9 @@ enum Cmd {
         /// followed by CPU features to turn off, as in `host,-fma,-avx2`.
         #[arg(long, value_name = "SPEC")]
         target: Option<String>,
+        /// Time each compiled step and print to stderr where the time went, largest first.
+        #[arg(long)]
+        profile: bool,
     },
     /// Print how each function is cut into kernels and where its values live in the arena.
     #[command(after_help = "Example:\n  tcc plan examples/mlp.tir")]
@@ -408,6 +411,7 @@ pub fn run(
             interp,
             stats,
             target,
+            profile,
         } => onnx_options(&shapes, &consts).and_then(|onnx| {
             run_cmd(
                 &file,
@@ -415,7 +419,7 @@ pub fn run(
                 func.as_deref(),
                 &inputs,
                 output.as_deref(),
-                (interp, stats, target.as_deref()),
+                (interp, stats, profile, target.as_deref()),
                 stdin,
                 stdout,
                 stderr,
@@ -427,7 +431,7 @@ pub fn run(
             .map(|m| {
                 for (i, f) in m.functions.iter().enumerate() {
                     let p = tcc_codegen::plan(f);
-                    let mem = tcc_codegen::plan_memory(f, &p);
+                    let mem = tcc_codegen::plan_memory(f, &p, &tcc_codegen::Cpu::default());
                     let mut text = String::new();
                     if i > 0 {
                         text.push('\n');
@@ -673,7 +677,7 @@ fn mem_report(f: &Function, label: &str, top: usize) -> (String, Vec<u64>) {
         );
     }
     let plan = tcc_codegen::plan(f);
-    let m = tcc_codegen::plan_memory(f, &plan);
+    let m = tcc_codegen::plan_memory(f, &plan, &tcc_codegen::Cpu::default());
     let _ = writeln!(
         s,
         "  CPU backend: arena {} (live peak {}) plus {} of results, after fusion and in-place reuse",
@@ -864,7 +868,7 @@ fn run_cmd(
     func: Option<&str>,
     specs: &[String],
     output: Option<&str>,
-    (interp, stats, target): (bool, bool, Option<&str>),
+    (interp, stats, profile, target): (bool, bool, bool, Option<&str>),
     stdin: &mut dyn Read,
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
@@ -895,8 +899,11 @@ fn run_cmd(
     let results = if interp {
         tcc_ir::interp::run(f, &inputs).map_err(|e| (EXIT_INPUT, format!("error: {e}")))?
     } else {
-        let exe = tcc_codegen::Executable::compile_for(f, target)
-            .map_err(|e| (EXIT_USAGE, format!("error: {e}")))?;
+        let cpu = tcc_codegen::Cpu {
+            target: target.map(str::to_string),
+            profile,
+        };
+        let exe = tcc_codegen::compile(&cpu, f).map_err(|e| (EXIT_USAGE, format!("error: {e}")))?;
         if stats {
             let s = exe.stats();
             let _ = writeln!(
@@ -909,8 +916,13 @@ fn run_cmd(
                 let _ = writeln!(stderr, "on reference kernels: {}", slow.join(" "));
             }
         }
-        exe.run(&inputs)
-            .map_err(|e| (EXIT_INPUT, format!("error: {e}")))?
+        let results = exe
+            .run(&inputs)
+            .map_err(|e| (EXIT_INPUT, format!("error: {e}")))?;
+        if let Some(p) = exe.profile() {
+            let _ = write!(stderr, "{p}");
+        }
+        results
     };
     if let Some(dir) = output {
         std::fs::create_dir_all(dir)

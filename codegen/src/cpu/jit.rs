@@ -20,13 +20,13 @@
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{AbiParam, InstBuilder, MemFlags, Type, Value as CValue, types};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
-use cranelift_jit::JITModule;
+use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{FuncId, Linkage, Module};
 use std::collections::HashMap;
 use tcc_ir::{BinaryOp, CmpOp, DType, Function, OpKind, UnaryOp, Value};
 
 use super::math::{erf, exp, fconst, log, pick, select_lt, tanh};
-use crate::plan::{KernelData, KernelKind};
+use crate::plan::{Kernel, KernelData, KernelKind};
 
 /// The entry point of a compiled kernel.
 pub(crate) type KernelFn = unsafe extern "C" fn(ptrs: *const *mut u8, start: u64, end: u64);
@@ -261,8 +261,117 @@ fn emit_ops(
     }
 }
 
+/// The iteration space of a compiled kernel: indices `0..n` (split among threads), each
+/// covering `unit` elements (1 for elementwise loops, a row or a reduced extent otherwise).
+#[derive(Clone, Copy)]
+pub(crate) struct Space {
+    pub n: u64,
+    pub unit: u64,
+}
+
+/// A Cranelift module for one function: its kernels are compiled into it one by one, then
+/// linked together by [`Jit::finish`].
+pub(crate) struct Jit {
+    module: JITModule,
+    tg: Target,
+    ids: Vec<(Kernel, FuncId)>,
+}
+
+impl Jit {
+    /// A module for a target spec (`None`: the host with all its features; see `target.rs`).
+    pub(crate) fn new(target: Option<&str>) -> Result<Jit, String> {
+        let isa = super::target::isa(target)?;
+        let builder = JITBuilder::with_isa(isa, cranelift_module::default_libcall_names());
+        let module = JITModule::new(builder);
+        let fma = module
+            .isa()
+            .isa_flags()
+            .iter()
+            .any(|f| f.name == "has_fma" && f.as_bool() == Some(true));
+        Ok(Jit {
+            module,
+            tg: Target { fma },
+            ids: Vec::new(),
+        })
+    }
+
+    /// Compiles `kd` as the code of kernel `k` if this JIT compiles kernels of its shape
+    /// (elementwise, softmax rows, reductions), and returns its iteration space; `None` if not.
+    pub(crate) fn compile(
+        &mut self,
+        f: &Function,
+        k: Kernel,
+        kd: &KernelData,
+        name: &str,
+    ) -> Result<Option<Space>, String> {
+        let (m, tg) = (&mut self.module, self.tg);
+        let elements = f.ty(f.op(kd.ops[0]).results[0]).numel();
+        let (id, space) = if can_compile(f, kd) {
+            let space = Space {
+                n: elements,
+                unit: 1,
+            };
+            (compile(m, tg, f, kd, name)?, space)
+        } else if can_compile_row(f, kd) {
+            let rows = row_count(f, kd);
+            let space = Space {
+                n: rows,
+                unit: elements / rows.max(1),
+            };
+            (compile_row(m, tg, f, kd, name)?, space)
+        } else if let Some(shape) = reduce_shape(f, kd) {
+            let space = Space {
+                n: shape.a,
+                unit: shape.l * shape.b,
+            };
+            (compile_reduce(m, tg, f, kd, name)?, space)
+        } else {
+            return Ok(None);
+        };
+        self.ids.push((k, id));
+        Ok(Some(space))
+    }
+
+    /// Links the compiled kernels: the code memory and each kernel's entry point.
+    pub(crate) fn finish(mut self) -> Result<(Code, HashMap<Kernel, KernelFn>), String> {
+        self.module
+            .finalize_definitions()
+            .map_err(|e| format!("linking compiled kernels: {e}"))?;
+        let entries = self
+            .ids
+            .iter()
+            .map(|&(k, id)| {
+                let ptr = self.module.get_finalized_function(id);
+                // SAFETY: `define_kernel` defined this function with the `KernelFn` signature.
+                (k, unsafe {
+                    std::mem::transmute::<*const u8, KernelFn>(ptr)
+                })
+            })
+            .collect();
+        Ok((Code(Some(self.module)), entries))
+    }
+}
+
+/// Owns the JIT's code memory.
+pub(crate) struct Code(Option<JITModule>);
+
+// SAFETY: after `finalize_definitions` the module is never used again except to free its memory
+// on drop; the code it owns is immutable and safe to call from any thread.
+unsafe impl Send for Code {}
+unsafe impl Sync for Code {}
+
+impl Drop for Code {
+    fn drop(&mut self) {
+        if let Some(m) = self.0.take() {
+            // SAFETY: the function pointers into this memory live in the same `Executable` and
+            // are dropped with it.
+            unsafe { m.free_memory() }
+        }
+    }
+}
+
 /// Compiles `k` (for which [`can_compile`] holds) into `module` under `name`.
-pub(crate) fn compile(
+fn compile(
     module: &mut JITModule,
     tg: Target,
     f: &Function,
@@ -505,12 +614,12 @@ fn row_shape(f: &Function, k: &KernelData) -> Option<(tcc_ir::Op, u64, bool)> {
 }
 
 /// Whether this JIT compiles row kernel `k`.
-pub(crate) fn can_compile_row(f: &Function, k: &KernelData) -> bool {
+fn can_compile_row(f: &Function, k: &KernelData) -> bool {
     row_shape(f, k).is_some()
 }
 
 /// The number of rows of a row kernel (its iteration space for `start..end`).
-pub(crate) fn row_count(f: &Function, k: &KernelData) -> u64 {
+fn row_count(f: &Function, k: &KernelData) -> u64 {
     let (root, len, _) = row_shape(f, k).expect("a compilable row kernel");
     f.ty(f.op(root).args[0]).numel() / len
 }
@@ -539,7 +648,7 @@ fn hsum(b: &mut FunctionBuilder, v: CValue) -> CValue {
 /// `start..end`, one pass for the maximum, one for the sum of `exp(x - max)`, and one that writes
 /// `exp(x - max) / sum` and runs the epilogue. The prologue is recomputed in each pass rather than
 /// stored. NaN in a row makes the whole row NaN, as in the interpreter.
-pub(crate) fn compile_row(
+fn compile_row(
     module: &mut JITModule,
     tg: Target,
     f: &Function,
@@ -749,16 +858,6 @@ fn reduce_inputs(f: &Function, k: &KernelData, pos: usize) -> (Vec<Value>, Vec<V
     (reads(&k.ops[..=pos]), reads(&k.ops[pos + 1..]))
 }
 
-/// Whether this JIT compiles reduction kernel `k`.
-pub(crate) fn can_compile_reduce(f: &Function, k: &KernelData) -> bool {
-    reduce_shape(f, k).is_some()
-}
-
-/// The iteration space of a compiled reduction kernel: its `a` extent.
-pub(crate) fn reduce_count(f: &Function, k: &KernelData) -> u64 {
-    reduce_shape(f, k).expect("a compilable reduction kernel").a
-}
-
 /// Combines an accumulator with a new value.
 fn combine(b: &mut FunctionBuilder, op: tcc_ir::ReduceOp, acc: CValue, x: CValue) -> CValue {
     match op {
@@ -767,11 +866,11 @@ fn combine(b: &mut FunctionBuilder, op: tcc_ir::ReduceOp, acc: CValue, x: CValue
     }
 }
 
-/// Compiles reduction kernel `k` (for which [`can_compile_reduce`] holds). For each `a` in
+/// Compiles reduction kernel `k` (for which [`reduce_shape`] is `Some`). For each `a` in
 /// `start..end` and each output `b`, accumulates the prologue's values over `l` in `f32`; rows
 /// (`b == 1`) use two `f32x4` accumulators along `l`, other layouts compute four neighbouring
 /// outputs at once. Then the mean's division and the epilogue, and the stores.
-pub(crate) fn compile_reduce(
+fn compile_reduce(
     module: &mut JITModule,
     tg: Target,
     f: &Function,
@@ -784,7 +883,7 @@ pub(crate) fn compile_reduce(
         l,
         b: bext,
         ..
-    } = reduce_shape(f, k).expect("checked by can_compile_reduce");
+    } = reduce_shape(f, k).expect("checked by reduce_shape");
     let in_dims = f.ty(f.op(root).args[0]).dims().to_vec();
     let out_dims = f.ty(f.op(root).results[0]).dims().to_vec();
     let pos = k

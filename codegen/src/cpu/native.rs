@@ -459,7 +459,7 @@ fn max_pool_rows(p: &Pool2d, xd: [usize; 4], yd: [usize; 4], x: &[f32], y: &mut 
     let (py, px) = (p.pads[0] as isize, p.pads[1] as isize);
     let (xs, ys) = (h * w, oh * ow);
     let pw = w.div_ceil(s);
-    let spans = super::phase_spans(kw, 1, px, s, (h, w, ow));
+    let spans = super::conv::phase_spans(kw, 1, px, s, (h, w, ow));
     let work = |(plane, out): (usize, &mut [f32])| {
         let xp = &x[plane * xs..(plane + 1) * xs];
         if has_nan(xp) {
@@ -481,7 +481,7 @@ fn max_pool_rows(p: &Pool2d, xd: [usize; 4], yd: [usize; 4], x: &[f32], y: &mut 
         let src: &[f32] = if s == 1 {
             xp
         } else {
-            split = super::phase_split(xp, h, w, s);
+            split = super::conv::phase_split(xp, h, w, s);
             &split
         };
         for oy in 0..oh {

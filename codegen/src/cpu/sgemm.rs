@@ -14,8 +14,13 @@
 //! a packed A and few columns (a late convolution layer: 49 output positions), threads take
 //! row ranges instead.
 
+use super::bytes::{Line, line_floats, lines};
+use super::send_ptr::SendPtr;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
+
+/// A strided `f32` operand.
+pub(crate) type Mat = super::matmul::Mat<f32>;
 
 const MR: usize = 12;
 const NR: usize = 32;
@@ -35,20 +40,6 @@ pub(crate) fn available() -> bool {
     }
 }
 
-/// A raw pointer that may cross threads; the column ranges the threads write are disjoint.
-#[derive(Clone, Copy)]
-struct Shared(*mut f32);
-unsafe impl Send for Shared {}
-unsafe impl Sync for Shared {}
-
-/// A matrix operand: element `(i, j)` is at `ptr + i * rs + j * cs`.
-#[derive(Clone, Copy)]
-pub(crate) struct Mat {
-    pub ptr: *const f32,
-    pub rs: usize,
-    pub cs: usize,
-}
-
 /// A, packed once into the microkernel's panels: for each block of `KC` along k, the panels of
 /// `MR` rows in order (zero-padded), so the panel of rows `r..` in block `pc` starts at
 /// `pc * mpad + r * kc`.
@@ -59,10 +50,6 @@ pub(crate) struct PackedA {
     mpad: usize,
 }
 
-// SAFETY: plain floats, immutable after packing.
-unsafe impl Send for PackedA {}
-unsafe impl Sync for PackedA {}
-
 impl PackedA {
     /// Packs the `m×k` matrix `a`.
     ///
@@ -71,9 +58,7 @@ impl PackedA {
     pub(crate) unsafe fn new(m: usize, k: usize, a: Mat) -> PackedA {
         let mpad = m.div_ceil(MR) * MR;
         let mut data = aligned(mpad * k);
-        // SAFETY: `Line` is 16 plain f32s.
-        let buf =
-            unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr() as *mut f32, mpad * k) };
+        let buf = &mut line_floats(&mut data)[..mpad * k];
         for pc in (0..k).step_by(KC) {
             let kc = KC.min(k - pc);
             for r in (0..m).step_by(MR) {
@@ -191,17 +176,16 @@ pub(crate) unsafe fn product(
         let parts = threads.clamp(1, n.div_ceil(NR));
         (parts, n.div_ceil(parts).div_ceil(NR) * NR)
     };
-    let (a, b, cp) = (SendA(a), SendB(b), Shared(c));
+    // SAFETY: the threads only read A and B, and each writes its own rows or columns of C.
+    let (a, b, cp) = unsafe { (SendPtr::new(a), SendPtr::new(b), SendPtr::new(c)) };
     let run = move |start: usize| {
-        // Move the wrappers (not their fields) into the closure, so it is Send.
-        let (a, b, cp) = (a, b, cp);
         let (rows, cols) = if by_rows {
             (start..(start + chunk).min(m), 0..n)
         } else {
             (0..m, start..(start + chunk).min(n))
         };
         // SAFETY: as for `product`; this call writes rows × cols of C only.
-        unsafe { block(rows, cols, k, a.0, b.0, cp.0, ldc, accumulate) };
+        unsafe { block(rows, cols, k, a.get(), b.get(), cp.get(), ldc, accumulate) };
     };
     if parts == 1 {
         run(0);
@@ -215,25 +199,10 @@ pub(crate) unsafe fn product(
     }
 }
 
-/// Operands that may cross threads: the threads read them and write disjoint parts of C.
-#[derive(Clone, Copy)]
-struct SendA<'a>(A<'a>);
-unsafe impl Send for SendA<'_> {}
-unsafe impl Sync for SendA<'_> {}
-#[derive(Clone, Copy)]
-struct SendB(B);
-unsafe impl Send for SendB {}
-unsafe impl Sync for SendB {}
-
-/// 16 floats on a 64-byte boundary: packed panels are built of these so that every `zmm` load
-/// of a panel is aligned (an unaligned one splits a cache line).
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Line([f32; 16]);
-
-/// A zeroed, 64-byte-aligned buffer of at least `n` floats.
+/// A zeroed, 64-byte-aligned buffer of at least `n` floats: packed panels are built of these
+/// so that every `zmm` load of a panel is aligned (an unaligned one splits a cache line).
 fn aligned(n: usize) -> Vec<Line> {
-    vec![Line([0.0; 16]); n.div_ceil(16)]
+    lines(n as u64 * 4)
 }
 
 /// The blocked product of rows `rows` and columns `cols` of C on one thread (`rows` starts at a
@@ -271,9 +240,8 @@ unsafe fn block(
                 *buf = aligned(len);
             }
         }
-        // SAFETY: `Line` is 16 plain f32s, so the buffers are at least `len` contiguous floats.
-        let bp = unsafe { std::slice::from_raw_parts_mut(bp_buf.as_mut_ptr() as *mut f32, nb) };
-        let ap = unsafe { std::slice::from_raw_parts_mut(ap_buf.as_mut_ptr() as *mut f32, na) };
+        let bp = &mut line_floats(bp_buf)[..nb];
+        let ap = &mut line_floats(ap_buf)[..na];
         // SAFETY: the caller's contract.
         unsafe { block_in(rows, cols, k, a, b, c, ldc, accumulate, bp, ap) }
     })
@@ -389,7 +357,7 @@ unsafe fn pack_im2col_panel(
         let dy = (ky * v.dilation[0]) as isize - v.pad[0] as isize;
         let dx = (kx * v.dilation[1]) as isize - v.pad[1] as isize;
         // Output columns ox with 0 <= ox * sx + dx < w read inside the image row.
-        let (lo, hi) = super::in_bounds(dx, sx, v.w as isize, v.ow);
+        let (lo, hi) = super::conv::in_bounds(dx, sx, v.w as isize, v.ow);
         let channel = ci * v.h;
         {
             let (mut v0, mut v1) = (_mm512_setzero_ps(), _mm512_setzero_ps());

@@ -1,0 +1,253 @@
+//! Lowering: the step each kernel of the plan runs as, chosen once at compile time.
+//!
+//! In order of preference: a loop the JIT compiles (elementwise, row or reduction kernels), a
+//! library call (matmul, convolutions) with its epilogue compiled as an elementwise loop, a
+//! hand-written kernel for a single op (`native.rs`), and otherwise the reference
+//! interpreter's kernels on the same arena, so every function runs.
+
+use super::bytes::{lines, write_data};
+use super::conv::{Conv, ConvMode};
+use super::jit::{self, Jit};
+use super::matmul::{MatMul, matmul_step};
+use super::{Cpu, Executable, native};
+use crate::backend::CompileError;
+use crate::memory::MemoryPlan;
+use crate::plan::{Kernel, KernelData, KernelKind, Plan};
+use std::collections::HashMap;
+use tcc_ir::{DType, Function, OpKind, Tensor, Value};
+
+/// A compiled elementwise loop: its entry point, the values whose addresses it takes (inputs,
+/// then outputs) and its element count.
+pub(super) struct Loop {
+    pub code: jit::KernelFn,
+    pub args: Vec<Value>,
+    pub n: u64,
+    /// Elements per index of the iteration space: 1 for elementwise loops, the row length for
+    /// row kernels.
+    pub unit: u64,
+}
+
+/// The library call a library kernel starts with.
+pub(super) enum LibOp {
+    MatMul(MatMul),
+    Conv(Conv),
+}
+
+impl LibOp {
+    pub(super) fn dst(&mut self) -> Value {
+        match self {
+            LibOp::MatMul(m) => m.dst,
+            LibOp::Conv(c) => *c.dst(),
+        }
+    }
+
+    fn set_dst(&mut self, v: Value) {
+        match self {
+            LibOp::MatMul(m) => m.dst = v,
+            LibOp::Conv(c) => *c.dst() = v,
+        }
+    }
+}
+
+/// What one kernel runs as.
+pub(super) enum Step {
+    /// A compiled elementwise kernel.
+    Jit(Loop),
+    /// A library call, then its epilogue compiled as an elementwise loop reading the result.
+    Library { op: LibOp, epilogue: Option<Loop> },
+    /// One op on a hand-written kernel.
+    Native(native::Native),
+    /// A kernel run by the reference kernels.
+    Reference(Kernel),
+}
+
+/// Compiles `f`, cut into kernels by `plan` with storage from `mem`, for `cpu`.
+pub(super) fn compile(
+    cpu: &Cpu,
+    f: &Function,
+    plan: Plan,
+    mem: MemoryPlan,
+) -> Result<Executable, CompileError> {
+    let mut jit = Jit::new(cpu.target.as_deref()).map_err(CompileError)?;
+    let mut spaces: HashMap<Kernel, jit::Space> = HashMap::new();
+    let mut libraries: HashMap<Kernel, (LibOp, Option<(KernelData, Value)>)> = HashMap::new();
+    for (k, kd) in plan.kernels.iter() {
+        let name = format!("{}_{k}", f.name);
+        let err = |e: String| CompileError(format!("compiling kernel {k}: {e}"));
+        if let Some(space) = jit.compile(f, k, kd, &name).map_err(err)? {
+            spaces.insert(k, space);
+        } else if let Some(lib) = library_step(f, &plan, kd, scratch_offset(&mem, k)) {
+            if let Some((epi, _)) = &lib.1 {
+                jit.compile(f, k, epi, &name)
+                    .map_err(err)?
+                    .expect("library_step checked that the JIT compiles the epilogue");
+            }
+            libraries.insert(k, lib);
+        }
+    }
+    let (code, compiled) = jit.finish().map_err(CompileError)?;
+    let mut steps = Vec::new();
+    let mut origin = HashMap::new();
+    for (k, kd) in plan.kernels.iter() {
+        if kd.kind == KernelKind::View {
+            let op = kd.ops[0];
+            let (src, out) = (f.op(op).args[0], f.op(op).results[0]);
+            let root = origin.get(&src).copied().unwrap_or(src);
+            origin.insert(out, root);
+            continue;
+        }
+        if kd.outputs.is_empty() {
+            // Nothing it computes is used: dead code the planner kept, skipped at run time.
+            continue;
+        }
+        let step = match (libraries.remove(&k), compiled.get(&k)) {
+            (Some((mut op, epi)), code) => {
+                let dst = op.dst();
+                let epilogue = epi.map(|(e, product)| Loop {
+                    code: *code.expect("epilogue compiled"),
+                    // The epilogue reads the product where the matmul wrote it.
+                    args: e
+                        .inputs
+                        .iter()
+                        .map(|&v| if v == product { dst } else { v })
+                        .chain(e.outputs.iter().copied())
+                        .collect(),
+                    n: f.ty(product).numel(),
+                    unit: 1,
+                });
+                Step::Library { op, epilogue }
+            }
+            (None, Some(&code)) => {
+                let space = spaces[&k];
+                Step::Jit(Loop {
+                    code,
+                    args: kd.inputs.iter().chain(&kd.outputs).copied().collect(),
+                    n: space.n,
+                    unit: space.unit,
+                })
+            }
+            (None, None) => match native_step(f, kd) {
+                Some(n) => Step::Native(n),
+                None => Step::Reference(k),
+            },
+        };
+        steps.push((k, step));
+    }
+    let mut consts = HashMap::new();
+    for &op in &plan.constants {
+        let OpKind::Const { ty, value } = &f.op(op).kind else {
+            unreachable!("planned as a constant")
+        };
+        if ty.size_bytes() > MAX_CONST_BYTES {
+            return Err(CompileError(format!(
+                "constant %{} of type {ty} is larger than the 1 GiB the runtime materialises",
+                f.name(f.op(op).results[0])
+            )));
+        }
+        let t = Tensor::from_literal(ty, value).map_err(|e| CompileError(e.to_string()))?;
+        let mut buf = lines(ty.size_bytes());
+        // SAFETY: `buf` holds at least the constant's `size_bytes`, and is a fresh allocation.
+        unsafe { write_data(buf.as_mut_ptr() as *mut u8, &t) };
+        consts.insert(f.op(op).results[0], buf);
+    }
+    let profile = cpu
+        .profile
+        .then(|| std::sync::Mutex::new(vec![std::time::Duration::ZERO; steps.len()]));
+    Ok(Executable {
+        func: f.clone(),
+        plan,
+        mem,
+        steps,
+        origin,
+        consts,
+        arenas: std::sync::Mutex::new(Vec::new()),
+        profile,
+        _code: code,
+    })
+}
+
+/// A library kernel's matmul and, if it has one, its epilogue as an elementwise kernel that
+/// reads the product (the value returned with it). `None` when this backend cannot run it that
+/// way yet (then it runs on the reference kernels).
+fn library_step(
+    f: &Function,
+    plan: &Plan,
+    kd: &KernelData,
+    scratch: Option<u64>,
+) -> Option<(LibOp, Option<(KernelData, Value)>)> {
+    let d = f.op(kd.ops[0]);
+    let r = d.results[0];
+    let dtype = f.ty(r).dtype();
+    if !matches!(dtype, DType::F32 | DType::F64) {
+        return None;
+    }
+    // Library ops take two operands; anything else is not one.
+    let (&a0, &a1) = (d.args.first()?, d.args.get(1)?);
+    let conv = |mode, c, xwy: [Value; 3]| LibOp::Conv(Conv::new(f, mode, c, xwy, scratch));
+    let mut lib = match &d.kind {
+        OpKind::MatMul => LibOp::MatMul(matmul_step(f, plan, a0, a1, r)),
+        OpKind::Conv2d(c) => conv(ConvMode::Forward, c, [a0, a1, r]),
+        OpKind::Conv2dGradInput { conv: c, .. } => conv(ConvMode::GradInput, c, [r, a1, a0]),
+        OpKind::Conv2dGradFilter { conv: c, .. } => conv(ConvMode::GradFilter, c, [a0, r, a1]),
+        _ => return None,
+    };
+    if kd.ops.len() == 1 {
+        return Some((lib, None));
+    }
+    let (epi, dst) = epilogue(f, kd, r)?;
+    lib.set_dst(dst);
+    Some((lib, Some((epi, r))))
+}
+
+/// The epilogue of a library kernel whose call produces `r`, as an elementwise kernel reading
+/// `r`, and where the call should write `r`: its own storage if it is stored, else over an
+/// epilogue output of its type (the epilogue then runs in place, reading each element before
+/// writing it). `None` if the epilogue cannot be compiled or no storage fits.
+fn epilogue(f: &Function, kd: &KernelData, r: Value) -> Option<(KernelData, Value)> {
+    let ops = kd.ops[1..].to_vec();
+    let mut inputs = Vec::new();
+    for &op in &ops {
+        for &a in &f.op(op).args {
+            if !ops.iter().any(|&o| f.op(o).results.contains(&a)) && !inputs.contains(&a) {
+                inputs.push(a);
+            }
+        }
+    }
+    let outputs: Vec<Value> = kd.outputs.iter().copied().filter(|&o| o != r).collect();
+    let epi = KernelData {
+        kind: KernelKind::Elementwise,
+        ops,
+        inputs,
+        outputs,
+    };
+    if !jit::can_compile(f, &epi) {
+        return None;
+    }
+    let dst = if kd.outputs.contains(&r) {
+        r
+    } else {
+        *epi.outputs.iter().find(|&&o| f.ty(o) == f.ty(r))?
+    };
+    Some((epi, dst))
+}
+
+/// A single-op kernel on a hand-written kernel, if there is one for it.
+fn native_step(f: &Function, kd: &KernelData) -> Option<native::Native> {
+    match (&kd.kind, kd.ops.as_slice()) {
+        (KernelKind::Generic | KernelKind::Reduction { .. }, &[op]) => {
+            native::Native::for_op(f, op, &kd.outputs)
+        }
+        _ => None,
+    }
+}
+
+/// The largest constant the runtime materialises (1 GiB).
+const MAX_CONST_BYTES: u64 = 1 << 30;
+
+/// The arena offset of the scratch space the memory plan set aside for kernel `k`.
+fn scratch_offset(mem: &MemoryPlan, k: Kernel) -> Option<u64> {
+    mem.slots
+        .iter()
+        .find(|s| s.scratch_for == Some(k))
+        .map(|s| s.offset)
+}

@@ -1,0 +1,295 @@
+//! Matrix products on the CPU: the one place a GEMM is chosen (our AVX-512 kernel in
+//! `sgemm.rs` for f32 where the CPU has it, the `gemm` crate otherwise), batched products with
+//! broadcast batch dims and folded transposes, and a GEMV for single rows.
+
+use super::send_ptr::SendPtr;
+use super::sgemm;
+use crate::plan::Plan;
+use tcc_ir::{DType, Function, Value};
+
+/// A matrix product through `gemm`, batch by batch, into the storage of `dst`.
+pub(super) struct MatMul {
+    a: Value,
+    b: Value,
+    /// Whether `a` (`b`) is read through a folded transpose: the value is then its source, and
+    /// the GEMM reads it with swapped strides.
+    ta: bool,
+    tb: bool,
+    pub dst: Value,
+    dtype: DType,
+    m: usize,
+    n: usize,
+    k: usize,
+    /// For each output batch, the batch index into `a` and into `b` (batch dims broadcast).
+    batches: Vec<(usize, usize)>,
+}
+
+/// For each element of the broadcast batch shape `out`, the flat batch index into `from`.
+fn batch_map(from: &[u64], out: &[u64]) -> Vec<usize> {
+    let mut st = vec![0usize; out.len()];
+    let mut s = 1usize;
+    for (i, &d) in from.iter().enumerate().rev() {
+        let o = out.len() - from.len() + i;
+        st[o] = if d == 1 { 0 } else { s };
+        s *= d as usize;
+    }
+    let total: u64 = out.iter().product();
+    (0..total as usize)
+        .map(|mut i| {
+            let mut idx = 0;
+            for (k, &d) in out.iter().enumerate().rev() {
+                idx += (i % d as usize) * st[k];
+                i /= d as usize;
+            }
+            idx
+        })
+        .collect()
+}
+
+/// The step for `r = matmul(a, b)`, reading folded transposes through strides.
+pub(super) fn matmul_step(f: &Function, plan: &Plan, a: Value, b: Value, r: Value) -> MatMul {
+    let dtype = f.ty(r).dtype();
+    let (ad, bd, od) = (f.ty(a).dims(), f.ty(b).dims(), f.ty(r).dims());
+    let (m, k, n) = (
+        ad[ad.len() - 2] as usize,
+        ad[ad.len() - 1] as usize,
+        bd[bd.len() - 1] as usize,
+    );
+    let batch = &od[..od.len() - 2];
+    let batches = batch_map(&ad[..ad.len() - 2], batch)
+        .into_iter()
+        .zip(batch_map(&bd[..bd.len() - 2], batch))
+        .collect();
+    let (sa, sb) = (
+        crate::plan::folded_transpose(f, plan, a),
+        crate::plan::folded_transpose(f, plan, b),
+    );
+    MatMul {
+        a: sa.unwrap_or(a),
+        b: sb.unwrap_or(b),
+        ta: sa.is_some(),
+        tb: sb.is_some(),
+        dst: r,
+        dtype,
+        m,
+        n,
+        k,
+        batches,
+    }
+}
+
+/// Below this many multiply-adds a matmul runs on one thread.
+const PARALLEL_FLOPS: usize = 1 << 18;
+
+/// A strided matrix operand: element `(i, j)` is at `ptr + i * rs + j * cs`.
+#[derive(Clone, Copy)]
+pub(crate) struct Mat<T> {
+    pub ptr: *const T,
+    pub rs: usize,
+    pub cs: usize,
+}
+
+impl<T> Mat<T> {
+    /// The same matrix read as elements of `U` (for a `T` known to be `U`).
+    pub(crate) fn cast<U>(self) -> Mat<U> {
+        Mat {
+            ptr: self.ptr as *const U,
+            rs: self.rs,
+            cs: self.cs,
+        }
+    }
+
+    /// A row-major matrix with leading dimension `ld`.
+    pub(crate) fn rows(ptr: *const T, ld: usize) -> Mat<T> {
+        Mat { ptr, rs: ld, cs: 1 }
+    }
+
+    /// The transpose of a row-major matrix with leading dimension `ld`.
+    pub(crate) fn transposed(ptr: *const T, ld: usize) -> Mat<T> {
+        Mat { ptr, rs: 1, cs: ld }
+    }
+}
+
+/// `C = A · B` (or `C += A · B` with `accumulate`) for a row-major `C` with leading dimension
+/// `ldc` and strided `A`, `B`, through our AVX-512 kernel for f32 where the CPU has it and the
+/// `gemm` crate otherwise. The one place a GEMM is chosen.
+///
+/// # Safety
+/// `a`, `b` and `c` address `m×k`, `k×n` and `m×n` matrices of `T`; `c` overlaps neither input.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn gemm<T: Copy + Default + 'static>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Mat<T>,
+    b: Mat<T>,
+    c: *mut T,
+    ldc: usize,
+    accumulate: bool,
+    one: T,
+    parallel: bool,
+) {
+    if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() && sgemm::available() {
+        let threads = if parallel {
+            rayon::current_num_threads()
+        } else {
+            1
+        };
+        // SAFETY: T is f32 here; the caller's contract is sgemm's.
+        unsafe {
+            sgemm::sgemm(
+                m,
+                n,
+                k,
+                a.cast(),
+                b.cast(),
+                c as *mut f32,
+                ldc,
+                accumulate,
+                threads,
+            )
+        };
+        return;
+    }
+    let par = if parallel && m * n * k >= PARALLEL_FLOPS {
+        gemm::Parallelism::Rayon(0)
+    } else {
+        gemm::Parallelism::None
+    };
+    // SAFETY: the caller's contract; gemm computes c := alpha * c + 1 * a * b, reading c only
+    // when accumulating.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c,
+            1,
+            ldc as isize,
+            accumulate,
+            a.ptr,
+            a.cs as isize,
+            a.rs as isize,
+            b.ptr,
+            b.cs as isize,
+            b.rs as isize,
+            if accumulate { one } else { T::default() },
+            one,
+            false,
+            false,
+            false,
+            par,
+        )
+    };
+}
+
+pub(super) fn run_matmul(mm: &MatMul, addr: &dyn Fn(Value) -> *mut u8) {
+    let (a, b, dst) = (addr(mm.a), addr(mm.b), addr(mm.dst));
+    // SAFETY: a, b and dst hold tensors of the dims recorded at compile time, of `dtype`.
+    unsafe {
+        match mm.dtype {
+            DType::F32 if mm.m == 1 && !mm.ta => gemv(mm, a as _, b as _, dst as _),
+            DType::F32 => matmul_batches::<f32>(mm, a as _, b as _, dst as _, 1.0),
+            DType::F64 => matmul_batches::<f64>(mm, a as _, b as _, dst as _, 1.0),
+            _ => unreachable!("library matmuls are f32 or f64"),
+        }
+    }
+}
+
+/// A row vector times a matrix, per batch: packing the matrix for a GEMM would cost more than
+/// the product. With B transposed (a `[n, k]` weight, as `Gemm` with `transB` and fully
+/// connected layers store it) each output is a dot product of two contiguous rows; otherwise
+/// the output row accumulates `a[p] * B[p, ..]`. Outputs are split among threads.
+///
+/// # Safety
+/// As for `matmul_batches`, with `m == 1` and `a` not transposed.
+unsafe fn gemv(mm: &MatMul, a: *const f32, b: *const f32, dst: *mut f32) {
+    let (n, k) = (mm.n, mm.k);
+    // SAFETY: the jobs only read `a` and `b`, and each writes its own outputs j0..j1 of `dst`.
+    let (pa, pb, pd) = unsafe { (SendPtr::new(a), SendPtr::new(b), SendPtr::new(dst)) };
+    for (i, &(ab, bb)) in mm.batches.iter().enumerate() {
+        let chunk = n.div_ceil(rayon::current_num_threads()).max(64);
+        let job = move |j0: usize| {
+            let j1 = (j0 + chunk).min(n);
+            // SAFETY: the batch's operands are in bounds (the caller's contract); each job
+            // writes outputs j0..j1 only.
+            unsafe {
+                let x = std::slice::from_raw_parts(pa.get().add(ab * k), k);
+                let y = std::slice::from_raw_parts_mut(pd.get().add(i * n + j0), j1 - j0);
+                let w = pb.get().add(bb * k * n);
+                if mm.tb {
+                    for (j, y) in (j0..j1).zip(y.iter_mut()) {
+                        let row = std::slice::from_raw_parts(w.add(j * k), k);
+                        *y = dot(x, row);
+                    }
+                } else {
+                    y.fill(0.0);
+                    for (p, &xp) in x.iter().enumerate() {
+                        let row = std::slice::from_raw_parts(w.add(p * n + j0), j1 - j0);
+                        for (y, &v) in y.iter_mut().zip(row) {
+                            *y += xp * v;
+                        }
+                    }
+                }
+            }
+        };
+        if n * k < 1 << 16 {
+            (0..n).step_by(chunk).for_each(job);
+            continue;
+        }
+        rayon::scope(|s| {
+            for j0 in (0..n).step_by(chunk) {
+                s.spawn(move |_| job(j0));
+            }
+        });
+    }
+}
+
+/// A dot product in eight independent partial sums, so it vectorises.
+fn dot(x: &[f32], y: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let (xc, yc) = (x.chunks_exact(8), y.chunks_exact(8));
+    let tail: f32 = xc
+        .remainder()
+        .iter()
+        .zip(yc.remainder())
+        .map(|(a, b)| a * b)
+        .sum();
+    for (a, b) in xc.zip(yc) {
+        for t in 0..8 {
+            acc[t] += a[t] * b[t];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// One GEMM per output batch.
+///
+/// # Safety
+/// `a`, `b` and `dst` hold `[batches.., m, k]` (or, transposed, `[.., k, m]`), `[.., k, n]` (or
+/// `[.., n, k]`) and `[.., m, n]` elements; `dst` overlaps neither operand.
+unsafe fn matmul_batches<T: Copy + Default + 'static>(
+    mm: &MatMul,
+    a: *const T,
+    b: *const T,
+    dst: *mut T,
+    one: T,
+) {
+    let (m, n, k) = (mm.m, mm.n, mm.k);
+    for (i, &(ab, bb)) in mm.batches.iter().enumerate() {
+        // SAFETY: the offsets stay inside the operands (the caller's contract).
+        let (pa, pb, pd) = unsafe { (a.add(ab * m * k), b.add(bb * k * n), dst.add(i * m * n)) };
+        let ma = if mm.ta {
+            Mat::transposed(pa, m)
+        } else {
+            Mat::rows(pa, k)
+        };
+        let mb = if mm.tb {
+            Mat::transposed(pb, k)
+        } else {
+            Mat::rows(pb, n)
+        };
+        // SAFETY: as above.
+        unsafe { gemm::<T>(m, n, k, ma, mb, pd, n, false, one, true) };
+    }
+}

@@ -1,0 +1,266 @@
+//! Running a compiled function: an arena per run (pooled, so concurrent runs never share one),
+//! the steps in order, and the results copied out. Also the per-step profile that
+//! [`Cpu::profile`](super::Cpu) turns on.
+
+use super::Executable;
+use super::bytes::{
+    advise_huge_pages, capacity_ptr, data_ptr, lines, read_data, set_len, write_data,
+};
+use super::conv::run_conv;
+use super::lower::{LibOp, Loop, Step};
+use super::matmul::run_matmul;
+use super::send_ptr::SendPtr;
+use crate::backend::RunError;
+use crate::memory::Storage;
+use crate::plan::Kernel;
+use crate::plan::KernelKind;
+use std::collections::HashMap;
+use std::fmt;
+use std::time::Duration;
+use tcc_ir::interp::{check_inputs, eval_op};
+use tcc_ir::{Data, Tensor, TensorType, Value, ValueDef};
+
+/// Loops of at least this many elements are split across threads.
+const PARALLEL_ELEMENTS: u64 = 1 << 16;
+
+/// Runs a compiled loop over its iteration space, in pieces on several threads when it is large.
+fn run_loop(l: &Loop, addr: &dyn Fn(Value) -> *mut u8) {
+    let ptrs: Vec<*mut u8> = l.args.iter().map(|&v| addr(v)).collect();
+    let threads = rayon::current_num_threads() as u64;
+    if l.n * l.unit < PARALLEL_ELEMENTS || threads < 2 || l.n < 2 {
+        // SAFETY: each pointer addresses storage of its value's type (inputs are checked, the
+        // arena is sized by the memory plan), and the kernel touches elements 0..n only.
+        unsafe { (l.code)(ptrs.as_ptr(), 0, l.n) };
+        return;
+    }
+    // Elementwise pieces start at multiples of 64 elements so every piece but the last
+    // vectorises fully; row kernels split by rows.
+    let round = if l.unit == 1 { 64 } else { 1 };
+    let piece = l.n.div_ceil(threads).div_ceil(round) * round;
+    // SAFETY: the pieces of one loop write disjoint element ranges of its outputs and only read
+    // its inputs; `ptrs` outlives the scope.
+    let table = unsafe { SendPtr::new(ptrs.as_ptr()) };
+    rayon::scope(|s| {
+        for start in (0..l.n).step_by(piece as usize) {
+            let end = (start + piece).min(l.n);
+            // SAFETY: as above; pieces cover disjoint ranges of an elementwise loop.
+            s.spawn(move |_| unsafe { (l.code)(table.get(), start, end) });
+        }
+    });
+}
+
+impl Executable {
+    /// Runs on `inputs` (one per parameter, of its type) and returns the results.
+    pub fn run(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, RunError> {
+        let f = &self.func;
+        check_inputs(f, inputs).map_err(|e| RunError(e.0))?;
+        let pooled = self.arenas.lock().map(|mut p| p.pop()).unwrap_or(None);
+        let mut arena = pooled.unwrap_or_else(|| {
+            let mut a = lines(self.mem.arena_bytes);
+            advise_huge_pages(a.as_mut_ptr() as *mut u8, a.len() * 64);
+            a
+        });
+        let base = arena.as_mut_ptr() as *mut u8;
+        // Output buffers: allocated with capacity only, written by the kernels, returned.
+        let mut outs: Vec<Data> = self
+            .mem
+            .outputs
+            .iter()
+            .map(|&v| Data::with_capacity(f.ty(v).dtype(), f.ty(v).numel() as usize))
+            .collect();
+        let out_ptrs: Vec<*mut u8> = outs.iter_mut().map(capacity_ptr).collect();
+        for (&p, &v) in out_ptrs.iter().zip(&self.mem.outputs) {
+            advise_huge_pages(p, f.ty(v).size_bytes() as usize);
+        }
+        let addr = |v: Value| -> *mut u8 {
+            let v = self.origin.get(&v).copied().unwrap_or(v);
+            match self.mem.storage[v] {
+                Storage::Arena(off) => base.wrapping_add(off as usize),
+                Storage::Output(i) => out_ptrs[i],
+                Storage::Param => match f.value(v).def {
+                    ValueDef::Param(i) => data_ptr(&inputs[i]) as *mut u8,
+                    ValueDef::Result(..) => unreachable!("parameter storage for an op result"),
+                },
+                Storage::Const => self.consts[&v].as_ptr() as *mut u8,
+                Storage::None => unreachable!("a value read outside its kernel is stored"),
+            }
+        };
+        let profile = self.profile.is_some();
+        for (si, (_, step)) in self.steps.iter().enumerate() {
+            let t0 = profile.then(std::time::Instant::now);
+            match step {
+                Step::Jit(l) => run_loop(l, &addr),
+                Step::Library { op, epilogue } => {
+                    match op {
+                        LibOp::MatMul(mm) => run_matmul(mm, &addr),
+                        LibOp::Conv(cv) => run_conv(cv, &addr, base),
+                    }
+                    if let Some(l) = epilogue {
+                        run_loop(l, &addr);
+                    }
+                }
+                // SAFETY: the memory plan gives every value storage of its type, and only
+                // elementwise results share storage with their operands.
+                Step::Native(n) => unsafe { n.run(f, &addr) }.map_err(|msg| {
+                    RunError(format!(
+                        "in `@{}`, {}: {msg}",
+                        f.name,
+                        f.describe_op(n.op())
+                    ))
+                })?,
+                Step::Reference(k) => self.run_reference(*k, &addr)?,
+            }
+            if let (Some(t0), Some(p)) = (t0, &self.profile)
+                && let Ok(mut p) = p.lock()
+            {
+                p[si] += t0.elapsed();
+            }
+        }
+        // Every step ran, so every output buffer is fully written.
+        for (d, &v) in outs.iter_mut().zip(&self.mem.outputs) {
+            // SAFETY: the kernels wrote all `numel` elements of the buffer, each a valid value
+            // of the buffer's dtype (bools as 0 or 1).
+            unsafe { set_len(d, f.ty(v).numel() as usize) };
+        }
+        let mut outs: Vec<Option<Data>> = outs.into_iter().map(Some).collect();
+        let mut given: HashMap<usize, usize> = HashMap::new();
+        let mut results: Vec<Tensor> = Vec::with_capacity(f.results().len());
+        for &r in f.results() {
+            let root = self.origin.get(&r).copied().unwrap_or(r);
+            let t = match self.mem.storage[root] {
+                Storage::Output(i) => {
+                    let data = match outs[i].take() {
+                        Some(d) => d,
+                        None => results[given[&i]].data().clone(),
+                    };
+                    given.entry(i).or_insert(results.len());
+                    Tensor::new(f.ty(r).clone(), data)
+                        .expect("an output buffer of the result's size")
+                }
+                // SAFETY: parameters and constants hold values of their type.
+                _ => unsafe { read_data(addr(r), f.ty(r)) },
+            };
+            results.push(t);
+        }
+        if let Ok(mut pool) = self.arenas.lock() {
+            pool.push(arena);
+        }
+        Ok(results)
+    }
+
+    /// Runs one kernel with the reference kernels. All inputs are read before any output is
+    /// written, so outputs planned in place over inputs are safe.
+    fn run_reference(&self, k: Kernel, addr: &dyn Fn(Value) -> *mut u8) -> Result<(), RunError> {
+        let f = &self.func;
+        let kd = &self.plan.kernels[k];
+        let mut vals: HashMap<Value, Tensor> = HashMap::new();
+        for &v in &kd.inputs {
+            let t = match crate::plan::folded_transpose(f, &self.plan, v) {
+                // A transpose planned as a view for the GEMM: materialise it here.
+                Some(src) => {
+                    // SAFETY: the source is a stored value of its type.
+                    let s = unsafe { read_data(addr(src), f.ty(src)) };
+                    let op = f.def_op(v).expect("a transpose result");
+                    eval_op(&f.op(op).kind, &[&s], &[f.ty(v).clone()])
+                        .map_err(RunError)?
+                        .remove(0)
+                }
+                // SAFETY: kernel inputs are stored values of their type.
+                None => unsafe { read_data(addr(v), f.ty(v)) },
+            };
+            vals.insert(v, t);
+        }
+        for &op in &kd.ops {
+            let d = f.op(op);
+            let args: Vec<&Tensor> = d.args.iter().map(|a| &vals[a]).collect();
+            let tys: Vec<TensorType> = d.results.iter().map(|&r| f.ty(r).clone()).collect();
+            let outs = eval_op(&d.kind, &args, &tys).map_err(|msg| {
+                RunError(format!("in `@{}`, {}: {msg}", f.name, f.describe_op(op)))
+            })?;
+            for (&r, t) in d.results.iter().zip(outs) {
+                vals.insert(r, t);
+            }
+        }
+        for &o in &kd.outputs {
+            // SAFETY: the memory plan gives each output storage of its type; all inputs were
+            // read above, so storage shared with an input is no longer needed.
+            unsafe { write_data(addr(o), &vals[&o]) };
+        }
+        Ok(())
+    }
+}
+
+/// Where a compiled function's time went: each step's total over all runs so far, largest
+/// first. [`Executable::profile`] makes one when profiling was asked for at compile time;
+/// its `Display` is the table `tcc run --profile` prints.
+#[derive(Clone, Debug)]
+pub struct Profile {
+    /// The function's name.
+    pub function: String,
+    /// Each step's time and description (`jit`, `library matmul %y`, ...), largest first.
+    pub steps: Vec<(Duration, String)>,
+}
+
+impl Executable {
+    /// The time spent in each step over all runs so far; `None` unless compiled with
+    /// [`Cpu::profile`](super::Cpu) set.
+    pub fn profile(&self) -> Option<Profile> {
+        let times = self.profile.as_ref()?.lock().ok()?;
+        let f = &self.func;
+        let mut steps: Vec<(Duration, String)> = self
+            .steps
+            .iter()
+            .zip(times.iter())
+            .map(|((k, s), &t)| {
+                let what = match s {
+                    Step::Jit(_) => "jit",
+                    Step::Library { .. } => "library",
+                    Step::Native(_) => "native",
+                    Step::Reference(_) => "reference",
+                };
+                // Named by the kernel's first op (the library call, the reduction or softmax
+                // root of its kind, or the first elementwise op) and what it computes.
+                let kd = &self.plan.kernels[*k];
+                let first = match kd.kind {
+                    KernelKind::Reduction { root } | KernelKind::Row { root } => root,
+                    _ => kd.ops[0],
+                };
+                let name = format!(
+                    "{} %{}",
+                    f.op(first).kind.mnemonic(),
+                    f.name(f.op(first).results[0])
+                );
+                (t, format!("{what:<9} {:<5} {name}", k.to_string()))
+            })
+            .collect();
+        steps.sort_by_key(|&(t, _)| std::cmp::Reverse(t));
+        Some(Profile {
+            function: f.name.clone(),
+            steps,
+        })
+    }
+}
+
+impl fmt::Display for Profile {
+    /// The total, then the 25 largest steps with their share.
+    fn fmt(&self, out: &mut fmt::Formatter) -> fmt::Result {
+        let total: f64 = self.steps.iter().map(|(t, _)| t.as_secs_f64()).sum();
+        writeln!(
+            out,
+            "profile of @{}: {:.3} ms in {} steps",
+            self.function,
+            total * 1e3,
+            self.steps.len()
+        )?;
+        for (t, what) in self.steps.iter().take(25) {
+            let t = t.as_secs_f64();
+            writeln!(
+                out,
+                "  {:>9.3} ms {:>5.1}%  {what}",
+                t * 1e3,
+                100.0 * t / total.max(1e-12)
+            )?;
+        }
+        Ok(())
+    }
+}
