@@ -10,6 +10,7 @@
 
 pub mod backend;
 pub mod cpu;
+pub mod kernel;
 pub mod memory;
 pub mod plan;
 

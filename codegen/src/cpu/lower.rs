@@ -220,7 +220,7 @@ fn epilogue(f: &Function, kd: &KernelData, r: Value) -> Option<(KernelData, Valu
         inputs,
         outputs,
     };
-    if !jit::can_compile(f, &epi) {
+    if !crate::kernel::can_compile(f, &epi) {
         return None;
     }
     let dst = if kd.outputs.contains(&r) {

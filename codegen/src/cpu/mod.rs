@@ -13,7 +13,8 @@
 //!
 //! The rooms, each with one job:
 //! - `lower.rs`: the step each kernel runs as (JIT loop, library call, native kernel, reference);
-//! - `jit.rs`, `math.rs`, `target.rs`: Cranelift code for loops, and the ISA it targets;
+//! - `jit.rs`, `render.rs`, `target.rs`: Cranelift loops around kernel bodies (from
+//!   [`crate::kernel`]), the bodies' instructions, and the ISA they target;
 //! - `matmul.rs` and `sgemm.rs`, `conv.rs`, `native.rs`: library and hand-written kernels;
 //! - `runtime.rs`: running the steps on a pooled arena, and the profile;
 //! - `bytes.rs`: aligned buffers and tensors as bytes; `send_ptr.rs`: pointers across threads.
@@ -23,9 +24,9 @@ mod bytes;
 mod conv;
 mod jit;
 mod lower;
-mod math;
 mod matmul;
 mod native;
+mod render;
 mod runtime;
 mod send_ptr;
 mod sgemm;

@@ -1,0 +1,96 @@
+//! Kernel ops to body nodes: the one translation of elementwise IR ops into the expression form.
+
+use super::expr::{Bin, Body, Cmp, E, Un};
+use super::math::{erf, exp, log, tanh};
+use std::collections::HashMap;
+use tcc_ir::{BinaryOp, CmpOp, DType, Function, Op, OpKind, UnaryOp, Value};
+
+/// Appends to `b` the nodes of elementwise `ops` (in order), reading their operands from `vals`
+/// and recording their results there. Every op must satisfy [`super::supported_op`], and the
+/// kernel [`super::f32_with_masks`].
+pub fn lower_ops(b: &mut Body, f: &Function, ops: &[Op], vals: &mut HashMap<Value, E>) {
+    for &op in ops {
+        let d = f.op(op);
+        let a: Vec<E> = d.args.iter().map(|v| vals[v]).collect();
+        let r = match &d.kind {
+            OpKind::Unary(u) => unary(b, *u, a[0]),
+            OpKind::Binary(op) => {
+                let op = match op {
+                    BinaryOp::Add => Bin::Add,
+                    BinaryOp::Sub => Bin::Sub,
+                    BinaryOp::Mul => Bin::Mul,
+                    BinaryOp::Div => Bin::Div,
+                    BinaryOp::Max => Bin::Max,
+                    BinaryOp::Min => Bin::Min,
+                    BinaryOp::Pow => unreachable!("not a supported op"),
+                };
+                b.bin(op, a[0], a[1])
+            }
+            OpKind::Identity | OpKind::StopGradient | OpKind::BroadcastTo { .. } => a[0],
+            OpKind::Compare(c) => {
+                let c = match c {
+                    CmpOp::Eq => Cmp::Eq,
+                    CmpOp::Ne => Cmp::Ne,
+                    CmpOp::Lt => Cmp::Lt,
+                    CmpOp::Le => Cmp::Le,
+                    CmpOp::Gt => Cmp::Gt,
+                    CmpOp::Ge => Cmp::Ge,
+                };
+                b.cmp(c, a[0], a[1])
+            }
+            OpKind::Select => b.select(a[0], a[1], a[2]),
+            OpKind::Cast { .. } if f.ty(d.args[0]).dtype() == DType::Bool => {
+                let (one, zero) = (b.c(1.0), b.c(0.0));
+                b.select(a[0], one, zero)
+            }
+            OpKind::Cast { .. } => a[0],
+            // `supported_op`, an exhaustive match, decides which ops reach here.
+            _ => unreachable!("not a supported op"),
+        };
+        vals.insert(d.results[0], r);
+    }
+}
+
+fn unary(b: &mut Body, u: UnaryOp, x: E) -> E {
+    match u {
+        UnaryOp::Neg => b.un(Un::Neg, x),
+        UnaryOp::Abs => b.un(Un::Abs, x),
+        UnaryOp::Sqrt => b.un(Un::Sqrt, x),
+        UnaryOp::Rsqrt => {
+            let s = b.un(Un::Sqrt, x);
+            let one = b.c(1.0);
+            b.div(one, s)
+        }
+        UnaryOp::Reciprocal => {
+            let one = b.c(1.0);
+            b.div(one, x)
+        }
+        UnaryOp::Relu => {
+            // x < 0 ? 0 : x, so NaN stays NaN.
+            let zero = b.c(0.0);
+            b.select_if(Cmp::Lt, x, zero, zero, x)
+        }
+        UnaryOp::Exp => exp(b, x),
+        UnaryOp::Log => log(b, x),
+        UnaryOp::Erf => erf(b, x),
+        UnaryOp::Gelu => {
+            // x * (1 + erf(x / sqrt 2)) / 2
+            let k = b.c(std::f32::consts::FRAC_1_SQRT_2 as f64);
+            let s = b.mul(x, k);
+            let e = erf(b, s);
+            let one = b.c(1.0);
+            let e1 = b.add(e, one);
+            let half = b.c(0.5);
+            let hx = b.mul(x, half);
+            b.mul(hx, e1)
+        }
+        UnaryOp::Tanh => tanh(b, x),
+        UnaryOp::Sigmoid => {
+            let nx = b.un(Un::Neg, x);
+            let e = exp(b, nx);
+            let one = b.c(1.0);
+            let d = b.add(one, e);
+            b.div(one, d)
+        }
+    }
+}

@@ -1,0 +1,204 @@
+//! The transcendental functions as kernel-body nodes, written once for every backend:
+//! polynomial and rational approximations with range reduction, in `f32`.
+//! `cpu/accuracy.rs` and the accuracy tests measure their error (docs/perf.md).
+//!
+//! Coefficients are `f32` values widened exactly to the body's `f64` constants, so a backend
+//! that rounds them back to `f32` gets the very bits written here.
+
+use super::expr::{Body, Cmp, E, IBin, Lane, Un};
+
+fn coeffs(b: &mut Body, x: E, c: &[f32]) -> E {
+    let c: Vec<f64> = c.iter().map(|&k| k as f64).collect();
+    b.horner(x, &c)
+}
+
+fn c32(b: &mut Body, x: f32) -> E {
+    b.c(x as f64)
+}
+
+/// `e^x` (Cephes' `expf`): range reduction by `ln 2` (a two-part constant), a degree-6
+/// polynomial, and scaling by `2^n` split in two factors so that results overflow to `inf` and
+/// underflow through the subnormals as they should.
+pub fn exp(b: &mut Body, x: E) -> E {
+    debug_assert_eq!(b.lane, Lane::F32);
+    let x = b.clamp(x, -104.0, 89.0);
+    let log2e = c32(b, std::f32::consts::LOG2_E);
+    let t = b.mul(x, log2e);
+    let n = b.un(Un::Nearest, t);
+    let c1 = c32(b, 0.693_359_4);
+    let c2 = c32(b, -2.121_944_4e-4);
+    let r = b.mul(n, c1);
+    let r = b.sub(x, r);
+    let r2 = b.mul(n, c2);
+    let r = b.sub(r, r2);
+    let p = coeffs(
+        b,
+        r,
+        &[
+            1.987_569_1e-4,
+            1.398_199_9e-3,
+            8.333_452e-3,
+            4.166_579_6e-2,
+            1.666_666_5e-1,
+            0.5,
+        ],
+    );
+    let rr = b.mul(r, r);
+    let y = b.mul(rr, p);
+    let y = b.add(y, r);
+    let one = b.c(1.0);
+    let y = b.add(y, one);
+    // 2^n as 2^(n>>1) * 2^(n - (n>>1)): each factor's exponent stays in the normal range.
+    // n is integral and within [-150, 129], so truncation is exact (for NaN the scales are
+    // garbage, but y is NaN and so is the product).
+    let ni = b.to_int(n);
+    let n1 = b.sshr(ni, 1);
+    let n2 = b.ibin(IBin::Sub, ni, n1);
+    let bias = b.ic(127);
+    let mut out = y;
+    for e in [n1, n2] {
+        let e = b.ibin(IBin::Add, e, bias);
+        let e = b.shl(e, 23);
+        let s = b.from_bits(e);
+        out = b.mul(out, s);
+    }
+    out
+}
+
+/// Natural logarithm (Cephes' `logf`): x = m 2^e with m in [sqrt(1/2), sqrt(2)), a degree-8
+/// polynomial in m - 1, and the two-part ln 2. Subnormals are scaled first; 0 gives -inf,
+/// negatives and NaN give NaN, inf gives inf.
+pub fn log(b: &mut Body, x0: E) -> E {
+    debug_assert_eq!(b.lane, Lane::F32);
+    let tiny = c32(b, f32::MIN_POSITIVE);
+    let scale = b.c(8_388_608.0);
+    let scaled = b.mul(x0, scale);
+    let x = b.select_if(Cmp::Lt, x0, tiny, scaled, x0);
+    let zero = b.c(0.0);
+    let m23 = b.c(-23.0);
+    let e_adj = b.select_if(Cmp::Lt, x0, tiny, m23, zero);
+    let bits = b.bits(x);
+    let e_bits = b.ushr(bits, 23);
+    let c127 = b.ic(127);
+    let e_i = b.ibin(IBin::Sub, e_bits, c127);
+    let e = b.to_num(e_i);
+    let e = b.add(e, e_adj);
+    let mant_mask = b.ic(0x007f_ffff);
+    let one_bits = b.ic(0x3f80_0000);
+    let m_bits = b.ibin(IBin::And, bits, mant_mask);
+    let m_bits = b.ibin(IBin::Or, m_bits, one_bits);
+    let m1 = b.from_bits(m_bits); // in [1, 2)
+    // Into [sqrt(1/2), sqrt(2)): above sqrt 2, halve m and add one to e.
+    let sqrt2 = c32(b, std::f32::consts::SQRT_2);
+    let half = b.c(0.5);
+    let one = b.c(1.0);
+    let m_half = b.mul(m1, half);
+    let e_plus = b.add(e, one);
+    let m = b.select_if(Cmp::Lt, sqrt2, m1, m_half, m1);
+    let e = b.select_if(Cmp::Lt, sqrt2, m1, e_plus, e);
+    let f = b.sub(m, one);
+    let z = b.mul(f, f);
+    let p = coeffs(
+        b,
+        f,
+        &[
+            7.037_683_6e-2,
+            -1.151_461e-1,
+            1.167_699_9e-1,
+            -1.242_014_1e-1,
+            1.424_932_3e-1,
+            -1.666_805_8e-1,
+            2.000_071_4e-1,
+            -2.499_999_4e-1,
+            3.333_333e-1,
+        ],
+    );
+    let fz = b.mul(f, z);
+    let y = b.mul(fz, p);
+    let c2 = c32(b, -2.121_944_4e-4);
+    let y = b.mul_add(e, c2, y);
+    let mhalf = b.c(-0.5);
+    let y = b.mul_add(z, mhalf, y);
+    let r = b.add(f, y);
+    let c1 = c32(b, 0.693_359_4);
+    let r = b.mul_add(e, c1, r);
+    let ninf = b.c(f64::NEG_INFINITY);
+    let nan = b.c(f64::NAN);
+    let inf = b.c(f64::INFINITY);
+    let r = b.select_if(Cmp::Eq, x0, zero, ninf, r);
+    let r = b.select_if(Cmp::Lt, x0, zero, nan, r);
+    let r = b.select_if(Cmp::Eq, x0, inf, inf, r);
+    b.select_if(Cmp::Unordered, x0, x0, x0, r)
+}
+
+/// The error function: a rational function, odd degree 13 over even degree 8, on the input
+/// clamped to +-4 (beyond which erf rounds to +-1 in f32).
+pub fn erf(b: &mut Body, x: E) -> E {
+    debug_assert_eq!(b.lane, Lane::F32);
+    let x = b.clamp(x, -4.0, 4.0);
+    let x2 = b.mul(x, x);
+    let p = coeffs(
+        b,
+        x2,
+        &[
+            -2.726_142_3e-10,
+            2.770_681_4e-8,
+            -2.101_024e-6,
+            -5.692_506_4e-5,
+            -7.349_906_3e-4,
+            -2.954_6e-3,
+            -1.609_603_3e-2,
+        ],
+    );
+    let p = b.mul(x, p);
+    let q = coeffs(
+        b,
+        x2,
+        &[
+            -1.456_607_2e-5,
+            -2.133_740_6e-4,
+            -1.682_827e-3,
+            -7.373_329e-3,
+            -1.426_474e-2,
+        ],
+    );
+    b.div(p, q)
+}
+
+/// `tanh`: a rational function, odd degree 13 over even degree 6, on x clamped to +-7.905
+/// (beyond which tanh rounds to +-1 in f32): one division, no exp, no branches.
+pub fn tanh(b: &mut Body, x: E) -> E {
+    debug_assert_eq!(b.lane, Lane::F32);
+    let lim = 7.905_311_f32 as f64;
+    let x = b.clamp(x, -lim, lim);
+    let x2 = b.mul(x, x);
+    let p = coeffs(
+        b,
+        x2,
+        &[
+            -2.760_768_5e-16,
+            2.000_188e-13,
+            -8.604_672e-11,
+            5.122_297e-8,
+            1.485_722_4e-5,
+            6.372_619_3e-4,
+            4.893_524_6e-3,
+        ],
+    );
+    let p = b.mul(x, p);
+    let q = coeffs(
+        b,
+        x2,
+        &[1.198_258_4e-6, 1.185_347_1e-4, 2.268_434_6e-3, 4.893_525e-3],
+    );
+    b.div(p, q)
+}
+
+/// Which transcendental functions need `f32` lanes (their approximations are tuned for it).
+pub fn needs_f32(u: tcc_ir::UnaryOp) -> bool {
+    use tcc_ir::UnaryOp::*;
+    match u {
+        Exp | Log | Erf | Gelu | Tanh | Sigmoid => true,
+        Neg | Abs | Sqrt | Rsqrt | Reciprocal | Relu => false,
+    }
+}

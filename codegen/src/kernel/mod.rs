@@ -1,0 +1,368 @@
+//! The backend-neutral kernel layer: which planned kernels can be written as loops over an
+//! expression body, how their operands are indexed, and the bodies themselves.
+//!
+//! A backend takes a kernel's shape from here (elementwise; a softmax row; a reduction
+//! `[a, l, b]` over its middle axes), its operands' [`Access`] patterns, and the [`expr::Body`]
+//! of each part (prologue, epilogue, the row's passes) built by [`lower`] from the ops. It then
+//! decides only how to loop and how to render each node: Cranelift in `cpu/jit.rs`, and the
+//! same bodies are what a GPU backend renders per thread. The transcendental functions are
+//! expanded here once ([`math`]).
+
+pub mod expr;
+pub mod lower;
+pub mod math;
+
+use crate::plan::{KernelData, KernelKind};
+use tcc_ir::{BinaryOp, DType, Function, OpKind, Value};
+
+/// How an operand is indexed for output element `i`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Access {
+    /// Element `i`.
+    Same,
+    /// One value for every element (an immediate if `Some`).
+    Scalar(Option<f32>),
+    /// Element `(i / inner) % n`.
+    Block {
+        /// Output elements per operand element.
+        inner: u64,
+        /// Operand elements.
+        n: u64,
+    },
+}
+
+/// The access pattern for an operand of `dims` broadcast to `out`, if it is one of the three.
+pub fn access(dims: &[u64], out: &[u64]) -> Option<Access> {
+    let numel: u64 = dims.iter().product();
+    let out_numel: u64 = out.iter().product();
+    if dims.len() > out.len() {
+        return None;
+    }
+    if dims == out {
+        return Some(Access::Same);
+    }
+    if numel == 1 {
+        return Some(Access::Scalar(None));
+    }
+    // The operand's non-1 axes must be one contiguous run of output axes, matching them.
+    let offset = out.len() - dims.len();
+    let non1: Vec<usize> = (0..dims.len())
+        .filter(|&k| dims[k] != 1)
+        .map(|k| k + offset)
+        .collect();
+    let (a, b) = (non1[0], non1[non1.len() - 1] + 1);
+    if non1.len() != b - a || (a..b).any(|o| out[o] != dims[o - offset]) {
+        return None;
+    }
+    let n: u64 = out[a..b].iter().product();
+    let inner: u64 = out[b..].iter().product();
+    if n * inner == out_numel && inner == 1 && a == 0 {
+        return Some(Access::Same);
+    }
+    Some(Access::Block { inner, n })
+}
+
+/// Whether the expression form has the elementwise op `kind`.
+pub fn supported_op(kind: &OpKind) -> bool {
+    match kind {
+        OpKind::Unary(_) => true,
+        OpKind::Binary(b) => !matches!(b, BinaryOp::Pow),
+        OpKind::Identity | OpKind::StopGradient | OpKind::BroadcastTo { .. } => true,
+        // Masks: comparisons of f32 values, used by `select` and casts in the same kernel.
+        OpKind::Compare(_) | OpKind::Select => true,
+        OpKind::Cast { to } => *to == DType::F32,
+        // Not elementwise: rows, reductions and library kernels handle these.
+        OpKind::Const { .. }
+        | OpKind::MatMul
+        | OpKind::Conv2d(_)
+        | OpKind::MaxPool2d(_)
+        | OpKind::AvgPool2d { .. }
+        | OpKind::GlobalAvgPool
+        | OpKind::Reduce { .. }
+        | OpKind::Softmax { .. }
+        | OpKind::LogSoftmax { .. }
+        | OpKind::SoftmaxCrossEntropy
+        | OpKind::BatchNorm { .. }
+        | OpKind::BatchNormTrain { .. }
+        | OpKind::Reshape { .. }
+        | OpKind::Transpose { .. }
+        | OpKind::Concat { .. }
+        | OpKind::Slice { .. }
+        | OpKind::Gather { .. }
+        | OpKind::ScatterAdd { .. }
+        | OpKind::Conv2dGradInput { .. }
+        | OpKind::Conv2dGradFilter { .. }
+        | OpKind::SoftmaxCrossEntropyGrad
+        | OpKind::MaxPool2dGrad(_)
+        | OpKind::AvgPool2dGrad { .. }
+        | OpKind::SliceGrad { .. } => false,
+    }
+}
+
+/// Whether every value of elementwise kernel `k` is `f32`, except `bool` masks that comparisons
+/// inside the kernel produce and only `select` conditions and casts to `f32` inside it consume.
+pub fn f32_with_masks(f: &Function, k: &KernelData) -> bool {
+    // The masks the kernel computes itself (sets: kernels can hold thousands of ops).
+    let masks: std::collections::HashSet<Value> = k
+        .ops
+        .iter()
+        .filter(|&&p| matches!(f.op(p).kind, OpKind::Compare(_)))
+        .map(|&p| f.op(p).results[0])
+        .collect();
+    let stored: std::collections::HashSet<Value> = k.outputs.iter().copied().collect();
+    let inside = |v: Value| masks.contains(&v);
+    let f32 = |v: &Value| f.ty(*v).dtype() == DType::F32;
+    k.ops.iter().all(|&op| {
+        let d = f.op(op);
+        match d.kind {
+            OpKind::Compare(_) => d.args.iter().all(f32) && !stored.contains(&d.results[0]),
+            OpKind::Select => inside(d.args[0]) && d.args[1..].iter().chain(&d.results).all(f32),
+            OpKind::Cast { .. } => {
+                (inside(d.args[0]) || f32(&d.args[0])) && d.results.iter().all(f32)
+            }
+            _ => d.args.iter().chain(&d.results).all(f32),
+        }
+    })
+}
+
+/// The splat value of `v` if it is defined by a splat `f32` constant.
+pub fn splat_f32(f: &Function, v: Value) -> Option<f32> {
+    match f.def_op(v).map(|op| &f.op(op).kind) {
+        Some(OpKind::Const { value, .. }) => match value.as_splat()? {
+            tcc_ir::Scalar::F32(x) => Some(x),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// Whether `k` is an elementwise kernel in this form: over `f32` made of supported ops whose
+/// operands it can index.
+pub fn can_compile(f: &Function, k: &KernelData) -> bool {
+    if k.kind != KernelKind::Elementwise {
+        return false;
+    }
+    let out = f.ty(f.op(k.ops[0]).results[0]).dims();
+    f32_with_masks(f, k)
+        && k.ops.iter().all(|&op| supported_op(&f.op(op).kind))
+        && k.inputs
+            .iter()
+            .all(|&v| access(f.ty(v).dims(), out).is_some())
+}
+
+/// The softmax op, its row length, and whether every operand can be read in fours within a row,
+/// if row kernel `k` is in this form: a softmax over a contiguous last axis, in `f32`, whose
+/// prologue and epilogue it supports.
+pub fn row_shape(f: &Function, k: &KernelData) -> Option<(tcc_ir::Op, u64, bool)> {
+    let KernelKind::Row { root } = k.kind else {
+        return None;
+    };
+    let (OpKind::Softmax { axis } | OpKind::LogSoftmax { axis }) = f.op(root).kind else {
+        return None;
+    };
+    let dims = f.ty(f.op(root).args[0]).dims();
+    let a = tcc_ir::ops::normalize_axis(axis, dims.len())?;
+    let len = dims[a];
+    if a + 1 != dims.len() || len == 0 {
+        return None;
+    }
+    let all_f32 = f32_with_masks(f, k);
+    let others = k
+        .ops
+        .iter()
+        .filter(|&&op| op != root)
+        .all(|&op| supported_op(&f.op(op).kind));
+    let accesses: Option<Vec<Access>> = k
+        .inputs
+        .iter()
+        .map(|&v| access(f.ty(v).dims(), dims))
+        .collect();
+    let accesses = accesses?;
+    let vec = len >= 4
+        && accesses.iter().all(|a| match *a {
+            Access::Same | Access::Scalar(_) => true,
+            Access::Block { inner, n } => {
+                len.is_multiple_of(4)
+                    && ((inner == 1 && n.is_multiple_of(4)) || inner.is_multiple_of(4))
+            }
+        });
+    (all_f32 && others).then_some((root, len, vec))
+}
+
+/// Whether row kernel `k` is in this form.
+pub fn can_compile_row(f: &Function, k: &KernelData) -> bool {
+    row_shape(f, k).is_some()
+}
+
+/// The number of rows of a row kernel (its iteration space for `start..end`).
+pub fn row_count(f: &Function, k: &KernelData) -> u64 {
+    let (root, len, _) = row_shape(f, k).expect("a compilable row kernel");
+    f.ty(f.op(root).args[0]).numel() / len
+}
+
+/// The layout of a compilable reduction kernel: the reduce op, its kind, and the input viewed as
+/// `[a, l, b]` with the reduced axes (contiguous) in the middle.
+pub struct ReduceShape {
+    /// The reduce op.
+    pub root: tcc_ir::Op,
+    /// Its combining function.
+    pub op: tcc_ir::ReduceOp,
+    /// Elements before the reduced axes (the iteration space).
+    pub a: u64,
+    /// Elements along the reduced axes.
+    pub l: u64,
+    /// Elements after them.
+    pub b: u64,
+}
+
+/// The layout of reduction kernel `k` if it is in this form: a `reduce_*` in `f32` over
+/// contiguous axes of a non-empty extent, with supported prologue and epilogue ops and no
+/// prologue value stored.
+pub fn reduce_shape(f: &Function, k: &KernelData) -> Option<ReduceShape> {
+    let KernelKind::Reduction { root } = k.kind else {
+        return None;
+    };
+    let OpKind::Reduce { op, axes, .. } = &f.op(root).kind else {
+        return None;
+    };
+    let dims = f.ty(f.op(root).args[0]).dims();
+    let mut ax: Vec<usize> = axes
+        .iter()
+        .map(|&a| tcc_ir::ops::normalize_axis(a, dims.len()))
+        .collect::<Option<_>>()?;
+    ax.sort_unstable();
+    let (i0, i1) = (ax[0], ax[ax.len() - 1]);
+    if i1 - i0 + 1 != ax.len() {
+        return None;
+    }
+    let (a, l, b) = (
+        dims[..i0].iter().product(),
+        dims[i0..=i1].iter().product::<u64>(),
+        dims[i1 + 1..].iter().product(),
+    );
+    let all_f32 = f32_with_masks(f, k);
+    let pos = k.ops.iter().position(|&o| o == root)?;
+    let supported = k
+        .ops
+        .iter()
+        .filter(|&&o| o != root)
+        .all(|&o| supported_op(&f.op(o).kind));
+    // Outputs may only be the reduction or epilogue values.
+    let late: Vec<Value> = k.ops[pos..]
+        .iter()
+        .flat_map(|&o| f.op(o).results.clone())
+        .collect();
+    let outputs_late = k.outputs.iter().all(|o| late.contains(o));
+    let (pro_in, epi_in) = reduce_inputs(f, k, pos);
+    let out_dims = f.ty(f.op(root).results[0]).dims();
+    let readable = pro_in
+        .iter()
+        .all(|&v| access(f.ty(v).dims(), dims).is_some())
+        && epi_in
+            .iter()
+            .all(|&v| access(f.ty(v).dims(), out_dims).is_some());
+    (l > 0 && all_f32 && supported && outputs_late && readable).then_some(ReduceShape {
+        root,
+        op: *op,
+        a,
+        l,
+        b,
+    })
+}
+
+/// Kernel inputs read before and at the reduction, and those read after it.
+pub fn reduce_inputs(f: &Function, k: &KernelData, pos: usize) -> (Vec<Value>, Vec<Value>) {
+    let reads = |ops: &[tcc_ir::Op]| -> Vec<Value> {
+        k.inputs
+            .iter()
+            .copied()
+            .filter(|v| ops.iter().any(|&o| f.op(o).args.contains(v)))
+            .collect()
+    };
+    (reads(&k.ops[..=pos]), reads(&k.ops[pos + 1..]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The body of a kernel parsed from `src`'s single function, one kernel long.
+    fn body(src: &str) -> expr::Body {
+        let m = tcc_ir::parse_module(src).unwrap();
+        let f = &m.functions[0];
+        let p = crate::plan::plan(f);
+        let (_, kd) = p.kernels.iter().next().unwrap();
+        assert!(can_compile(f, kd));
+        let mut b = expr::Body::new(expr::Lane::F32);
+        let mut vals: std::collections::HashMap<Value, expr::E> =
+            kd.inputs.iter().map(|&v| (v, b.arg())).collect();
+        lower::lower_ops(&mut b, f, &kd.ops, &mut vals);
+        b.results = kd.outputs.iter().map(|o| vals[o]).collect();
+        b
+    }
+
+    #[test]
+    fn ops_lower_to_nodes() {
+        let b = body(
+            "func @f(%x: f32[8], %y: f32[8]) -> (f32[8]) {\n\
+             \x20 %s = add %x, %y : f32[8]\n\
+             \x20 %r = relu %s : f32[8]\n\
+             \x20 return %r\n}\n",
+        );
+        assert_eq!(
+            b.to_string(),
+            "body F32 (2 args)\n  e0 = Arg(0)\n  e1 = Arg(1)\n  e2 = Bin(Add, e0, e1)\n  \
+             e3 = Num(0.0)\n  e4 = Cmp(Lt, e2, e3)\n  e5 = Select(e4, e3, e2)\n  results e5\n"
+        );
+    }
+
+    #[test]
+    fn every_unary_op_lowers() {
+        // Each unary op (exp's polynomial and bit tricks included) becomes nodes of the three
+        // classes, every operand defined before its use, and one result of class Num.
+        for u in tcc_ir::UnaryOp::ALL {
+            let src = format!(
+                "func @f(%x: f32[8]) -> (f32[8]) {{\n  %r = {} %x : f32[8]\n  return %r\n}}\n",
+                tcc_ir::OpKind::Unary(u).mnemonic()
+            );
+            let b = body(&src);
+            assert_eq!(b.results.len(), 1, "{u:?}");
+            assert_eq!(b.class(b.results[0]), expr::Class::Num, "{u:?}");
+            let text = b.to_string();
+            // Line i + 1 defines node i; its right-hand side may name only nodes before it.
+            for (i, line) in text.lines().skip(1).enumerate() {
+                let rhs = line.split_once(" = ").map_or(line, |(_, r)| r);
+                for tok in rhs.split(|c: char| !c.is_alphanumeric()).filter(|t| {
+                    t.len() > 1 && t.starts_with('e') && t[1..].chars().all(|c| c.is_ascii_digit())
+                }) {
+                    let n: usize = tok[1..].parse().unwrap();
+                    assert!(n < i, "{u:?}: {tok} used before it is defined:\n{text}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn access_patterns() {
+        assert_eq!(access(&[4, 8], &[4, 8]), Some(Access::Same));
+        assert_eq!(access(&[], &[4, 8]), Some(Access::Scalar(None)));
+        assert_eq!(access(&[1, 1], &[4, 8]), Some(Access::Scalar(None)));
+        assert_eq!(
+            access(&[8], &[4, 8]),
+            Some(Access::Block { inner: 1, n: 8 })
+        );
+        assert_eq!(
+            access(&[16, 1, 1], &[2, 16, 5, 5]),
+            Some(Access::Block { inner: 25, n: 16 })
+        );
+        assert_eq!(
+            access(&[4, 1], &[4, 8]),
+            Some(Access::Block { inner: 8, n: 4 })
+        );
+        assert_eq!(
+            access(&[1, 8], &[4, 8]),
+            Some(Access::Block { inner: 1, n: 8 })
+        );
+        assert_eq!(access(&[3, 1, 5], &[3, 4, 5]), None);
+    }
+}
