@@ -193,12 +193,3 @@ pub fn tanh(b: &mut Body, x: E) -> E {
     );
     b.div(p, q)
 }
-
-/// Which transcendental functions need `f32` lanes (their approximations are tuned for it).
-pub fn needs_f32(u: tcc_ir::UnaryOp) -> bool {
-    use tcc_ir::UnaryOp::*;
-    match u {
-        Exp | Log | Erf | Gelu | Tanh | Sigmoid => true,
-        Neg | Abs | Sqrt | Rsqrt | Reciprocal | Relu => false,
-    }
-}
