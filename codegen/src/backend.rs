@@ -1,6 +1,6 @@
 //! What a backend is to the rest of code generation.
 //!
-//! Planning is target-independent: [`crate::plan`] cuts a function into kernels and
+//! Planning is target-independent: [`crate::plan()`] cuts a function into kernels and
 //! [`crate::memory`] places values in one arena. The one thing planning asks a backend is how
 //! much scratch space a kernel needs while it runs (the CPU's im2col columns, say). A backend
 //! then compiles the planned function and runs what it compiled. [`compile`] strings the steps

@@ -641,3 +641,62 @@ fn reductions_compile() {
     let (got, want, _) = both(&f, &[Tensor::from_f32(&[3, 9], x).unwrap()]);
     check(&got, &want, 0.0, 0.0).unwrap();
 }
+
+/// f64 elementwise kernels compile (the same kernel bodies at `f64` lanes, two to a vector) and
+/// match the interpreter bit for bit: every op they may contain is exactly rounded. Operands are
+/// read at the output index, as a scalar, as a splat constant and as broadcast blocks (one whose
+/// inner extent is not a multiple of two, so that loop runs scalar); sizes leave a tail.
+#[test]
+fn f64_elementwise_kernels_are_exact() {
+    for n in [1u64, 2, 7, 64, 1001] {
+        let src = format!(
+            "func @f(%x: f64[3, {n}], %y: f64[3, {n}], %b: f64[{n}], %c: f64[3, 1], %s: f64[]) -> (f64[3, {n}], f64[3, {n}]) {{\n\
+             \x20 %h = const {{value=0.5}} : f64[]\n\
+             \x20 %a = add %x, %b : f64[3, {n}]\n\
+             \x20 %m = mul %a, %c : f64[3, {n}]\n\
+             \x20 %d = div %m, %y : f64[3, {n}]\n\
+             \x20 %q = sqrt %d : f64[3, {n}]\n\
+             \x20 %r = relu %q : f64[3, {n}]\n\
+             \x20 %g = max %r, %s : f64[3, {n}]\n\
+             \x20 %k = min %g, %h : f64[3, {n}]\n\
+             \x20 %t = lt %x, %y : bool[3, {n}]\n\
+             \x20 %u = select %t, %k, %x : f64[3, {n}]\n\
+             \x20 %v = rsqrt %y : f64[3, {n}]\n\
+             \x20 %w = neg %v : f64[3, {n}]\n\
+             \x20 %z = abs %w : f64[3, {n}]\n\
+             \x20 %o = reciprocal %z : f64[3, {n}]\n\
+             \x20 return %u, %o\n}}\n"
+        );
+        let f = parse_function(&src).unwrap_or_else(|e| panic!("{e}"));
+        for seed in 0..3 {
+            let inputs = randoms(&f, seed);
+            let (got, want, exe) = both(&f, &inputs);
+            let s = exe.stats();
+            assert_eq!((s.compiled, s.reference), (1, 0), "n = {n}");
+            for (g, w) in got.iter().zip(&want) {
+                let (Data::F64(g), Data::F64(w)) = (g.data(), w.data()) else {
+                    panic!("f64 results")
+                };
+                for (i, (a, b)) in g.iter().zip(w).enumerate() {
+                    assert!(
+                        a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                        "n = {n}, seed {seed}, element {i}: {a} vs {b}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// An f64 kernel that uses a transcendental function stays on the reference kernels: the
+/// approximations are tuned for f32.
+#[test]
+fn f64_transcendentals_stay_exact() {
+    let f = parse_function(
+        "func @f(%x: f64[100]) -> (f64[100]) {\n  %e = exp %x : f64[100]\n  %r = add %e, %x : f64[100]\n  return %r\n}\n",
+    )
+    .unwrap();
+    let (got, want, exe) = both(&f, &randoms(&f, 1));
+    assert_eq!(exe.stats().compiled, 0);
+    assert_eq!(got, want);
+}

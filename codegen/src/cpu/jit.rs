@@ -1,21 +1,18 @@
-//! Cranelift code for fused elementwise kernels over `f32`.
+//! Cranelift loops around kernel bodies: elementwise kernels (`f32` or `f64`), softmax rows and
+//! reductions (`f32`). The bodies come from [`crate::kernel`]; `render.rs` emits them.
 //!
 //! A compiled kernel has the C signature `fn(ptrs: *const *mut u8, start: u64, end: u64)`:
 //! `ptrs` holds the base address of each input (in kernel input order) and then of each output;
 //! the kernel computes elements `start..end` of its iteration space (so work can be split).
-//! It runs an `f32x4` loop while every operand allows it, then a scalar loop for the tail.
+//! An elementwise kernel runs a 128-bit vector loop (`f32x4`, `f64x2`) while every operand
+//! allows it, then a scalar loop for the tail.
 //!
-//! Operands are read by one of three patterns: the same index as the output, one scalar (a
-//! splat constant is an immediate), or a broadcast block, element `(i / inner) % n`, which covers
-//! a bias `[C]` over `[N, C]` (`inner = 1`) and a per-channel `[C,1,1]` over `[N,C,H,W]`.
+//! Operands are read by one of three patterns ([`Access`]): the same index as the output, one
+//! scalar (a splat constant is an immediate), or a broadcast block, element `(i / inner) % n`,
+//! which covers a bias `[C]` over `[N, C]` (`inner = 1`) and a per-channel `[C,1,1]` over
+//! `[N,C,H,W]`.
 //!
 //! Setting `TCC_DUMP_JIT=1` prints each kernel's machine code to stderr.
-//!
-//! `exp` is Cephes' `expf`: range reduction by `ln 2` (two-part constant), a degree-6 polynomial,
-//! and scaling by `2^n` split in two factors so that the results overflow to `inf` and underflow
-//! through the subnormals as they should. `tanh` is a rational function (odd degree 13 over even
-//! degree 6) on the input clamped to ±7.905, one division and no `exp`; `sigmoid` is
-//! `1/(1+e^{-x})`. Their measured errors are in docs/perf.md.
 
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{AbiParam, InstBuilder, MemFlags, Type, Value as CValue, types};
@@ -30,8 +27,8 @@ use crate::kernel::expr::{Bin, Body, Cmp, E, Lane};
 use crate::kernel::lower::lower_ops;
 use crate::kernel::math::{exp, log};
 use crate::kernel::{
-    Access, ReduceShape, access, can_compile, can_compile_row, reduce_inputs, reduce_shape,
-    row_count, row_shape, splat_f32,
+    Access, ReduceShape, access, can_compile, can_compile_row, elementwise_lane, reduce_inputs,
+    reduce_shape, row_count, row_shape, splat_float,
 };
 use crate::plan::{Kernel, KernelData};
 
@@ -162,22 +159,31 @@ fn compile(
     k: &KernelData,
     name: &str,
 ) -> Result<FuncId, String> {
+    let lane = elementwise_lane(f, k).expect("checked by can_compile");
+    // A 128-bit vector loop, then a scalar tail.
+    let (scalar, vector) = match lane {
+        Lane::F64 => (types::F64, types::F64X2),
+        _ => (types::F32, types::F32X4),
+    };
+    let lanes = vector.lane_count() as u64;
     let out_dims = f.ty(f.op(k.ops[0]).results[0]).dims().to_vec();
     let accesses: Vec<Access> = k
         .inputs
         .iter()
         .map(
             |&v| match access(f.ty(v).dims(), &out_dims).expect("checked by can_compile") {
-                Access::Scalar(_) => Access::Scalar(splat_f32(f, v)),
+                Access::Scalar(_) => Access::Scalar(splat_float(f, v)),
                 a => a,
             },
         )
         .collect();
     let vectorizable = accesses.iter().all(|a| match *a {
         Access::Same | Access::Scalar(_) => true,
-        Access::Block { inner, n } => (inner == 1 && n % 4 == 0) || inner % 4 == 0,
+        Access::Block { inner, n } => {
+            (inner == 1 && n.is_multiple_of(lanes)) || inner.is_multiple_of(lanes)
+        }
     });
-    let kernel = body_of(f, &k.inputs, 0, &k.ops, |_, _, _| {}, &k.outputs);
+    let kernel = body_of(lane, f, &k.inputs, 0, &k.ops, |_, _, _| {}, &k.outputs);
     define_kernel(module, name, |b, ptr, table, start, end| {
         let flags = MemFlags::trusted();
         let n_in = k.inputs.len();
@@ -185,17 +191,18 @@ fn compile(
             .map(|j| b.ins().load(ptr, flags, table, (j * 8) as i32))
             .collect();
         // Scalars are loaded (or materialised) once.
-        let scalars = preload_scalars(b, &accesses, &bases);
+        let scalars = preload_scalars(b, scalar, &accesses, &bases);
         let i = b.declare_var(types::I64);
         b.def_var(i, start);
         let vec_end = if vectorizable {
             let len = b.ins().isub(end, start);
-            let len4 = b.ins().band_imm(len, !3i64);
-            b.ins().iadd(start, len4)
+            let whole = b.ins().band_imm(len, !(lanes as i64 - 1));
+            b.ins().iadd(start, whole)
         } else {
             start
         };
-        for (lane, limit) in [(types::F32X4, vec_end), (types::F32, end)] {
+        let shift = scalar.bytes().trailing_zeros() as i64;
+        for (lane, limit) in [(vector, vec_end), (scalar, end)] {
             let head = b.create_block();
             let body = b.create_block();
             let next = b.create_block();
@@ -209,11 +216,11 @@ fn compile(
             let args = load_operands(b, lane, iv, &accesses, &bases, &scalars);
             let outs = render(b, tg, lane, &kernel, &args);
             for (j, &o) in outs.iter().enumerate() {
-                let off = b.ins().ishl_imm(iv, 2);
+                let off = b.ins().ishl_imm(iv, shift);
                 let addr = b.ins().iadd(bases[n_in + j], off);
                 b.ins().store(flags, o, addr, 0);
             }
-            let step = if lane == types::F32 { 1 } else { 4 };
+            let step = lane.lane_count() as i64;
             let iv2 = b.ins().iadd_imm(iv, step);
             b.def_var(i, iv2);
             b.ins().jump(head, &[]);
@@ -266,9 +273,11 @@ fn define_kernel(
     Ok(id)
 }
 
-/// Loads (or materialises) once the operands read as scalars; `None` for the others.
+/// Loads (or materialises) once the operands read as scalars, of float type `ty`; `None` for
+/// the others.
 fn preload_scalars(
     b: &mut FunctionBuilder,
+    ty: Type,
     accesses: &[Access],
     bases: &[CValue],
 ) -> Vec<Option<CValue>> {
@@ -276,14 +285,15 @@ fn preload_scalars(
         .iter()
         .zip(bases)
         .map(|(a, &p)| match a {
-            Access::Scalar(Some(x)) => Some(b.ins().f32const(*x)),
-            Access::Scalar(None) => Some(b.ins().load(types::F32, MemFlags::trusted(), p, 0)),
+            Access::Scalar(Some(x)) => Some(fconst(b, ty, *x)),
+            Access::Scalar(None) => Some(b.ins().load(ty, MemFlags::trusted(), p, 0)),
             _ => None,
         })
         .collect()
 }
 
-/// Loads every operand of a kernel for element `e` (the first of four for `F32X4`), in order.
+/// Loads every operand of a kernel as `lane` values for element `e` (the first of the vector's
+/// for a vector type), in order.
 fn load_operands(
     b: &mut FunctionBuilder,
     lane: Type,
@@ -293,19 +303,20 @@ fn load_operands(
     scalars: &[Option<CValue>],
 ) -> Vec<CValue> {
     let flags = MemFlags::trusted();
+    let shift = lane.lane_type().bytes().trailing_zeros() as i64;
     let mut vals = Vec::with_capacity(accesses.len());
     for (j, a) in accesses.iter().enumerate() {
         let x = match *a {
             Access::Scalar(_) => {
                 let s = scalars[j].expect("preloaded");
-                if lane == types::F32 {
-                    s
-                } else {
+                if lane.is_vector() {
                     b.ins().splat(lane, s)
+                } else {
+                    s
                 }
             }
             Access::Same => {
-                let off = b.ins().ishl_imm(e, 2);
+                let off = b.ins().ishl_imm(e, shift);
                 let addr = b.ins().iadd(bases[j], off);
                 b.ins().load(lane, flags, addr, 0)
             }
@@ -316,12 +327,12 @@ fn load_operands(
                     b.ins().udiv_imm(e, inner as i64)
                 };
                 let idx = b.ins().urem_imm(q, n as i64);
-                let off = b.ins().ishl_imm(idx, 2);
+                let off = b.ins().ishl_imm(idx, shift);
                 let addr = b.ins().iadd(bases[j], off);
-                if lane == types::F32 || inner == 1 {
+                if !lane.is_vector() || inner == 1 {
                     b.ins().load(lane, flags, addr, 0)
                 } else {
-                    let s = b.ins().load(types::F32, flags, addr, 0);
+                    let s = b.ins().load(lane.lane_type(), flags, addr, 0);
                     b.ins().splat(lane, s)
                 }
             }
@@ -368,10 +379,11 @@ fn across(b: &mut FunctionBuilder, tg: Target, step: &Body, v: CValue) -> CValue
     m
 }
 
-/// A body over `args` kernel inputs and then `extra` more arguments: `ops` lowered, then `then`
+/// A body of `lane` numbers over `args` kernel inputs and then `extra` more arguments: `ops` lowered, then `then`
 /// (given the body, the values so far and the extra arguments) adds nodes, and the results are
 /// the values of `results`.
 fn body_of(
+    lane: Lane,
     f: &Function,
     inputs: &[Value],
     extra: usize,
@@ -379,7 +391,7 @@ fn body_of(
     then: impl FnOnce(&mut Body, &mut HashMap<Value, E>, &[E]),
     results: &[Value],
 ) -> Body {
-    let mut b = Body::new(Lane::F32);
+    let mut b = Body::new(lane);
     let mut vals: HashMap<Value, E> = inputs.iter().map(|&v| (v, b.arg())).collect();
     let extra: Vec<E> = (0..extra).map(|_| b.arg()).collect();
     lower_ops(&mut b, f, ops, &mut vals);
@@ -422,14 +434,14 @@ fn compile_row(
         .inputs
         .iter()
         .map(|&v| match access(f.ty(v).dims(), &dims).expect("checked") {
-            Access::Scalar(_) => Access::Scalar(splat_f32(f, v)),
+            Access::Scalar(_) => Access::Scalar(splat_float(f, v)),
             a => a,
         })
         .collect();
     // The bodies: the prologue's value of the softmax input; the steps of the max and sum
     // passes; the row's constants (1/sum, and max + log(sum) for log_softmax); and the last
     // pass, which normalises and runs the epilogue given the row's max, 1/sum and shift.
-    let input = body_of(f, &k.inputs, 0, pro, |_, _, _| {}, &[x_in]);
+    let input = body_of(Lane::F32, f, &k.inputs, 0, pro, |_, _, _| {}, &[x_in]);
     let max_step = small_body(2, |b, a| b.select_if(Cmp::Lt, a[0], a[1], a[1], a[0]));
     let sum_step = small_body(3, |b, a| {
         let d = b.sub(a[1], a[2]);
@@ -448,6 +460,7 @@ fn compile_row(
         b
     };
     let output = body_of(
+        Lane::F32,
         f,
         &k.inputs,
         3,
@@ -472,7 +485,7 @@ fn compile_row(
         let bases: Vec<CValue> = (0..n_in + k.outputs.len())
             .map(|j| b.ins().load(ptr, flags, table, (j * 8) as i32))
             .collect();
-        let scalars = preload_scalars(b, &accesses, &bases);
+        let scalars = preload_scalars(b, types::F32, &accesses, &bases);
         let (r, j) = (b.declare_var(types::I64), b.declare_var(types::I64));
         let (acc, vacc) = (b.declare_var(types::F32), b.declare_var(types::F32X4));
         let len_v = b.ins().iconst(types::I64, len as i64);
@@ -589,7 +602,7 @@ fn compile_reduce(
     let (x_in, y_out) = (f.op(root).args[0], f.op(root).results[0]);
     let (pro_in, epi_in) = reduce_inputs(f, k, pos);
     let acc_of = |v: Value, dims: &[u64]| match access(f.ty(v).dims(), dims).expect("checked") {
-        Access::Scalar(_) => Access::Scalar(splat_f32(f, v)),
+        Access::Scalar(_) => Access::Scalar(splat_float(f, v)),
         a => a,
     };
     let pro_acc: Vec<Access> = pro_in.iter().map(|&v| acc_of(v, &in_dims)).collect();
@@ -606,12 +619,13 @@ fn compile_reduce(
     };
     // The bodies: the prologue's value of the reduced input, the step that combines an
     // accumulator with a value, and the finish (the mean's division, then the epilogue).
-    let input = body_of(f, &pro_in, 0, pro, |_, _, _| {}, &[x_in]);
+    let input = body_of(Lane::F32, f, &pro_in, 0, pro, |_, _, _| {}, &[x_in]);
     let step = small_body(2, |b, a| match op {
         tcc_ir::ReduceOp::Max => b.bin(Bin::Max, a[0], a[1]),
         tcc_ir::ReduceOp::Sum | tcc_ir::ReduceOp::Mean => b.add(a[0], a[1]),
     });
     let output = body_of(
+        Lane::F32,
         f,
         &epi_in,
         1,
@@ -641,8 +655,8 @@ fn compile_reduce(
         let out_bases: Vec<CValue> = (0..k.outputs.len())
             .map(|j| base(b, k.inputs.len() + j))
             .collect();
-        let pro_sc = preload_scalars(b, &pro_acc, &pro_bases);
-        let epi_sc = preload_scalars(b, &epi_acc, &epi_bases);
+        let pro_sc = preload_scalars(b, types::F32, &pro_acc, &pro_bases);
+        let epi_sc = preload_scalars(b, types::F32, &epi_acc, &epi_bases);
         let value_at = |b: &mut FunctionBuilder, lane: Type, e: CValue| {
             let args = load_operands(b, lane, e, &pro_acc, &pro_bases, &pro_sc);
             render(b, tg, lane, &input, &args)[0]

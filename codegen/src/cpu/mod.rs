@@ -2,7 +2,7 @@
 //!
 //! [`Executable::compile`] plans kernels and memory, JIT-compiles every kernel the Cranelift
 //! code generator supports (fused elementwise `f32` kernels, softmax rows and reductions, see
-//! [`jit`]), calls tuned library code for matmuls and convolutions, and materialises constants.
+//! `jit.rs`), calls tuned library code for matmuls and convolutions, and materialises constants.
 //! Kernels it does not compile yet run through the reference interpreter's kernels on the same
 //! arena, so every function runs; [`Executable::stats`] says how many of each there are.
 //!

@@ -193,3 +193,13 @@ pub fn tanh(b: &mut Body, x: E) -> E {
     );
     b.div(p, q)
 }
+
+/// Whether unary op `u` is computed by one of the approximations here (tuned for `f32`) rather
+/// than exactly rounded instructions.
+pub fn approximated(u: tcc_ir::UnaryOp) -> bool {
+    use tcc_ir::UnaryOp::*;
+    match u {
+        Exp | Log | Erf | Gelu | Tanh | Sigmoid => true,
+        Neg | Abs | Sqrt | Rsqrt | Reciprocal | Relu => false,
+    }
+}

@@ -13,6 +13,7 @@ pub mod lower;
 pub mod math;
 
 use crate::plan::{KernelData, KernelKind};
+use expr::Lane;
 use tcc_ir::{BinaryOp, DType, Function, OpKind, Value};
 
 /// How an operand is indexed for output element `i`.
@@ -21,7 +22,7 @@ pub enum Access {
     /// Element `i`.
     Same,
     /// One value for every element (an immediate if `Some`).
-    Scalar(Option<f32>),
+    Scalar(Option<f64>),
     /// Element `(i / inner) % n`.
     Block {
         /// Output elements per operand element.
@@ -68,9 +69,9 @@ pub fn supported_op(kind: &OpKind) -> bool {
         OpKind::Unary(_) => true,
         OpKind::Binary(b) => !matches!(b, BinaryOp::Pow),
         OpKind::Identity | OpKind::StopGradient | OpKind::BroadcastTo { .. } => true,
-        // Masks: comparisons of f32 values, used by `select` and casts in the same kernel.
+        // Masks: comparisons of float values, used by `select` and casts in the same kernel.
         OpKind::Compare(_) | OpKind::Select => true,
-        OpKind::Cast { to } => *to == DType::F32,
+        OpKind::Cast { to } => to.is_float(),
         // Not elementwise: rows, reductions and library kernels handle these.
         OpKind::Const { .. }
         | OpKind::MatMul
@@ -99,9 +100,17 @@ pub fn supported_op(kind: &OpKind) -> bool {
     }
 }
 
-/// Whether every value of elementwise kernel `k` is `f32`, except `bool` masks that comparisons
-/// inside the kernel produce and only `select` conditions and casts to `f32` inside it consume.
-pub fn f32_with_masks(f: &Function, k: &KernelData) -> bool {
+/// The float lane of kernel `k`: `F32` or `F64` if every value is of that dtype, except `bool`
+/// masks that comparisons inside the kernel produce and only `select` conditions and casts to
+/// the lane inside it consume. `f64` kernels may not use the transcendental functions, whose
+/// approximations are tuned for `f32` (those kernels stay on the reference kernels).
+pub fn float_lane(f: &Function, k: &KernelData) -> Option<Lane> {
+    let dtype = f.ty(f.op(*k.ops.last()?).results[0]).dtype();
+    let lane = match dtype {
+        DType::F32 => Lane::F32,
+        DType::F64 => Lane::F64,
+        _ => return None,
+    };
     // The masks the kernel computes itself (sets: kernels can hold thousands of ops).
     let masks: std::collections::HashSet<Value> = k
         .ops
@@ -111,43 +120,61 @@ pub fn f32_with_masks(f: &Function, k: &KernelData) -> bool {
         .collect();
     let stored: std::collections::HashSet<Value> = k.outputs.iter().copied().collect();
     let inside = |v: Value| masks.contains(&v);
-    let f32 = |v: &Value| f.ty(*v).dtype() == DType::F32;
-    k.ops.iter().all(|&op| {
-        let d = f.op(op);
-        match d.kind {
-            OpKind::Compare(_) => d.args.iter().all(f32) && !stored.contains(&d.results[0]),
-            OpKind::Select => inside(d.args[0]) && d.args[1..].iter().chain(&d.results).all(f32),
-            OpKind::Cast { .. } => {
-                (inside(d.args[0]) || f32(&d.args[0])) && d.results.iter().all(f32)
+    let num = |v: &Value| f.ty(*v).dtype() == dtype;
+    k.ops
+        .iter()
+        .all(|&op| {
+            let d = f.op(op);
+            match d.kind {
+                OpKind::Compare(_) => d.args.iter().all(num) && !stored.contains(&d.results[0]),
+                OpKind::Select => {
+                    inside(d.args[0]) && d.args[1..].iter().chain(&d.results).all(num)
+                }
+                OpKind::Cast { .. } => {
+                    (inside(d.args[0]) || num(&d.args[0])) && d.results.iter().all(num)
+                }
+                OpKind::Unary(u) if lane == Lane::F64 && math::approximated(u) => false,
+                _ => d.args.iter().chain(&d.results).all(num),
             }
-            _ => d.args.iter().chain(&d.results).all(f32),
-        }
-    })
+        })
+        .then_some(lane)
 }
 
-/// The splat value of `v` if it is defined by a splat `f32` constant.
-pub fn splat_f32(f: &Function, v: Value) -> Option<f32> {
+/// Whether every value of kernel `k` is `f32` but for masks (see [`float_lane`]): what row and
+/// reduction kernels need.
+pub fn f32_with_masks(f: &Function, k: &KernelData) -> bool {
+    float_lane(f, k) == Some(Lane::F32)
+}
+
+/// The splat value of `v` if it is defined by a splat float constant.
+pub fn splat_float(f: &Function, v: Value) -> Option<f64> {
     match f.def_op(v).map(|op| &f.op(op).kind) {
         Some(OpKind::Const { value, .. }) => match value.as_splat()? {
-            tcc_ir::Scalar::F32(x) => Some(x),
+            tcc_ir::Scalar::F32(x) => Some(x as f64),
+            tcc_ir::Scalar::F64(x) => Some(x),
             _ => None,
         },
         _ => None,
     }
 }
 
-/// Whether `k` is an elementwise kernel in this form: over `f32` made of supported ops whose
-/// operands it can index.
-pub fn can_compile(f: &Function, k: &KernelData) -> bool {
+/// The lane of `k` if it is an elementwise kernel in this form: over `f32` or `f64` (see
+/// [`float_lane`]), made of supported ops whose operands it can index.
+pub fn elementwise_lane(f: &Function, k: &KernelData) -> Option<Lane> {
     if k.kind != KernelKind::Elementwise {
-        return false;
+        return None;
     }
     let out = f.ty(f.op(k.ops[0]).results[0]).dims();
-    f32_with_masks(f, k)
-        && k.ops.iter().all(|&op| supported_op(&f.op(op).kind))
+    let readable = k.ops.iter().all(|&op| supported_op(&f.op(op).kind))
         && k.inputs
             .iter()
-            .all(|&v| access(f.ty(v).dims(), out).is_some())
+            .all(|&v| access(f.ty(v).dims(), out).is_some());
+    if readable { float_lane(f, k) } else { None }
+}
+
+/// Whether `k` is an elementwise kernel in this form.
+pub fn can_compile(f: &Function, k: &KernelData) -> bool {
+    elementwise_lane(f, k).is_some()
 }
 
 /// The softmax op, its row length, and whether every operand can be read in fours within a row,
