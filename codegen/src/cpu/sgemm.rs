@@ -157,6 +157,7 @@ pub(crate) unsafe fn product(
     }
     if k == 0 {
         for i in 0..m {
+            // SAFETY: row i of C holds n floats at c + i * ldc (the caller's contract).
             unsafe { std::ptr::write_bytes(c.add(i * ldc), 0, n) };
         }
         return;
@@ -207,6 +208,9 @@ fn aligned(n: usize) -> Vec<Line> {
 
 /// The blocked product of rows `rows` and columns `cols` of C on one thread (`rows` starts at a
 /// multiple of MR).
+///
+/// # Safety
+/// As for [`product`]; no other thread writes these rows and columns of C meanwhile.
 #[allow(clippy::too_many_arguments)]
 unsafe fn block(
     rows: std::ops::Range<usize>,
@@ -258,6 +262,7 @@ unsafe fn pack_a_panel(a: Mat, r: usize, pc: usize, h: usize, kc: usize, panel: 
             panel.fill(0.0);
         }
         for ii in 0..h {
+            // SAFETY (this loop): rows r..r+h and depths pc..pc+kc of A are in bounds (the contract).
             let row = unsafe { a.ptr.add((r + ii) * a.rs + pc) };
             for p in 0..kc {
                 panel[p * MR + ii] = unsafe { *row.add(p) };
@@ -267,6 +272,7 @@ unsafe fn pack_a_panel(a: Mat, r: usize, pc: usize, h: usize, kc: usize, panel: 
         for p in 0..kc {
             for ii in 0..MR {
                 panel[p * MR + ii] = if ii < h {
+                    // SAFETY: as above; ii < h.
                     unsafe { *a.ptr.add((r + ii) * a.rs + (pc + p) * a.cs) }
                 } else {
                     0.0
@@ -286,6 +292,8 @@ unsafe fn pack_b_panel(b: Mat, pc: usize, kc: usize, j0: usize, w: usize, panel:
         // A transposed B: walk each column down, reading memory in order.
         panel.fill(0.0);
         for j in 0..w {
+            // SAFETY (this loop): depths pc..pc+kc and columns j0..j0+w of B are in bounds (the
+            // contract).
             let col = unsafe { b.ptr.add(pc + (j0 + j) * b.cs) };
             for p in 0..kc {
                 panel[p * NR + j] = unsafe { *col.add(p) };
@@ -293,6 +301,7 @@ unsafe fn pack_b_panel(b: Mat, pc: usize, kc: usize, j0: usize, w: usize, panel:
         }
     } else {
         for p in 0..kc {
+            // SAFETY (this loop): as above.
             let start = unsafe { b.ptr.add((pc + p) * b.rs + j0 * b.cs) };
             let dst = &mut panel[p * NR..p * NR + w];
             if b.cs == 1 {
@@ -370,6 +379,7 @@ unsafe fn pack_im2col_panel(
                 // Panel lanes pj..pj + (b - a) take image columns (a + t) * sx + dx; only the
                 // masked lanes are read.
                 let pj = j + a - ox;
+                // SAFETY: 0 <= iy < h, so this is the start of a row of the channel in the image.
                 let row = unsafe { v.x.add(image + (channel + iy as usize) * v.w) };
                 let first = row.wrapping_offset(a as isize * sx + dx);
                 let mask = ((1u64 << (b - a)) - 1) << pj;
@@ -378,9 +388,11 @@ unsafe fn pack_im2col_panel(
                     // Lane i reads base[i].
                     let base = first.wrapping_sub(pj);
                     if m0 != 0 {
+                        // SAFETY: masked lanes are not read; the unmasked ones are columns lo..hi of the row.
                         v0 = unsafe { _mm512_mask_loadu_ps(v0, m0, base) };
                     }
                     if m1 != 0 {
+                        // SAFETY: as above.
                         v1 = unsafe { _mm512_mask_loadu_ps(v1, m1, base.wrapping_add(16)) };
                     }
                 } else {
@@ -392,13 +404,16 @@ unsafe fn pack_im2col_panel(
                         _mm512_mullo_epi32(i, _mm512_set1_epi32(sx as i32))
                     };
                     if m0 != 0 {
+                        // SAFETY: only unmasked lanes are gathered, each a column inside the row.
                         v0 = unsafe { _mm512_mask_i32gather_ps::<4>(v0, m0, at(0), first) };
                     }
                     if m1 != 0 {
+                        // SAFETY: as above.
                         v1 = unsafe { _mm512_mask_i32gather_ps::<4>(v1, m1, at(1), first) };
                     }
                 }
             }
+            // SAFETY: `dst` is one panel row of NR = 32 floats.
             unsafe {
                 _mm512_storeu_ps(dst.as_mut_ptr(), v0);
                 _mm512_storeu_ps(dst.as_mut_ptr().add(16), v1);
@@ -408,6 +423,8 @@ unsafe fn pack_im2col_panel(
     }
 }
 
+/// # Safety
+/// Never called: `available()` is false off x86-64.
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn pack_im2col_panel(_: &Im2col, _: usize, _: usize, _: usize, _: usize, _: &mut [f32]) {
     unreachable!("only called when available()")
@@ -434,6 +451,9 @@ thread_local! {
 }
 
 /// `block` with its packing buffers.
+///
+/// # Safety
+/// As for `block`; `bp` and `ap` hold the packed panels' `KC`-deep blocks (see `block`).
 #[allow(clippy::too_many_arguments)]
 unsafe fn block_in(
     rows: std::ops::Range<usize>,
@@ -478,11 +498,16 @@ unsafe fn block_in(
                         }
                         ap.as_ptr()
                     }
+                    // SAFETY: block pc's panels start at pc * mpad and rows r0 + ic < m are inside it.
                     A::Packed(p) => unsafe { p.ptr().add(pc * p.mpad + (r0 + ic) * kc) },
                 };
                 for (jp, j0) in (0..nc).step_by(NR).enumerate() {
                     for (ip, i0) in (0..mc).step_by(MR).enumerate() {
+                        // SAFETY: the tile's first element is inside this thread's rows and
+                        // columns of C, and the packed panels hold kc * MR and kc * NR floats;
+                        // micro writes only the h x w valid part.
                         let cp = unsafe { c.add((r0 + ic + i0) * ldc + c0 + jc + j0) };
+                        // SAFETY: see `cp`.
                         unsafe {
                             micro(
                                 kc,
@@ -503,6 +528,10 @@ unsafe fn block_in(
 }
 
 /// One MR×NR tile: `C (+)= Ap · Bp` over `kc`, writing only the `h × w` valid part.
+///
+/// # Safety
+/// The CPU has AVX-512F; `ap` and `bp` hold `kc` rows of MR and NR floats; `c` addresses `h × w`
+/// floats with leading dimension `ldc` that no other thread touches.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
@@ -518,6 +547,8 @@ unsafe fn micro(
 ) {
     let mut acc = [[_mm512_setzero_ps(); 2]; MR];
     for p in 0..kc {
+        // SAFETY (this function): Bp and Ap hold kc panels rows of NR and MR floats, and C has
+        // h x w valid elements at c with leading dimension ldc (the caller's contract).
         let (b0, b1) = unsafe {
             (
                 _mm512_loadu_ps(bp.add(p * NR)),
@@ -525,6 +556,7 @@ unsafe fn micro(
             )
         };
         for (i, row) in acc.iter_mut().enumerate() {
+            // SAFETY: element i of depth p of the A panel.
             let av = _mm512_set1_ps(unsafe { *ap.add(p * MR + i) });
             row[0] = _mm512_fmadd_ps(av, b0, row[0]);
             row[1] = _mm512_fmadd_ps(av, b1, row[1]);
@@ -533,12 +565,15 @@ unsafe fn micro(
     if h == MR && w == NR {
         for (i, row) in acc.iter().enumerate() {
             for (half, v) in row.iter().enumerate() {
+                // SAFETY: a full tile: rows 0..MR and columns 0..NR of C are valid.
                 let dst = unsafe { c.add(i * ldc + half * 16) };
                 let v = if accumulate {
+                    // SAFETY: `dst` is inside the full tile (above).
                     _mm512_add_ps(*v, unsafe { _mm512_loadu_ps(dst) })
                 } else {
                     *v
                 };
+                // SAFETY: as above.
                 unsafe { _mm512_storeu_ps(dst, v) };
             }
         }
@@ -547,12 +582,15 @@ unsafe fn micro(
     let mut tile = [0.0f32; MR * NR];
     for (i, row) in acc.iter().enumerate() {
         for (half, v) in row.iter().enumerate() {
+            // SAFETY: `tile` holds MR x NR floats.
             unsafe { _mm512_storeu_ps(tile.as_mut_ptr().add(i * NR + half * 16), *v) };
         }
     }
     for i in 0..h {
         for j in 0..w {
+            // SAFETY: i < h and j < w, inside the valid part of the tile.
             let dst = unsafe { c.add(i * ldc + j) };
+            // SAFETY: as above.
             unsafe {
                 *dst = if accumulate {
                     *dst + tile[i * NR + j]
@@ -564,6 +602,8 @@ unsafe fn micro(
     }
 }
 
+/// # Safety
+/// Never called: `available()` is false off x86-64.
 #[cfg(not(target_arch = "x86_64"))]
 #[allow(clippy::too_many_arguments)]
 unsafe fn micro(
@@ -638,6 +678,7 @@ mod tests {
                 cs: 1,
             };
             let mut want = vec![0.0f32; o * n];
+            // SAFETY: the operands are vectors of o x k, k x n and o x n floats.
             unsafe {
                 sgemm(
                     o,
@@ -668,10 +709,12 @@ mod tests {
                 dilation: dil,
                 pad,
             };
+            // SAFETY: `filt` holds o x k floats.
             let packed = unsafe { PackedA::new(o, k, fa) };
             for threads in [1, 2] {
                 for a in [A::Mat(fa), A::Packed(&packed)] {
                     let mut got = vec![f32::NAN; o * n];
+                    // SAFETY: as for the sgemm above; `view` reads the two images in `x`.
                     unsafe {
                         product(
                             o,
@@ -744,6 +787,7 @@ mod tests {
                 (1.0, strided, false),
                 (2.0, strided, true),
             ] {
+                // SAFETY: ma, mb and c address m x k, k x n and m x n floats of live vectors.
                 unsafe { sgemm(m, n, k, ma, mb, c.as_mut_ptr(), n, acc, 2) };
                 for i in 0..m {
                     for j in 0..n {

@@ -1,0 +1,140 @@
+//! `tcc mem`: peak live memory over the schedule, and the largest tensors at the peak.
+
+use crate::Error;
+use crate::io::{Io, pick_function};
+use std::fmt::Write as _;
+use tcc_ir::Function;
+use tcc_passes::{PassManager, Pipeline};
+
+// The arguments of `tcc mem`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct Args {
+    /// The IR file (`-` for stdin).
+    pub file: String,
+    /// Only this function (default: every function).
+    #[arg(long)]
+    pub func: Option<String>,
+    /// A pipeline to run first; both versions are reported.
+    #[arg(long)]
+    pub passes: Option<String>,
+    /// Write a chart of live bytes over the schedule to this SVG file.
+    #[arg(long)]
+    pub svg: Option<String>,
+    /// How many of the largest live tensors to list.
+    #[arg(long, default_value_t = 8)]
+    pub top: usize,
+}
+
+pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
+    let (func, top) = (a.func.as_deref(), a.top);
+    let pipeline = a
+        .passes
+        .as_deref()
+        .map(Pipeline::parse)
+        .transpose()
+        .map_err(|e| Error::usage(format!("error: {e}")))?;
+    let (input, m) = io.load(&a.file)?;
+    if let Some(name) = func {
+        pick_function(&m, Some(name), &input.name)?;
+    }
+    let after = match &pipeline {
+        Some(p) => {
+            let mut m2 = m.clone();
+            PassManager::new(p.clone())
+                .run(&mut m2, &mut std::io::sink())
+                .map_err(|e| Error::input(format!("{}: error: {e}", input.name)))?;
+            Some(m2)
+        }
+        None => None,
+    };
+    let wanted = func.map(|n| n.trim_start_matches('@'));
+    let mut charts: Vec<(String, Vec<u64>)> = Vec::new();
+    for (i, f) in m.functions.iter().enumerate() {
+        if wanted.is_some_and(|w| w != f.name) {
+            continue;
+        }
+        let before_label = if pipeline.is_some() { " (before)" } else { "" };
+        let (text, live) = mem_report(f, before_label, top);
+        let _ = write!(io.stdout, "{text}");
+        charts.push((format!("@{}{before_label}", f.name), live));
+        if let (Some(m2), Some(p)) = (&after, &pipeline) {
+            let g = &m2.functions[i];
+            let (text, live) = mem_report(g, &format!(" (after {p})"), top);
+            let _ = write!(io.stdout, "{text}");
+            charts.push((format!("@{} (after {p})", g.name), live));
+        }
+    }
+    if let Some(path) = &a.svg {
+        let series: Vec<(&str, &[u64])> = charts
+            .iter()
+            .map(|(l, v)| (l.as_str(), v.as_slice()))
+            .collect();
+        let text = tcc_passes::analysis::memory::svg(
+            &format!("live activation bytes: {}", input.name),
+            &series,
+        );
+        std::fs::write(path, text)
+            .map_err(|e| Error::input(format!("error: cannot write `{path}`: {e}")))?;
+    }
+    Ok(())
+}
+
+/// One function's memory report.
+fn mem_report(f: &Function, label: &str, top: usize) -> (String, Vec<u64>) {
+    use tcc_passes::analysis::memory::{analyze, human};
+    let p = analyze(f);
+    let mut s = String::new();
+    let mut head = String::new();
+    let _ = tcc_ir::printer::write_name(&mut head, '@', &f.name);
+    let _ = writeln!(
+        s,
+        "{head}{label}: {} ops; peak {} of activations at schedule position {}; parameters {}, constants {}",
+        f.schedule().len(),
+        human(p.peak),
+        p.peak_at,
+        human(p.param_bytes),
+        human(p.const_bytes)
+    );
+    if let Some(&op) = f.schedule().get(p.peak_at) {
+        let _ = writeln!(
+            s,
+            "  running then: {}",
+            tcc_ir::diag::clip(&f.describe_op(op))
+        );
+    }
+    let _ = writeln!(
+        s,
+        "  without the {} of results it returns: peak {} at schedule position {}",
+        human(p.result_bytes),
+        human(p.temps_peak.0),
+        p.temps_peak.1
+    );
+    let live = p.live_at(p.peak_at);
+    let _ = writeln!(s, "  largest of the {} tensors live there:", live.len());
+    for b in live.iter().take(top) {
+        let mut name = String::new();
+        let _ = tcc_ir::printer::write_name(&mut name, '%', f.name(b.value));
+        let last = if b.last >= f.schedule().len() {
+            "the end (a result)".to_string()
+        } else {
+            format!("position {}", b.last)
+        };
+        let _ = writeln!(
+            s,
+            "    {:>11}  {name}  {}  (position {} to {last})",
+            human(b.bytes),
+            f.ty(b.value),
+            b.first
+        );
+    }
+    let plan = tcc_codegen::plan(f);
+    let m = tcc_codegen::plan_memory(f, &plan, &tcc_codegen::Cpu::default());
+    let _ = writeln!(
+        s,
+        "  CPU backend: arena {} (live peak {}) plus {} of results, after fusion and in-place reuse",
+        human(m.arena_bytes),
+        human(m.live_peak_bytes),
+        human(m.output_bytes)
+    );
+    (s, p.live)
+}

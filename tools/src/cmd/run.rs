@@ -1,0 +1,186 @@
+//! `tcc run`: compile and run a function on inputs; one line per result, .npy files out.
+
+use crate::io::{Io, onnx_options, pick_function};
+use crate::{Error, npy};
+use tcc_ir::random::{Rng, random_tensor};
+use tcc_ir::{Data, Function, Tensor};
+
+// The arguments of `tcc run`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct Args {
+    /// The IR file or ONNX model (`-` for stdin).
+    pub file: String,
+    /// For ONNX models: bind a graph input's shape (repeatable).
+    #[arg(long = "shape", value_name = "NAME=D0,D1,...")]
+    pub shapes: Vec<String>,
+    /// For ONNX models: fix a graph input to the value in a .npy file (repeatable).
+    #[arg(long = "const", value_name = "NAME=PATH.npy")]
+    pub consts: Vec<String>,
+    /// The function to run (needed when the file defines several).
+    #[arg(long)]
+    pub func: Option<String>,
+    /// An input: NAME=PATH.npy, NAME=random[:SEED] or NAME=zeros (repeatable).
+    #[arg(long = "input", value_name = "NAME=SPEC")]
+    pub inputs: Vec<String>,
+    /// Write each result to DIR/<result name>.npy.
+    #[arg(long)]
+    pub output: Option<String>,
+    /// Run with the reference interpreter instead of the compiled code.
+    #[arg(long)]
+    pub interp: bool,
+    /// Print to stderr how the kernels ran (compiled or reference) and the arena size.
+    #[arg(long)]
+    pub stats: bool,
+    /// What to compile for: `host` (the default) or the host's target triple, optionally
+    /// followed by CPU features to turn off, as in `host,-fma,-avx2`.
+    #[arg(long, value_name = "SPEC")]
+    pub target: Option<String>,
+    /// Time each compiled step and print to stderr where the time went, largest first.
+    #[arg(long)]
+    pub profile: bool,
+}
+
+pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
+    let onnx = onnx_options(&a.shapes, &a.consts)?;
+    let (input, m) = io.load_with(&a.file, &onnx)?;
+    let f = pick_function(&m, a.func.as_deref(), &input.name)?;
+    tcc_ir::interp::check_sizes(f).map_err(|e| Error::input(format!("error: {e}")))?;
+    let mut given: Vec<Option<&str>> = vec![None; f.params().len()];
+    for s in &a.inputs {
+        let (name, spec) = s
+            .split_once('=')
+            .ok_or_else(|| Error::usage(format!("error: --input `{s}`: expected NAME=SPEC")))?;
+        let name = name.trim_start_matches('%');
+        let i = f
+            .params()
+            .iter()
+            .position(|&p| f.name(p) == name)
+            .ok_or_else(|| {
+                let params: Vec<&str> = f.params().iter().map(|&p| f.name(p)).collect();
+                Error::usage(format!(
+                    "error: --input `{s}`: `@{}` has no parameter `{name}`; its parameters are {}",
+                    f.name,
+                    params.join(", ")
+                ))
+            })?;
+        given[i] = Some(spec);
+    }
+    let inputs: Vec<Tensor> = (0..f.params().len())
+        .map(|i| make_input(f, i, given[i]))
+        .collect::<Result<_, _>>()
+        .map_err(Error::input)?;
+    let results = if a.interp {
+        tcc_ir::interp::run(f, &inputs).map_err(|e| Error::input(format!("error: {e}")))?
+    } else {
+        let cpu = tcc_codegen::Cpu {
+            target: a.target.clone(),
+            profile: a.profile,
+        };
+        let exe = tcc_codegen::compile(&cpu, f).map_err(|e| Error::usage(format!("error: {e}")))?;
+        if a.stats {
+            let s = exe.stats();
+            let _ = writeln!(
+                io.stderr,
+                "kernels: {} compiled, {} native, {} on reference kernels, {} views, {} dead; arena {} bytes, outputs {} bytes",
+                s.compiled, s.native, s.reference, s.views, s.dead, s.arena_bytes, s.output_bytes
+            );
+            let slow = exe.reference_ops();
+            if !slow.is_empty() {
+                let _ = writeln!(io.stderr, "on reference kernels: {}", slow.join(" "));
+            }
+        }
+        let results = exe
+            .run(&inputs)
+            .map_err(|e| Error::input(format!("error: {e}")))?;
+        if let Some(p) = exe.profile() {
+            let _ = write!(io.stderr, "{p}");
+        }
+        results
+    };
+    let output = a.output.as_deref();
+    if let Some(dir) = output {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::input(format!("error: cannot create `{dir}`: {e}")))?;
+    }
+    let mut used = std::collections::HashSet::new();
+    for (i, (&r, t)) in f.results().iter().zip(&results).enumerate() {
+        let mut line = String::new();
+        let _ = tcc_ir::printer::write_name(&mut line, '%', f.name(r));
+        let _ = writeln!(io.stdout, "{line}: {}", summary(t));
+        if let Some(dir) = output {
+            let mut stem = crate::train::file_stem(f.name(r));
+            if !used.insert(stem.clone()) {
+                stem = i.to_string();
+                used.insert(stem.clone());
+            }
+            let path = std::path::Path::new(dir).join(format!("{stem}.npy"));
+            std::fs::write(&path, npy::write(t)).map_err(|e| {
+                Error::input(format!("error: cannot write `{}`: {e}", path.display()))
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// Builds the input for parameter `i` from its spec (default `random` with a per-parameter seed).
+fn make_input(f: &Function, i: usize, spec: Option<&str>) -> Result<Tensor, String> {
+    let p = f.params()[i];
+    let ty = f.ty(p);
+    let name = f.name(p);
+    let spec = spec.unwrap_or("random");
+    if spec == "zeros" {
+        return Tensor::zeros(ty.clone()).map_err(|e| format!("error: input `{name}`: {e}"));
+    }
+    if let Some(rest) = spec.strip_prefix("random") {
+        let seed = match rest.strip_prefix(':') {
+            Some(s) => s.parse::<u64>().map_err(|_| {
+                format!(
+                    "error: input `{name}`: bad seed `{s}` in `{spec}`; expected random:<integer>"
+                )
+            })?,
+            None if rest.is_empty() => 0x7cc0_0000 + i as u64,
+            None => {
+                return Err(format!(
+                    "error: input `{name}`: bad spec `{spec}`; expected PATH.npy, random[:SEED] or zeros"
+                ));
+            }
+        };
+        return Ok(random_tensor(ty, &mut Rng::new(seed)));
+    }
+    let bytes = std::fs::read(spec)
+        .map_err(|e| format!("error: input `{name}`: cannot read `{spec}`: {e}"))?;
+    let t = npy::read(&bytes).map_err(|e| format!("error: input `{name}`: `{spec}`: {e}"))?;
+    if t.ty() != ty {
+        return Err(format!(
+            "error: input `{name}`: `{spec}` holds {}, but the parameter is {ty}",
+            t.ty()
+        ));
+    }
+    Ok(t)
+}
+
+/// One line describing a result: its type and the range and mean of its elements.
+fn summary(t: &Tensor) -> String {
+    let vals: Vec<f64> = match t.data() {
+        Data::F32(v) => v.iter().map(|&x| x as f64).collect(),
+        Data::F64(v) => v.clone(),
+        Data::I8(v) => v.iter().map(|&x| x as f64).collect(),
+        Data::U8(v) => v.iter().map(|&x| x as f64).collect(),
+        Data::I32(v) => v.iter().map(|&x| x as f64).collect(),
+        Data::I64(v) => v.iter().map(|&x| x as f64).collect(),
+        Data::Bool(v) => v.iter().map(|&x| x as u8 as f64).collect(),
+    };
+    if vals.is_empty() {
+        return format!("{} (empty)", t.ty());
+    }
+    let nans = vals.iter().filter(|x| x.is_nan()).count();
+    let finite = vals.iter().copied().filter(|x| !x.is_nan());
+    let min = finite.clone().fold(f64::INFINITY, f64::min);
+    let max = finite.fold(f64::NEG_INFINITY, f64::max);
+    let mean = vals.iter().sum::<f64>() / vals.len() as f64;
+    let mut s = format!("{}  min {min:.6}  max {max:.6}  mean {mean:.6}", t.ty());
+    if nans > 0 {
+        s += &format!("  ({nans} NaN)");
+    }
+    s
+}

@@ -1,0 +1,153 @@
+//! What every subcommand shares: the three standard streams, reading an input file (IR text or
+//! an ONNX model), choosing a function, and writing a module out.
+
+use crate::{Error, npy};
+use std::io::{Read, Write};
+use tcc_ir::{Function, Module, parse_bytes, verify_module};
+
+/// The standard streams a subcommand reads and writes (real ones in the binary, buffers in
+/// tests).
+pub(crate) struct Io<'a> {
+    pub stdin: &'a mut dyn Read,
+    pub stdout: &'a mut dyn Write,
+    pub stderr: &'a mut dyn Write,
+}
+
+/// Where an input came from and its bytes.
+pub(crate) struct Input {
+    pub name: String,
+    pub bytes: Vec<u8>,
+}
+
+impl Io<'_> {
+    /// Reads `file`, or standard input for `-`.
+    pub fn read(&mut self, file: &str) -> Result<Input, Error> {
+        let mut bytes = Vec::new();
+        if file == "-" {
+            self.stdin
+                .read_to_end(&mut bytes)
+                .map_err(|e| Error::input(format!("error: cannot read standard input: {e}")))?;
+            Ok(Input {
+                name: "<stdin>".into(),
+                bytes,
+            })
+        } else {
+            let bytes = std::fs::read(file)
+                .map_err(|e| Error::input(format!("error: cannot read `{file}`: {e}")))?;
+            Ok(Input {
+                name: file.to_string(),
+                bytes,
+            })
+        }
+    }
+
+    /// Reads `file` and parses and verifies it, or imports it as an ONNX model.
+    pub fn load(&mut self, file: &str) -> Result<(Input, Module), Error> {
+        self.load_with(file, &tcc_onnx::Options::default())
+    }
+
+    /// [`Io::load`] with options for ONNX models (`--shape` bindings, `--const` values).
+    pub fn load_with(
+        &mut self,
+        file: &str,
+        onnx: &tcc_onnx::Options,
+    ) -> Result<(Input, Module), Error> {
+        let input = self.read(file)?;
+        let m = if is_onnx(&input) {
+            import_onnx(&input, onnx)?
+        } else {
+            let src = String::from_utf8_lossy(&input.bytes);
+            let m =
+                parse_bytes(&input.bytes).map_err(|d| Error::input(d.render(&input.name, &src)))?;
+            verify_module(&m).map_err(|d| Error::input(d.render(&input.name, &src)))?;
+            m
+        };
+        Ok((input, m))
+    }
+
+    /// Prints a module to `output` (a file, or stdout when absent or `-`).
+    pub fn write_module(&mut self, m: &Module, output: Option<&str>) -> Result<(), Error> {
+        let text = m.to_string();
+        match output {
+            Some(path) if path != "-" => std::fs::write(path, text)
+                .map_err(|e| Error::input(format!("error: cannot write `{path}`: {e}"))),
+            _ => {
+                let _ = write!(self.stdout, "{text}");
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Imports an ONNX model, looking up external data beside the model file.
+pub(crate) fn import_onnx(input: &Input, opts: &tcc_onnx::Options) -> Result<Module, Error> {
+    let mut opts = opts.clone();
+    if opts.dir.is_none() && input.name != "<stdin>" {
+        let dir = std::path::Path::new(&input.name).parent();
+        opts.dir = Some(dir.unwrap_or(std::path::Path::new(".")).to_path_buf());
+    }
+    tcc_onnx::import(&input.bytes, &opts)
+        .map_err(|e| Error::input(format!("error: {}: {e}", input.name)))
+}
+
+/// Whether an input is an ONNX model: a `.onnx` file, or bytes that start as a serialized
+/// `ModelProto` does (field 1, `ir_version`, a varint: byte 0x08), which IR text never does.
+fn is_onnx(input: &Input) -> bool {
+    input.name.ends_with(".onnx") || input.bytes.first() == Some(&0x08)
+}
+
+/// ONNX import options from `--shape` and `--const` flags.
+pub(crate) fn onnx_options(
+    shapes: &[String],
+    consts: &[String],
+) -> Result<tcc_onnx::Options, Error> {
+    let mut opts = tcc_onnx::Options::default();
+    for s in shapes {
+        opts.add_shape(s)
+            .map_err(|e| Error::usage(format!("error: {e}")))?;
+    }
+    for c in consts {
+        let (name, path) = c
+            .split_once('=')
+            .ok_or_else(|| Error::usage(format!("error: --const `{c}`: expected NAME=PATH.npy")))?;
+        let bytes = std::fs::read(path).map_err(|e| {
+            Error::input(format!("error: --const {name}: cannot read `{path}`: {e}"))
+        })?;
+        let t = npy::read(&bytes)
+            .map_err(|e| Error::input(format!("error: --const {name}: `{path}`: {e}")))?;
+        opts.constants.push((name.to_string(), t));
+    }
+    Ok(opts)
+}
+
+/// The function a subcommand works on: `func` if given, else the module's only one.
+pub(crate) fn pick_function<'m>(
+    m: &'m Module,
+    func: Option<&str>,
+    file: &str,
+) -> Result<&'m Function, Error> {
+    let names = || {
+        m.functions
+            .iter()
+            .map(|f| format!("@{}", f.name))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match func {
+        Some(name) => {
+            let name = name.trim_start_matches('@');
+            m.function(name).ok_or_else(|| {
+                Error::input(format!(
+                    "error: `{file}` has no function `@{name}`; it defines {}",
+                    names()
+                ))
+            })
+        }
+        None if m.functions.len() == 1 => Ok(&m.functions[0]),
+        None => Err(Error::input(format!(
+            "error: `{file}` defines {} functions ({}); choose one with --func",
+            m.functions.len(),
+            names()
+        ))),
+    }
+}
