@@ -96,28 +96,41 @@ fn is_onnx(input: &Input) -> bool {
     input.name.ends_with(".onnx") || input.bytes.first() == Some(&0x08)
 }
 
-/// ONNX import options from `--shape` and `--const` flags.
-pub(crate) fn onnx_options(
-    shapes: &[String],
-    consts: &[String],
-) -> Result<tcc_onnx::Options, Error> {
-    let mut opts = tcc_onnx::Options::default();
-    for s in shapes {
-        opts.add_shape(s)
-            .map_err(|e| Error::usage(format!("error: {e}")))?;
+/// The flags that bind an ONNX model's inputs (`tcc import`, `tcc run`).
+#[derive(clap::Args, Debug)]
+pub(crate) struct OnnxArgs {
+    /// For ONNX models: bind a graph input's shape, for inputs with dynamic dimensions
+    /// (repeatable).
+    #[arg(long = "shape", value_name = "NAME=D0,D1,...")]
+    pub shapes: Vec<String>,
+    /// For ONNX models: fix a graph input to the value in a .npy file, making it a constant
+    /// (repeatable); needed for inputs that decide shapes, such as a Reshape target.
+    #[arg(long = "const", value_name = "NAME=PATH.npy")]
+    pub consts: Vec<String>,
+}
+
+impl OnnxArgs {
+    /// The import options these flags give.
+    pub fn options(&self) -> Result<tcc_onnx::Options, Error> {
+        let (shapes, consts) = (&self.shapes, &self.consts);
+        let mut opts = tcc_onnx::Options::default();
+        for s in shapes {
+            opts.add_shape(s)
+                .map_err(|e| Error::usage(format!("error: {e}")))?;
+        }
+        for c in consts {
+            let (name, path) = c.split_once('=').ok_or_else(|| {
+                Error::usage(format!("error: --const `{c}`: expected NAME=PATH.npy"))
+            })?;
+            let bytes = std::fs::read(path).map_err(|e| {
+                Error::input(format!("error: --const {name}: cannot read `{path}`: {e}"))
+            })?;
+            let t = npy::read(&bytes)
+                .map_err(|e| Error::input(format!("error: --const {name}: `{path}`: {e}")))?;
+            opts.constants.push((name.to_string(), t));
+        }
+        Ok(opts)
     }
-    for c in consts {
-        let (name, path) = c
-            .split_once('=')
-            .ok_or_else(|| Error::usage(format!("error: --const `{c}`: expected NAME=PATH.npy")))?;
-        let bytes = std::fs::read(path).map_err(|e| {
-            Error::input(format!("error: --const {name}: cannot read `{path}`: {e}"))
-        })?;
-        let t = npy::read(&bytes)
-            .map_err(|e| Error::input(format!("error: --const {name}: `{path}`: {e}")))?;
-        opts.constants.push((name.to_string(), t));
-    }
-    Ok(opts)
 }
 
 /// The function a subcommand works on: `func` if given, else the module's only one.

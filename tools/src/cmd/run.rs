@@ -1,6 +1,6 @@
 //! `tcc run`: compile and run a function on inputs; one line per result, .npy files out.
 
-use crate::io::{Io, onnx_options, pick_function};
+use crate::io::{Io, OnnxArgs, pick_function};
 use crate::{Error, npy};
 use tcc_ir::random::{Rng, random_tensor};
 use tcc_ir::{Data, Function, Tensor};
@@ -10,12 +10,8 @@ use tcc_ir::{Data, Function, Tensor};
 pub(crate) struct Args {
     /// The IR file or ONNX model (`-` for stdin).
     pub file: String,
-    /// For ONNX models: bind a graph input's shape (repeatable).
-    #[arg(long = "shape", value_name = "NAME=D0,D1,...")]
-    pub shapes: Vec<String>,
-    /// For ONNX models: fix a graph input to the value in a .npy file (repeatable).
-    #[arg(long = "const", value_name = "NAME=PATH.npy")]
-    pub consts: Vec<String>,
+    #[command(flatten)]
+    pub onnx: OnnxArgs,
     /// The function to run (needed when the file defines several).
     #[arg(long)]
     pub func: Option<String>,
@@ -41,7 +37,7 @@ pub(crate) struct Args {
 }
 
 pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
-    let onnx = onnx_options(&a.shapes, &a.consts)?;
+    let onnx = a.onnx.options()?;
     let (input, m) = io.load_with(&a.file, &onnx)?;
     let f = pick_function(&m, a.func.as_deref(), &input.name)?;
     tcc_ir::interp::check_sizes(f).map_err(|e| Error::input(format!("error: {e}")))?;
