@@ -202,6 +202,31 @@ pub fn walk_forward(f: &Function, users: &Users, seeds: &[Seed], opts: WalkOptio
     )
 }
 
+/// The values that depend on `seeds` (which count as depending on themselves), as one sweep in
+/// schedule order: result `r` of op `op` depends on the seeds when some operand `a` does and
+/// `edge(op, a, r)` lets the dependence through (gradients: `op` is differentiable, `a` is not
+/// a stop value and `r` is a float). Linear in the function's size; where the whole reachable
+/// set is wanted with per-edge conditions this is cheaper than [`walk_forward`].
+pub fn dependents(
+    f: &Function,
+    seeds: &[Value],
+    edge: impl Fn(Op, Value, Value) -> bool,
+) -> SecondaryMap<Value, bool> {
+    let mut dep: SecondaryMap<Value, bool> = SecondaryMap::with_capacity(f.num_values_created());
+    for &s in seeds {
+        dep[s] = true;
+    }
+    for &op in f.schedule() {
+        let d = f.op(op);
+        for &r in &d.results {
+            if d.args.iter().any(|&a| dep[a] && edge(op, a, r)) {
+                dep[r] = true;
+            }
+        }
+    }
+    dep
+}
+
 /// Ops reachable from the seeds by following operands to their defining ops (and, with
 /// `control`, ops to their control dependencies). Returned in schedule order.
 pub fn walk_backward(f: &Function, seeds: &[Seed], opts: WalkOptions<'_>) -> Vec<Op> {

@@ -203,20 +203,10 @@ pub fn grad(f: &mut Function, opts: &GradOptions) -> Result<GradStats, String> {
     for &s in &stop {
         stopped[s] = true;
     }
-    // The xs themselves count (an x may be an intermediate value); the sweep only adds.
-    let mut dep: SecondaryMap<Value, bool> = SecondaryMap::with_capacity(nv);
-    for &x in &xs {
-        dep[x] = true;
-    }
-    for &op in f.schedule() {
-        let d = f.op(op);
-        let any = d.kind.is_differentiable() && d.args.iter().any(|&a| dep[a] && !stopped[a]);
-        for &r in &d.results {
-            if any && is_float(f, r) {
-                dep[r] = true;
-            }
-        }
-    }
+    // The xs themselves count (an x may be an intermediate value).
+    let dep = tcc_ir::edit::dependents(f, &xs, |op, a, r| {
+        f.op(op).kind.is_differentiable() && !stopped[a] && is_float(f, r)
+    });
 
     // Backward sweep.
     let old_results = f.results().to_vec();
