@@ -13,6 +13,9 @@
 //! panel is gathered straight from the images, so the columns never go through memory. With
 //! a packed A and few columns (a late convolution layer: 49 output positions), threads take
 //! row ranges instead.
+//!
+//! Longer than most files on purpose: the packing routines, the blocking loops and the
+//! microkernel share one panel layout (`MR`, `NR`, `KC`) and are only correct together.
 
 use super::bytes::{Line, line_floats, lines};
 use super::send_ptr::SendPtr;

@@ -1,5 +1,8 @@
 //! One plain implementation per op over wide values (see the module docs of `interp`).
 //! Operands are assumed to satisfy the type rules (the function was verified).
+//!
+//! Longer than most files on purpose: this is the executable specification of every op, one
+//! short function each, and reads best in one place next to the type rules it assumes.
 
 use super::{Buf, Val, round, wrap};
 use crate::literal::{Literal, Scalar};
