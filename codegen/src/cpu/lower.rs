@@ -57,8 +57,8 @@ pub(super) enum Step {
     Library { op: LibOp, epilogue: Option<Loop> },
     /// One op on a hand-written kernel.
     Native(native::Native),
-    /// A kernel run by the reference kernels.
-    Reference(Kernel),
+    /// The kernel on the reference kernels.
+    Reference,
 }
 
 /// Compiles `f`, cut into kernels by `plan` with storage from `mem`, for `cpu`.
@@ -128,7 +128,7 @@ pub(super) fn compile(
             }
             (None, None) => match native_step(f, kd) {
                 Some(n) => Step::Native(n),
-                None => Step::Reference(k),
+                None => Step::Reference,
             },
         };
         steps.push((k, step));

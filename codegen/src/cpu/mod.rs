@@ -132,7 +132,7 @@ impl Executable {
         Stats {
             compiled: count(|s| matches!(s, Step::Jit(_) | Step::Library { .. })),
             native: count(|s| matches!(s, Step::Native(_))),
-            reference: count(|s| matches!(s, Step::Reference(_))),
+            reference: count(|s| matches!(s, Step::Reference)),
             dead: self
                 .plan
                 .kernels
@@ -155,7 +155,7 @@ impl Executable {
         self.steps
             .iter()
             .filter_map(|(k, s)| match s {
-                Step::Reference(_) => Some(&self.plan.kernels[*k].ops),
+                Step::Reference => Some(&self.plan.kernels[*k].ops),
                 _ => None,
             })
             .flatten()

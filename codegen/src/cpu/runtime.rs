@@ -86,7 +86,7 @@ impl Executable {
             }
         };
         let profile = self.profile.is_some();
-        for (si, (_, step)) in self.steps.iter().enumerate() {
+        for (si, (k, step)) in self.steps.iter().enumerate() {
             let t0 = profile.then(std::time::Instant::now);
             match step {
                 Step::Jit(l) => run_loop(l, &addr),
@@ -108,7 +108,7 @@ impl Executable {
                         f.describe_op(n.op())
                     ))
                 })?,
-                Step::Reference(k) => self.run_reference(*k, &addr)?,
+                Step::Reference => self.run_reference(*k, &addr)?,
             }
             if let (Some(t0), Some(p)) = (t0, &self.profile)
                 && let Ok(mut p) = p.lock()
@@ -216,7 +216,7 @@ impl Executable {
                     Step::Jit(_) => "jit",
                     Step::Library { .. } => "library",
                     Step::Native(_) => "native",
-                    Step::Reference(_) => "reference",
+                    Step::Reference => "reference",
                 };
                 // Named by the kernel's first op (the library call, the reduction or softmax
                 // root of its kind, or the first elementwise op) and what it computes.
