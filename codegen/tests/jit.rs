@@ -700,3 +700,79 @@ fn f64_transcendentals_stay_exact() {
     assert_eq!(exe.stats().compiled, 0);
     assert_eq!(got, want);
 }
+
+/// Integer elementwise kernels compile: `i32` in four-lane loops, and kernels that read or
+/// write `i8`/`u8` values (and casts between them) in 32-bit lanes (widened when loaded, wrapped after each op as the
+/// interpreter rounds every result to its dtype, narrowed when stored). Results must equal the
+/// interpreter's exactly, with wrapping overflow (`i32` products, `u8` differences, `i8`
+/// negation of -128) and broadcast, scalar and splat-constant operands; sizes leave a tail.
+#[test]
+fn integer_elementwise_kernels_are_exact() {
+    for n in [1u64, 4, 7, 64, 1003] {
+        let src = format!(
+            "func @f(%a: i32[2, {n}], %b: i32[{n}], %s: i32[], %p: i8[2, {n}], %q: u8[2, {n}], %r: u8[2, 1]) -> (i32[2, {n}], i8[2, {n}], u8[2, {n}], i32[2, {n}]) {{\n\
+             \x20 %k = const {{value=100000}} : i32[]\n\
+             \x20 %m = mul %a, %k : i32[2, {n}]\n\
+             \x20 %t = add %m, %b : i32[2, {n}]\n\
+             \x20 %u = sub %t, %s : i32[2, {n}]\n\
+             \x20 %v = max %u, %b : i32[2, {n}]\n\
+             \x20 %w = neg %v : i32[2, {n}]\n\
+             \x20 %x = abs %w : i32[2, {n}]\n\
+             \x20 %y = relu %u : i32[2, {n}]\n\
+             \x20 %c = lt %x, %y : bool[2, {n}]\n\
+             \x20 %z0 = select %c, %x, %y : i32[2, {n}]\n\
+             \x20 %cb = cast %c {{to=i32}} : i32[2, {n}]\n\
+             \x20 %z = add %z0, %cb : i32[2, {n}]\n\
+             \x20 %e = mul %p, %p : i8[2, {n}]\n\
+             \x20 %g = neg %e : i8[2, {n}]\n\
+             \x20 %h = sub %q, %r : u8[2, {n}]\n\
+             \x20 %j = mul %h, %r : u8[2, {n}]\n\
+             \x20 %l = cast %j {{to=i8}} : i8[2, {n}]\n\
+             \x20 %o = min %g, %l : i8[2, {n}]\n\
+             \x20 %d = cast %o {{to=i32}} : i32[2, {n}]\n\
+             \x20 %i = add %d, %z : i32[2, {n}]\n\
+             \x20 return %z, %o, %h, %i\n}}\n"
+        );
+        let f = parse_function(&src).unwrap_or_else(|e| panic!("{e}"));
+        for seed in 0..3 {
+            let mut rng = Rng::new(seed);
+            // Integers across the whole range of each dtype, so that every op overflows.
+            let inputs: Vec<Tensor> = f
+                .params()
+                .iter()
+                .map(|&p| {
+                    let ty = f.ty(p);
+                    let n = ty.numel() as usize;
+                    let mut next = || rng.next_u64();
+                    let data = match ty.dtype() {
+                        tcc_ir::DType::I32 => Data::I32((0..n).map(|_| next() as i32).collect()),
+                        tcc_ir::DType::I8 => Data::I8((0..n).map(|_| next() as i8).collect()),
+                        tcc_ir::DType::U8 => Data::U8((0..n).map(|_| next() as u8).collect()),
+                        d => panic!("no inputs of {d}"),
+                    };
+                    Tensor::new(ty.clone(), data).unwrap()
+                })
+                .collect();
+            let (got, want, exe) = both(&f, &inputs);
+            // The planner cuts kernels where the dtype changes: five kernels, all compiled.
+            let s = exe.stats();
+            assert_eq!((s.compiled, s.reference), (5, 0), "n = {n}");
+            assert_eq!(got, want, "n = {n}, seed {seed}");
+        }
+    }
+}
+
+/// Integer division stays on the reference kernels, which report a zero divisor.
+#[test]
+fn integer_division_stays_on_the_reference_kernels() {
+    let f = parse_function(
+        "func @f(%a: i32[8], %b: i32[8]) -> (i32[8]) {\n  %q = div %a, %b : i32[8]\n  %r = add %q, %a : i32[8]\n  return %r\n}\n",
+    )
+    .unwrap();
+    let exe = Executable::compile(&f).unwrap();
+    assert_eq!(exe.stats().compiled, 0);
+    let a = Tensor::new(f.ty(f.params()[0]).clone(), Data::I32(vec![7; 8])).unwrap();
+    let zero = Tensor::new(f.ty(f.params()[1]).clone(), Data::I32(vec![0; 8])).unwrap();
+    let err = exe.run(&[a, zero]).unwrap_err().0;
+    assert!(err.contains("division by zero"), "{err}");
+}

@@ -1,11 +1,12 @@
-//! Cranelift loops around kernel bodies: elementwise kernels (`f32` or `f64`), softmax rows and
-//! reductions (`f32`). The bodies come from [`crate::kernel`]; `render.rs` emits them.
+//! Cranelift loops around kernel bodies: elementwise kernels (`f32`, `f64`, or integers in
+//! 32-bit lanes), softmax rows and reductions (`f32`). The bodies come from [`crate::kernel`];
+//! `render.rs` emits them.
 //!
 //! A compiled kernel has the C signature `fn(ptrs: *const *mut u8, start: u64, end: u64)`:
 //! `ptrs` holds the base address of each input (in kernel input order) and then of each output;
 //! the kernel computes elements `start..end` of its iteration space (so work can be split).
-//! An elementwise kernel runs a 128-bit vector loop (`f32x4`, `f64x2`) while every operand
-//! allows it, then a scalar loop for the tail.
+//! An elementwise kernel runs a 128-bit vector loop (`f32x4`, `f64x2`, `i32x4`) while every
+//! operand allows it (and none is 8-bit), then a scalar loop for the tail.
 //!
 //! Operands are read by one of three patterns ([`Access`]): the same index as the output, one
 //! scalar (a splat constant is an immediate), or a broadcast block, element `(i / inner) % n`,
@@ -20,15 +21,15 @@ use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{FuncId, Linkage, Module};
 use std::collections::HashMap;
-use tcc_ir::{Function, OpKind, Value};
+use tcc_ir::{DType, Function, OpKind, Value};
 
-use super::render::{fconst, render};
+use super::render::{num_const, render};
 use crate::kernel::expr::{Bin, Body, Cmp, E, Lane};
 use crate::kernel::lower::lower_ops;
 use crate::kernel::math::{exp, log};
 use crate::kernel::{
     Access, ReduceShape, access, can_compile, can_compile_row, elementwise_lane, reduce_inputs,
-    reduce_shape, row_count, row_shape, splat_float,
+    reduce_shape, row_count, row_shape, splat_number,
 };
 use crate::plan::{Kernel, KernelData};
 
@@ -163,26 +164,36 @@ fn compile(
     // A 128-bit vector loop, then a scalar tail.
     let (scalar, vector) = match lane {
         Lane::F64 => (types::F64, types::F64X2),
-        _ => (types::F32, types::F32X4),
+        Lane::I32 | Lane::I8 | Lane::U8 => (types::I32, types::I32X4),
+        Lane::F32 => (types::F32, types::F32X4),
     };
     let lanes = vector.lane_count() as u64;
+    // Each operand's and result's dtype in memory (8-bit integers are widened to 32-bit lanes
+    // when loaded and narrowed when stored, one at a time).
+    let mems: Vec<DType> = k.inputs.iter().map(|&v| f.ty(v).dtype()).collect();
+    let out_mems: Vec<DType> = k.outputs.iter().map(|&v| f.ty(v).dtype()).collect();
+    let full_width = mems
+        .iter()
+        .chain(&out_mems)
+        .all(|d| d.size_bytes() == scalar.bytes() as u64);
     let out_dims = f.ty(f.op(k.ops[0]).results[0]).dims().to_vec();
     let accesses: Vec<Access> = k
         .inputs
         .iter()
         .map(
             |&v| match access(f.ty(v).dims(), &out_dims).expect("checked by can_compile") {
-                Access::Scalar(_) => Access::Scalar(splat_float(f, v)),
+                Access::Scalar(_) => Access::Scalar(splat_number(f, v)),
                 a => a,
             },
         )
         .collect();
-    let vectorizable = accesses.iter().all(|a| match *a {
-        Access::Same | Access::Scalar(_) => true,
-        Access::Block { inner, n } => {
-            (inner == 1 && n.is_multiple_of(lanes)) || inner.is_multiple_of(lanes)
-        }
-    });
+    let vectorizable = full_width
+        && accesses.iter().all(|a| match *a {
+            Access::Same | Access::Scalar(_) => true,
+            Access::Block { inner, n } => {
+                (inner == 1 && n.is_multiple_of(lanes)) || inner.is_multiple_of(lanes)
+            }
+        });
     let kernel = body_of(lane, f, &k.inputs, 0, &k.ops, |_, _, _| {}, &k.outputs);
     define_kernel(module, name, |b, ptr, table, start, end| {
         let flags = MemFlags::trusted();
@@ -191,18 +202,18 @@ fn compile(
             .map(|j| b.ins().load(ptr, flags, table, (j * 8) as i32))
             .collect();
         // Scalars are loaded (or materialised) once.
-        let scalars = preload_scalars(b, scalar, &accesses, &bases);
+        let scalars = preload_scalars(b, scalar, &mems, &accesses, &bases);
         let i = b.declare_var(types::I64);
         b.def_var(i, start);
-        let vec_end = if vectorizable {
+        // The vector loop (where every operand allows it), then the scalar one.
+        let mut loops = Vec::new();
+        if vectorizable {
             let len = b.ins().isub(end, start);
             let whole = b.ins().band_imm(len, !(lanes as i64 - 1));
-            b.ins().iadd(start, whole)
-        } else {
-            start
-        };
-        let shift = scalar.bytes().trailing_zeros() as i64;
-        for (lane, limit) in [(vector, vec_end), (scalar, end)] {
+            loops.push((vector, b.ins().iadd(start, whole)));
+        }
+        loops.push((scalar, end));
+        for (lane, limit) in loops {
             let head = b.create_block();
             let body = b.create_block();
             let next = b.create_block();
@@ -213,12 +224,16 @@ fn compile(
             b.ins().brif(c, body, &[], next, &[]);
             b.switch_to_block(body);
             let iv = b.use_var(i);
-            let args = load_operands(b, lane, iv, &accesses, &bases, &scalars);
+            let args = load_operands(b, lane, iv, &mems, &accesses, &bases, &scalars);
             let outs = render(b, tg, lane, &kernel, &args);
-            for (j, &o) in outs.iter().enumerate() {
-                let off = b.ins().ishl_imm(iv, shift);
+            for (j, (&o, &d)) in outs.iter().zip(&out_mems).enumerate() {
+                let off = b.ins().ishl_imm(iv, shift_of(d));
                 let addr = b.ins().iadd(bases[n_in + j], off);
-                b.ins().store(flags, o, addr, 0);
+                if matches!(d, DType::I8 | DType::U8) {
+                    b.ins().istore8(flags, o, addr, 0);
+                } else {
+                    b.ins().store(flags, o, addr, 0);
+                }
             }
             let step = lane.lane_count() as i64;
             let iv2 = b.ins().iadd_imm(iv, step);
@@ -273,39 +288,58 @@ fn define_kernel(
     Ok(id)
 }
 
-/// Loads (or materialises) once the operands read as scalars, of float type `ty`; `None` for
-/// the others.
+/// Bytes of a `d` element as a shift.
+fn shift_of(d: DType) -> i64 {
+    d.size_bytes().trailing_zeros() as i64
+}
+
+/// Loads the `d` element at `addr` as a scalar of lane type `ty` (8-bit integers widened).
+fn load_scalar(b: &mut FunctionBuilder, d: DType, ty: Type, addr: CValue) -> CValue {
+    let flags = MemFlags::trusted();
+    match d {
+        DType::I8 => b.ins().sload8(ty, flags, addr, 0),
+        DType::U8 => b.ins().uload8(ty, flags, addr, 0),
+        _ => b.ins().load(ty, flags, addr, 0),
+    }
+}
+
+/// Loads (or materialises) once the operands read as scalars, as scalars of lane type `ty`
+/// (operand `j` is a `mems[j]` in memory); `None` for the others.
 fn preload_scalars(
     b: &mut FunctionBuilder,
     ty: Type,
+    mems: &[DType],
     accesses: &[Access],
     bases: &[CValue],
 ) -> Vec<Option<CValue>> {
     accesses
         .iter()
         .zip(bases)
-        .map(|(a, &p)| match a {
-            Access::Scalar(Some(x)) => Some(fconst(b, ty, *x)),
-            Access::Scalar(None) => Some(b.ins().load(ty, MemFlags::trusted(), p, 0)),
+        .zip(mems)
+        .map(|((a, &p), &d)| match a {
+            Access::Scalar(Some(x)) => Some(num_const(b, ty, *x)),
+            Access::Scalar(None) => Some(load_scalar(b, d, ty, p)),
             _ => None,
         })
         .collect()
 }
 
 /// Loads every operand of a kernel as `lane` values for element `e` (the first of the vector's
-/// for a vector type), in order.
+/// for a vector type), in order; operand `j` is a `mems[j]` in memory (for a vector type, one
+/// of the lane's width).
 fn load_operands(
     b: &mut FunctionBuilder,
     lane: Type,
     e: CValue,
+    mems: &[DType],
     accesses: &[Access],
     bases: &[CValue],
     scalars: &[Option<CValue>],
 ) -> Vec<CValue> {
     let flags = MemFlags::trusted();
-    let shift = lane.lane_type().bytes().trailing_zeros() as i64;
     let mut vals = Vec::with_capacity(accesses.len());
     for (j, a) in accesses.iter().enumerate() {
+        let shift = shift_of(mems[j]);
         let x = match *a {
             Access::Scalar(_) => {
                 let s = scalars[j].expect("preloaded");
@@ -318,7 +352,11 @@ fn load_operands(
             Access::Same => {
                 let off = b.ins().ishl_imm(e, shift);
                 let addr = b.ins().iadd(bases[j], off);
-                b.ins().load(lane, flags, addr, 0)
+                if lane.is_vector() {
+                    b.ins().load(lane, flags, addr, 0)
+                } else {
+                    load_scalar(b, mems[j], lane, addr)
+                }
             }
             Access::Block { inner, n } => {
                 let q = if inner == 1 {
@@ -329,10 +367,12 @@ fn load_operands(
                 let idx = b.ins().urem_imm(q, n as i64);
                 let off = b.ins().ishl_imm(idx, shift);
                 let addr = b.ins().iadd(bases[j], off);
-                if !lane.is_vector() || inner == 1 {
+                if !lane.is_vector() {
+                    load_scalar(b, mems[j], lane, addr)
+                } else if inner == 1 {
                     b.ins().load(lane, flags, addr, 0)
                 } else {
-                    let s = b.ins().load(lane.lane_type(), flags, addr, 0);
+                    let s = load_scalar(b, mems[j], lane.lane_type(), addr);
                     b.ins().splat(lane, s)
                 }
             }
@@ -434,7 +474,7 @@ fn compile_row(
         .inputs
         .iter()
         .map(|&v| match access(f.ty(v).dims(), &dims).expect("checked") {
-            Access::Scalar(_) => Access::Scalar(splat_float(f, v)),
+            Access::Scalar(_) => Access::Scalar(splat_number(f, v)),
             a => a,
         })
         .collect();
@@ -479,13 +519,15 @@ fn compile_row(
         },
         &k.outputs,
     );
+    // Every operand is an f32 in memory (`row_shape` checked).
+    let f32s = vec![DType::F32; accesses.len()];
     define_kernel(module, name, |b, ptr, table, start, end| {
         let flags = MemFlags::trusted();
         let n_in = k.inputs.len();
         let bases: Vec<CValue> = (0..n_in + k.outputs.len())
             .map(|j| b.ins().load(ptr, flags, table, (j * 8) as i32))
             .collect();
-        let scalars = preload_scalars(b, types::F32, &accesses, &bases);
+        let scalars = preload_scalars(b, types::F32, &f32s, &accesses, &bases);
         let (r, j) = (b.declare_var(types::I64), b.declare_var(types::I64));
         let (acc, vacc) = (b.declare_var(types::F32), b.declare_var(types::F32X4));
         let len_v = b.ins().iconst(types::I64, len as i64);
@@ -495,7 +537,7 @@ fn compile_row(
         let zero = b.ins().iconst(types::I64, 0);
         // The prologue's value of the softmax input at element `e`.
         let input_at = |b: &mut FunctionBuilder, lane: Type, e: CValue| {
-            let args = load_operands(b, lane, e, &accesses, &bases, &scalars);
+            let args = load_operands(b, lane, e, &f32s, &accesses, &bases, &scalars);
             render(b, tg, lane, &input, &args)[0]
         };
         // Folds `step` (accumulator, value, then `extra`) over the prologue's values of one
@@ -507,7 +549,7 @@ fn compile_row(
                         step: &Body,
                         extra: [CValue; 2],
                         lanes: &Body| {
-            let i4 = fconst(b, types::F32X4, init as f64);
+            let i4 = num_const(b, types::F32X4, init as f64);
             b.def_var(vacc, i4);
             let [extra4, extra1] = extra;
             emit_for(b, j, zero, len4_v, 4, |b, jv| {
@@ -559,7 +601,7 @@ fn compile_row(
             ] {
                 emit_for(b, j, from, to, step, |b, jv| {
                     let e = b.ins().iadd(row, jv);
-                    let mut args = load_operands(b, lane, e, &accesses, &bases, &scalars);
+                    let mut args = load_operands(b, lane, e, &f32s, &accesses, &bases, &scalars);
                     args.extend(row_args);
                     let outs = render(b, tg, lane, &output, &args);
                     for (o, &v) in outs.iter().enumerate() {
@@ -602,7 +644,7 @@ fn compile_reduce(
     let (x_in, y_out) = (f.op(root).args[0], f.op(root).results[0]);
     let (pro_in, epi_in) = reduce_inputs(f, k, pos);
     let acc_of = |v: Value, dims: &[u64]| match access(f.ty(v).dims(), dims).expect("checked") {
-        Access::Scalar(_) => Access::Scalar(splat_float(f, v)),
+        Access::Scalar(_) => Access::Scalar(splat_number(f, v)),
         a => a,
     };
     let pro_acc: Vec<Access> = pro_in.iter().map(|&v| acc_of(v, &in_dims)).collect();
@@ -645,6 +687,11 @@ fn compile_reduce(
     let combine = |b: &mut FunctionBuilder, lane: Type, acc: CValue, x: CValue| {
         render(b, tg, lane, &step, &[acc, x])[0]
     };
+    // Every operand is an f32 in memory (`reduce_shape` checked).
+    let (pro_f32, epi_f32) = (
+        vec![DType::F32; pro_acc.len()],
+        vec![DType::F32; epi_acc.len()],
+    );
     define_kernel(module, name, |b, ptr, table, start, end| {
         let flags = MemFlags::trusted();
         let base =
@@ -655,15 +702,15 @@ fn compile_reduce(
         let out_bases: Vec<CValue> = (0..k.outputs.len())
             .map(|j| base(b, k.inputs.len() + j))
             .collect();
-        let pro_sc = preload_scalars(b, types::F32, &pro_acc, &pro_bases);
-        let epi_sc = preload_scalars(b, types::F32, &epi_acc, &epi_bases);
+        let pro_sc = preload_scalars(b, types::F32, &pro_f32, &pro_acc, &pro_bases);
+        let epi_sc = preload_scalars(b, types::F32, &epi_f32, &epi_acc, &epi_bases);
         let value_at = |b: &mut FunctionBuilder, lane: Type, e: CValue| {
-            let args = load_operands(b, lane, e, &pro_acc, &pro_bases, &pro_sc);
+            let args = load_operands(b, lane, e, &pro_f32, &pro_acc, &pro_bases, &pro_sc);
             render(b, tg, lane, &input, &args)[0]
         };
         // The finish and the stores for output element `o`.
         let finish = |b: &mut FunctionBuilder, lane: Type, o: CValue, acc: CValue| {
-            let mut args = load_operands(b, lane, o, &epi_acc, &epi_bases, &epi_sc);
+            let mut args = load_operands(b, lane, o, &epi_f32, &epi_acc, &epi_bases, &epi_sc);
             args.push(acc);
             let outs = render(b, tg, lane, &output, &args);
             for (j, &v) in outs.iter().enumerate() {
@@ -688,7 +735,7 @@ fn compile_reduce(
             if rows {
                 // One output per row: two f32x4 accumulators along the row, then the tail.
                 let row = b.ins().imul_imm(a, l as i64);
-                let i4 = fconst(b, types::F32X4, init as f64);
+                let i4 = num_const(b, types::F32X4, init as f64);
                 b.def_var(acc4a, i4);
                 b.def_var(acc4b, i4);
                 let l8 = b.ins().iconst(types::I64, (l & !7) as i64);
@@ -732,7 +779,7 @@ fn compile_reduce(
                 (types::F32, b4, b_v, 1, acc),
             ] {
                 emit_for(b, bv, from, to, step, |b, o_b| {
-                    let i = fconst(b, lane, init as f64);
+                    let i = num_const(b, lane, init as f64);
                     b.def_var(var, i);
                     emit_for(b, lv, zero, l_v, 1, |b, j| {
                         // e = (a * l + j) * b + o_b

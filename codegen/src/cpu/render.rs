@@ -1,11 +1,12 @@
 //! Renders kernel bodies ([`crate::kernel::expr::Body`]) as Cranelift instructions, at the
 //! width the loop chooses: `F32` for scalar tails, `F32X4` for vector loops (`F64`/`F64X2` for
-//! `f64` bodies). Masks are `fcmp` results: an `i8` for scalars, the lanes reinterpreted as the
-//! float vector type for vectors, so `bitselect` can use them.
+//! `f64` bodies, `I32`/`I32X4` for integer ones). Masks are comparison results: an `i8` for
+//! scalars, and for vectors lanes of the body's vector type (a float compare's lanes
+//! reinterpreted as floats), so `bitselect` can use them.
 
 use super::jit::Target;
 use crate::kernel::expr::{Bin, Body, Cmp, IBin, Lane, Node, Un};
-use cranelift_codegen::ir::condcodes::FloatCC;
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{InstBuilder, MemFlags, Type, Value as CValue, types};
 use cranelift_frontend::FunctionBuilder;
 
@@ -20,12 +21,15 @@ fn int_type(ty: Type) -> Type {
     }
 }
 
-/// A float constant of type `ty` (a scalar or a splat).
-pub(super) fn fconst(b: &mut FunctionBuilder, ty: Type, x: f64) -> CValue {
-    let c = if ty.lane_type() == types::F64 {
+/// A number constant of type `ty` (a scalar or a splat; float, or an integer `x` holds exactly).
+pub(super) fn num_const(b: &mut FunctionBuilder, ty: Type, x: f64) -> CValue {
+    let lane = ty.lane_type();
+    let c = if lane == types::F64 {
         b.ins().f64const(x)
-    } else {
+    } else if lane == types::F32 {
         b.ins().f32const(x as f32)
+    } else {
+        b.ins().iconst(lane, x as i64)
     };
     if ty.is_vector() {
         b.ins().splat(ty, c)
@@ -34,8 +38,8 @@ pub(super) fn fconst(b: &mut FunctionBuilder, ty: Type, x: f64) -> CValue {
     }
 }
 
-/// Emits `body` at float type `ty` on `args` (one per body argument, of type `ty`) and returns
-/// its results.
+/// Emits `body` at type `ty` (its lane's scalar or vector type) on `args` (one per body
+/// argument, of type `ty`) and returns its results.
 pub(super) fn render(
     b: &mut FunctionBuilder,
     tg: Target,
@@ -44,14 +48,13 @@ pub(super) fn render(
     args: &[CValue],
 ) -> Vec<CValue> {
     debug_assert_eq!(args.len(), body.num_args());
-    debug_assert_eq!(
-        ty.lane_type(),
-        if body.lane == Lane::F64 {
-            types::F64
-        } else {
-            types::F32
-        }
-    );
+    let lane = match body.lane {
+        Lane::F32 => types::F32,
+        Lane::F64 => types::F64,
+        Lane::I32 | Lane::I8 | Lane::U8 => types::I32,
+    };
+    debug_assert_eq!(ty.lane_type(), lane, "a body renders at its lane's types");
+    let int = lane == types::I32;
     let ity = int_type(ty);
     let vector = ty.is_vector();
     let mut v: Vec<CValue> = Vec::with_capacity(body.nodes().len());
@@ -59,39 +62,64 @@ pub(super) fn render(
         let at = |e| v[Body::index(e)];
         let r = match node {
             Node::Arg(j) => args[j as usize],
-            Node::Num(x) => fconst(b, ty, x),
+            Node::Num(x) => num_const(b, ty, x),
             Node::Int(x) => {
                 let c = b.ins().iconst(types::I32, x as i64);
                 if vector { b.ins().splat(ity, c) } else { c }
             }
             Node::Un(op, a) => {
                 let a = at(a);
-                match op {
-                    Un::Neg => b.ins().fneg(a),
-                    Un::Abs => b.ins().fabs(a),
-                    Un::Sqrt => b.ins().sqrt(a),
-                    Un::Nearest => b.ins().nearest(a),
+                match (op, int) {
+                    (Un::Neg, false) => b.ins().fneg(a),
+                    (Un::Abs, false) => b.ins().fabs(a),
+                    (Un::Sqrt, false) => b.ins().sqrt(a),
+                    (Un::Nearest, false) => b.ins().nearest(a),
+                    (Un::Neg, true) => b.ins().ineg(a),
+                    (Un::Abs, true) => b.ins().iabs(a),
+                    (Un::Sqrt | Un::Nearest, true) => unreachable!("float-only node {op:?}"),
                 }
             }
             Node::Bin(op, x, y) => {
                 let (x, y) = (at(x), at(y));
-                match op {
-                    Bin::Add => b.ins().fadd(x, y),
-                    Bin::Sub => b.ins().fsub(x, y),
-                    Bin::Mul => b.ins().fmul(x, y),
-                    Bin::Div => b.ins().fdiv(x, y),
-                    Bin::Min => b.ins().fmin(x, y),
-                    Bin::Max => b.ins().fmax(x, y),
+                match (op, int) {
+                    (Bin::Add, false) => b.ins().fadd(x, y),
+                    (Bin::Sub, false) => b.ins().fsub(x, y),
+                    (Bin::Mul, false) => b.ins().fmul(x, y),
+                    (Bin::Div, false) => b.ins().fdiv(x, y),
+                    (Bin::Min, false) => b.ins().fmin(x, y),
+                    (Bin::Max, false) => b.ins().fmax(x, y),
+                    (Bin::Add, true) => b.ins().iadd(x, y),
+                    (Bin::Sub, true) => b.ins().isub(x, y),
+                    (Bin::Mul, true) => b.ins().imul(x, y),
+                    (Bin::Min, true) => b.ins().smin(x, y),
+                    (Bin::Max, true) => b.ins().smax(x, y),
+                    (Bin::Div, true) => unreachable!("kernel_lane keeps integer division out"),
                 }
             }
             Node::MulAdd(x, y, c) => {
                 let (x, y, c) = (at(x), at(y), at(c));
-                if tg.fma {
+                if int {
+                    let m = b.ins().imul(x, y);
+                    b.ins().iadd(m, c)
+                } else if tg.fma {
                     b.ins().fma(x, y, c)
                 } else {
                     let m = b.ins().fmul(x, y);
                     b.ins().fadd(m, c)
                 }
+            }
+            Node::Cmp(op, x, y) if int => {
+                let cc = match op {
+                    Cmp::Eq => IntCC::Equal,
+                    Cmp::Ne => IntCC::NotEqual,
+                    Cmp::Lt => IntCC::SignedLessThan,
+                    Cmp::Le => IntCC::SignedLessThanOrEqual,
+                    Cmp::Gt => IntCC::SignedGreaterThan,
+                    Cmp::Ge => IntCC::SignedGreaterThanOrEqual,
+                    Cmp::Unordered => unreachable!("no unordered integers"),
+                };
+                // Vector lanes are all ones or zeros of the body's own type already.
+                b.ins().icmp(cc, at(x), at(y))
             }
             Node::Cmp(op, x, y) => {
                 let cc = match op {
@@ -140,6 +168,16 @@ pub(super) fn render(
             Node::Shl(a, k) => b.ins().ishl_imm(at(a), k as i64),
             Node::Sshr(a, k) => b.ins().sshr_imm(at(a), k as i64),
             Node::Ushr(a, k) => b.ins().ushr_imm(at(a), k as i64),
+            Node::Wrap(a, to) => {
+                let a = at(a);
+                if to == Lane::I8 {
+                    let s = b.ins().ishl_imm(a, 24);
+                    b.ins().sshr_imm(s, 24)
+                } else {
+                    let m = num_const(b, ty, 255.0);
+                    b.ins().band(a, m)
+                }
+            }
         };
         v.push(r);
     }

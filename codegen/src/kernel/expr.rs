@@ -2,9 +2,11 @@
 //! loop computes from its arguments, as a list of nodes in evaluation order.
 //!
 //! A [`Body`] has numbered arguments (the loaded operands, an accumulator, a row's maximum) and
-//! results. Nodes are typed by [`Class`]: numbers of the body's float [`Lane`], 32-bit integers
-//! (the exponent bit tricks of `exp` and `log`), and masks (comparison results, consumed by
-//! `select`). A backend renders each node as one instruction, or a few, at the width it chooses:
+//! results. Nodes are typed by [`Class`]: numbers of the body's [`Lane`] (`f32`, `f64`, or
+//! `i32`, which also computes `i8`/`u8` values, widened when loaded and wrapped after each op),
+//! 32-bit integers (the exponent bit tricks of `exp` and `log` in float bodies), and masks
+//! (comparison results, consumed by `select`). The arithmetic nodes mean the same for every
+//! lane: `Bin(Add)` is a float add in a float body and a wrapping add in an integer one. A backend renders each node as one instruction, or a few, at the width it chooses:
 //! Cranelift renders a body once for a four-lane loop and once for the scalar tail; a GPU
 //! backend renders it once per thread. Nothing here knows about a target.
 
@@ -166,6 +168,9 @@ pub enum Node {
     Sshr(E, u8),
     /// Logical shift right by a constant.
     Ushr(E, u8),
+    /// A number of an integer body kept to the width of `I8` or `U8` (wrapped, then extended
+    /// back): what an op with an 8-bit result does to the 32-bit lane computing it.
+    Wrap(E, Lane),
 }
 
 /// A kernel body: nodes in evaluation order over numbered arguments, and its results.
@@ -350,6 +355,12 @@ impl Body {
     /// `a >> k`, logical.
     pub fn ushr(&mut self, a: E, k: u8) -> E {
         self.int(Node::Ushr(a, k), &[a])
+    }
+
+    /// Number `a` of an integer body wrapped to `to` (`I8` or `U8`).
+    pub fn wrap(&mut self, a: E, to: Lane) -> E {
+        debug_assert!(self.lane == Lane::I32 && matches!(to, Lane::I8 | Lane::U8));
+        self.num(Node::Wrap(a, to), &[a])
     }
 }
 

@@ -1,13 +1,15 @@
 //! Kernel ops to body nodes: the one translation of elementwise IR ops into the expression form.
 
-use super::expr::{Bin, Body, Cmp, E, Un};
+use super::expr::{Bin, Body, Cmp, E, Lane, Un};
 use super::math::{erf, exp, log, tanh};
 use std::collections::HashMap;
 use tcc_ir::{BinaryOp, CmpOp, DType, Function, Op, OpKind, UnaryOp, Value};
 
 /// Appends to `b` the nodes of elementwise `ops` (in order), reading their operands from `vals`
 /// and recording their results there. Every op must satisfy [`super::supported_op`], and the
-/// kernel [`super::f32_with_masks`].
+/// kernel's lane ([`super::kernel_lane`]) must be the body's. In an integer body, the result
+/// of an arithmetic op or cast whose dtype is `i8` or `u8` is wrapped to it, as the
+/// interpreter rounds every result to its dtype.
 pub fn lower_ops(b: &mut Body, f: &Function, ops: &[Op], vals: &mut HashMap<Value, E>) {
     for &op in ops {
         let d = f.op(op);
@@ -46,6 +48,15 @@ pub fn lower_ops(b: &mut Body, f: &Function, ops: &[Op], vals: &mut HashMap<Valu
             OpKind::Cast { .. } => a[0],
             // `supported_op`, an exhaustive match, decides which ops reach here.
             _ => unreachable!("not a supported op"),
+        };
+        let arithmetic = matches!(
+            d.kind,
+            OpKind::Unary(_) | OpKind::Binary(_) | OpKind::Cast { .. }
+        );
+        let r = match f.ty(d.results[0]).dtype() {
+            DType::I8 if arithmetic && b.lane == Lane::I32 => b.wrap(r, Lane::I8),
+            DType::U8 if arithmetic && b.lane == Lane::I32 => b.wrap(r, Lane::U8),
+            _ => r,
         };
         vals.insert(d.results[0], r);
     }

@@ -69,9 +69,9 @@ pub fn supported_op(kind: &OpKind) -> bool {
         OpKind::Unary(_) => true,
         OpKind::Binary(b) => !matches!(b, BinaryOp::Pow),
         OpKind::Identity | OpKind::StopGradient | OpKind::BroadcastTo { .. } => true,
-        // Masks: comparisons of float values, used by `select` and casts in the same kernel.
+        // Masks: comparisons, used by `select` and casts in the same kernel.
         OpKind::Compare(_) | OpKind::Select => true,
-        OpKind::Cast { to } => to.is_float(),
+        OpKind::Cast { to } => !matches!(to, DType::Bool | DType::I64),
         // Not elementwise: rows, reductions and library kernels handle these.
         OpKind::Const { .. }
         | OpKind::MatMul
@@ -100,17 +100,25 @@ pub fn supported_op(kind: &OpKind) -> bool {
     }
 }
 
-/// The float lane of kernel `k`: `F32` or `F64` if every value is of that dtype, except `bool`
-/// masks that comparisons inside the kernel produce and only `select` conditions and casts to
-/// the lane inside it consume. `f64` kernels may not use the transcendental functions, whose
-/// approximations are tuned for `f32` (those kernels stay on the reference kernels).
-pub fn float_lane(f: &Function, k: &KernelData) -> Option<Lane> {
+/// The lane kernel `k` computes in, if every value but the masks has a dtype of one family:
+///
+/// - `F32` or `F64`: every value of that dtype; `f64` kernels may not use the transcendental
+///   functions, whose approximations are tuned for `f32` (those stay on the reference kernels);
+/// - `I32`: every value `i32`, `i8` or `u8` (8-bit values are widened to 32-bit lanes when
+///   loaded and wrapped back after each op), and no division (whose error on a zero divisor
+///   the reference kernels report).
+///
+/// Masks are `bool` values that comparisons inside the kernel produce and only `select`
+/// conditions and casts inside it consume.
+pub fn kernel_lane(f: &Function, k: &KernelData) -> Option<Lane> {
     let dtype = f.ty(f.op(*k.ops.last()?).results[0]).dtype();
     let lane = match dtype {
         DType::F32 => Lane::F32,
         DType::F64 => Lane::F64,
-        _ => return None,
+        DType::I32 | DType::I8 | DType::U8 => Lane::I32,
+        DType::I64 | DType::Bool => return None,
     };
+    let int = lane == Lane::I32;
     // The masks the kernel computes itself (sets: kernels can hold thousands of ops).
     let masks: std::collections::HashSet<Value> = k
         .ops
@@ -120,7 +128,14 @@ pub fn float_lane(f: &Function, k: &KernelData) -> Option<Lane> {
         .collect();
     let stored: std::collections::HashSet<Value> = k.outputs.iter().copied().collect();
     let inside = |v: Value| masks.contains(&v);
-    let num = |v: &Value| f.ty(*v).dtype() == dtype;
+    let num = |v: &Value| {
+        let d = f.ty(*v).dtype();
+        if int {
+            matches!(d, DType::I32 | DType::I8 | DType::U8)
+        } else {
+            d == dtype
+        }
+    };
     k.ops
         .iter()
         .all(|&op| {
@@ -134,32 +149,37 @@ pub fn float_lane(f: &Function, k: &KernelData) -> Option<Lane> {
                     (inside(d.args[0]) || num(&d.args[0])) && d.results.iter().all(num)
                 }
                 OpKind::Unary(u) if lane == Lane::F64 && math::approximated(u) => false,
+                OpKind::Binary(BinaryOp::Div) if int => false,
                 _ => d.args.iter().chain(&d.results).all(num),
             }
         })
         .then_some(lane)
 }
 
-/// Whether every value of kernel `k` is `f32` but for masks (see [`float_lane`]): what row and
+/// Whether every value of kernel `k` is `f32` but for masks (see [`kernel_lane`]): what row and
 /// reduction kernels need.
 pub fn f32_with_masks(f: &Function, k: &KernelData) -> bool {
-    float_lane(f, k) == Some(Lane::F32)
+    kernel_lane(f, k) == Some(Lane::F32)
 }
 
-/// The splat value of `v` if it is defined by a splat float constant.
-pub fn splat_float(f: &Function, v: Value) -> Option<f64> {
+/// The splat value of `v` if it is defined by a splat constant a lane holds exactly (a float,
+/// or an `i32`, `i8` or `u8`).
+pub fn splat_number(f: &Function, v: Value) -> Option<f64> {
     match f.def_op(v).map(|op| &f.op(op).kind) {
         Some(OpKind::Const { value, .. }) => match value.as_splat()? {
             tcc_ir::Scalar::F32(x) => Some(x as f64),
             tcc_ir::Scalar::F64(x) => Some(x),
-            _ => None,
+            tcc_ir::Scalar::I32(x) => Some(x as f64),
+            tcc_ir::Scalar::I8(x) => Some(x as f64),
+            tcc_ir::Scalar::U8(x) => Some(x as f64),
+            tcc_ir::Scalar::I64(_) | tcc_ir::Scalar::Bool(_) => None,
         },
         _ => None,
     }
 }
 
-/// The lane of `k` if it is an elementwise kernel in this form: over `f32` or `f64` (see
-/// [`float_lane`]), made of supported ops whose operands it can index.
+/// The lane of `k` if it is an elementwise kernel in this form (see [`kernel_lane`]), made of
+/// supported ops whose operands it can index.
 pub fn elementwise_lane(f: &Function, k: &KernelData) -> Option<Lane> {
     if k.kind != KernelKind::Elementwise {
         return None;
@@ -169,7 +189,7 @@ pub fn elementwise_lane(f: &Function, k: &KernelData) -> Option<Lane> {
         && k.inputs
             .iter()
             .all(|&v| access(f.ty(v).dims(), out).is_some());
-    if readable { float_lane(f, k) } else { None }
+    if readable { kernel_lane(f, k) } else { None }
 }
 
 /// Whether `k` is an elementwise kernel in this form.
