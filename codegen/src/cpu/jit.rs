@@ -552,35 +552,24 @@ fn compile_row(
             let i4 = num_const(b, types::F32X4, init as f64);
             b.def_var(vacc, i4);
             let [extra4, extra1] = extra;
-            emit_for(b, j, zero, len4_v, 4, |b, jv| {
-                let e = b.ins().iadd(row, jv);
-                let x = input_at(b, types::F32X4, e);
-                let cur = b.use_var(vacc);
-                let n = render(
-                    b,
-                    tg,
-                    types::F32X4,
-                    step,
-                    &[cur, x, extra4][..step.num_args()],
-                );
-                b.def_var(vacc, n[0]);
-            });
-            let v = b.use_var(vacc);
-            let a0 = across(b, tg, lanes, v);
-            b.def_var(acc, a0);
-            emit_for(b, j, len4_v, len_v, 1, |b, jv| {
-                let e = b.ins().iadd(row, jv);
-                let x = input_at(b, types::F32, e);
-                let cur = b.use_var(acc);
-                let n = render(
-                    b,
-                    tg,
-                    types::F32,
-                    step,
-                    &[cur, x, extra1][..step.num_args()],
-                );
-                b.def_var(acc, n[0]);
-            });
+            for (lane, var, from, to, step_by, extra) in [
+                (types::F32X4, vacc, zero, len4_v, 4, extra4),
+                (types::F32, acc, len4_v, len_v, 1, extra1),
+            ] {
+                if lane == types::F32 {
+                    // The vector accumulator's lanes start the scalar tail.
+                    let v = b.use_var(vacc);
+                    let a0 = across(b, tg, lanes, v);
+                    b.def_var(acc, a0);
+                }
+                emit_for(b, j, from, to, step_by, |b, jv| {
+                    let e = b.ins().iadd(row, jv);
+                    let x = input_at(b, lane, e);
+                    let cur = b.use_var(var);
+                    let n = render(b, tg, lane, step, &[cur, x, extra][..step.num_args()]);
+                    b.def_var(var, n[0]);
+                });
+            }
             b.use_var(acc)
         };
         emit_for(b, r, start, end, 1, |b, rv| {
