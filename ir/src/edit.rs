@@ -13,7 +13,7 @@
 //! apply. They keep names unique but do not re-verify; callers run the verifier.
 
 use crate::function::{Function, Op, Value};
-use cranelift_entity::SecondaryMap;
+use cranelift_entity::{EntityRef, SecondaryMap, packed_option::ReservedValue};
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 
@@ -30,36 +30,80 @@ impl fmt::Display for EditError {
 impl std::error::Error for EditError {}
 
 /// Who uses what, over the scheduled ops of a function: the one reader map every pass and the
-/// kernel planner share.
+/// kernel planner share. Stored flat (one array of uses, with each value's range in it), so
+/// building it for a 100k-op function is two passes and three allocations.
 pub struct Users {
-    uses: SecondaryMap<Value, Vec<(Op, u32)>>,
-    control: SecondaryMap<Op, Vec<Op>>,
+    /// `uses[use_start[v]..use_start[v + 1]]` are the uses of value `v`.
+    use_start: Vec<u32>,
+    uses: Vec<(Op, u32)>,
+    /// `control[control_start[op]..control_start[op + 1]]` depend on `op`.
+    control_start: Vec<u32>,
+    control: Vec<Op>,
     returned: SecondaryMap<Value, bool>,
+}
+
+/// Offsets of each key's run in a flat array, from per-key counts: `starts[k]..starts[k + 1]`.
+fn starts(counts: Vec<u32>) -> Vec<u32> {
+    let mut starts = Vec::with_capacity(counts.len() + 1);
+    let mut at = 0u32;
+    starts.push(0);
+    for c in counts {
+        at += c;
+        starts.push(at);
+    }
+    starts
+}
+
+/// The run of key `k` (an entity index) in a flat array laid out by [`starts`]; empty for keys
+/// created after it was built.
+fn run<'a, T>(starts: &[u32], flat: &'a [T], k: usize) -> &'a [T] {
+    match (starts.get(k), starts.get(k + 1)) {
+        (Some(&a), Some(&b)) => &flat[a as usize..b as usize],
+        _ => &[],
+    }
 }
 
 impl Users {
     /// Computes the uses of every value, the control-dependents of every op and which values
-    /// the function returns. One pass over the schedule.
+    /// the function returns. Two passes over the schedule (count, then fill).
     pub fn new(f: &Function) -> Users {
-        let mut uses: SecondaryMap<Value, Vec<(Op, u32)>> =
-            SecondaryMap::with_capacity(f.num_values_created());
-        let mut control: SecondaryMap<Op, Vec<Op>> =
-            SecondaryMap::with_capacity(f.num_ops_created());
+        let (nv, no) = (f.num_values_created(), f.num_ops_created());
+        let (mut n_uses, mut n_control) = (vec![0u32; nv], vec![0u32; no]);
+        for &op in f.schedule() {
+            let d = f.op(op);
+            for &a in &d.args {
+                n_uses[a.index()] += 1;
+            }
+            for &dep in &d.deps {
+                n_control[dep.index()] += 1;
+            }
+        }
+        let (use_start, control_start) = (starts(n_uses), starts(n_control));
+        let mut next_use: Vec<u32> = use_start[..nv].to_vec();
+        let mut next_control: Vec<u32> = control_start[..no].to_vec();
+        let mut uses = vec![(Op::reserved_value(), 0); use_start[nv] as usize];
+        let mut control = vec![Op::reserved_value(); control_start[no] as usize];
         for &op in f.schedule() {
             let d = f.op(op);
             for (i, &a) in d.args.iter().enumerate() {
-                uses[a].push((op, i as u32));
+                let at = &mut next_use[a.index()];
+                uses[*at as usize] = (op, i as u32);
+                *at += 1;
             }
             for &dep in &d.deps {
-                control[dep].push(op);
+                let at = &mut next_control[dep.index()];
+                control[*at as usize] = op;
+                *at += 1;
             }
         }
-        let mut returned = SecondaryMap::with_capacity(f.num_values_created());
+        let mut returned = SecondaryMap::with_capacity(nv);
         for &r in f.results() {
             returned[r] = true;
         }
         Users {
+            use_start,
             uses,
+            control_start,
             control,
             returned,
         }
@@ -72,19 +116,19 @@ impl Users {
 
     /// `(op, operand index)` for every use of `v`, in schedule order.
     pub fn uses(&self, v: Value) -> &[(Op, u32)] {
-        &self.uses[v]
+        run(&self.use_start, &self.uses, v.index())
     }
 
     /// The distinct ops that read `v`, in schedule order.
     pub fn consumers(&self, v: Value) -> Vec<Op> {
-        let mut out: Vec<Op> = self.uses[v].iter().map(|u| u.0).collect();
+        let mut out: Vec<Op> = self.uses(v).iter().map(|u| u.0).collect();
         out.dedup();
         out
     }
 
     /// Ops that have a control dependency on `op`.
     pub fn control_dependents(&self, op: Op) -> &[Op] {
-        &self.control[op]
+        run(&self.control_start, &self.control, op.index())
     }
 
     /// The distinct ops that read any result of `op`, in schedule order of first use.
@@ -93,7 +137,7 @@ impl Users {
         f.op(op)
             .results
             .iter()
-            .flat_map(|&r| self.uses[r].iter().map(|u| u.0))
+            .flat_map(|&r| self.uses(r).iter().map(|u| u.0))
             .filter(|o| seen.insert(*o))
             .collect()
     }
