@@ -27,29 +27,6 @@ pub enum Lane {
     U8,
 }
 
-impl Lane {
-    /// Bytes per element in memory.
-    pub fn bytes(self) -> u64 {
-        match self {
-            Lane::F32 | Lane::I32 => 4,
-            Lane::F64 => 8,
-            Lane::I8 | Lane::U8 => 1,
-        }
-    }
-
-    /// The lane of a tensor dtype, if kernels compute in it.
-    pub fn of(d: tcc_ir::DType) -> Option<Lane> {
-        match d {
-            tcc_ir::DType::F32 => Some(Lane::F32),
-            tcc_ir::DType::F64 => Some(Lane::F64),
-            tcc_ir::DType::I32 => Some(Lane::I32),
-            tcc_ir::DType::I8 => Some(Lane::I8),
-            tcc_ir::DType::U8 => Some(Lane::U8),
-            tcc_ir::DType::I64 | tcc_ir::DType::Bool => None,
-        }
-    }
-}
-
 /// A node of a body (its index).
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct E(u32);

@@ -131,67 +131,54 @@ pub fn log(b: &mut Body, x0: E) -> E {
     b.select_if(Cmp::Unordered, x0, x0, x0, r)
 }
 
+/// `x p(x²) / q(x²)` on `x` clamped to `±lim`: an odd rational function, as erf and tanh are
+/// approximated (one division, no branches).
+fn odd_rational(b: &mut Body, x: E, lim: f32, p: &[f32], q: &[f32]) -> E {
+    debug_assert_eq!(b.lane, Lane::F32);
+    let x = b.clamp(x, -lim as f64, lim as f64);
+    let x2 = b.mul(x, x);
+    let p = coeffs(b, x2, p);
+    let p = b.mul(x, p);
+    let q = coeffs(b, x2, q);
+    b.div(p, q)
+}
+
 /// The error function: a rational function, odd degree 13 over even degree 8, on the input
 /// clamped to +-4 (beyond which erf rounds to +-1 in f32).
 pub fn erf(b: &mut Body, x: E) -> E {
-    debug_assert_eq!(b.lane, Lane::F32);
-    let x = b.clamp(x, -4.0, 4.0);
-    let x2 = b.mul(x, x);
-    let p = coeffs(
-        b,
-        x2,
-        &[
-            -2.726_142_3e-10,
-            2.770_681_4e-8,
-            -2.101_024e-6,
-            -5.692_506_4e-5,
-            -7.349_906_3e-4,
-            -2.954_6e-3,
-            -1.609_603_3e-2,
-        ],
-    );
-    let p = b.mul(x, p);
-    let q = coeffs(
-        b,
-        x2,
-        &[
-            -1.456_607_2e-5,
-            -2.133_740_6e-4,
-            -1.682_827e-3,
-            -7.373_329e-3,
-            -1.426_474e-2,
-        ],
-    );
-    b.div(p, q)
+    const P: [f32; 7] = [
+        -2.726_142_3e-10,
+        2.770_681_4e-8,
+        -2.101_024e-6,
+        -5.692_506_4e-5,
+        -7.349_906_3e-4,
+        -2.954_6e-3,
+        -1.609_603_3e-2,
+    ];
+    const Q: [f32; 5] = [
+        -1.456_607_2e-5,
+        -2.133_740_6e-4,
+        -1.682_827e-3,
+        -7.373_329e-3,
+        -1.426_474e-2,
+    ];
+    odd_rational(b, x, 4.0, &P, &Q)
 }
 
 /// `tanh`: a rational function, odd degree 13 over even degree 6, on x clamped to +-7.905
 /// (beyond which tanh rounds to +-1 in f32): one division, no exp, no branches.
 pub fn tanh(b: &mut Body, x: E) -> E {
-    debug_assert_eq!(b.lane, Lane::F32);
-    let lim = 7.905_311_f32 as f64;
-    let x = b.clamp(x, -lim, lim);
-    let x2 = b.mul(x, x);
-    let p = coeffs(
-        b,
-        x2,
-        &[
-            -2.760_768_5e-16,
-            2.000_188e-13,
-            -8.604_672e-11,
-            5.122_297e-8,
-            1.485_722_4e-5,
-            6.372_619_3e-4,
-            4.893_524_6e-3,
-        ],
-    );
-    let p = b.mul(x, p);
-    let q = coeffs(
-        b,
-        x2,
-        &[1.198_258_4e-6, 1.185_347_1e-4, 2.268_434_6e-3, 4.893_525e-3],
-    );
-    b.div(p, q)
+    const P: [f32; 7] = [
+        -2.760_768_5e-16,
+        2.000_188e-13,
+        -8.604_672e-11,
+        5.122_297e-8,
+        1.485_722_4e-5,
+        6.372_619_3e-4,
+        4.893_524_6e-3,
+    ];
+    const Q: [f32; 4] = [1.198_258_4e-6, 1.185_347_1e-4, 2.268_434_6e-3, 4.893_525e-3];
+    odd_rational(b, x, 7.905_311, &P, &Q)
 }
 
 /// Whether unary op `u` is computed by one of the approximations here (tuned for `f32`) rather
