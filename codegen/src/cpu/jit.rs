@@ -24,12 +24,11 @@ use std::collections::HashMap;
 use tcc_ir::{DType, Function, OpKind, Value};
 
 use super::render::{num_const, render};
-use crate::kernel::expr::{Bin, Body, Cmp, E, Lane};
-use crate::kernel::lower::lower_ops;
+use crate::kernel::expr::{Bin, Body, Cmp, Lane};
+use crate::kernel::lower::{body as body_of, lower_ops, small_body};
 use crate::kernel::math::{exp, log};
 use crate::kernel::{
-    Access, ReduceShape, access, can_compile, can_compile_row, elementwise_lane, reduce_inputs,
-    reduce_shape, row_count, row_shape, splat_number,
+    Access, ReduceShape, RowShape, Shape, access, reduce_inputs, shape, splat_number,
 };
 use crate::plan::{Kernel, KernelData};
 
@@ -42,6 +41,9 @@ pub(crate) struct Target {
     /// Whether fused multiply-add instructions are available.
     pub fma: bool,
 }
+
+/// Each compiled kernel's entry point and iteration space.
+pub(crate) type Entries = HashMap<Kernel, (KernelFn, Space)>;
 
 /// The iteration space of a compiled kernel: indices `0..n` (split among threads), each
 /// covering `unit` elements (1 for elementwise loops, a row or a reduced extent otherwise).
@@ -56,7 +58,7 @@ pub(crate) struct Space {
 pub(crate) struct Jit {
     module: JITModule,
     tg: Target,
-    ids: Vec<(Kernel, FuncId)>,
+    ids: Vec<(Kernel, FuncId, Space)>,
 }
 
 impl Jit {
@@ -87,47 +89,44 @@ impl Jit {
         name: &str,
     ) -> Result<Option<Space>, String> {
         let (m, tg) = (&mut self.module, self.tg);
-        let elements = f.ty(f.op(kd.ops[0]).results[0]).numel();
-        let (id, space) = if can_compile(f, kd) {
-            let space = Space {
-                n: elements,
-                unit: 1,
-            };
-            (compile(m, tg, f, kd, name)?, space)
-        } else if can_compile_row(f, kd) {
-            let rows = row_count(f, kd);
-            let space = Space {
-                n: rows,
-                unit: elements / rows.max(1),
-            };
-            (compile_row(m, tg, f, kd, name)?, space)
-        } else if let Some(shape) = reduce_shape(f, kd) {
-            let space = Space {
-                n: shape.a,
-                unit: shape.l * shape.b,
-            };
-            (compile_reduce(m, tg, f, kd, name)?, space)
-        } else {
-            return Ok(None);
+        let (id, space) = match shape(f, kd) {
+            Some(Shape::Elementwise(lane)) => {
+                let n = f.ty(f.op(kd.ops[0]).results[0]).numel();
+                let space = Space { n, unit: 1 };
+                (compile(m, tg, f, kd, lane, name)?, space)
+            }
+            Some(Shape::Row(row)) => {
+                let n = f.ty(f.op(row.root).args[0]).numel() / row.len;
+                let space = Space { n, unit: row.len };
+                (compile_row(m, tg, f, kd, &row, name)?, space)
+            }
+            Some(Shape::Reduction(red)) => {
+                let space = Space {
+                    n: red.a,
+                    unit: red.l * red.b,
+                };
+                (compile_reduce(m, tg, f, kd, &red, name)?, space)
+            }
+            None => return Ok(None),
         };
-        self.ids.push((k, id));
+        self.ids.push((k, id, space));
         Ok(Some(space))
     }
 
-    /// Links the compiled kernels: the code memory and each kernel's entry point.
-    pub(crate) fn finish(mut self) -> Result<(Code, HashMap<Kernel, KernelFn>), String> {
+    /// Links the compiled kernels: the code memory, and each kernel's entry point and iteration
+    /// space.
+    pub(crate) fn finish(mut self) -> Result<(Code, Entries), String> {
         self.module
             .finalize_definitions()
             .map_err(|e| format!("linking compiled kernels: {e}"))?;
         let entries = self
             .ids
             .iter()
-            .map(|&(k, id)| {
+            .map(|&(k, id, space)| {
                 let ptr = self.module.get_finalized_function(id);
                 // SAFETY: `define_kernel` defined this function with the `KernelFn` signature.
-                (k, unsafe {
-                    std::mem::transmute::<*const u8, KernelFn>(ptr)
-                })
+                let code = unsafe { std::mem::transmute::<*const u8, KernelFn>(ptr) };
+                (k, (code, space))
             })
             .collect();
         Ok((Code(Some(self.module)), entries))
@@ -152,15 +151,15 @@ impl Drop for Code {
     }
 }
 
-/// Compiles `k` (for which [`can_compile`] holds) into `module` under `name`.
+/// Compiles elementwise kernel `k`, computing in `lane`, into `module` under `name`.
 fn compile(
     module: &mut JITModule,
     tg: Target,
     f: &Function,
     k: &KernelData,
+    lane: Lane,
     name: &str,
 ) -> Result<FuncId, String> {
-    let lane = elementwise_lane(f, k).expect("checked by can_compile");
     // A 128-bit vector loop, then a scalar tail.
     let (scalar, vector) = match lane {
         Lane::F64 => (types::F64, types::F64X2),
@@ -419,37 +418,7 @@ fn across(b: &mut FunctionBuilder, tg: Target, step: &Body, v: CValue) -> CValue
     m
 }
 
-/// A body of `lane` numbers over `args` kernel inputs and then `extra` more arguments: `ops` lowered, then `then`
-/// (given the body, the values so far and the extra arguments) adds nodes, and the results are
-/// the values of `results`.
-fn body_of(
-    lane: Lane,
-    f: &Function,
-    inputs: &[Value],
-    extra: usize,
-    ops: &[tcc_ir::Op],
-    then: impl FnOnce(&mut Body, &mut HashMap<Value, E>, &[E]),
-    results: &[Value],
-) -> Body {
-    let mut b = Body::new(lane);
-    let mut vals: HashMap<Value, E> = inputs.iter().map(|&v| (v, b.arg())).collect();
-    let extra: Vec<E> = (0..extra).map(|_| b.arg()).collect();
-    lower_ops(&mut b, f, ops, &mut vals);
-    then(&mut b, &mut vals, &extra);
-    b.results = results.iter().map(|v| vals[v]).collect();
-    b
-}
-
-/// A body of `n` arguments whose one result `node` computes.
-fn small_body(n: usize, node: impl FnOnce(&mut Body, &[E]) -> E) -> Body {
-    let mut b = Body::new(Lane::F32);
-    let args: Vec<E> = (0..n).map(|_| b.arg()).collect();
-    let r = node(&mut b, &args);
-    b.results = vec![r];
-    b
-}
-
-/// Compiles row kernel `k` (for which [`can_compile_row`] holds): for each row in
+/// Compiles row kernel `k` of layout `row`: for each row in
 /// `start..end`, one pass for the maximum, one for the sum of `exp(x - max)`, and one that writes
 /// `exp(x - max) / sum` and runs the epilogue. The prologue is recomputed in each pass rather than
 /// stored. NaN in a row makes the whole row NaN, as in the interpreter.
@@ -458,9 +427,9 @@ fn compile_row(
     tg: Target,
     f: &Function,
     k: &KernelData,
+    &RowShape { root, len }: &RowShape,
     name: &str,
 ) -> Result<FuncId, String> {
-    let (root, len, vectorizable) = row_shape(f, k).expect("checked by can_compile_row");
     let log_softmax = matches!(f.op(root).kind, OpKind::LogSoftmax { .. });
     let dims = f.ty(f.op(root).args[0]).dims().to_vec();
     let pos = k
@@ -478,6 +447,15 @@ fn compile_row(
             a => a,
         })
         .collect();
+    // Four lanes at a time within each row when every operand can be read so.
+    let vectorizable = len >= 4
+        && accesses.iter().all(|a| match *a {
+            Access::Same | Access::Scalar(_) => true,
+            Access::Block { inner, n } => {
+                len.is_multiple_of(4)
+                    && ((inner == 1 && n.is_multiple_of(4)) || inner.is_multiple_of(4))
+            }
+        });
     // The bodies: the prologue's value of the softmax input; the steps of the max and sum
     // passes; the row's constants (1/sum, and max + log(sum) for log_softmax); and the last
     // pass, which normalises and runs the epilogue given the row's max, 1/sum and shift.
@@ -604,7 +582,7 @@ fn compile_row(
     })
 }
 
-/// Compiles reduction kernel `k` (for which [`reduce_shape`] is `Some`). For each `a` in
+/// Compiles reduction kernel `k` of layout `red`. For each `a` in
 /// `start..end` and each output `b`, accumulates the prologue's values over `l` in `f32`; rows
 /// (`b == 1`) use two `f32x4` accumulators along `l`, other layouts compute four neighbouring
 /// outputs at once. Then the mean's division and the epilogue, and the stores.
@@ -613,6 +591,7 @@ fn compile_reduce(
     tg: Target,
     f: &Function,
     k: &KernelData,
+    red: &ReduceShape,
     name: &str,
 ) -> Result<FuncId, String> {
     let ReduceShape {
@@ -621,7 +600,7 @@ fn compile_reduce(
         l,
         b: bext,
         ..
-    } = reduce_shape(f, k).expect("checked by reduce_shape");
+    } = *red;
     let in_dims = f.ty(f.op(root).args[0]).dims().to_vec();
     let out_dims = f.ty(f.op(root).results[0]).dims().to_vec();
     let pos = k

@@ -16,15 +16,12 @@ use crate::plan::{Kernel, KernelData, KernelKind, Plan};
 use std::collections::HashMap;
 use tcc_ir::{DType, Function, OpKind, Tensor, Value};
 
-/// A compiled elementwise loop: its entry point, the values whose addresses it takes (inputs,
-/// then outputs) and its element count.
+/// A compiled loop: its entry point, the values whose addresses it takes (inputs, then
+/// outputs) and its iteration space.
 pub(super) struct Loop {
     pub code: jit::KernelFn,
     pub args: Vec<Value>,
-    pub n: u64,
-    /// Elements per index of the iteration space: 1 for elementwise loops, the row length for
-    /// row kernels.
-    pub unit: u64,
+    pub space: jit::Space,
 }
 
 /// The library call a library kernel starts with.
@@ -69,14 +66,14 @@ pub(super) fn compile(
     mem: MemoryPlan,
 ) -> Result<Executable, CompileError> {
     let mut jit = Jit::new(cpu.target.as_deref()).map_err(CompileError)?;
-    let mut spaces: HashMap<Kernel, jit::Space> = HashMap::new();
     let mut libraries: HashMap<Kernel, (LibOp, Option<(KernelData, Value)>)> = HashMap::new();
     for (k, kd) in plan.kernels.iter() {
         let name = format!("{}_{k}", f.name);
         let err = |e: String| CompileError(format!("compiling kernel {k}: {e}"));
-        if let Some(space) = jit.compile(f, k, kd, &name).map_err(err)? {
-            spaces.insert(k, space);
-        } else if let Some(lib) = library_step(f, &plan, kd, scratch_offset(&mem, k)) {
+        let whole = jit.compile(f, k, kd, &name).map_err(err)?;
+        if whole.is_none()
+            && let Some(lib) = library_step(f, &plan, kd, scratch_offset(&mem, k))
+        {
             if let Some((epi, _)) = &lib.1 {
                 jit.compile(f, k, epi, &name)
                     .map_err(err)?
@@ -103,29 +100,27 @@ pub(super) fn compile(
         let step = match (libraries.remove(&k), compiled.get(&k)) {
             (Some((mut op, epi)), code) => {
                 let dst = op.dst();
-                let epilogue = epi.map(|(e, product)| Loop {
-                    code: *code.expect("epilogue compiled"),
-                    // The epilogue reads the product where the matmul wrote it.
-                    args: e
-                        .inputs
-                        .iter()
-                        .map(|&v| if v == product { dst } else { v })
-                        .chain(e.outputs.iter().copied())
-                        .collect(),
-                    n: f.ty(product).numel(),
-                    unit: 1,
+                let epilogue = epi.map(|(e, product)| {
+                    let &(code, space) = code.expect("epilogue compiled");
+                    Loop {
+                        code,
+                        // The epilogue reads the product where the matmul wrote it.
+                        args: e
+                            .inputs
+                            .iter()
+                            .map(|&v| if v == product { dst } else { v })
+                            .chain(e.outputs.iter().copied())
+                            .collect(),
+                        space,
+                    }
                 });
                 Step::Library { op, epilogue }
             }
-            (None, Some(&code)) => {
-                let space = spaces[&k];
-                Step::Jit(Loop {
-                    code,
-                    args: kd.inputs.iter().chain(&kd.outputs).copied().collect(),
-                    n: space.n,
-                    unit: space.unit,
-                })
-            }
+            (None, Some(&(code, space))) => Step::Jit(Loop {
+                code,
+                args: kd.inputs.iter().chain(&kd.outputs).copied().collect(),
+                space,
+            }),
             (None, None) => match native_step(f, kd) {
                 Some(n) => Step::Native(n),
                 None => Step::Reference,

@@ -25,24 +25,25 @@ const PARALLEL_ELEMENTS: u64 = 1 << 16;
 
 /// Runs a compiled loop over its iteration space, in pieces on several threads when it is large.
 fn run_loop(l: &Loop, addr: &dyn Fn(Value) -> *mut u8) {
+    let (n, unit) = (l.space.n, l.space.unit);
     let ptrs: Vec<*mut u8> = l.args.iter().map(|&v| addr(v)).collect();
     let threads = rayon::current_num_threads() as u64;
-    if l.n * l.unit < PARALLEL_ELEMENTS || threads < 2 || l.n < 2 {
+    if n * unit < PARALLEL_ELEMENTS || threads < 2 || n < 2 {
         // SAFETY: each pointer addresses storage of its value's type (inputs are checked, the
         // arena is sized by the memory plan), and the kernel touches elements 0..n only.
-        unsafe { (l.code)(ptrs.as_ptr(), 0, l.n) };
+        unsafe { (l.code)(ptrs.as_ptr(), 0, n) };
         return;
     }
     // Elementwise pieces start at multiples of 64 elements so every piece but the last
     // vectorises fully; row kernels split by rows.
-    let round = if l.unit == 1 { 64 } else { 1 };
-    let piece = l.n.div_ceil(threads).div_ceil(round) * round;
+    let round = if unit == 1 { 64 } else { 1 };
+    let piece = n.div_ceil(threads).div_ceil(round) * round;
     // SAFETY: the pieces of one loop write disjoint element ranges of its outputs and only read
     // its inputs; `ptrs` outlives the scope.
     let table = unsafe { SendPtr::new(ptrs.as_ptr()) };
     rayon::scope(|s| {
-        for start in (0..l.n).step_by(piece as usize) {
-            let end = (start + piece).min(l.n);
+        for start in (0..n).step_by(piece as usize) {
+            let end = (start + piece).min(n);
             // SAFETY: as above; pieces cover disjoint ranges of an elementwise loop.
             s.spawn(move |_| unsafe { (l.code)(table.get(), start, end) });
         }

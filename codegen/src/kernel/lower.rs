@@ -62,6 +62,36 @@ pub fn lower_ops(b: &mut Body, f: &Function, ops: &[Op], vals: &mut HashMap<Valu
     }
 }
 
+/// A body of `lane` numbers over the kernel values `inputs` (arguments `0..inputs.len()`), then
+/// `extra` more arguments: `ops` lowered, then `then` (given the body, the values so far and the
+/// extra arguments) adds nodes, and the results are the values of `results`.
+pub fn body(
+    lane: Lane,
+    f: &Function,
+    inputs: &[Value],
+    extra: usize,
+    ops: &[Op],
+    then: impl FnOnce(&mut Body, &mut HashMap<Value, E>, &[E]),
+    results: &[Value],
+) -> Body {
+    let mut b = Body::new(lane);
+    let mut vals: HashMap<Value, E> = inputs.iter().map(|&v| (v, b.arg())).collect();
+    let extra: Vec<E> = (0..extra).map(|_| b.arg()).collect();
+    lower_ops(&mut b, f, ops, &mut vals);
+    then(&mut b, &mut vals, &extra);
+    b.results = results.iter().map(|v| vals[v]).collect();
+    b
+}
+
+/// An `f32` body of `n` arguments whose one result `node` computes (a fold step, a combine).
+pub fn small_body(n: usize, node: impl FnOnce(&mut Body, &[E]) -> E) -> Body {
+    let mut b = Body::new(Lane::F32);
+    let args: Vec<E> = (0..n).map(|_| b.arg()).collect();
+    let r = node(&mut b, &args);
+    b.results = vec![r];
+    b
+}
+
 fn unary(b: &mut Body, u: UnaryOp, x: E) -> E {
     match u {
         UnaryOp::Neg => b.un(Un::Neg, x),

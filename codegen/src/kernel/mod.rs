@@ -197,10 +197,38 @@ pub fn can_compile(f: &Function, k: &KernelData) -> bool {
     elementwise_lane(f, k).is_some()
 }
 
-/// The softmax op, its row length, and whether every operand can be read in fours within a row,
-/// if row kernel `k` is in this form: a softmax over a contiguous last axis, in `f32`, whose
-/// prologue and epilogue it supports.
-pub fn row_shape(f: &Function, k: &KernelData) -> Option<(tcc_ir::Op, u64, bool)> {
+/// The loop nest a kernel is written as, if it is in this form: decided once per kernel, then
+/// handed to the backend.
+pub enum Shape {
+    /// Elementwise, computing in this lane.
+    Elementwise(Lane),
+    /// A softmax row kernel.
+    Row(RowShape),
+    /// A reduction kernel.
+    Reduction(ReduceShape),
+}
+
+/// The shape of kernel `k`, if it is in this form.
+pub fn shape(f: &Function, k: &KernelData) -> Option<Shape> {
+    match k.kind {
+        KernelKind::Elementwise => elementwise_lane(f, k).map(Shape::Elementwise),
+        KernelKind::Row { .. } => row_shape(f, k).map(Shape::Row),
+        KernelKind::Reduction { .. } => reduce_shape(f, k).map(Shape::Reduction),
+        KernelKind::Library { .. } | KernelKind::View | KernelKind::Generic => None,
+    }
+}
+
+/// The layout of a row kernel: its softmax (or log_softmax) op and the row length.
+pub struct RowShape {
+    /// The softmax op.
+    pub root: tcc_ir::Op,
+    /// Elements per row (the last axis).
+    pub len: u64,
+}
+
+/// The layout of row kernel `k` if it is in this form: a softmax over a contiguous last axis,
+/// in `f32`, whose prologue and epilogue it supports and whose operands it can index.
+fn row_shape(f: &Function, k: &KernelData) -> Option<RowShape> {
     let KernelKind::Row { root } = k.kind else {
         return None;
     };
@@ -219,32 +247,11 @@ pub fn row_shape(f: &Function, k: &KernelData) -> Option<(tcc_ir::Op, u64, bool)
         .iter()
         .filter(|&&op| op != root)
         .all(|&op| supported_op(&f.op(op).kind));
-    let accesses: Option<Vec<Access>> = k
+    let readable = k
         .inputs
         .iter()
-        .map(|&v| access(f.ty(v).dims(), dims))
-        .collect();
-    let accesses = accesses?;
-    let vec = len >= 4
-        && accesses.iter().all(|a| match *a {
-            Access::Same | Access::Scalar(_) => true,
-            Access::Block { inner, n } => {
-                len.is_multiple_of(4)
-                    && ((inner == 1 && n.is_multiple_of(4)) || inner.is_multiple_of(4))
-            }
-        });
-    (all_f32 && others).then_some((root, len, vec))
-}
-
-/// Whether row kernel `k` is in this form.
-pub fn can_compile_row(f: &Function, k: &KernelData) -> bool {
-    row_shape(f, k).is_some()
-}
-
-/// The number of rows of a row kernel (its iteration space for `start..end`).
-pub fn row_count(f: &Function, k: &KernelData) -> u64 {
-    let (root, len, _) = row_shape(f, k).expect("a compilable row kernel");
-    f.ty(f.op(root).args[0]).numel() / len
+        .all(|&v| access(f.ty(v).dims(), dims).is_some());
+    (all_f32 && others && readable).then_some(RowShape { root, len })
 }
 
 /// The layout of a compilable reduction kernel: the reduce op, its kind, and the input viewed as
@@ -265,7 +272,7 @@ pub struct ReduceShape {
 /// The layout of reduction kernel `k` if it is in this form: a `reduce_*` in `f32` over
 /// contiguous axes of a non-empty extent, with supported prologue and epilogue ops and no
 /// prologue value stored.
-pub fn reduce_shape(f: &Function, k: &KernelData) -> Option<ReduceShape> {
+fn reduce_shape(f: &Function, k: &KernelData) -> Option<ReduceShape> {
     let KernelKind::Reduction { root } = k.kind else {
         return None;
     };
@@ -340,12 +347,8 @@ mod tests {
         let p = crate::plan::plan(f);
         let (_, kd) = p.kernels.iter().next().unwrap();
         assert!(can_compile(f, kd));
-        let mut b = expr::Body::new(expr::Lane::F32);
-        let mut vals: std::collections::HashMap<Value, expr::E> =
-            kd.inputs.iter().map(|&v| (v, b.arg())).collect();
-        lower::lower_ops(&mut b, f, &kd.ops, &mut vals);
-        b.results = kd.outputs.iter().map(|o| vals[o]).collect();
-        b
+        let nothing = |_: &mut expr::Body, _: &mut _, _: &[expr::E]| {};
+        lower::body(Lane::F32, f, &kd.inputs, 0, &kd.ops, nothing, &kd.outputs)
     }
 
     #[test]
