@@ -75,23 +75,9 @@ pub struct Function {
     names: FxHashMap<String, Value>,
     next_suffix: FxHashMap<String, u32>,
     locs: SecondaryMap<Op, Option<SrcLoc>>,
-    /// The first op of the backward part, if the function has one (see [`Phase`]).
+    /// The first op of the backward part, if the function has one (see
+    /// [`Function::backward_start`]).
     backward: Option<Op>,
-}
-
-/// Which part of a training function an op belongs to.
-///
-/// `grad` appends the backward part after the forward ops and records where it starts
-/// ([`Function::set_backward_start`]); everything scheduled from that op on (gradients, and
-/// whatever later passes add there, such as optimizer updates and recomputation) is backward.
-/// Passes that need the split (`remat`, swapping) ask [`Function::phase`] rather than
-/// recognising ops by their names. The text form marks the start with a `backward:` line.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Phase {
-    /// Before the backward part, or a function without one.
-    Forward,
-    /// From the first backward op on.
-    Backward,
 }
 
 impl Function {
@@ -213,6 +199,13 @@ impl Function {
     }
 
     /// The first op of the backward part, if the function has one.
+    ///
+    /// `grad` appends the backward part after the forward ops and records where it starts
+    /// ([`Function::set_backward_start`]); everything scheduled from that op on (gradients, and
+    /// whatever later passes add there, such as optimizer updates and recomputation) is
+    /// backward. Passes that need the split (`remat`, swapping) ask this or
+    /// [`Function::backward_position`] rather than recognising ops by their names. The text
+    /// form marks the start with a `backward:` line.
     pub fn backward_start(&self) -> Option<Op> {
         self.backward
     }
@@ -227,19 +220,6 @@ impl Function {
     pub fn backward_position(&self) -> Option<usize> {
         let b = self.backward?;
         self.order.iter().position(|&o| o == b)
-    }
-
-    /// The phase of each scheduled op, in schedule order.
-    pub fn phases(&self) -> impl Iterator<Item = (Op, Phase)> + '_ {
-        let b = self.backward_position().unwrap_or(self.order.len());
-        self.order.iter().enumerate().map(move |(i, &op)| {
-            let phase = if i < b {
-                Phase::Forward
-            } else {
-                Phase::Backward
-            };
-            (op, phase)
-        })
     }
 
     /// Ops in schedule order.

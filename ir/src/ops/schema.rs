@@ -1,7 +1,7 @@
 //! The op table: every op's mnemonic, operand and result counts, category and flags, written
 //! once.
 //!
-//! [`define_ops!`] turns one line per op into [`OpId`] (a flat, `Copy` name for each op, the
+//! `define_ops!` turns one line per op into [`OpId`] (a flat, `Copy` name for each op, the
 //! families such as [`UnaryOp`] spread out) and its [`OpSchema`]. The parser looks mnemonics up
 //! here, the printer and diagnostics spell them from here, and docs/ir.md's op index is generated
 //! from here (with the attributes [`super::attrs`] declares). What an op *means* (type rule,
