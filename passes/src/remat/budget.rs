@@ -2,7 +2,7 @@
 //! whose simulated peak fits (the candidates are listed in the parent module's docs). Every
 //! candidate is judged by the parent's `Joint` simulator; nothing is rewritten here.
 
-use super::{Joint, NONE, Strategy, boundary, choose, no_backward, read_by_backward};
+use super::{Joint, NONE, Strategy, choose, no_backward, read_by_backward};
 use crate::analysis::memory::human;
 use cranelift_entity::EntityRef;
 use tcc_ir::{Function, Value};
@@ -76,7 +76,7 @@ pub struct Fit {
 /// each candidate (see the module docs). An error states the smallest peak found when the
 /// budget cannot be met.
 pub fn fit(f: &Function, budget: Budget) -> Result<Fit, String> {
-    let b = boundary(f).ok_or_else(no_backward)?;
+    let b = f.backward_position().ok_or_else(no_backward)?;
     let j = Joint::new(f, b);
     let nv = f.num_values_created();
     let all = vec![true; nv];

@@ -92,18 +92,13 @@ pub fn marked(name: &str) -> bool {
     name.split('/').any(|c| c == "checkpoint")
 }
 
-/// The schedule position where the backward part starts (recorded by `grad`).
-fn boundary(f: &Function) -> Option<usize> {
-    f.backward_position()
-}
-
 fn no_backward() -> String {
     "the function has no backward part (a `backward:` line, which `grad` writes); run `grad` first, as in --passes='grad,remat{strategy=speed}'".to_string()
 }
 
 /// The checkpoints a strategy picks among the forward values.
 pub fn choose(f: &Function, strategy: &Strategy) -> Result<Vec<Value>, String> {
-    let b = boundary(f).ok_or_else(no_backward)?;
+    let b = f.backward_position().ok_or_else(no_backward)?;
     let forward = &f.schedule()[..b];
     let values = forward
         .iter()
@@ -522,7 +517,7 @@ fn apply(f: &mut Function, b: usize, plan: &Plan) -> RematStats {
 /// Rewrites `f` so that the backward ops read only `checkpoints`, parameters, constants and
 /// backward values from the forward pass; everything else is recomputed (see the module docs).
 pub fn remat(f: &mut Function, checkpoints: &[Value]) -> Result<RematStats, String> {
-    let b = boundary(f).ok_or_else(no_backward)?;
+    let b = f.backward_position().ok_or_else(no_backward)?;
     let j = Joint::new(f, b);
     let mut keep = vec![false; f.num_values_created()];
     for &c in checkpoints {
@@ -687,7 +682,9 @@ mod tests {
         let mut rng = Rng::new(11);
         let (mut checked, mut with_copies) = (0, 0);
         for f in &functions {
-            let Some(b) = boundary(f) else { continue };
+            let Some(b) = f.backward_position() else {
+                continue;
+            };
             let j = Joint::new(f, b);
             for trial in 0..12 {
                 let p = trial as f64 / 11.0;
