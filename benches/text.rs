@@ -30,6 +30,7 @@ fn main() {
     for n in [10_000, 20_000, 50_000, 100_000] {
         let m = Module {
             functions: vec![random_function(42, n)],
+            ..Module::default()
         };
         let text = m.to_string();
         let ops = m.num_ops();

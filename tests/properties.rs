@@ -15,6 +15,7 @@ use tcc::passes::{PassManager, Pipeline};
 fn module(seed: u64, n: usize) -> Module {
     Module {
         functions: vec![random_function(seed, n)],
+        ..Module::default()
     }
 }
 

@@ -6,9 +6,12 @@
 //! its function; the text format uses the name as the SSA identifier (`%block3/conv1`).
 
 use crate::ops::OpKind;
+use crate::tensor::Tensor;
 use crate::types::TensorType;
 use cranelift_entity::{PrimaryMap, SecondaryMap, entity_impl};
 use rustc_hash::FxHashMap;
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// An SSA value: a function parameter or an op result.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -391,11 +394,35 @@ impl Function {
     }
 }
 
-/// A module: a list of functions with distinct names.
+/// A module: a list of functions with distinct names, and the stored values of parameters.
 #[derive(Clone, Debug, Default)]
 pub struct Module {
     /// The functions, in text order.
     pub functions: Vec<Function>,
+    /// Parameter values that travel with the module (an imported model's weights).
+    pub weights: Weights,
+}
+
+/// Values for parameters, kept beside the text rather than in it: a model's weights are too
+/// large for IR text, and they are inputs to the function (trainable), not constants.
+///
+/// A parameter named `n` of any function in the module takes `values[n]` when its caller
+/// does not give a value. The text records only where the values are stored, as the first
+/// line `weights "DIR"` (a directory of `.npy` files, relative to the IR file); reading and
+/// writing that directory is the driver's job (`tcc-tools`), so this crate does no file I/O.
+#[derive(Clone, Debug, Default)]
+pub struct Weights {
+    /// Where the text says the values are stored (`weights "DIR"`), relative to the IR file.
+    pub location: Option<String>,
+    /// The values, by parameter name.
+    pub values: BTreeMap<String, Arc<Tensor>>,
+}
+
+impl Weights {
+    /// Whether no value is stored and no location is named.
+    pub fn is_empty(&self) -> bool {
+        self.location.is_none() && self.values.is_empty()
+    }
 }
 
 impl Module {

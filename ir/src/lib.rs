@@ -32,7 +32,7 @@ pub mod verify;
 
 pub use builder::FunctionBuilder;
 pub use diag::{Diagnostic, Diagnostics};
-pub use function::{Function, Module, Op, OpData, SrcLoc, Value, ValueData, ValueDef};
+pub use function::{Function, Module, Op, OpData, SrcLoc, Value, ValueData, ValueDef, Weights};
 pub use literal::{Data, Literal, Scalar};
 pub use ops::{BinaryOp, CmpOp, Conv2d, OpKind, Pool2d, ReduceOp, UnaryOp};
 pub use parser::{parse_bytes, parse_function, parse_module};

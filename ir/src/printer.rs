@@ -23,6 +23,11 @@ pub fn write_name(f: &mut impl Write, sigil: char, s: &str) -> fmt::Result {
     if is_bare_name(s) {
         return f.write_str(s);
     }
+    write_string(f, s)
+}
+
+/// Writes `s` quoted, with the escapes the lexer reads.
+pub fn write_string(f: &mut impl Write, s: &str) -> fmt::Result {
     f.write_char('"')?;
     for c in s.chars() {
         match c {
@@ -132,6 +137,11 @@ impl Display for Function {
 
 impl Display for Module {
     fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        if let Some(dir) = &self.weights.location {
+            f.write_str("weights ")?;
+            write_string(f, dir)?;
+            f.write_str("\n\n")?;
+        }
         for (i, func) in self.functions.iter().enumerate() {
             if i > 0 {
                 f.write_str("\n")?;

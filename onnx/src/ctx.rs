@@ -6,7 +6,7 @@
 use crate::proto::attribute_proto::AttributeType;
 use crate::proto::{AttributeProto, NodeProto, TensorProto};
 use crate::{Error, Result};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use tcc_ir::interp::{ConstArg, fold};
 use tcc_ir::ops::normalize_axis;
@@ -26,6 +26,8 @@ pub(crate) struct Ctx {
     pub b: FunctionBuilder,
     /// ONNX value name to IR value.
     pub vals: HashMap<String, Value>,
+    /// The parameters made from initializers (`Options::params`).
+    pub weights: HashSet<Value>,
 }
 
 impl Ctx {
@@ -301,6 +303,14 @@ pub(crate) fn const_input(cx: &Ctx, n: &Node, i: usize, what: &str) -> Result<Te
         return Ok(t);
     }
     let name = cx.function().name(v);
+    if cx.weights.contains(&v) {
+        return Err(Error::needs_constant(
+            format!(
+                "input {i} ({what}) must be known at import time (tcc's shapes are static), but initializer `{name}` was made a parameter; leave it out of --params"
+            ),
+            name,
+        ));
+    }
     if cx.function().params().contains(&v) {
         return Err(Error::needs_constant(
             format!(

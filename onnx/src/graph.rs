@@ -5,11 +5,12 @@
 use crate::ctx::{Ctx, Node};
 use crate::proto::{GraphProto, ModelProto, NodeProto, TypeProto, ValueInfoProto, type_proto};
 use crate::tensor;
-use crate::{Error, MIN_OPSET, Options, Result};
-use std::collections::{BinaryHeap, HashMap};
+use crate::{Error, MIN_OPSET, Options, Params, Result};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
 use std::fmt;
 use std::path::Path;
-use tcc_ir::{DType, Function, FunctionBuilder, Module, Value};
+use std::sync::Arc;
+use tcc_ir::{DType, Function, FunctionBuilder, Module, Tensor, Value};
 
 /// Where in the model something is, for error messages.
 pub(crate) struct NodeRef<'a> {
@@ -65,16 +66,91 @@ pub(crate) fn import_model(m: &ModelProto, opts: &Options) -> Result<Module> {
         Err(e) if !e.is_unsupported() && !g.node.iter().any(default_domain) => MIN_OPSET,
         r => r?,
     };
-    let f = import_graph(g, opset, opts)?;
-    let mut module = Module::new();
-    module.functions.push(f);
-    Ok(module)
+    let selected = select_params(g, &opts.params)?;
+    // With `Params::All`, an initializer that turns out to fix a shape stays a constant: the
+    // import starts again without it (each retry removes one, so this ends).
+    let mut keep_constant: Vec<&str> = Vec::new();
+    loop {
+        let params: Vec<&str> = (selected.iter().copied())
+            .filter(|n| !keep_constant.contains(n))
+            .collect();
+        match import_graph(g, opset, opts, &params) {
+            Err(e) if opts.params == Params::All => match e.constant_needed() {
+                Some(name) if params.contains(&name) => {
+                    let name = selected.iter().find(|&&n| n == name).copied();
+                    keep_constant.extend(name);
+                }
+                _ => return Err(e),
+            },
+            r => {
+                let (f, weights) = r?;
+                let mut module = Module::new();
+                module.functions.push(f);
+                module.weights.values = weights;
+                return Ok(module);
+            }
+        }
+    }
 }
 
-fn import_graph(g: &GraphProto, opset: i64, opts: &Options) -> Result<Function> {
+/// The initializers `params` asks to make parameters, checked to exist.
+fn select_params<'g>(g: &'g GraphProto, params: &Params) -> Result<Vec<&'g str>> {
+    let floats = |t: &&crate::proto::TensorProto| {
+        matches!(
+            t.data_type
+                .and_then(|d| crate::proto::tensor_proto::DataType::try_from(d).ok()),
+            Some(
+                crate::proto::tensor_proto::DataType::Float
+                    | crate::proto::tensor_proto::DataType::Double
+            )
+        )
+    };
+    let names = |f: &dyn Fn(&&crate::proto::TensorProto) -> bool| -> Vec<&'g str> {
+        g.initializer
+            .iter()
+            .filter(f)
+            .filter_map(|t| t.name.as_deref())
+            .collect()
+    };
+    match params {
+        Params::None => Ok(Vec::new()),
+        Params::All => Ok(names(&floats)),
+        Params::Names(wanted) => {
+            let all = names(&|_| true);
+            let mut out = Vec::with_capacity(wanted.len());
+            for w in wanted {
+                match all.iter().find(|&&n| n == w) {
+                    Some(&n) => out.push(n),
+                    None => {
+                        let shown: Vec<&str> = all.iter().take(12).copied().collect();
+                        let more = if all.len() > shown.len() {
+                            format!(" and {} more", all.len() - shown.len())
+                        } else {
+                            String::new()
+                        };
+                        return Err(Error::invalid(format!(
+                            "--params names `{w}`, which is not an initializer of the model; its initializers are {}{more}",
+                            list(&shown)
+                        )));
+                    }
+                }
+            }
+            Ok(out)
+        }
+    }
+}
+
+/// The function, and the values of the initializers made parameters (`params`).
+fn import_graph(
+    g: &GraphProto,
+    opset: i64,
+    opts: &Options,
+    params: &[&str],
+) -> Result<(Function, BTreeMap<String, Arc<Tensor>>)> {
     let mut cx = Ctx {
         b: FunctionBuilder::new("main"),
         vals: HashMap::new(),
+        weights: HashSet::new(),
     };
     if !g.sparse_initializer.is_empty() {
         return Err(Error::unsupported("sparse initializers are not supported"));
@@ -138,18 +214,36 @@ fn import_graph(g: &GraphProto, opset: i64, opts: &Options) -> Result<Function> 
                 .map_err(|e| Error::invalid(format!("graph input `{name}`: {}", e.0)))?;
         cx.vals.insert(name.to_string(), v);
     }
-    for t in &g.initializer {
-        let name = t.name.as_deref().unwrap_or("");
-        if name.is_empty() {
-            return Err(Error::invalid("an initializer has no name"));
-        }
-        let value = tensor::from_proto(t, dir, "initializer")?;
-        let v = cx.constant(value)?;
-        cx.b.rename(v, name);
-        if cx.vals.insert(name.to_string(), v).is_some() {
-            return Err(Error::invalid(format!(
-                "initializer `{name}` is defined twice"
-            )));
+    // Initializers made parameters follow the graph inputs; the rest become constants.
+    let mut weights = BTreeMap::new();
+    for pass in [true, false] {
+        for t in &g.initializer {
+            let name = t.name.as_deref().unwrap_or("");
+            if name.is_empty() {
+                return Err(Error::invalid("an initializer has no name"));
+            }
+            if params.contains(&name) != pass {
+                continue;
+            }
+            let value = tensor::from_proto(t, dir, "initializer")?;
+            let v = if pass {
+                let ty = value.ty();
+                let v =
+                    cx.b.param(name, ty.dtype(), ty.dims())
+                        .map_err(|e| Error::invalid(format!("initializer `{name}`: {}", e.0)))?;
+                cx.weights.insert(v);
+                weights.insert(name.to_string(), Arc::new(value));
+                v
+            } else {
+                let v = cx.constant(value)?;
+                cx.b.rename(v, name);
+                v
+            };
+            if cx.vals.insert(name.to_string(), v).is_some() {
+                return Err(Error::invalid(format!(
+                    "initializer `{name}` is defined twice"
+                )));
+            }
         }
     }
 
@@ -178,7 +272,7 @@ fn import_graph(g: &GraphProto, opset: i64, opts: &Options) -> Result<Function> 
             "internal error: the imported function does not verify:\n{d}"
         ))
     })?;
-    Ok(f)
+    Ok((f, weights))
 }
 
 /// Removes ops no result depends on: constants only folding read, shape inputs, unused
@@ -251,6 +345,8 @@ fn input_type(vi: &ValueInfoProto, bound: Option<&[u64]>) -> Result<(DType, Vec<
         .iter()
         .map(|d| match d.value {
             Some(Dim::DimValue(v)) if v >= 0 => Ok(Some(v as u64)),
+            // Some exporters (Paddle) write an unknown dimension as -1.
+            Some(Dim::DimValue(-1)) => Ok(None),
             Some(Dim::DimValue(v)) => Err(Error::invalid(format!(
                 "{what} has a negative dimension {v}"
             ))),

@@ -44,6 +44,25 @@ pub struct Options {
     pub constants: Vec<(String, Tensor)>,
     /// Where external data files are found (default: the model file's folder).
     pub dir: Option<PathBuf>,
+    /// Which initializers become parameters that keep their values (to be trained or
+    /// differentiated) instead of constants.
+    pub params: Params,
+}
+
+/// Which initializers an import turns into parameters. Such a parameter's value goes to the
+/// module's [`tcc_ir::Weights`], so the function still runs at the model's own weights, and no
+/// constant folding at import reads it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Params {
+    /// Every initializer is a constant (inference).
+    #[default]
+    None,
+    /// Every floating-point initializer, except those the import must know to fix a shape
+    /// (a `Resize` scale, a `Pad` value): those stay constants.
+    All,
+    /// The named initializers. A name that is not an initializer, or an initializer that
+    /// fixes a shape, is an error.
+    Names(Vec<String>),
 }
 
 impl Options {
@@ -141,7 +160,49 @@ pub(crate) type Result<T> = std::result::Result<T, Error>;
 
 /// Imports a model from its bytes. External data is looked up in `opts.dir`.
 pub fn import(bytes: &[u8], opts: &Options) -> Result<Module> {
-    graph::import_model(&read_model(bytes)?, opts)
+    import_model(&read_model(bytes)?, opts)
+}
+
+/// Imports a decoded model (see [`read_model`]).
+pub fn import_model(m: &proto::ModelProto, opts: &Options) -> Result<Module> {
+    graph::import_model(m, opts)
+}
+
+/// Replaces the values of initializers (a fine-tuned model's weights), keeping everything else
+/// of the model. Each value must have its initializer's element type and shape; the new data is
+/// stored inline (`raw_data`), also where the old was external.
+pub fn set_initializers(m: &mut proto::ModelProto, values: &[(String, Tensor)]) -> Result<()> {
+    let g = m
+        .graph
+        .as_mut()
+        .ok_or_else(|| Error::invalid("the model has no graph"))?;
+    for (name, t) in values {
+        let slot = g
+            .initializer
+            .iter_mut()
+            .find(|i| i.name.as_deref() == Some(name.as_str()))
+            .ok_or_else(|| Error::invalid(format!("the model has no initializer `{name}`")))?;
+        let what = format!("initializer `{name}`");
+        let dtype = tensor::dtype(slot.data_type.unwrap_or(0), &what)?;
+        let ty = tensor::tensor_type(dtype, &slot.dims, &what)?;
+        if &ty != t.ty() {
+            return Err(Error::invalid(format!(
+                "{what} is {ty}, but its new value is {}",
+                t.ty()
+            )));
+        }
+        *slot = tensor::to_proto(name, t);
+    }
+    Ok(())
+}
+
+/// The names of a model's initializers, in file order.
+pub fn initializer_names(m: &proto::ModelProto) -> Vec<&str> {
+    m.graph
+        .iter()
+        .flat_map(|g| &g.initializer)
+        .filter_map(|t| t.name.as_deref())
+        .collect()
 }
 
 /// Imports a model file; external data files are looked up beside it unless `opts.dir` is set.

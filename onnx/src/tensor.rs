@@ -206,3 +206,32 @@ fn read_external(t: &TensorProto, dir: Option<&Path>, what: &str, want: u64) -> 
         .map_err(|e| Error::invalid(format!("{what}: reading `{}`: {e}", path.display())))?;
     Ok(buf)
 }
+
+/// Encodes a tensor as a `TensorProto` named `name`, its elements little-endian in `raw_data`.
+pub(crate) fn to_proto(name: &str, t: &Tensor) -> TensorProto {
+    let data_type = match t.dtype() {
+        DType::F32 => DataType::Float,
+        DType::F64 => DataType::Double,
+        DType::I8 => DataType::Int8,
+        DType::U8 => DataType::Uint8,
+        DType::I32 => DataType::Int32,
+        DType::I64 => DataType::Int64,
+        DType::Bool => DataType::Bool,
+    };
+    let raw: Vec<u8> = match t.data() {
+        Data::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Data::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Data::I8(v) => v.iter().map(|&x| x as u8).collect(),
+        Data::U8(v) => v.clone(),
+        Data::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Data::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Data::Bool(v) => v.iter().map(|&x| x as u8).collect(),
+    };
+    TensorProto {
+        name: Some(name.to_string()),
+        dims: t.dims().iter().map(|&d| d as i64).collect(),
+        data_type: Some(data_type as i32),
+        raw_data: Some(raw),
+        ..Default::default()
+    }
+}

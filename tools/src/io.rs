@@ -1,8 +1,9 @@
 //! What every subcommand shares: the three standard streams, reading an input file (IR text or
 //! an ONNX model), choosing a function, and writing a module out.
 
-use crate::{Error, npy};
+use crate::{Error, npy, weights};
 use std::io::{Read, Write};
+use std::path::Path;
 use tcc_ir::{Function, Module, parse_bytes, verify_module};
 
 /// The standard streams a subcommand reads and writes (real ones in the binary, buffers in
@@ -52,26 +53,84 @@ impl Io<'_> {
         file: &str,
         onnx: &tcc_onnx::Options,
     ) -> Result<(Input, Module), Error> {
+        self.load_inner(file, onnx, None)
+    }
+
+    /// [`Io::load_with`] for differentiating or training with respect to `wrt` (every
+    /// floating-point parameter when empty): an ONNX model's initializers among them become
+    /// parameters that keep their values, unless `--params` already chose.
+    pub fn load_trainable(
+        &mut self,
+        file: &str,
+        onnx: &tcc_onnx::Options,
+        wrt: &[String],
+    ) -> Result<(Input, Module), Error> {
+        self.load_inner(file, onnx, Some(wrt))
+    }
+
+    fn load_inner(
+        &mut self,
+        file: &str,
+        onnx: &tcc_onnx::Options,
+        wrt: Option<&[String]>,
+    ) -> Result<(Input, Module), Error> {
         let input = self.read(file)?;
         let m = if is_onnx(&input) {
-            import_onnx(&input, onnx)?
+            let model = tcc_onnx::read_model(&input.bytes)
+                .map_err(|e| Error::input(format!("error: {}: {e}", input.name)))?;
+            let mut opts = onnx.clone();
+            if let Some(wrt) = wrt
+                && opts.params == tcc_onnx::Params::None
+            {
+                opts.params = trainable(&model, wrt);
+            }
+            import_onnx(&input, &model, &opts)?
         } else {
             let src = String::from_utf8_lossy(&input.bytes);
-            let m =
+            let mut m =
                 parse_bytes(&input.bytes).map_err(|d| Error::input(d.render(&input.name, &src)))?;
             verify_module(&m).map_err(|d| Error::input(d.render(&input.name, &src)))?;
+            if let Some(dir) = &m.weights.location {
+                let at = format!("{}: weights \"{dir}\"", input.name);
+                let base = match input.name.as_str() {
+                    "<stdin>" => Path::new("."),
+                    name => Path::new(name).parent().unwrap_or(Path::new(".")),
+                };
+                m.weights.values = weights::read(&base.join(dir), &m, &at).map_err(Error::input)?;
+            }
             m
         };
         Ok((input, m))
     }
 
-    /// Prints a module to `output` (a file, or stdout when absent or `-`).
-    pub fn write_module(&mut self, m: &Module, output: Option<&str>) -> Result<(), Error> {
+    /// Prints a module to `output` (a file, or stdout when absent or `-`). Stored parameter
+    /// values go to the weights directory beside the file (`out.tir` -> `out.weights/`), which
+    /// the text names; on stdout they cannot go anywhere, and a note says so.
+    pub fn write_module(&mut self, mut m: Module, output: Option<&str>) -> Result<(), Error> {
+        let file = output.filter(|&p| p != "-");
+        let stored = &m.weights.values;
+        m.weights.location = match file {
+            _ if stored.is_empty() => None,
+            Some(path) => {
+                let dir = weights::dir_beside(Path::new(path));
+                weights::write(&dir, stored).map_err(Error::input)?;
+                dir.file_name().map(|n| n.to_string_lossy().into_owned())
+            }
+            None => {
+                let _ = writeln!(
+                    self.stderr,
+                    "note: the values of {} parameters ({}) are not printed; write the IR with -o FILE.tir to store them in FILE.weights/",
+                    stored.len(),
+                    abbreviate(stored.keys().map(String::as_str))
+                );
+                None
+            }
+        };
         let text = m.to_string();
-        match output {
-            Some(path) if path != "-" => std::fs::write(path, text)
+        match file {
+            Some(path) => std::fs::write(path, text)
                 .map_err(|e| Error::input(format!("error: cannot write `{path}`: {e}"))),
-            _ => {
+            None => {
                 let _ = write!(self.stdout, "{text}");
                 Ok(())
             }
@@ -79,20 +138,57 @@ impl Io<'_> {
     }
 }
 
-/// Imports an ONNX model, looking up external data beside the model file.
-pub(crate) fn import_onnx(input: &Input, opts: &tcc_onnx::Options) -> Result<Module, Error> {
+/// The first few names, then how many more.
+pub(crate) fn abbreviate<'a>(names: impl Iterator<Item = &'a str>) -> String {
+    let names: Vec<&str> = names.collect();
+    let mut s: Vec<String> = names.iter().take(4).map(|n| format!("`{n}`")).collect();
+    if names.len() > 4 {
+        s.push(format!("{} more", names.len() - 4));
+    }
+    s.join(", ")
+}
+
+/// Imports a decoded ONNX model, looking up external data beside the model file.
+pub(crate) fn import_onnx(
+    input: &Input,
+    model: &tcc_onnx::proto::ModelProto,
+    opts: &tcc_onnx::Options,
+) -> Result<Module, Error> {
     let mut opts = opts.clone();
     if opts.dir.is_none() && input.name != "<stdin>" {
-        let dir = std::path::Path::new(&input.name).parent();
-        opts.dir = Some(dir.unwrap_or(std::path::Path::new(".")).to_path_buf());
+        let dir = Path::new(&input.name).parent();
+        opts.dir = Some(dir.unwrap_or(Path::new(".")).to_path_buf());
     }
-    tcc_onnx::import(&input.bytes, &opts)
+    tcc_onnx::import_model(model, &opts)
         .map_err(|e| Error::input(format!("error: {}: {e}", input.name)))
+}
+
+/// The initializers to make parameters for differentiating with respect to `wrt`: those it
+/// names, or whose names start with an entry ending in `/` or `.` (a scope: `layer1.`); all of
+/// them when `wrt` is empty.
+fn trainable(model: &tcc_onnx::proto::ModelProto, wrt: &[String]) -> tcc_onnx::Params {
+    if wrt.is_empty() {
+        return tcc_onnx::Params::All;
+    }
+    let wanted = |name: &str| {
+        wrt.iter().any(|w| {
+            let w = w.trim_start_matches('%');
+            w == name || (w.ends_with(['/', '.']) && name.starts_with(w))
+        })
+    };
+    let names = tcc_onnx::initializer_names(model);
+    tcc_onnx::Params::Names(
+        names
+            .into_iter()
+            .filter(|n| wanted(n))
+            .map(String::from)
+            .collect(),
+    )
 }
 
 /// Whether an input is an ONNX model: a `.onnx` file, or bytes that start as a serialized
 /// `ModelProto` does (field 1, `ir_version`, a varint: byte 0x08), which IR text never does.
-fn is_onnx(input: &Input) -> bool {
+pub(crate) fn is_onnx(input: &Input) -> bool {
     input.name.ends_with(".onnx") || input.bytes.first() == Some(&0x08)
 }
 
@@ -107,6 +203,10 @@ pub(crate) struct OnnxArgs {
     /// (repeatable); needed for inputs that decide shapes, such as a Reshape target.
     #[arg(long = "const", value_name = "NAME=PATH.npy")]
     pub consts: Vec<String>,
+    /// For ONNX models: make initializers parameters that keep their values (to differentiate
+    /// or train them): `all` (every floating-point initializer) or a comma-separated list.
+    #[arg(long = "params", value_name = "all|NAMES")]
+    pub params: Option<String>,
 }
 
 impl OnnxArgs {
@@ -129,6 +229,17 @@ impl OnnxArgs {
                 .map_err(|e| Error::input(format!("error: --const {name}: `{path}`: {e}")))?;
             opts.constants.push((name.to_string(), t));
         }
+        opts.params = match self.params.as_deref() {
+            None => tcc_onnx::Params::None,
+            Some("all") => tcc_onnx::Params::All,
+            Some(names) => tcc_onnx::Params::Names(
+                names
+                    .split(',')
+                    .map(|n| n.trim().trim_start_matches('%').to_string())
+                    .filter(|n| !n.is_empty())
+                    .collect(),
+            ),
+        };
         Ok(opts)
     }
 }

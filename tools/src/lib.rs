@@ -13,6 +13,7 @@ mod cmd;
 mod io;
 pub mod npy;
 pub mod train;
+mod weights;
 
 use clap::{Parser, Subcommand};
 use std::io::{Read, Write};
@@ -83,7 +84,7 @@ enum Cmd {
     Import(cmd::import::Args),
     /// Run a function on inputs and print a line per result.
     #[command(
-        after_help = "Examples:\n  tcc run examples/mlp.tir\n  tcc run model.onnx --shape input=1,3,224,224\n  tcc run examples/mlp.tir --input x=x.npy --input labels=zeros --output out/ --stats\n\nAn input is PATH.npy, random[:SEED] (floats in [-1,1), integers in [0,8)) or zeros; inputs not\ngiven are random with a fixed seed. With --output, each result is written as DIR/<name>.npy."
+        after_help = "Examples:\n  tcc run examples/mlp.tir\n  tcc run model.onnx --shape input=1,3,224,224\n  tcc run examples/mlp.tir --input x=x.npy --input labels=zeros --output out/ --stats\n\nAn input is PATH.npy, random[:SEED] (floats in [-1,1), integers in [0,8)) or zeros; inputs not\ngiven take their stored values (a `weights \"DIR\"` line) or are random with a fixed seed. With --output, each result is written as DIR/<name>.npy."
     )]
     Run(cmd::run::Args),
     /// Print how each function is cut into kernels and where its values live in the arena.

@@ -3,15 +3,18 @@
 //! The function's first result is the loss. Each parameter with a file `DATA/<name>.npy` is data;
 //! every other floating-point parameter is trained. A data file whose first dimension is a
 //! multiple of the parameter's (same trailing dimensions) is cut into consecutive mini-batches,
-//! used in turn. Trained parameters start from `INIT/<name>.npy` when given, otherwise from a
-//! fixed-seed initialisation: rank ≥ 2 uniform in ±sqrt(6 / fan_in) (fan_in is the first
+//! used in turn. Trained parameters start from `INIT/<name>.npy` when given, else from the
+//! module's stored value (an imported model's weights), otherwise from a fixed-seed
+//! initialisation: rank ≥ 2 uniform in ±sqrt(6 / fan_in) (fan_in is the first
 //! dimension of a matrix, the product of the trailing dimensions of a conv filter), rank ≤ 1
 //! zeros, except names ending in `gamma` or `scale`, which start at one. Optimizer state starts
 //! at zero. After each step every result `new/<name>` replaces the parameter `<name>`.
 
 use crate::npy;
+use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 use tcc_ir::random::Rng;
 use tcc_ir::{DType, Data, Function, Tensor, TensorType};
@@ -29,8 +32,9 @@ pub struct TrainArgs<'a> {
     pub init: Option<&'a str>,
     /// The optimizer.
     pub optimizer: Optimizer,
-    /// Where to save the trained parameters.
-    pub save: Option<&'a str>,
+    /// Initial values of trained parameters (a model's own weights), used where `init` has
+    /// no file.
+    pub weights: &'a BTreeMap<String, Arc<Tensor>>,
     /// Print the loss every this many steps (0: ten times in all).
     pub every: usize,
     /// A `remat` pass run on the step after `grad` and the optimizer, if any.
@@ -224,13 +228,14 @@ pub fn carried(step: &Function) -> Vec<Option<usize>> {
         .collect()
 }
 
-/// Runs `tcc train` on `f`, writing the log to `out` and the progress bar to `err`.
+/// Runs `tcc train` on `f`, writing the log to `out` and the progress bar to `err`; returns
+/// the trained parameters' final values, by name.
 pub fn train(
     f: &Function,
     args: &TrainArgs<'_>,
     out: &mut dyn Write,
     err: &mut dyn Write,
-) -> Result<(), String> {
+) -> Result<Vec<(String, Tensor)>, String> {
     let data_dir = args.data.map(Path::new);
     let data_names: Vec<String> = f
         .params()
@@ -274,8 +279,19 @@ pub fn train(
                     }
                     t
                 }
-                None if is_trained.contains(name) => init_value(name, ty, 0x7cc0_0000 + i as u64),
-                None => Tensor::zeros(ty.clone()).map_err(|e| format!("error: {e}"))?,
+                None => match args.weights.get(name) {
+                    Some(t) if t.ty() == ty => Tensor::clone(t),
+                    Some(t) => {
+                        return Err(format!(
+                            "error: the stored value of `{name}` is {}, but the parameter is {ty}",
+                            t.ty()
+                        ));
+                    }
+                    None if is_trained.contains(name) => {
+                        init_value(name, ty, 0x7cc0_0000 + i as u64)
+                    }
+                    None => Tensor::zeros(ty.clone()).map_err(|e| format!("error: {e}"))?,
+                },
             };
             inputs.push(value);
             Source::State(r)
@@ -393,19 +409,16 @@ pub fn train(
         let _ = write!(out, "; final {last}");
     }
     let _ = writeln!(out);
-    if let Some(dir) = args.save {
-        std::fs::create_dir_all(dir).map_err(|e| format!("error: cannot create `{dir}`: {e}"))?;
-        for ((src, t), &p) in sources.iter().zip(&inputs).zip(step_fn.params()) {
-            let name = step_fn.name(p);
-            if let (Source::State(_), true) = (src, is_trained.contains(name)) {
-                let path = Path::new(dir).join(format!("{}.npy", file_stem(name)));
-                std::fs::write(&path, npy::write(t))
-                    .map_err(|e| format!("error: cannot write `{}`: {e}", path.display()))?;
-            }
-        }
-        let _ = writeln!(out, "saved {} parameters to {dir}", trained.len());
-    }
-    Ok(())
+    let trained_values = sources
+        .iter()
+        .zip(inputs)
+        .zip(step_fn.params())
+        .filter(|((src, _), p)| {
+            matches!(src, Source::State(_)) && is_trained.contains(step_fn.name(**p))
+        })
+        .map(|((_, t), &p)| (step_fn.name(p).to_string(), t))
+        .collect();
+    Ok(trained_values)
 }
 
 fn scalar_text(t: &Tensor) -> String {

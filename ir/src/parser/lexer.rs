@@ -13,6 +13,8 @@ pub enum Tok<'a> {
     Ident(&'a str),
     /// A number as written (`3`, `-1.5e-3`, `-inf`).
     Num(&'a str),
+    /// A quoted string (unescaped), as in `weights "model.weights"`.
+    Str(Cow<'a, str>),
     /// One of `( ) [ ] { } , : =`.
     Punct(u8),
     /// `->`.
@@ -36,6 +38,7 @@ impl Tok<'_> {
             Tok::Func(n) => format!("function name `@{}`", clip(n)),
             Tok::Ident(s) => format!("`{}`", clip(s)),
             Tok::Num(s) => format!("number `{}`", clip(s)),
+            Tok::Str(s) => format!("string \"{}\"", clip(s)),
             Tok::Punct(c) => format!("`{}`", *c as char),
             Tok::Arrow => "`->`".into(),
             Tok::Eof => "end of file".into(),
@@ -97,7 +100,7 @@ impl<'a> Lexer<'a> {
         let b = self.bytes();
         let start = self.pos;
         if b.get(self.pos) == Some(&b'"') {
-            return self.quoted();
+            return self.quoted("name");
         }
         while self.pos < b.len() && is_name_byte(b[self.pos]) {
             self.pos += 1;
@@ -114,7 +117,8 @@ impl<'a> Lexer<'a> {
         Ok(Cow::Borrowed(&self.src[start..self.pos]))
     }
 
-    fn quoted(&mut self) -> Result<Cow<'a, str>, LexError> {
+    /// A `"..."` string with escapes; `what` names it in errors (`name` or `string`).
+    fn quoted(&mut self, what: &str) -> Result<Cow<'a, str>, LexError> {
         let open = self.pos;
         self.pos += 1;
         let mut out = String::new();
@@ -123,21 +127,21 @@ impl<'a> Lexer<'a> {
             let Some((i, c)) = chars.next() else {
                 return Err((
                     open,
-                    "unterminated quoted name: missing closing `\"`".into(),
+                    format!("unterminated quoted {what}: missing closing `\"`"),
                 ));
             };
             match c {
                 '"' => {
                     self.pos += i + 1;
                     if out.is_empty() {
-                        return Err((open, "a name cannot be empty".into()));
+                        return Err((open, format!("a quoted {what} cannot be empty")));
                     }
                     return Ok(Cow::Owned(out));
                 }
                 '\n' => {
                     return Err((
                         open,
-                        "unterminated quoted name: it reaches the end of the line".into(),
+                        format!("unterminated quoted {what}: it reaches the end of the line"),
                     ));
                 }
                 '\\' => {
@@ -222,6 +226,7 @@ impl<'a> Lexer<'a> {
                 self.pos += 1;
                 Tok::Func(self.name('@')?)
             }
+            b'"' => Tok::Str(self.quoted("string")?),
             b'(' | b')' | b'[' | b']' | b'{' | b'}' | b',' | b':' | b'=' => {
                 self.pos += 1;
                 Tok::Punct(c)

@@ -210,6 +210,15 @@ impl<'a> Parser<'a> {
                         .into());
                 }
                 Tok::Eof => return Ok(m),
+                Tok::Ident("weights") if m.functions.is_empty() && m.weights.location.is_none() => {
+                    let d = self.next()?;
+                    let Tok::Str(dir) = d.tok else {
+                        return Err(self
+                            .unexpected(&d, "the quoted directory of the stored weights, as in `weights \"model.weights\"`")
+                            .into());
+                    };
+                    m.weights.location = Some(dir.into_owned());
+                }
                 Tok::Ident("func") => {
                     let f = self.function()?;
                     if let Some(&first) = seen.get(&f.name) {

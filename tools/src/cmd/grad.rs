@@ -1,19 +1,22 @@
 //! `tcc grad`: each function with d(loss)/d(x) appended to its results.
 
 use crate::Error;
-use crate::io::{Io, pick_function};
+use crate::io::{Io, OnnxArgs, pick_function};
 use tcc_passes::grad::{Unconnected, Wrt};
 
 // The arguments of `tcc grad`.
 #[derive(clap::Args, Debug)]
 pub(crate) struct Args {
-    /// The IR file (`-` for stdin).
+    /// The IR file or ONNX model (`-` for stdin).
     pub file: String,
+    #[command(flatten)]
+    pub onnx: OnnxArgs,
     /// Differentiate only this function (default: every function).
     #[arg(long)]
     pub func: Option<String>,
     /// What to differentiate with respect to: value names or `scope/` (default: every
-    /// floating-point parameter).
+    /// floating-point parameter). An ONNX model's initializers named here (or all of them, by
+    /// default) become parameters that keep their values.
     #[arg(long, value_delimiter = ',')]
     pub wrt: Vec<String>,
     /// The values to differentiate (default: the single floating-point scalar result).
@@ -34,6 +37,8 @@ pub(crate) struct Args {
 }
 
 pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
+    let onnx = a.onnx.options()?;
+    let (input, mut m) = io.load_trainable(&a.file, &onnx, &a.wrt)?;
     let opts = tcc_passes::GradOptions {
         ys: a.ys,
         wrt: if a.wrt.is_empty() {
@@ -49,7 +54,6 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
             Unconnected::Zero
         },
     };
-    let (input, mut m) = io.load(&a.file)?;
     let func = a.func.as_deref();
     if let Some(name) = func {
         pick_function(&m, Some(name), &input.name)?;
@@ -77,5 +81,5 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
             s.total_ops as f64 / s.forward_ops.max(1) as f64
         );
     }
-    io.write_module(&m, a.output.as_deref())
+    io.write_module(m, a.output.as_deref())
 }

@@ -18,6 +18,8 @@ pub(crate) struct Args {
 pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
     let opts = a.onnx.options()?;
     let input = io.read(&a.file)?;
-    let m = import_onnx(&input, &opts)?;
-    io.write_module(&m, a.output.as_deref())
+    let model = tcc_onnx::read_model(&input.bytes)
+        .map_err(|e| Error::input(format!("error: {}: {e}", input.name)))?;
+    let m = import_onnx(&input, &model, &opts)?;
+    io.write_module(m, a.output.as_deref())
 }

@@ -39,7 +39,7 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
     if a.time_passes {
         let _ = write!(io.stderr, "{}", time_table(&times));
     }
-    io.write_module(&m, a.output.as_deref())
+    io.write_module(m, a.output.as_deref())
 }
 
 /// Each pass's wall time and share, and the total.

@@ -61,8 +61,12 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
             })?;
         given[i] = Some(spec);
     }
+    let stored = &m.weights.values;
     let inputs: Vec<Tensor> = (0..f.params().len())
-        .map(|i| make_input(f, i, given[i]))
+        .map(|i| match (given[i], stored.get(f.name(f.params()[i]))) {
+            (None, Some(t)) => Ok(Tensor::clone(t)),
+            (spec, _) => make_input(f, i, spec),
+        })
         .collect::<Result<_, _>>()
         .map_err(Error::input)?;
     let results = if a.interp {

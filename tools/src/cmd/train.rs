@@ -1,14 +1,18 @@
 //! `tcc train`: loop a train step (grad + optimizer) through the JIT; see [`crate::train`].
 
-use crate::Error;
-use crate::io::{Io, pick_function};
-use crate::train::{TrainArgs, train};
+use crate::io::{Io, OnnxArgs, is_onnx, pick_function};
+use crate::train::{TrainArgs, file_stem, train};
+use crate::{Error, npy};
+use std::path::Path;
 
 // The arguments of `tcc train`.
 #[derive(clap::Args, Debug)]
 pub(crate) struct Args {
-    /// The IR file (`-` for stdin).
+    /// The IR file or ONNX model (`-` for stdin). An ONNX model trains from its own weights
+    /// (every floating-point initializer becomes a trained parameter unless --params says).
     pub file: String,
+    #[command(flatten)]
+    pub onnx: OnnxArgs,
     /// The loss function (needed when the file defines several).
     #[arg(long)]
     pub func: Option<String>,
@@ -30,8 +34,9 @@ pub(crate) struct Args {
     /// Print the loss every N steps (default: ten times in all).
     #[arg(long, default_value_t = 0)]
     pub every: usize,
-    /// Save the trained parameters as DIR/<name>.npy.
-    #[arg(long)]
+    /// Save the trained parameters as DIR/<name>.npy, or, given a path ending in `.onnx` when
+    /// training an ONNX model, as a copy of the model with the new weights.
+    #[arg(long, value_name = "DIR|FILE.onnx")]
     pub save: Option<String>,
     /// Gradient checkpointing: the options of a `remat` pass run after `grad`, as in
     /// `--remat budget=0.5` or `--remat strategy=memory`.
@@ -58,16 +63,45 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
                 .map_err(|e| Error::input(format!("error: --remat {spec}: {}", e.message)))
         })
         .transpose()?;
-    let (input, m) = io.load(&a.file)?;
+    let onnx = a.onnx.options()?;
+    let (input, m) = io.load_trainable(&a.file, &onnx, &[])?;
     let f = pick_function(&m, a.func.as_deref(), &input.name)?;
     let args = TrainArgs {
         steps: a.steps,
         data: a.data.as_deref(),
         init: a.init.as_deref(),
         optimizer,
-        save: a.save.as_deref(),
+        weights: &m.weights.values,
         every: a.every,
         remat: remat.as_ref(),
     };
-    train(f, &args, io.stdout, io.stderr).map_err(Error::input)
+    let trained = train(f, &args, io.stdout, io.stderr).map_err(Error::input)?;
+    let Some(save) = a.save.as_deref() else {
+        return Ok(());
+    };
+    if save.ends_with(".onnx") {
+        if !is_onnx(&input) {
+            return Err(Error::usage(format!(
+                "error: --save {save}: only an ONNX model's weights can be saved as .onnx, and `{}` is IR; give a directory",
+                input.name
+            )));
+        }
+        let mut model = tcc_onnx::read_model(&input.bytes)
+            .map_err(|e| Error::input(format!("error: {}: {e}", input.name)))?;
+        tcc_onnx::set_initializers(&mut model, &trained)
+            .map_err(|e| Error::input(format!("error: --save {save}: {e}")))?;
+        std::fs::write(save, tcc_onnx::write_model(&model))
+            .map_err(|e| Error::input(format!("error: cannot write `{save}`: {e}")))?;
+    } else {
+        std::fs::create_dir_all(save)
+            .map_err(|e| Error::input(format!("error: cannot create `{save}`: {e}")))?;
+        for (name, t) in &trained {
+            let path = Path::new(save).join(format!("{}.npy", file_stem(name)));
+            std::fs::write(&path, npy::write(t)).map_err(|e| {
+                Error::input(format!("error: cannot write `{}`: {e}", path.display()))
+            })?;
+        }
+    }
+    let _ = writeln!(io.stdout, "saved {} parameters to {save}", trained.len());
+    Ok(())
 }
