@@ -472,3 +472,191 @@ fn truncated_and_corrupted_files_never_panic() {
             .unwrap_or_else(|_| panic!("import panicked on {b:?}"));
     }
 }
+
+/// `--params` makes initializers parameters whose values travel in a weights directory beside
+/// the IR; `tcc run` on that IR computes what the model computes. The shape initializer stays a
+/// constant with `all` (it is not floating-point).
+#[test]
+fn initializers_become_parameters_with_stored_values() {
+    use tcc::onnx::Params;
+    let opts = |params| Options {
+        params,
+        ..bound("x", &[2, 3])
+    };
+    let m = import(&write_model(&mlp()), &opts(Params::All)).unwrap();
+    let f = &m.functions[0];
+    let names: Vec<&str> = f.params().iter().map(|&p| f.name(p)).collect();
+    assert_eq!(names, ["x", "fc/w", "fc/b"]);
+    let stored: Vec<&str> = m.weights.values.keys().map(String::as_str).collect();
+    assert_eq!(stored, ["fc/b", "fc/w"]);
+    let m = import(
+        &write_model(&mlp()),
+        &opts(Params::Names(vec!["fc/b".into()])),
+    )
+    .unwrap();
+    let f = &m.functions[0];
+    assert_eq!(f.params().len(), 2);
+    // A name that is not an initializer is an error that lists them.
+    let e = import(
+        &write_model(&mlp()),
+        &opts(Params::Names(vec!["fc/bias".into()])),
+    )
+    .unwrap_err()
+    .to_string();
+    assert_eq!(
+        e,
+        "--params names `fc/bias`, which is not an initializer of the model; its initializers are `fc/w`, `fc/b`, `shape`"
+    );
+    // An initializer that fixes a shape cannot be one.
+    let e = import(
+        &write_model(&mlp()),
+        &opts(Params::Names(vec!["shape".into()])),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("initializer `shape` was made a parameter; leave it out of --params"),
+        "{e}"
+    );
+
+    // Through the driver: import, run from the IR and its weights, and the errors.
+    let d = scratch("params");
+    let path = d.join("mlp.onnx");
+    std::fs::write(&path, write_model(&mlp())).unwrap();
+    let p = path.to_str().unwrap();
+    let ir = d.join("mlp.tir");
+    let ir = ir.to_str().unwrap();
+    let (code, _, err) = tcc(&["import", p, "--shape", "x=4,3", "--params", "all", "-o", ir]);
+    assert_eq!(code, 0, "{err}");
+    let text = std::fs::read_to_string(ir).unwrap();
+    assert!(
+        text.starts_with(
+            "weights \"mlp.weights\"\n\nfunc @main(%x: f32[4,3], %fc/w: f32[3,2], %fc/b: f32[2])"
+        ),
+        "{text}"
+    );
+    assert!(d.join("mlp.weights/fc_w.npy").exists());
+    let (code, from_ir, err) = tcc(&["run", ir, "--input", "x=random:3"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, from_onnx, err) = tcc(&["run", p, "--shape", "x=4,3", "--input", "x=random:3"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(from_ir, from_onnx);
+    // Printed to stdout, the values cannot go anywhere: a note says so.
+    let (code, out, err) = tcc(&["import", p, "--shape", "x=4,3", "--params", "fc/w"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.starts_with("func @main(%x: f32[4,3], %fc/w: f32[3,2])"),
+        "{out}"
+    );
+    assert!(
+        err.contains("the values of 1 parameters (`fc/w`) are not printed"),
+        "{err}"
+    );
+    // A weights file of another model, and a missing directory.
+    std::fs::write(
+        d.join("mlp.weights/other.npy"),
+        tcc_tools::npy::write(&Tensor::from_f32(&[1], vec![1.0]).unwrap()),
+    )
+    .unwrap();
+    let (code, _, err) = tcc(&["run", ir]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("other.npy` is not the value of any parameter of this module"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(d.join("mlp.weights")).unwrap();
+    let (code, _, err) = tcc(&["run", ir]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("weights \"mlp.weights\": cannot read the weights directory")
+            && err.contains("copy it with the .tir file"),
+        "{err}"
+    );
+    let (code, _, err) = tcc(&["import", p, "--shape", "x=4,3", "--params", "nope"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("--params names `nope`, which is not an initializer"),
+        "{err}"
+    );
+}
+
+/// Paddle writes an unknown dimension as -1: it is dynamic, and `--shape` binds it.
+#[test]
+fn a_dimension_of_minus_one_is_dynamic() {
+    let mut m = mlp();
+    let g = m.graph.as_mut().unwrap();
+    g.input = vec![value_info("x", DataType::Float, &[Some(-1), Some(3)])];
+    let bytes = write_model(&m);
+    let f = import(&bytes, &bound("x", &[5, 3])).unwrap();
+    assert_eq!(f.functions[0].ty(f.functions[0].params()[0]).dims(), [5, 3]);
+    let e = import(&bytes, &Options::default()).unwrap_err().to_string();
+    assert!(
+        e.contains("graph input `x` has dynamic dimension `-1` (axis 0 of [-1,3])"),
+        "{e}"
+    );
+}
+
+/// Results carry the graph output names, whatever produced them: an `Identity`, a graph input
+/// returned as is, one value returned twice.
+#[test]
+fn results_are_named_as_the_graph_outputs() {
+    let m = model(
+        GraphProto {
+            node: vec![
+                node("Relu", "act", &["x"], &["h"], vec![]),
+                node("Identity", "out", &["h"], &["logits"], vec![]),
+                node("Identity", "same", &["x"], &["x_again"], vec![]),
+            ],
+            input: vec![value_info("x", DataType::Float, &[Some(2)])],
+            output: vec![
+                value_info("logits", DataType::Float, &[Some(2)]),
+                value_info("x_again", DataType::Float, &[Some(2)]),
+                value_info("x", DataType::Float, &[Some(2)]),
+                value_info("h", DataType::Float, &[Some(2)]),
+            ],
+            ..Default::default()
+        },
+        13,
+    );
+    let m = import(&write_model(&m), &Options::default()).unwrap();
+    let f = &m.functions[0];
+    let names: Vec<&str> = f.results().iter().map(|&r| f.name(r)).collect();
+    assert_eq!(names, ["logits", "x_again", "x", "h"]);
+    let x = Tensor::from_f32(&[2], vec![-1.0, 2.0]).unwrap();
+    let got = tcc::Program::from_function(f)
+        .unwrap()
+        .run(std::slice::from_ref(&x))
+        .unwrap();
+    assert_eq!(got[0].data(), &Data::F32(vec![0.0, 2.0]));
+    assert_eq!(got[1], x);
+    assert_eq!(got[2], x);
+    assert_eq!(got[3].data(), &Data::F32(vec![0.0, 2.0]));
+}
+
+/// `--input x=file.npy` binds a dynamic dimension without `--shape`; a file that does not fit a
+/// fixed dimension is still an error.
+#[test]
+fn input_files_bind_dynamic_dimensions() {
+    let d = scratch("input-shapes");
+    let path = d.join("mlp.onnx");
+    std::fs::write(&path, write_model(&mlp())).unwrap();
+    let x = d.join("x.npy");
+    let t = Tensor::from_f32(&[2, 3], vec![1.0, 2.0, 3.0, -1.0, 0.0, 1.0]).unwrap();
+    std::fs::write(&x, tcc_tools::npy::write(&t)).unwrap();
+    let spec = format!("x={}", x.display());
+    let (code, out, err) = tcc(&["run", path.to_str().unwrap(), "--input", &spec]);
+    assert_eq!(code, 0, "{err}");
+    // The values of `imports_with_names_and_runs`: relu([-3.75, 2.75, -2.75, 1.75]).
+    assert_eq!(
+        out,
+        "%y: f32[4]  min 0.000000  max 2.750000  mean 1.125000\n"
+    );
+    let bad = Tensor::from_f32(&[2, 2], vec![0.0; 4]).unwrap();
+    std::fs::write(&x, tcc_tools::npy::write(&bad)).unwrap();
+    let (code, _, err) = tcc(&["run", path.to_str().unwrap(), "--input", &spec]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("has 2 at dimension 1, but the model fixes it at 3"),
+        "{err}"
+    );
+}

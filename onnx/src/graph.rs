@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
 use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
-use tcc_ir::{DType, Function, FunctionBuilder, Module, Tensor, Value};
+use tcc_ir::{DType, Function, FunctionBuilder, Module, OpKind, Tensor, Value};
 
 /// Where in the model something is, for error messages.
 pub(crate) struct NodeRef<'a> {
@@ -265,7 +265,7 @@ fn import_graph(
         results.push(v);
     }
     let mut f = cx.b.into_function();
-    f.set_results(results);
+    name_results(&mut f, g, results);
     remove_dead(&mut f);
     tcc_ir::verify_function(&f).map_err(|d| {
         Error::invalid(format!(
@@ -273,6 +273,30 @@ fn import_graph(
         ))
     })?;
     Ok((f, weights))
+}
+
+/// Sets the results, each named as its graph output. A value that got another name (an output
+/// produced by `Identity`, a graph input or initializer returned as is, a value returned twice)
+/// is renamed when it is an op result no other output uses, else returned through an
+/// `identity` op with the output's name.
+fn name_results(f: &mut Function, g: &GraphProto, mut results: Vec<Value>) {
+    for (i, vi) in g.output.iter().enumerate() {
+        let name = vi.name.as_deref().unwrap_or("");
+        let v = results[i];
+        if f.name(v) == name {
+            continue;
+        }
+        let shared = results.iter().filter(|&&r| r == v).count() > 1;
+        let renamed = f.lookup(name).is_none_or(|other| other == v);
+        if f.def_op(v).is_some() && !shared && renamed {
+            f.rename(v, name);
+        } else {
+            let ty = f.ty(v).clone();
+            let op = f.add_op(OpKind::Identity, vec![v], vec![ty], &[name]);
+            results[i] = f.op(op).results[0];
+        }
+    }
+    f.set_results(results);
 }
 
 /// Removes ops no result depends on: constants only folding read, shape inputs, unused

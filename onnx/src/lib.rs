@@ -196,6 +196,35 @@ pub fn set_initializers(m: &mut proto::ModelProto, values: &[(String, Tensor)]) 
     Ok(())
 }
 
+/// The graph inputs (not initializers) whose shape the model leaves open: a symbolic, unknown
+/// or `-1` dimension, or no shape at all. These are the ones [`Options::shapes`] must bind.
+pub fn dynamic_inputs(m: &proto::ModelProto) -> Vec<&str> {
+    use proto::tensor_shape_proto::dimension::Value as Dim;
+    let Some(g) = &m.graph else {
+        return Vec::new();
+    };
+    let init: std::collections::HashSet<&str> = g
+        .initializer
+        .iter()
+        .filter_map(|t| t.name.as_deref())
+        .collect();
+    let fixed = |vi: &proto::ValueInfoProto| match vi.r#type.as_ref().and_then(|t| t.value.as_ref())
+    {
+        Some(proto::type_proto::Value::TensorType(t)) => t.shape.as_ref().is_some_and(|s| {
+            s.dim
+                .iter()
+                .all(|d| matches!(d.value, Some(Dim::DimValue(v)) if v >= 0))
+        }),
+        _ => true,
+    };
+    g.input
+        .iter()
+        .filter(|vi| !fixed(vi))
+        .filter_map(|vi| vi.name.as_deref())
+        .filter(|n| !init.contains(n))
+        .collect()
+}
+
 /// The names of a model's initializers, in file order.
 pub fn initializer_names(m: &proto::ModelProto) -> Vec<&str> {
     m.graph

@@ -85,6 +85,7 @@ pub fn apply_optimizer(f: &mut Function, opt: Optimizer) -> Result<(), String> {
             opt.name()
         ));
     }
+    let first_new = f.num_values_created();
     let mut b = FunctionBuilder::from_function(std::mem::replace(f, Function::new("")));
     let built = build_updates(&mut b, &pairs, opt);
     *f = b.into_function();
@@ -92,8 +93,15 @@ pub fn apply_optimizer(f: &mut Function, opt: Optimizer) -> Result<(), String> {
     let mut results = rest;
     results.extend(new_params);
     results.extend(new_state);
+    // Clean-up may fold an update away (a parameter whose gradient is zero keeps its value):
+    // the results keep their `new/<name>` names all the same.
+    let names: Vec<(usize, String)> = (results.iter().enumerate())
+        .filter(|&(_, &r)| f.name(r).starts_with("new/"))
+        .map(|(i, &r)| (i, f.name(r).to_string()))
+        .collect();
     f.set_results(results);
     crate::grad::clean_up(f);
+    crate::grad::name_results(f, &names, first_new);
     Ok(())
 }
 

@@ -44,19 +44,34 @@ impl Io<'_> {
 
     /// Reads `file` and parses and verifies it, or imports it as an ONNX model.
     pub fn load(&mut self, file: &str) -> Result<(Input, Module), Error> {
-        self.load_with(file, &tcc_onnx::Options::default())
+        self.load_inner(file, &tcc_onnx::Options::default(), None)
     }
 
-    /// [`Io::load`] with options for ONNX models (`--shape` bindings, `--const` values).
-    pub fn load_with(
+    /// [`Io::load`] with options for ONNX models (`--shape`, `--const`, `--params`), where
+    /// `given` holds the input values the user gave (`--input x=x.npy`):
+    /// an ONNX graph input with dynamic dimensions and no `--shape` takes its shape from them.
+    pub fn load_with_inputs(
         &mut self,
         file: &str,
         onnx: &tcc_onnx::Options,
+        given: &[(&str, &tcc_ir::Tensor)],
     ) -> Result<(Input, Module), Error> {
-        self.load_inner(file, onnx, None)
+        let mut onnx = onnx.clone();
+        let input = self.read(file)?;
+        if is_onnx(&input) {
+            let model = tcc_onnx::read_model(&input.bytes)
+                .map_err(|e| Error::input(format!("error: {}: {e}", input.name)))?;
+            let dynamic = tcc_onnx::dynamic_inputs(&model);
+            for &(name, t) in given {
+                if dynamic.contains(&name) && !onnx.shapes.iter().any(|(n, _)| n == name) {
+                    onnx.shapes.push((name.to_string(), t.dims().to_vec()));
+                }
+            }
+        }
+        self.load_input(input, &onnx, None)
     }
 
-    /// [`Io::load_with`] for differentiating or training with respect to `wrt` (every
+    /// [`Io::load`] with ONNX options, for differentiating or training with respect to `wrt` (every
     /// floating-point parameter when empty): an ONNX model's initializers among them become
     /// parameters that keep their values, unless `--params` already chose.
     pub fn load_trainable(
@@ -75,6 +90,15 @@ impl Io<'_> {
         wrt: Option<&[String]>,
     ) -> Result<(Input, Module), Error> {
         let input = self.read(file)?;
+        self.load_input(input, onnx, wrt)
+    }
+
+    fn load_input(
+        &mut self,
+        input: Input,
+        onnx: &tcc_onnx::Options,
+        wrt: Option<&[String]>,
+    ) -> Result<(Input, Module), Error> {
         let m = if is_onnx(&input) {
             let model = tcc_onnx::read_model(&input.bytes)
                 .map_err(|e| Error::input(format!("error: {}: {e}", input.name)))?;

@@ -18,6 +18,7 @@ use tcc_ir::{
 
 mod conv;
 mod elementwise;
+mod loss;
 mod reduce;
 mod shape;
 
@@ -84,6 +85,8 @@ pub(crate) fn lower(cx: &mut Ctx, n: &Node) -> Result<Vec<Option<Value>>> {
             })
         }
         "Mod" => one(modulo(cx, n)?),
+        "SoftmaxCrossEntropyLoss" => loss::softmax_cross_entropy(cx, n),
+        "NegativeLogLikelihoodLoss" => one(loss::negative_log_likelihood(cx, n)?),
         "Softplus" => one(softplus(cx, x()?)?),
         "Swish" => {
             // x * sigmoid(alpha * x)

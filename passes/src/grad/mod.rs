@@ -367,20 +367,28 @@ pub fn grad(f: &mut Function, opts: &GradOptions) -> Result<GradStats, String> {
     })
 }
 
-/// Makes the gradient result of each x carry the name `grad/<x>` after clean-up (which may have
-/// replaced a named value by an equal one): a value this pass created and no other result uses is
-/// renamed; anything else (a parameter, a forward value, a value shared by two gradients) gets an
-/// `identity` op with the name.
+/// Makes the gradient result of each x carry the name `grad/<x>` after clean-up (see
+/// [`name_results`]).
 fn name_gradients(f: &mut Function, xs: &[Value], first_new: usize) {
+    let n = f.results().len() - xs.len();
+    let names: Vec<(usize, String)> = (xs.iter().enumerate())
+        .map(|(i, &x)| (n + i, format!("grad/{}", f.name(x))))
+        .collect();
+    name_results(f, &names, first_new);
+}
+
+/// Gives result `i` the name `name` for each `(i, name)`, after clean-up may have replaced a
+/// named value by an equal one: a value created since `first_new` that no other result uses is
+/// renamed; anything else (a parameter, a forward value, a value two results share) gets an
+/// `identity` op with the name.
+pub(crate) fn name_results(f: &mut Function, names: &[(usize, String)], first_new: usize) {
     let mut results = f.results().to_vec();
-    let n = results.len() - xs.len();
     let mut times: std::collections::HashMap<Value, usize> = std::collections::HashMap::new();
     for &r in &results {
         *times.entry(r).or_default() += 1;
     }
-    for (i, &x) in xs.iter().enumerate() {
-        let r = results[n + i];
-        let want = format!("grad/{}", f.name(x));
+    for (i, want) in names {
+        let r = results[*i];
         if f.name(r) == want {
             continue;
         }
@@ -388,11 +396,11 @@ fn name_gradients(f: &mut Function, xs: &[Value], first_new: usize) {
             && matches!(f.value(r).def, ValueDef::Result(..))
             && times[&r] == 1;
         if ours {
-            f.rename(r, &want);
+            f.rename(r, want);
         } else {
             let ty = f.ty(r).clone();
-            let op = f.add_op(OpKind::Identity, vec![r], vec![ty], &[&want]);
-            results[n + i] = f.op(op).results[0];
+            let op = f.add_op(OpKind::Identity, vec![r], vec![ty], &[want]);
+            results[*i] = f.op(op).results[0];
         }
     }
     f.set_results(results);

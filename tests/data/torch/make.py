@@ -5,8 +5,8 @@ users export for training (weights as initializers, no constant folding, BatchNo
 mode), with:
   inputs/<name>.npy   the graph inputs (data and labels)
   grads/<name>.npy    torch autograd's gradient of the loss for every weight (by ONNX name)
-  sgd_losses.npy      the first 20 losses of plain SGD (lr below) from the exported weights,
-                      feeding the same batch every step
+  sgd_losses.npy      the first 21 losses of plain SGD (lr below) from the exported weights,
+                      feeding the same batch every step (the 21st: after 20 updates)
 Run: target/torch-venv/bin/python tests/data/torch/make.py  (torch, onnx; outputs are small)
 """
 import os, sys
@@ -100,7 +100,7 @@ def make(name, model, inputs, input_names):
     # Plain SGD from the same weights, on the same batch.
     opt = torch.optim.SGD(model.parameters(), lr=SGD_LR)
     losses = []
-    for _ in range(STEPS):
+    for _ in range(STEPS + 1):
         opt.zero_grad()
         loss = model(*inputs)
         losses.append(loss.item())

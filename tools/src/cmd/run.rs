@@ -38,23 +38,35 @@ pub(crate) struct Args {
 
 pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
     let onnx = a.onnx.options()?;
-    let (input, m) = io.load_with(&a.file, &onnx)?;
-    let f = pick_function(&m, a.func.as_deref(), &input.name)?;
-    tcc_ir::interp::check_sizes(f).map_err(|e| Error::input(format!("error: {e}")))?;
-    let mut given: Vec<Option<&str>> = vec![None; f.params().len()];
+    // `--input NAME=SPEC`, with the .npy files read up front: their shapes bind an ONNX
+    // model's dynamic dimensions.
+    let mut specs: Vec<(&str, Spec)> = Vec::with_capacity(a.inputs.len());
     for s in &a.inputs {
         let (name, spec) = s
             .split_once('=')
             .ok_or_else(|| Error::usage(format!("error: --input `{s}`: expected NAME=SPEC")))?;
         let name = name.trim_start_matches('%');
+        specs.push((name, Spec::parse(name, spec).map_err(Error::input)?));
+    }
+    let files: Vec<(&str, &Tensor)> = (specs.iter())
+        .filter_map(|(n, s)| match s {
+            Spec::File(_, t) => Some((*n, t)),
+            _ => None,
+        })
+        .collect();
+    let (input, m) = io.load_with_inputs(&a.file, &onnx, &files)?;
+    let f = pick_function(&m, a.func.as_deref(), &input.name)?;
+    tcc_ir::interp::check_sizes(f).map_err(|e| Error::input(format!("error: {e}")))?;
+    let mut given: Vec<Option<&Spec>> = vec![None; f.params().len()];
+    for (name, spec) in &specs {
         let i = f
             .params()
             .iter()
-            .position(|&p| f.name(p) == name)
+            .position(|&p| f.name(p) == *name)
             .ok_or_else(|| {
                 let params: Vec<&str> = f.params().iter().map(|&p| f.name(p)).collect();
                 Error::usage(format!(
-                    "error: --input `{s}`: `@{}` has no parameter `{name}`; its parameters are {}",
+                    "error: --input `{name}`: `@{}` has no parameter `{name}`; its parameters are {}",
                     f.name,
                     params.join(", ")
                 ))
@@ -65,7 +77,7 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
     let inputs: Vec<Tensor> = (0..f.params().len())
         .map(|i| match (given[i], stored.get(f.name(f.params()[i]))) {
             (None, Some(t)) => Ok(Tensor::clone(t)),
-            (spec, _) => make_input(f, i, spec),
+            (spec, _) => make_input(f, i, spec.unwrap_or(&Spec::Random(None))),
         })
         .collect::<Result<_, _>>()
         .map_err(Error::input)?;
@@ -122,41 +134,57 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
     Ok(())
 }
 
-/// Builds the input for parameter `i` from its spec (default `random` with a per-parameter seed).
-fn make_input(f: &Function, i: usize, spec: Option<&str>) -> Result<Tensor, String> {
+/// What `--input NAME=SPEC` asks for.
+enum Spec {
+    Zeros,
+    /// Random, with this seed (default: one per parameter).
+    Random(Option<u64>),
+    /// A `.npy` file: its path and contents.
+    File(String, Tensor),
+}
+
+impl Spec {
+    fn parse(name: &str, spec: &str) -> Result<Spec, String> {
+        if spec == "zeros" {
+            return Ok(Spec::Zeros);
+        }
+        if let Some(rest) = spec.strip_prefix("random") {
+            return match rest.strip_prefix(':') {
+                Some(s) => s.parse::<u64>().map(|s| Spec::Random(Some(s))).map_err(|_| {
+                    format!(
+                        "error: input `{name}`: bad seed `{s}` in `{spec}`; expected random:<integer>"
+                    )
+                }),
+                None if rest.is_empty() => Ok(Spec::Random(None)),
+                None => Err(format!(
+                    "error: input `{name}`: bad spec `{spec}`; expected PATH.npy, random[:SEED] or zeros"
+                )),
+            };
+        }
+        let bytes = std::fs::read(spec)
+            .map_err(|e| format!("error: input `{name}`: cannot read `{spec}`: {e}"))?;
+        let t = npy::read(&bytes).map_err(|e| format!("error: input `{name}`: `{spec}`: {e}"))?;
+        Ok(Spec::File(spec.to_string(), t))
+    }
+}
+
+/// Builds the input for parameter `i` from its spec.
+fn make_input(f: &Function, i: usize, spec: &Spec) -> Result<Tensor, String> {
     let p = f.params()[i];
     let ty = f.ty(p);
     let name = f.name(p);
-    let spec = spec.unwrap_or("random");
-    if spec == "zeros" {
-        return Tensor::zeros(ty.clone()).map_err(|e| format!("error: input `{name}`: {e}"));
-    }
-    if let Some(rest) = spec.strip_prefix("random") {
-        let seed = match rest.strip_prefix(':') {
-            Some(s) => s.parse::<u64>().map_err(|_| {
-                format!(
-                    "error: input `{name}`: bad seed `{s}` in `{spec}`; expected random:<integer>"
-                )
-            })?,
-            None if rest.is_empty() => 0x7cc0_0000 + i as u64,
-            None => {
-                return Err(format!(
-                    "error: input `{name}`: bad spec `{spec}`; expected PATH.npy, random[:SEED] or zeros"
-                ));
-            }
-        };
-        return Ok(random_tensor(ty, &mut Rng::new(seed)));
-    }
-    let bytes = std::fs::read(spec)
-        .map_err(|e| format!("error: input `{name}`: cannot read `{spec}`: {e}"))?;
-    let t = npy::read(&bytes).map_err(|e| format!("error: input `{name}`: `{spec}`: {e}"))?;
-    if t.ty() != ty {
-        return Err(format!(
-            "error: input `{name}`: `{spec}` holds {}, but the parameter is {ty}",
+    match spec {
+        Spec::Zeros => Tensor::zeros(ty.clone()).map_err(|e| format!("error: input `{name}`: {e}")),
+        Spec::Random(seed) => {
+            let seed = seed.unwrap_or(0x7cc0_0000 + i as u64);
+            Ok(random_tensor(ty, &mut Rng::new(seed)))
+        }
+        Spec::File(path, t) if t.ty() != ty => Err(format!(
+            "error: input `{name}`: `{path}` holds {}, but the parameter is {ty}",
             t.ty()
-        ));
+        )),
+        Spec::File(_, t) => Ok(t.clone()),
     }
-    Ok(t)
 }
 
 /// One line describing a result: its type and the range and mean of its elements.
