@@ -660,3 +660,121 @@ fn input_files_bind_dynamic_dimensions() {
         "{err}"
     );
 }
+
+/// A small CNN as exporters write it with batch norm kept (Conv, BatchNormalization, Relu,
+/// channel Slice and Concat as ShuffleNet does, a Pow/Sub normalisation, GlobalAveragePool,
+/// Flatten, Gemm): `tcc run --stats` shows no op on the reference kernels.
+#[test]
+fn a_cnn_with_batch_norm_kept_runs_no_reference_kernel() {
+    let vals = |n: usize, k: f32| {
+        (0..n)
+            .map(|i| ((i as f32 * 0.37 + k).sin()) * 0.5)
+            .collect::<Vec<f32>>()
+    };
+    let pos = |n: usize| (0..n).map(|i| 0.5 + i as f32 * 0.1).collect::<Vec<f32>>();
+    let i64_init = |name: &str, v: &[i64]| TensorProto {
+        name: Some(name.into()),
+        dims: vec![v.len() as i64],
+        data_type: Some(DataType::Int64 as i32),
+        int64_data: v.to_vec(),
+        ..Default::default()
+    };
+    let m = model(
+        GraphProto {
+            node: vec![
+                node(
+                    "Conv",
+                    "conv",
+                    &["x", "w", "cb"],
+                    &["c"],
+                    vec![ints_attr("pads", &[1, 1, 1, 1])],
+                ),
+                node(
+                    "BatchNormalization",
+                    "bn",
+                    &["c", "g", "b", "m", "v"],
+                    &["n"],
+                    vec![],
+                ),
+                node("Relu", "relu", &["n"], &["r"], vec![]),
+                node("Slice", "left", &["r", "s0", "s2", "ax"], &["lo"], vec![]),
+                node("Slice", "right", &["r", "s2", "s4", "ax"], &["hi"], vec![]),
+                node(
+                    "Concat",
+                    "shuffle",
+                    &["hi", "lo"],
+                    &["cat"],
+                    vec![AttributeProto {
+                        name: Some("axis".into()),
+                        r#type: Some(AttributeType::Int as i32),
+                        i: Some(1),
+                        ..Default::default()
+                    }],
+                ),
+                node("ReduceMean", "mean", &["cat", "ax"], &["mu"], vec![]),
+                node("Sub", "center", &["cat", "mu"], &["d"], vec![]),
+                node("Pow", "square", &["d", "two"], &["sq"], vec![]),
+                node("GlobalAveragePool", "gap", &["sq"], &["p"], vec![]),
+                node("Flatten", "flat", &["p"], &["f"], vec![]),
+                node(
+                    "Gemm",
+                    "fc",
+                    &["f", "fw", "fb"],
+                    &["y"],
+                    vec![AttributeProto {
+                        name: Some("transB".into()),
+                        r#type: Some(AttributeType::Int as i32),
+                        i: Some(1),
+                        ..Default::default()
+                    }],
+                ),
+            ],
+            initializer: vec![
+                f32_init("w", &[4, 3, 3, 3], &vals(108, 0.0)),
+                f32_init("cb", &[4], &vals(4, 1.0)),
+                f32_init("g", &[4], &pos(4)),
+                f32_init("b", &[4], &vals(4, 2.0)),
+                f32_init("m", &[4], &vals(4, 3.0)),
+                f32_init("v", &[4], &pos(4)),
+                i64_init("s0", &[0]),
+                i64_init("s2", &[2]),
+                i64_init("s4", &[4]),
+                i64_init("ax", &[1]),
+                f32_init("two", &[], &[2.0]),
+                f32_init("fw", &[5, 4], &vals(20, 4.0)),
+                f32_init("fb", &[5], &vals(5, 5.0)),
+            ],
+            input: vec![value_info(
+                "x",
+                DataType::Float,
+                &[Some(2), Some(3), Some(8), Some(8)],
+            )],
+            output: vec![value_info("y", DataType::Float, &[Some(2), Some(5)])],
+            ..Default::default()
+        },
+        18,
+    );
+    let d = scratch("bn-kept");
+    let path = d.join("cnn.onnx");
+    std::fs::write(&path, write_model(&m)).unwrap();
+    let p = path.to_str().unwrap();
+    let (code, compiled, err) = tcc(&["run", p, "--stats"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains(", 0 on reference kernels,"), "{err}");
+    assert!(!err.contains("on reference kernels:"), "{err}");
+    // And it computes what the interpreter computes.
+    let (code, interpreted, err) = tcc(&["run", p, "--interp"]);
+    assert_eq!(code, 0, "{err}");
+    let num = |s: &str, key: &str| -> f64 {
+        let w: Vec<&str> = s.split_whitespace().collect();
+        let i = w.iter().position(|x| *x == key).unwrap();
+        w[i + 1].parse().unwrap()
+    };
+    for key in ["min", "max", "mean"] {
+        let (a, b) = (num(&compiled, key), num(&interpreted, key));
+        assert!(
+            (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+            "{key}: {compiled} vs {interpreted}"
+        );
+    }
+}

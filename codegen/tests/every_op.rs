@@ -522,3 +522,105 @@ fn overlapping_max_pooling_with_nan() {
         "{g:?} vs {w:?}"
     );
 }
+
+/// [`case`], and the ops run on compiled or native kernels, none on the reference kernels.
+fn case_native(params: &str, body: &str, out_ty: &str, seed: u64) {
+    case(params, body, out_ty, seed);
+    let src = format!("func @f({params}) -> ({out_ty}) {{\n{body}\n  return %out\n}}");
+    let f = parse_function(&src).unwrap();
+    let exe = Executable::compile(&f).unwrap();
+    assert_eq!(exe.reference_ops(), Vec::<String>::new(), "{src}");
+}
+
+/// What real models use: inference batch norm, global average pooling, slices and
+/// concatenations of every dtype, powers with a constant exponent.
+#[test]
+fn model_ops_run_natively() {
+    case_native(
+        "%x: f32[2,3,5,4], %g: f32[3], %b: f32[3], %m: f32[3], %v: f32[3]",
+        "  %va = abs %v : f32[3]\n  %out = batch_norm %x, %g, %b, %m, %va : f32[2,3,5,4]",
+        "f32[2,3,5,4]",
+        40,
+    );
+    case_native(
+        "%x: f32[5,3], %g: f32[3], %b: f32[3], %m: f32[3], %v: f32[3]",
+        "  %va = abs %v : f32[3]\n  %out = batch_norm %x, %g, %b, %m, %va {eps=0.1} : f32[5,3]",
+        "f32[5,3]",
+        41,
+    );
+    case_native(
+        "%x: f32[1,40,7,9]",
+        "  %out = global_avg_pool %x : f32[1,40,1,1]",
+        "f32[1,40,1,1]",
+        42,
+    );
+    for (dt, seed) in [
+        ("f32", 43),
+        ("i64", 44),
+        ("u8", 45),
+        ("bool", 46),
+        ("f64", 47),
+    ] {
+        for (slice, out) in [
+            ("{starts=[0,2,0,0], ends=[2,5,4,3]}", "[2,3,4,3]"),
+            ("{starts=[0,0,1,0], ends=[2,6,3,3]}", "[2,6,2,3]"),
+            ("{starts=[1,0,0,0], ends=[2,6,4,3]}", "[1,6,4,3]"),
+            (
+                "{starts=[0,1,0,2], ends=[2,6,4,-4], steps=[1,2,1,-1]}",
+                "[2,3,4,3]",
+            ),
+            (
+                "{starts=[0,0,3,0], ends=[2,6,0,3], steps=[1,1,-2,1]}",
+                "[2,6,2,3]",
+            ),
+            ("{starts=[0,0,0,0], ends=[2,6,4,3]}", "[2,6,4,3]"),
+            ("{starts=[0,4,0,0], ends=[2,4,4,3]}", "[2,0,4,3]"),
+        ] {
+            case_native(
+                &format!("%x: {dt}[2,6,4,3]"),
+                &format!("  %out = slice %x {slice} : {dt}{out}"),
+                &format!("{dt}{out}"),
+                seed,
+            );
+        }
+        for (axis, out) in [("0", "[7,3,2]"), ("1", "[2,8,2]"), ("2", "[2,3,7]")] {
+            let (a, b) = match axis {
+                "0" => ("[2,3,2]", "[3,3,2]"),
+                "1" => ("[2,3,2]", "[2,2,2]"),
+                _ => ("[2,3,2]", "[2,3,3]"),
+            };
+            case_native(
+                &format!("%a: {dt}{a}, %b: {dt}{b}"),
+                &format!("  %out = concat %a, %b, %a {{axis={axis}}} : {dt}{out}"),
+                &format!("{dt}{out}"),
+                seed,
+            );
+        }
+    }
+    for (dt, ix) in [("f32", "i64"), ("u8", "i32"), ("i64", "i64")] {
+        case_native(
+            &format!("%t: {dt}[10,3,2]"),
+            &format!(
+                "  %i = const {{value=[9, 0, -1, 4, 4]}} : {ix}[5]\n  %out = gather %t, %i {{axis=0}} : {dt}[5,3,2]"
+            ),
+            &format!("{dt}[5,3,2]"),
+            49,
+        );
+        case_native(
+            &format!("%t: {dt}[4,3,2]"),
+            &format!(
+                "  %i = const {{value=[2, 0, -3, 1]}} : {ix}[2,2]\n  %out = gather %t, %i {{axis=1}} : {dt}[4,2,2,2]"
+            ),
+            &format!("{dt}[4,2,2,2]"),
+            50,
+        );
+    }
+    for e in ["2.0", "1.0", "0.0", "-1.0"] {
+        case_native(
+            "%x: f32[3,5]",
+            &format!("  %e = const {{value={e}}} : f32[]\n  %out = pow %x, %e : f32[3,5]"),
+            "f32[3,5]",
+            48,
+        );
+    }
+}

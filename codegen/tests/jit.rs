@@ -173,6 +173,9 @@ fn broadcast_patterns() {
         ("f32[4,8]", "f32[4,1]"),         // per row
         ("f32[3,4]", "f32[1,1]"),         // a one-element operand
         ("f32[3,4]", "f32[]"),            // a scalar parameter
+        ("f32[2,3,4,4]", "f32[2,1,4,4]"), // a mean over channels kept: two runs, vector loads
+        ("f32[3,5,7]", "f32[3,1,7]"),     // two runs, scalar loop
+        ("f32[2,3,6,4]", "f32[2,1,6,1]"), // two runs, the inner one splatted
     ];
     for (big, small) in cases {
         let src = format!(
@@ -204,7 +207,9 @@ fn reference_kernels_views_and_results_that_are_inputs() {
     let src = "func @f(%x: f32[4,6], %w: f32[6,3]) -> (f32[6,4], f32[4,6], f32[24]) {
   %m = matmul %x, %w : f32[4,3]
   %t = transpose %m {perm=[1,0]} : f32[3,4]
-  %c = concat %t, %t {axis=0} : f32[6,4]
+  %z = const {value=0.5} : f32[6,4]
+  %i = const {value=[5, 0, 5]} : i64[3]
+  %c = scatter_add %z, %i, %t {axis=0} : f32[6,4]
   %e = exp %x : f32[4,6]
   %r = reshape %e {shape=[24]} : f32[24]
   %n = neg %r : f32[24]
@@ -216,7 +221,7 @@ fn reference_kernels_views_and_results_that_are_inputs() {
     assert_eq!(
         (s.compiled, s.native, s.reference, s.views),
         (3, 1, 1, 1),
-        "matmul, exp and neg compile; transpose is native; concat is on the reference kernels: {s:?}"
+        "matmul, exp and neg compile; transpose is native; scatter_add is on the reference kernels: {s:?}"
     );
     check(&got, &want, 1e-6, 1e-7).unwrap();
 }

@@ -189,7 +189,7 @@ fn compile(
     let vectorizable = full_width
         && accesses.iter().all(|a| match *a {
             Access::Same | Access::Scalar(_) => true,
-            Access::Block { inner, n } => {
+            Access::Block { inner, n } | Access::Gapped { inner, n, .. } => {
                 (inner == 1 && n.is_multiple_of(lanes)) || inner.is_multiple_of(lanes)
             }
         });
@@ -357,13 +357,24 @@ fn load_operands(
                     load_scalar(b, mems[j], lane, addr)
                 }
             }
-            Access::Block { inner, n } => {
+            Access::Block { inner, n } | Access::Gapped { inner, n, .. } => {
                 let q = if inner == 1 {
                     e
                 } else {
                     b.ins().udiv_imm(e, inner as i64)
                 };
-                let idx = b.ins().urem_imm(q, n as i64);
+                let mut idx = b.ins().urem_imm(q, n as i64);
+                if let Access::Gapped {
+                    outer_inner,
+                    outer_n,
+                    ..
+                } = *a
+                {
+                    let q = b.ins().udiv_imm(e, outer_inner as i64);
+                    let hi = b.ins().urem_imm(q, outer_n as i64);
+                    let hi = b.ins().imul_imm(hi, n as i64);
+                    idx = b.ins().iadd(hi, idx);
+                }
                 let off = b.ins().ishl_imm(idx, shift);
                 let addr = b.ins().iadd(bases[j], off);
                 if !lane.is_vector() {
@@ -451,7 +462,7 @@ fn compile_row(
     let vectorizable = len >= 4
         && accesses.iter().all(|a| match *a {
             Access::Same | Access::Scalar(_) => true,
-            Access::Block { inner, n } => {
+            Access::Block { inner, n } | Access::Gapped { inner, n, .. } => {
                 len.is_multiple_of(4)
                     && ((inner == 1 && n.is_multiple_of(4)) || inner.is_multiple_of(4))
             }

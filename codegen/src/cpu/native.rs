@@ -1,5 +1,6 @@
-//! Hand-written `f32` kernels for single ops the JIT does not generate: pooling and its
-//! gradients, transposes, reductions over any axes, softmax cross-entropy and batch norm.
+//! Hand-written kernels for single ops the JIT does not generate: pooling and its gradients,
+//! global average pooling, reductions over any axes, softmax cross-entropy and batch norm (in
+//! `f32`), and the data movement of any dtype: transposes, slices, concatenations and gathers.
 //!
 //! They read and write the arena directly, like compiled kernels, and compute in `f32` (sums in
 //! `f64` where a whole axis is accumulated). Anything else, and every other dtype, still runs on
@@ -67,6 +68,29 @@ enum Kind {
         c: usize,
         inner: usize,
     },
+    /// Inference batch norm over `[N, c, inner]`.
+    BatchNorm {
+        eps: f64,
+        c: usize,
+        inner: usize,
+    },
+    /// A strided slice, as copies of contiguous runs (any dtype).
+    Slice(SliceCopy),
+    /// `take` along an axis: for each of `outer` rows and each index, a block of
+    /// `block_bytes` (any dtype; indices i32 or i64, negative counting from the end).
+    Gather {
+        outer: usize,
+        len: usize,
+        block_bytes: usize,
+        indices: DType,
+        count: usize,
+    },
+    /// Concatenation: each of `outer` rows of the result is the operands' rows side by side,
+    /// operand `i`'s row `row_bytes[i]` long (any dtype).
+    Concat {
+        outer: usize,
+        row_bytes: Vec<usize>,
+    },
 }
 
 fn dims(f: &Function, v: Value) -> Vec<usize> {
@@ -82,10 +106,67 @@ impl Native {
     pub(crate) fn for_op(f: &Function, op: Op, outputs: &[Value]) -> Option<Native> {
         let d = f.op(op);
         let x = d.args[0];
-        if f.ty(x).dtype() != DType::F32 && !matches!(d.kind, OpKind::Transpose { .. }) {
+        let any_dtype = matches!(
+            d.kind,
+            OpKind::Transpose { .. }
+                | OpKind::Slice { .. }
+                | OpKind::Concat { .. }
+                | OpKind::Gather { .. }
+        );
+        if f.ty(x).dtype() != DType::F32 && !any_dtype {
             return None;
         }
         let kind = match &d.kind {
+            OpKind::BatchNorm { eps } => {
+                let dm = dims(f, x);
+                Kind::BatchNorm {
+                    eps: eps.0,
+                    c: dm[1],
+                    inner: dm[2..].iter().product(),
+                }
+            }
+            OpKind::GlobalAvgPool => {
+                let [n, c, h, w] = dims4(f, x);
+                Kind::Reduce {
+                    op: ReduceOp::Mean,
+                    dims: vec![n * c, h * w],
+                    reduced: vec![false, true],
+                }
+            }
+            OpKind::Slice {
+                starts,
+                ends,
+                steps,
+            } => Kind::Slice(SliceCopy::new(
+                &dims(f, x),
+                starts,
+                ends,
+                steps,
+                f.ty(x).dtype().size_bytes() as usize,
+            )),
+            OpKind::Gather { axis } => {
+                let dm = dims(f, x);
+                let a = normalize_axis(*axis, dm.len())?;
+                let size = f.ty(x).dtype().size_bytes() as usize;
+                Kind::Gather {
+                    outer: dm[..a].iter().product(),
+                    len: dm[a],
+                    block_bytes: dm[a + 1..].iter().product::<usize>() * size,
+                    indices: f.ty(d.args[1]).dtype(),
+                    count: f.ty(d.args[1]).numel() as usize,
+                }
+            }
+            OpKind::Concat { axis } => {
+                let out = dims(f, d.results[0]);
+                let a = normalize_axis(*axis, out.len())?;
+                let size = f.ty(x).dtype().size_bytes() as usize;
+                Kind::Concat {
+                    outer: out[..a].iter().product(),
+                    row_bytes: (d.args.iter())
+                        .map(|&v| dims(f, v)[a..].iter().product::<usize>() * size)
+                        .collect(),
+                }
+            }
             OpKind::Transpose { perm } => Kind::Transpose {
                 dims: dims(f, x),
                 perm: perm.iter().map(|&p| p as usize).collect(),
@@ -305,6 +386,71 @@ impl Native {
                         out[l] -= k;
                     }
                 }
+                Kind::BatchNorm { eps, c, inner } => {
+                    let (x, g, b, m, v) = (input(0), input(1), input(2), input(3), input(4));
+                    // (x - mean) * scale + beta in f64, rounded once, as the reference does.
+                    let scale: Vec<f64> = (0..*c)
+                        .map(|ch| g[ch] as f64 / (v[ch] as f64 + eps).sqrt())
+                        .collect();
+                    for_planes(output(0), *inner, |(p, y)| {
+                        let ch = p % c;
+                        let (s, mu, beta) = (scale[ch], m[ch] as f64, b[ch] as f64);
+                        let xs = &x[p * inner..(p + 1) * inner];
+                        for (yo, &xv) in y.iter_mut().zip(xs) {
+                            *yo = ((xv as f64 - mu) * s + beta) as f32;
+                        }
+                    });
+                }
+                Kind::Slice(copy) => copy.run(addr(self.args[0]), addr(self.results[0])),
+                Kind::Gather {
+                    outer,
+                    len,
+                    block_bytes,
+                    indices,
+                    count,
+                } => {
+                    let ids = addr(self.args[1]);
+                    let rows: Vec<usize> = (0..*count)
+                        .map(|j| {
+                            let i = match indices {
+                                DType::I32 => *(ids as *const i32).add(j) as i64,
+                                _ => *(ids as *const i64).add(j),
+                            };
+                            let k = if i < 0 { i + *len as i64 } else { i };
+                            usize::try_from(k)
+                                .ok()
+                                .filter(|&k| k < *len)
+                                .ok_or_else(|| {
+                                    format!("index {i} is out of range for an axis of size {len}")
+                                })
+                        })
+                        .collect::<Result<_, _>>()?;
+                    let (src, dst) = (addr(self.args[0]), addr(self.results[0]));
+                    let mut to = 0;
+                    for o in 0..*outer {
+                        for &k in &rows {
+                            let from = (o * len + k) * block_bytes;
+                            std::ptr::copy_nonoverlapping(src.add(from), dst.add(to), *block_bytes);
+                            to += block_bytes;
+                        }
+                    }
+                }
+                Kind::Concat { outer, row_bytes } => {
+                    let total: usize = row_bytes.iter().sum();
+                    let dst = addr(self.results[0]);
+                    let mut at = 0;
+                    for (i, &row) in row_bytes.iter().enumerate() {
+                        let src = addr(self.args[i]);
+                        for o in 0..*outer {
+                            std::ptr::copy_nonoverlapping(
+                                src.add(o * row),
+                                dst.add(o * total + at),
+                                row,
+                            );
+                        }
+                        at += row;
+                    }
+                }
                 Kind::BatchNormTrain { eps, n, c, inner } => {
                     let (x, g, b) = (input(0), input(1), input(2));
                     let (y, mean, var) = (output(0), output(1), output(2));
@@ -342,6 +488,106 @@ impl Native {
             }
         }
         Ok(())
+    }
+}
+
+/// A strided slice as copies of contiguous runs: the trailing axes the slice takes whole merge
+/// into one block, so slicing channels of NCHW copies one run per image.
+struct SliceCopy {
+    /// Per outer axis (those before the innermost sliced one): count and input stride, in bytes.
+    outer: Vec<(usize, usize)>,
+    /// Input byte offset of the first element.
+    start: usize,
+    /// Runs per outer index, the input stride between them and each run's bytes.
+    runs: usize,
+    run_stride: usize,
+    run_bytes: usize,
+}
+
+impl SliceCopy {
+    fn new(dims: &[usize], starts: &[i64], ends: &[i64], steps: &[i64], size: usize) -> SliceCopy {
+        let r = dims.len();
+        let mut stride = vec![size; r];
+        for i in (0..r.saturating_sub(1)).rev() {
+            stride[i] = stride[i + 1] * dims[i + 1];
+        }
+        let axes: Vec<(usize, usize, i64)> = (0..r)
+            .map(|i| {
+                let step = steps.get(i).copied().unwrap_or(1);
+                let (s, n) = tcc_ir::typing::slice_range(dims[i] as u64, starts[i], ends[i], step);
+                (s.max(0) as usize, n as usize, step)
+            })
+            .collect();
+        let start: usize = axes.iter().zip(&stride).map(|(a, st)| a.0 * st).sum();
+        // The innermost axis not taken whole; everything after it is one block.
+        let k = (0..r).rev().find(|&i| axes[i] != (0, dims[i], 1));
+        let Some(k) = k else {
+            let bytes = dims.iter().product::<usize>() * size;
+            return SliceCopy {
+                outer: Vec::new(),
+                start: 0,
+                runs: 1,
+                run_stride: 0,
+                run_bytes: bytes,
+            };
+        };
+        let block = stride[k];
+        let (_, count, step) = axes[k];
+        let (runs, run_stride, run_bytes) = if step == 1 {
+            (1, 0, count * block)
+        } else {
+            (count, (step as isize as usize).wrapping_mul(block), block)
+        };
+        SliceCopy {
+            outer: (0..k)
+                .map(|i| {
+                    (
+                        axes[i].1,
+                        (axes[i].2 as isize as usize).wrapping_mul(stride[i]),
+                    )
+                })
+                .collect(),
+            start,
+            runs,
+            run_stride,
+            run_bytes,
+        }
+    }
+
+    /// Copies the slice of `src` to `dst`.
+    ///
+    /// # Safety
+    /// `src` holds the sliced tensor and `dst` the result; they do not overlap.
+    unsafe fn run(&self, src: *const u8, dst: *mut u8) {
+        let total: usize = self.outer.iter().map(|o| o.0).product();
+        if total == 0 || self.runs == 0 || self.run_bytes == 0 {
+            return;
+        }
+        let mut idx = vec![0usize; self.outer.len()];
+        let mut from = self.start;
+        let mut to = 0usize;
+        for _ in 0..total {
+            let mut at = from;
+            for _ in 0..self.runs {
+                // SAFETY: the offsets stay inside the tensors: they walk the slice's elements
+                // (negative steps wrap `usize` and wrap back, as two's complement does).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(src.add(at), dst.add(to), self.run_bytes);
+                }
+                at = at.wrapping_add(self.run_stride);
+                to += self.run_bytes;
+            }
+            for ax in (0..idx.len()).rev() {
+                let (n, st) = self.outer[ax];
+                idx[ax] += 1;
+                from = from.wrapping_add(st);
+                if idx[ax] < n {
+                    break;
+                }
+                from = from.wrapping_sub(st.wrapping_mul(n));
+                idx[ax] = 0;
+            }
+        }
     }
 }
 

@@ -16,6 +16,17 @@ pub fn lower_ops(b: &mut Body, f: &Function, ops: &[Op], vals: &mut HashMap<Valu
         let a: Vec<E> = d.args.iter().map(|v| vals[v]).collect();
         let r = match &d.kind {
             OpKind::Unary(u) => unary(b, *u, a[0]),
+            OpKind::Binary(BinaryOp::Pow) => {
+                match super::pow_exponent(f, d.args[1]).expect("a supported op") {
+                    0.0 => b.c(1.0),
+                    1.0 => a[0],
+                    2.0 => b.mul(a[0], a[0]),
+                    _ => {
+                        let one = b.c(1.0);
+                        b.div(one, a[0])
+                    }
+                }
+            }
             OpKind::Binary(op) => {
                 let op = match op {
                     BinaryOp::Add => Bin::Add,
@@ -24,7 +35,7 @@ pub fn lower_ops(b: &mut Body, f: &Function, ops: &[Op], vals: &mut HashMap<Valu
                     BinaryOp::Div => Bin::Div,
                     BinaryOp::Max => Bin::Max,
                     BinaryOp::Min => Bin::Min,
-                    BinaryOp::Pow => unreachable!("not a supported op"),
+                    BinaryOp::Pow => unreachable!("handled above"),
                 };
                 b.bin(op, a[0], a[1])
             }

@@ -30,9 +30,22 @@ pub enum Access {
         /// Operand elements.
         n: u64,
     },
+    /// Element `((i / outer_inner) % outer_n) * n + (i / inner) % n`: the operand's axes are
+    /// two runs of output axes with broadcast axes between them (`[N, 1, H, W]` read for
+    /// `[N, C, H, W]`, a mean over channels kept for a subtraction).
+    Gapped {
+        /// Output elements per step of the inner run.
+        inner: u64,
+        /// Operand elements of the inner run.
+        n: u64,
+        /// Output elements per step of the outer run.
+        outer_inner: u64,
+        /// Operand elements of the outer run.
+        outer_n: u64,
+    },
 }
 
-/// The access pattern for an operand of `dims` broadcast to `out`, if it is one of the three.
+/// The access pattern for an operand of `dims` broadcast to `out`, if it is one of the four.
 pub fn access(dims: &[u64], out: &[u64]) -> Option<Access> {
     let numel: u64 = dims.iter().product();
     let out_numel: u64 = out.iter().product();
@@ -45,29 +58,51 @@ pub fn access(dims: &[u64], out: &[u64]) -> Option<Access> {
     if numel == 1 {
         return Some(Access::Scalar(None));
     }
-    // The operand's non-1 axes must be one contiguous run of output axes, matching them.
+    // The operand's non-1 axes must match the output's, in at most two runs of adjacent axes.
     let offset = out.len() - dims.len();
-    let non1: Vec<usize> = (0..dims.len())
-        .filter(|&k| dims[k] != 1)
-        .map(|k| k + offset)
-        .collect();
-    let (a, b) = (non1[0], non1[non1.len() - 1] + 1);
-    if non1.len() != b - a || (a..b).any(|o| out[o] != dims[o - offset]) {
-        return None;
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for k in (0..dims.len()).filter(|&k| dims[k] != 1) {
+        let o = k + offset;
+        if out[o] != dims[k] {
+            return None;
+        }
+        match runs.last_mut() {
+            Some(r) if r.1 == o => r.1 = o + 1,
+            _ => runs.push((o, o + 1)),
+        }
     }
-    let n: u64 = out[a..b].iter().product();
-    let inner: u64 = out[b..].iter().product();
-    if n * inner == out_numel && inner == 1 && a == 0 {
-        return Some(Access::Same);
+    let span = |(a, b): (usize, usize)| -> (u64, u64) {
+        (out[a..b].iter().product(), out[b..].iter().product())
+    };
+    match runs[..] {
+        [run] => {
+            let (n, inner) = span(run);
+            if n * inner == out_numel && inner == 1 && run.0 == 0 {
+                return Some(Access::Same);
+            }
+            Some(Access::Block { inner, n })
+        }
+        [outer, run] => {
+            let (n, inner) = span(run);
+            let (outer_n, outer_inner) = span(outer);
+            Some(Access::Gapped {
+                inner,
+                n,
+                outer_inner,
+                outer_n,
+            })
+        }
+        _ => None,
     }
-    Some(Access::Block { inner, n })
 }
 
-/// Whether the expression form has the elementwise op `kind`.
-pub fn supported_op(kind: &OpKind) -> bool {
-    match kind {
+/// Whether the expression form has elementwise op `op` of `f`.
+pub fn supported_op(f: &Function, op: tcc_ir::Op) -> bool {
+    let d = f.op(op);
+    match &d.kind {
         OpKind::Unary(_) => true,
-        OpKind::Binary(b) => !matches!(b, BinaryOp::Pow),
+        OpKind::Binary(BinaryOp::Pow) => pow_exponent(f, d.args[1]).is_some(),
+        OpKind::Binary(_) => true,
         OpKind::Identity | OpKind::StopGradient | OpKind::BroadcastTo { .. } => true,
         // Masks: comparisons, used by `select` and casts in the same kernel.
         OpKind::Compare(_) | OpKind::Select => true,
@@ -98,6 +133,16 @@ pub fn supported_op(kind: &OpKind) -> bool {
         | OpKind::AvgPool2dGrad { .. }
         | OpKind::SliceGrad { .. } => false,
     }
+}
+
+/// The exponent of a `pow` whose exponent `e` is a constant the expression form computes
+/// exactly as the reference does (correctly rounded): 0, 1, 2 (`x * x`) and -1 (`1 / x`), on
+/// floats. Other powers stay on the reference kernels.
+pub fn pow_exponent(f: &Function, e: Value) -> Option<f64> {
+    if !f.ty(e).dtype().is_float() {
+        return None;
+    }
+    splat_number(f, e).filter(|e| [0.0, 1.0, 2.0, -1.0].contains(e))
 }
 
 /// The lane kernel `k` computes in, if every value but the masks has a dtype of one family:
@@ -185,7 +230,7 @@ pub fn elementwise_lane(f: &Function, k: &KernelData) -> Option<Lane> {
         return None;
     }
     let out = f.ty(f.op(k.ops[0]).results[0]).dims();
-    let readable = k.ops.iter().all(|&op| supported_op(&f.op(op).kind))
+    let readable = k.ops.iter().all(|&op| supported_op(f, op))
         && k.inputs
             .iter()
             .all(|&v| access(f.ty(v).dims(), out).is_some());
@@ -246,7 +291,7 @@ fn row_shape(f: &Function, k: &KernelData) -> Option<RowShape> {
         .ops
         .iter()
         .filter(|&&op| op != root)
-        .all(|&op| supported_op(&f.op(op).kind));
+        .all(|&op| supported_op(f, op));
     let readable = k
         .inputs
         .iter()
@@ -300,7 +345,7 @@ fn reduce_shape(f: &Function, k: &KernelData) -> Option<ReduceShape> {
         .ops
         .iter()
         .filter(|&&o| o != root)
-        .all(|&o| supported_op(&f.op(o).kind));
+        .all(|&o| supported_op(f, o));
     // Outputs may only be the reduction or epilogue values.
     let late: Vec<Value> = k.ops[pos..]
         .iter()
@@ -413,6 +458,26 @@ mod tests {
             access(&[1, 8], &[4, 8]),
             Some(Access::Block { inner: 1, n: 8 })
         );
-        assert_eq!(access(&[3, 1, 5], &[3, 4, 5]), None);
+        assert_eq!(
+            access(&[3, 1, 5], &[3, 4, 5]),
+            Some(Access::Gapped {
+                inner: 1,
+                n: 5,
+                outer_inner: 20,
+                outer_n: 3
+            })
+        );
+        assert_eq!(
+            access(&[2, 1, 6, 1], &[2, 3, 6, 4]),
+            Some(Access::Gapped {
+                inner: 4,
+                n: 6,
+                outer_inner: 72,
+                outer_n: 2
+            })
+        );
+        // Three runs, and a dim that does not match.
+        assert_eq!(access(&[3, 1, 5, 1, 2], &[3, 4, 5, 6, 2]), None);
+        assert_eq!(access(&[3, 2], &[3, 4]), None);
     }
 }
