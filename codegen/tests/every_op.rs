@@ -615,6 +615,16 @@ fn model_ops_run_natively() {
             50,
         );
     }
+    for op in ["softmax", "log_softmax"] {
+        for (axis, seed) in [("0", 51), ("1", 52), ("-1", 53)] {
+            case_native(
+                "%x: f32[3,4,16,5]",
+                &format!("  %out = {op} %x {{axis={axis}}} : f32[3,4,16,5]"),
+                "f32[3,4,16,5]",
+                seed,
+            );
+        }
+    }
     for e in ["2.0", "1.0", "0.0", "-1.0"] {
         case_native(
             "%x: f32[3,5]",

@@ -229,7 +229,7 @@ fn epilogue(f: &Function, kd: &KernelData, r: Value) -> Option<(KernelData, Valu
 /// A single-op kernel on a hand-written kernel, if there is one for it.
 fn native_step(f: &Function, kd: &KernelData) -> Option<native::Native> {
     match (&kd.kind, kd.ops.as_slice()) {
-        (KernelKind::Generic | KernelKind::Reduction { .. }, &[op]) => {
+        (KernelKind::Generic | KernelKind::Reduction { .. } | KernelKind::Row { .. }, &[op]) => {
             native::Native::for_op(f, op, &kd.outputs)
         }
         _ => None,

@@ -1,6 +1,7 @@
 //! Hand-written kernels for single ops the JIT does not generate: pooling and its gradients,
-//! global average pooling, reductions over any axes, softmax cross-entropy and batch norm (in
-//! `f32`), and the data movement of any dtype: transposes, slices, concatenations and gathers.
+//! global average pooling, reductions over any axes, softmax over any axis, softmax
+//! cross-entropy and batch norm (in `f32`), and the data movement of any dtype: transposes,
+//! slices, concatenations and gathers.
 //!
 //! They read and write the arena directly, like compiled kernels, and compute in `f32` (sums in
 //! `f64` where a whole axis is accumulated). Anything else, and every other dtype, still runs on
@@ -68,6 +69,13 @@ enum Kind {
         c: usize,
         inner: usize,
     },
+    /// Softmax or log-softmax over the middle axis of `[outer, len, inner]` (the row kernels
+    /// the JIT compiles take a contiguous last axis; this takes any).
+    Softmax {
+        log: bool,
+        len: usize,
+        inner: usize,
+    },
     /// Inference batch norm over `[N, c, inner]`.
     BatchNorm {
         eps: f64,
@@ -123,6 +131,15 @@ impl Native {
                     eps: eps.0,
                     c: dm[1],
                     inner: dm[2..].iter().product(),
+                }
+            }
+            OpKind::Softmax { axis } | OpKind::LogSoftmax { axis } => {
+                let dm = dims(f, x);
+                let a = normalize_axis(*axis, dm.len())?;
+                Kind::Softmax {
+                    log: matches!(d.kind, OpKind::LogSoftmax { .. }),
+                    len: dm[a],
+                    inner: dm[a + 1..].iter().product(),
                 }
             }
             OpKind::GlobalAvgPool => {
@@ -385,6 +402,34 @@ impl Native {
                         out.iter_mut().for_each(|o| *o *= scale);
                         out[l] -= k;
                     }
+                }
+                Kind::Softmax { log, len, inner } => {
+                    let x = input(0);
+                    let (len, inner) = (*len, *inner);
+                    for_planes(output(0), len * inner, |(o, y)| {
+                        let xs = &x[o * len * inner..(o + 1) * len * inner];
+                        for i in 0..inner {
+                            // NaN anywhere in the row makes the row NaN, as in the reference.
+                            let m = (0..len).map(|j| xs[j * inner + i]).fold(
+                                f32::NEG_INFINITY,
+                                |m, v| {
+                                    if m.is_nan() || !(v.is_nan() || v > m) {
+                                        m
+                                    } else {
+                                        v
+                                    }
+                                },
+                            );
+                            let s: f64 = (0..len)
+                                .map(|j| ((xs[j * inner + i] - m) as f64).exp())
+                                .sum();
+                            for j in 0..len {
+                                let d = (xs[j * inner + i] - m) as f64;
+                                y[j * inner + i] =
+                                    if *log { d - s.ln() } else { d.exp() / s } as f32;
+                            }
+                        }
+                    });
                 }
                 Kind::BatchNorm { eps, c, inner } => {
                     let (x, g, b, m, v) = (input(0), input(1), input(2), input(3), input(4));

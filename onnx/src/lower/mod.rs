@@ -20,6 +20,7 @@ mod conv;
 mod elementwise;
 mod loss;
 mod reduce;
+mod resize;
 mod shape;
 
 /// Lowers `n`; the result has one entry per output the lowering provides.
@@ -85,6 +86,7 @@ pub(crate) fn lower(cx: &mut Ctx, n: &Node) -> Result<Vec<Option<Value>>> {
             })
         }
         "Mod" => one(modulo(cx, n)?),
+        "Resize" | "Upsample" => one(resize::resize(cx, n)?),
         "SoftmaxCrossEntropyLoss" => loss::softmax_cross_entropy(cx, n),
         "NegativeLogLikelihoodLoss" => one(loss::negative_log_likelihood(cx, n)?),
         "Softplus" => one(softplus(cx, x()?)?),
