@@ -165,7 +165,7 @@ pub(super) fn resize(cx: &mut Ctx, n: &Node) -> Result<Value> {
                 )));
             }
             for (&a, &s) in axes.iter().zip(&s) {
-                if !(s > 0.0) || !s.is_finite() {
+                if s.is_nan() || s <= 0.0 || s.is_infinite() {
                     return Err(Error::invalid(format!("scale {s} must be positive")));
                 }
                 scale[a] = s;
