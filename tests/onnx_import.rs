@@ -5,13 +5,12 @@
 mod common;
 use common::tcc;
 
+use common::onnx::{f32_init, ints_attr, model, node, value_info};
 use std::path::PathBuf;
 use tcc::ir::{Data, Tensor};
 use tcc::onnx::proto::{
-    AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, StringStringEntryProto,
-    TensorProto, TensorShapeProto, TypeProto, ValueInfoProto, attribute_proto::AttributeType,
-    tensor_proto::DataType, tensor_shape_proto::Dimension, tensor_shape_proto::dimension,
-    type_proto,
+    AttributeProto, GraphProto, ModelProto, StringStringEntryProto, TensorProto,
+    attribute_proto::AttributeType, tensor_proto::DataType,
 };
 use tcc::onnx::{Options, import, write_model};
 
@@ -20,79 +19,6 @@ fn scratch(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
-}
-
-/// A dim: a number, or a symbol when negative... spelled as `Some(n)` / `None` ("N").
-fn value_info(name: &str, elem: DataType, dims: &[Option<i64>]) -> ValueInfoProto {
-    let dim = dims
-        .iter()
-        .map(|d| Dimension {
-            value: Some(match d {
-                Some(v) => dimension::Value::DimValue(*v),
-                None => dimension::Value::DimParam("N".into()),
-            }),
-            ..Default::default()
-        })
-        .collect();
-    ValueInfoProto {
-        name: Some(name.into()),
-        r#type: Some(TypeProto {
-            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                elem_type: Some(elem as i32),
-                shape: Some(TensorShapeProto { dim }),
-            })),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-fn node(
-    op: &str,
-    name: &str,
-    ins: &[&str],
-    outs: &[&str],
-    attrs: Vec<AttributeProto>,
-) -> NodeProto {
-    NodeProto {
-        op_type: Some(op.into()),
-        name: Some(name.into()),
-        input: ins.iter().map(|s| s.to_string()).collect(),
-        output: outs.iter().map(|s| s.to_string()).collect(),
-        attribute: attrs,
-        ..Default::default()
-    }
-}
-
-fn ints_attr(name: &str, v: &[i64]) -> AttributeProto {
-    AttributeProto {
-        name: Some(name.into()),
-        r#type: Some(AttributeType::Ints as i32),
-        ints: v.to_vec(),
-        ..Default::default()
-    }
-}
-
-fn f32_init(name: &str, dims: &[i64], v: &[f32]) -> TensorProto {
-    TensorProto {
-        name: Some(name.into()),
-        dims: dims.to_vec(),
-        data_type: Some(DataType::Float as i32),
-        float_data: v.to_vec(),
-        ..Default::default()
-    }
-}
-
-fn model(graph: GraphProto, opset: i64) -> ModelProto {
-    ModelProto {
-        ir_version: Some(8),
-        opset_import: vec![OperatorSetIdProto {
-            domain: Some(String::new()),
-            version: Some(opset),
-        }],
-        graph: Some(graph),
-        ..Default::default()
-    }
 }
 
 /// `y = relu(x @ w + b)` with a dynamic batch dimension `N`, then `Reshape` to `[-1]`.

@@ -217,6 +217,15 @@ impl Node<'_> {
         )
     }
 
+    pub(crate) fn strings(&self, name: &str) -> Result<Option<Vec<String>>> {
+        Ok(self.typed(name, AttributeType::Strings)?.map(|a| {
+            a.strings
+                .iter()
+                .map(|s| String::from_utf8_lossy(s).into_owned())
+                .collect()
+        }))
+    }
+
     pub(crate) fn tensor(&self, name: &str) -> Result<Option<&TensorProto>> {
         Ok(self
             .typed(name, AttributeType::Tensor)?

@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod onnx;
+
 /// Runs the driver with `args` (without the program name) and `stdin`; returns the exit code,
 /// stdout and stderr.
 pub fn tcc_with(args: &[&str], stdin: &[u8]) -> (i32, String, String) {

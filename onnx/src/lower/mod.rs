@@ -21,6 +21,7 @@ mod elementwise;
 mod loss;
 mod reduce;
 mod resize;
+mod rnn;
 mod shape;
 
 /// Lowers `n`; the result has one entry per output the lowering provides.
@@ -86,6 +87,7 @@ pub(crate) fn lower(cx: &mut Ctx, n: &Node) -> Result<Vec<Option<Value>>> {
             })
         }
         "Mod" => one(modulo(cx, n)?),
+        "RNN" | "GRU" | "LSTM" => rnn::recurrent(cx, n),
         "Resize" | "Upsample" => one(resize::resize(cx, n)?),
         "SoftmaxCrossEntropyLoss" => loss::softmax_cross_entropy(cx, n),
         "NegativeLogLikelihoodLoss" => one(loss::negative_log_likelihood(cx, n)?),

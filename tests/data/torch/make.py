@@ -7,7 +7,11 @@ mode), with:
   grads/<name>.npy    torch autograd's gradient of the loss for every weight (by ONNX name)
   sgd_losses.npy      the first 21 losses of plain SGD (lr below) from the exported weights,
                       feeding the same batch every step (the 21st: after 20 updates)
-Run: target/torch-venv/bin/python tests/data/torch/make.py  (torch, onnx; outputs are small)
+Also recurrent/<name>.onnx: PyTorch nn.LSTM, nn.GRU and nn.RNN (2 layers, bidirectional,
+batch-first or not) with initial states, exported for inference, with their input and
+onnxruntime's outputs (recurrent/<name>/input_*.npy, output_*.npy) for tests/onnx_recurrent.rs.
+Run: target/torch-venv/bin/python tests/data/torch/make.py  (torch, onnx, onnxruntime; the
+outputs are small)
 """
 import os, sys
 import numpy as np
@@ -110,6 +114,54 @@ def make(name, model, inputs, input_names):
     print(name, os.path.getsize(path), "bytes; loss", losses[0], "->", losses[-1])
 
 
+def make_recurrent(name, module, inputs, input_names, output_names):
+    import onnxruntime as ort
+
+    out = os.path.join(HERE, "recurrent", name)
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "model.onnx")
+    module.eval()
+    torch.onnx.export(module, tuple(inputs), path, input_names=input_names,
+                      output_names=output_names, opset_version=17, dynamo=False)
+    feed = {n: x.numpy() for n, x in zip(input_names, inputs)}
+    for i, n in enumerate(input_names):
+        np.save(os.path.join(out, "input_%d.npy" % i), feed[n])
+    s = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    for i, y in enumerate(s.run(None, feed)):
+        np.save(os.path.join(out, "output_%d.npy" % i), y)
+    print("recurrent", name, os.path.getsize(path), "bytes")
+
+
+class WithState(nn.Module):
+    """A recurrent module called with its initial state as separate tensors."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x, *state):
+        state = tuple(state) if len(state) > 1 else state[0]
+        y, last = self.inner(x, state)
+        return (y, *last) if isinstance(last, tuple) else (y, last)
+
+
+def recurrent():
+    g = torch.Generator().manual_seed(2)
+    torch.manual_seed(3)
+    lstm = WithState(nn.LSTM(6, 8, num_layers=2, bidirectional=True))
+    x = torch.randn(5, 3, 6, generator=g)
+    h0, c0 = torch.randn(4, 3, 8, generator=g), torch.randn(4, 3, 8, generator=g)
+    make_recurrent("lstm", lstm, [x, h0, c0], ["x", "h0", "c0"], ["y", "h", "c"])
+    torch.manual_seed(4)
+    gru = WithState(nn.GRU(6, 8, num_layers=2, bidirectional=True, batch_first=True))
+    x = torch.randn(3, 5, 6, generator=g)
+    make_recurrent("gru", gru, [x, torch.randn(4, 3, 8, generator=g)], ["x", "h0"], ["y", "h"])
+    torch.manual_seed(5)
+    rnn = WithState(nn.RNN(6, 8, num_layers=2, nonlinearity="relu"))
+    x = torch.randn(5, 3, 6, generator=g)
+    make_recurrent("rnn", rnn, [x, torch.randn(2, 3, 8, generator=g)], ["x", "h0"], ["y", "h"])
+
+
 def main():
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
@@ -121,6 +173,7 @@ def main():
     torch.manual_seed(0)
     make("mha_block", Block(), [torch.randn(2, 5, 16, generator=g), torch.randn(2, 5, 16, generator=g)],
          ["x", "target"])
+    recurrent()
 
 
 if __name__ == "__main__":
