@@ -207,7 +207,10 @@ pub fn infer(kind: &OpKind, args: &[&TensorType]) -> R<Vec<TensorType>> {
                 | UnaryOp::Tanh
                 | UnaryOp::Sigmoid
                 | UnaryOp::Erf
-                | UnaryOp::Gelu => need_float(x, "the operand")?,
+                | UnaryOp::Gelu
+                | UnaryOp::Floor
+                | UnaryOp::Ceil
+                | UnaryOp::Round => need_float(x, "the operand")?,
             }
             one(x.clone())
         }

@@ -74,9 +74,13 @@ pub(super) fn render(
                     (Un::Abs, false) => b.ins().fabs(a),
                     (Un::Sqrt, false) => b.ins().sqrt(a),
                     (Un::Nearest, false) => b.ins().nearest(a),
+                    (Un::Floor, false) => b.ins().floor(a),
+                    (Un::Ceil, false) => b.ins().ceil(a),
                     (Un::Neg, true) => b.ins().ineg(a),
                     (Un::Abs, true) => b.ins().iabs(a),
-                    (Un::Sqrt | Un::Nearest, true) => unreachable!("float-only node {op:?}"),
+                    (Un::Sqrt | Un::Nearest | Un::Floor | Un::Ceil, true) => {
+                        unreachable!("float-only node {op:?}")
+                    }
                 }
             }
             Node::Bin(op, x, y) => {

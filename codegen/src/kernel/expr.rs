@@ -59,6 +59,10 @@ pub enum Un {
     Sqrt,
     /// Round to the nearest integer, ties to even.
     Nearest,
+    /// Round down.
+    Floor,
+    /// Round up.
+    Ceil,
 }
 
 /// Two-operand float operations.

@@ -137,6 +137,9 @@ fn unary(b: &mut Body, u: UnaryOp, x: E) -> E {
             b.mul(hx, e1)
         }
         UnaryOp::Tanh => tanh(b, x),
+        UnaryOp::Floor => b.un(Un::Floor, x),
+        UnaryOp::Ceil => b.un(Un::Ceil, x),
+        UnaryOp::Round => b.un(Un::Nearest, x),
         UnaryOp::Sigmoid => {
             let nx = b.un(Un::Neg, x);
             let e = exp(b, nx);

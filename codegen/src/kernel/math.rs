@@ -187,6 +187,6 @@ pub fn approximated(u: tcc_ir::UnaryOp) -> bool {
     use tcc_ir::UnaryOp::*;
     match u {
         Exp | Log | Erf | Gelu | Tanh | Sigmoid => true,
-        Neg | Abs | Sqrt | Rsqrt | Reciprocal | Relu => false,
+        Neg | Abs | Sqrt | Rsqrt | Reciprocal | Relu | Floor | Ceil | Round => false,
     }
 }

@@ -92,6 +92,9 @@ fn unary_f(op: UnaryOp, x: f64) -> f64 {
         }
         UnaryOp::Erf => libm::erf(x),
         UnaryOp::Gelu => 0.5 * x * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2)),
+        UnaryOp::Floor => x.floor(),
+        UnaryOp::Ceil => x.ceil(),
+        UnaryOp::Round => x.round_ties_even(),
     }
 }
 
@@ -108,7 +111,10 @@ fn unary_i(op: UnaryOp, x: i64) -> i64 {
         | UnaryOp::Tanh
         | UnaryOp::Sigmoid
         | UnaryOp::Erf
-        | UnaryOp::Gelu => unreachable!("type rules allow only neg, abs and relu on integers"),
+        | UnaryOp::Gelu
+        | UnaryOp::Floor
+        | UnaryOp::Ceil
+        | UnaryOp::Round => unreachable!("type rules allow only neg, abs and relu on integers"),
     }
 }
 

@@ -45,6 +45,12 @@ pub enum UnaryOp {
     Erf,
     /// Exact GELU, `x * (1 + erf(x/sqrt 2)) / 2`.
     Gelu,
+    /// The largest integer not above `x` (floats; gradient zero).
+    Floor,
+    /// The smallest integer not below `x` (floats; gradient zero).
+    Ceil,
+    /// The nearest integer, ties to even (floats; gradient zero).
+    Round,
 }
 
 /// Elementwise binary operations with numpy broadcasting; both operands have the same dtype.
@@ -350,7 +356,7 @@ impl std::fmt::Display for Arity {
 
 impl UnaryOp {
     /// Every unary op.
-    pub const ALL: [UnaryOp; 12] = [
+    pub const ALL: [UnaryOp; 15] = [
         UnaryOp::Neg,
         UnaryOp::Abs,
         UnaryOp::Exp,
@@ -363,6 +369,9 @@ impl UnaryOp {
         UnaryOp::Relu,
         UnaryOp::Erf,
         UnaryOp::Gelu,
+        UnaryOp::Floor,
+        UnaryOp::Ceil,
+        UnaryOp::Round,
     ];
 
     /// Text mnemonic.

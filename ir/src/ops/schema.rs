@@ -161,6 +161,9 @@ define_ops! {
     Relu "relu" Exactly(1), 1, Elementwise [ELEMENTWISE DIFFERENTIABLE] "`max(x, 0)`";
     Erf "erf" Exactly(1), 1, Elementwise [ELEMENTWISE DIFFERENTIABLE] "the error function";
     Gelu "gelu" Exactly(1), 1, Elementwise [ELEMENTWISE DIFFERENTIABLE] "exact GELU, `x * (1 + erf(x/sqrt 2)) / 2`";
+    Floor "floor" Exactly(1), 1, Elementwise [ELEMENTWISE] "round down to an integer (floats)";
+    Ceil "ceil" Exactly(1), 1, Elementwise [ELEMENTWISE] "round up to an integer (floats)";
+    Round "round" Exactly(1), 1, Elementwise [ELEMENTWISE] "round to the nearest integer, ties to even (floats)";
     Add "add" Exactly(2), 1, Elementwise [ELEMENTWISE DIFFERENTIABLE] "`a + b`, broadcasting";
     Sub "sub" Exactly(2), 1, Elementwise [ELEMENTWISE DIFFERENTIABLE] "`a - b`, broadcasting";
     Mul "mul" Exactly(2), 1, Elementwise [ELEMENTWISE DIFFERENTIABLE] "`a * b`, broadcasting";
@@ -250,6 +253,9 @@ impl OpId {
             OpId::Relu => K::Unary(UnaryOp::Relu),
             OpId::Erf => K::Unary(UnaryOp::Erf),
             OpId::Gelu => K::Unary(UnaryOp::Gelu),
+            OpId::Floor => K::Unary(UnaryOp::Floor),
+            OpId::Ceil => K::Unary(UnaryOp::Ceil),
+            OpId::Round => K::Unary(UnaryOp::Round),
             OpId::Add => K::Binary(BinaryOp::Add),
             OpId::Sub => K::Binary(BinaryOp::Sub),
             OpId::Mul => K::Binary(BinaryOp::Mul),
@@ -341,6 +347,9 @@ impl UnaryOp {
             UnaryOp::Relu => OpId::Relu,
             UnaryOp::Erf => OpId::Erf,
             UnaryOp::Gelu => OpId::Gelu,
+            UnaryOp::Floor => OpId::Floor,
+            UnaryOp::Ceil => OpId::Ceil,
+            UnaryOp::Round => OpId::Round,
         }
     }
 }

@@ -143,13 +143,37 @@ pub(super) fn dropout(cx: &mut Ctx, n: &Node) -> Result<Vec<Option<Value>>> {
 }
 
 /// `Mod` on integers: `a - trunc(a / b) * b`, the sign of the dividend (`fmod=1`), or moved to
-/// the sign of the divisor when they differ (`fmod=0`, Python's `%`). Float `Mod` is not
-/// supported (tcc has no `trunc`).
+/// the sign of the divisor when they differ (`fmod=0`, Python's `%`). On floats (which ONNX
+/// allows with `fmod=1` only) it is C's `fmod`, computed as `a - trunc(a / b) * b` in f64: for
+/// f32 operands that is exact while the quotient is below 2^29, and for f64 operands it is
+/// exact while the quotient is below 2^24 or so (the division rounds).
 pub(super) fn modulo(cx: &mut Ctx, n: &Node) -> Result<Value> {
     let (a, b) = (n.input(0, "A")?, n.input(1, "B")?);
     let dt = cx.dtype(a);
+    if dt.is_float() {
+        if n.int("fmod", 0)? == 0 {
+            return Err(Error::invalid(
+                "fmod must be 1 for floating-point operands (ONNX defines Mod on floats as C's fmod)",
+            ));
+        }
+        let (a64, b64) = (cast(cx, a, DType::F64)?, cast(cx, b, DType::F64)?);
+        let q = binary(cx, BinaryOp::Div, a64, b64)?;
+        let zero = cx.scalar(DType::F64, 0.0)?;
+        let neg = compare(cx, CmpOp::Lt, q, zero)?;
+        let up = unary(cx, UnaryOp::Ceil, q)?;
+        let down = unary(cx, UnaryOp::Floor, q)?;
+        let t = cx.op1(OpKind::Select, &[neg, up, down])?;
+        let tb = binary(cx, BinaryOp::Mul, t, b64)?;
+        let r = binary(cx, BinaryOp::Sub, a64, tb)?;
+        // fmod(a, ±inf) is a (for finite a), where the formula would give 0 * inf.
+        let inf = cx.scalar(DType::F64, f64::INFINITY)?;
+        let babs = unary(cx, UnaryOp::Abs, b64)?;
+        let b_inf = compare(cx, CmpOp::Eq, babs, inf)?;
+        let r = cx.op1(OpKind::Select, &[b_inf, a64, r])?;
+        return cast(cx, r, dt);
+    }
     if !dt.is_int() {
-        return n.unsupported(format_args!("{dt} operands (integers only)"));
+        return n.unsupported(format_args!("{dt} operands"));
     }
     let q = binary(cx, BinaryOp::Div, a, b)?;
     let qb = binary(cx, BinaryOp::Mul, q, b)?;

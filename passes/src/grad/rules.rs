@@ -457,6 +457,9 @@ impl Rules<'_> {
     fn unary(&mut self, u: UnaryOp, x: Value, y: Value, dy: Value) -> R<Value> {
         use UnaryOp::*;
         Ok(match u {
+            // Not differentiable (zero almost everywhere): the forward sweep never reaches
+            // through them, so no rule is asked for.
+            Floor | Ceil | Round => unreachable!("`{}` is not differentiable", u.mnemonic()),
             Neg => self.un(Neg, dy)?,
             Abs => {
                 // d|x| = sign(x); 0 at 0.
