@@ -41,6 +41,8 @@ pub(crate) fn lower(cx: &mut Ctx, n: &Node) -> Result<Vec<Option<Value>>> {
         "Sigmoid" => one(unary(cx, U::Sigmoid, x()?)?),
         "Relu" => one(unary(cx, U::Relu, x()?)?),
         "Erf" => one(unary(cx, U::Erf, x()?)?),
+        "ArgMax" => one(reduce::arg_extreme(cx, n, true)?),
+        "ArgMin" => one(reduce::arg_extreme(cx, n, false)?),
         "Floor" => one(unary(cx, U::Floor, x()?)?),
         "Ceil" => one(unary(cx, U::Ceil, x()?)?),
         "Round" => one(unary(cx, U::Round, x()?)?),

@@ -250,3 +250,85 @@ pub(super) fn layer_norm(cx: &mut Ctx, n: &Node) -> Result<Vec<Option<Value>>> {
     }
     Ok(vec![Some(y), Some(mean), Some(inv)])
 }
+
+/// `ArgMax` / `ArgMin`: the index of the first (or, with `select_last_index`, last) extreme
+/// along `axis`, as int64. Composed: the extreme `m` (a `reduce_max`, of `-x` for the minimum),
+/// the positions equal to it (NaN counts as the extreme, as numpy's `argmax` has it), and a
+/// `reduce_max` over `len - i` (first) or `i + 1` (last) at those positions. Integers compute
+/// in f64, exactly for every value below 2^53.
+pub(super) fn arg_extreme(cx: &mut Ctx, n: &Node, max: bool) -> Result<Value> {
+    let x = n.input(0, "data")?;
+    let dims = cx.dims(x);
+    let r = dims.len();
+    let a = axis(n.int("axis", 0)?, r.max(1))?;
+    if r == 0 {
+        return Err(Error::invalid("the input must have rank 1 or more"));
+    }
+    let keep = n.int("keepdims", 1)? != 0;
+    let last = n.int("select_last_index", 0)? != 0;
+    let len = dims[a];
+    if len == 0 {
+        return Err(Error::invalid(format!(
+            "axis {a} is empty: there is no extreme"
+        )));
+    }
+    let x = match cx.dtype(x) {
+        DType::F32 | DType::F64 => x,
+        DType::Bool => {
+            let u = cast(cx, x, DType::U8)?;
+            cast(cx, u, DType::F64)?
+        }
+        _ => cast(cx, x, DType::F64)?,
+    };
+    let v = if max { x } else { unary(cx, UnaryOp::Neg, x)? };
+    let reduce_max = |cx: &mut Ctx, v: Value, keepdims: bool| {
+        cx.op1(
+            OpKind::Reduce {
+                op: ReduceOp::Max,
+                axes: vec![a as i64],
+                keepdims,
+            },
+            &[v],
+        )
+    };
+    let m = reduce_max(cx, v, true)?;
+    let eq = crate::ctx::compare(cx, tcc_ir::CmpOp::Eq, v, m)?;
+    let m_nan = crate::ctx::compare(cx, tcc_ir::CmpOp::Ne, m, m)?;
+    let v_nan = crate::ctx::compare(cx, tcc_ir::CmpOp::Ne, v, v)?;
+    let hit = cx.op1(OpKind::Select, &[m_nan, v_nan, eq])?;
+    // Position weights along the axis: len - i picks the first hit, i + 1 the last.
+    let idt = if len < 1 << 24 {
+        DType::F32
+    } else {
+        DType::F64
+    };
+    let mut wd = vec![1u64; r - a];
+    wd[0] = len;
+    let w: Vec<f64> = (0..len)
+        .map(|i| {
+            if last {
+                i as f64 + 1.0
+            } else {
+                (len - i) as f64
+            }
+        })
+        .collect();
+    let data = match idt {
+        DType::F32 => tcc_ir::Data::F32(w.into_iter().map(|v| v as f32).collect()),
+        _ => tcc_ir::Data::F64(w),
+    };
+    let w = cx.constant(
+        tcc_ir::Tensor::from_data(&wd, data).map_err(|e| Error::invalid(e.to_string()))?,
+    )?;
+    let zero = cx.scalar(idt, 0.0)?;
+    let picked = cx.op1(OpKind::Select, &[hit, w, zero])?;
+    let best = reduce_max(cx, picked, keep)?;
+    let pos = if last {
+        let one = cx.scalar(idt, 1.0)?;
+        binary(cx, BinaryOp::Sub, best, one)?
+    } else {
+        let l = cx.scalar(idt, len as f64)?;
+        binary(cx, BinaryOp::Sub, l, best)?
+    };
+    cast(cx, pos, DType::I64)
+}

@@ -96,8 +96,10 @@ pub(super) fn split(cx: &mut Ctx, n: &Node) -> Result<Vec<Option<Value>>> {
 pub(super) fn pad(cx: &mut Ctx, n: &Node) -> Result<Value> {
     let x = n.input(0, "data")?;
     let mode = n.string("mode", "constant")?;
-    if mode != "constant" {
-        return n.unsupported(format_args!("mode=\"{mode}\""));
+    if !matches!(mode.as_str(), "constant" | "reflect" | "edge" | "wrap") {
+        return Err(Error::invalid(format!(
+            "unknown mode `{mode}` (constant, reflect, edge or wrap)"
+        )));
     }
     let r = cx.ty(x).rank();
     let (pads, value, axes) = if n.opset < 11 {
@@ -162,9 +164,52 @@ pub(super) fn pad(cx: &mut Ctx, n: &Node) -> Result<Value> {
         if b > 1 << 40 || e > 1 << 40 {
             return Err(Error::invalid(format!("pads {pads:?} are absurdly large")));
         }
-        y = pad_axis(cx, y, a, b, e, value)?;
+        y = match mode.as_str() {
+            "constant" => pad_axis(cx, y, a, b, e, value)?,
+            _ => pad_from_inside(cx, y, a, b, e, &mode)?,
+        };
     }
     Ok(y)
+}
+
+/// Pads axis `a` with values taken from the tensor itself, as numpy's `pad` modes do:
+/// `reflect` mirrors without repeating the edge, `edge` repeats it, `wrap` continues from the
+/// other end. One constant-index `gather` (so it is differentiable).
+fn pad_from_inside(
+    cx: &mut Ctx,
+    x: Value,
+    a: usize,
+    before: u64,
+    after: u64,
+    mode: &str,
+) -> Result<Value> {
+    if before == 0 && after == 0 {
+        return Ok(x);
+    }
+    let len = cx.dims(x)[a] as i64;
+    if len == 0 {
+        return Err(Error::invalid(format!(
+            "cannot pad an empty axis {a} in mode `{mode}`"
+        )));
+    }
+    let total = before + len as u64 + after;
+    let index: Vec<i64> = (0..total as i64)
+        .map(|i| {
+            let j = i - before as i64;
+            match mode {
+                "edge" => j.clamp(0, len - 1),
+                "wrap" => j.rem_euclid(len),
+                _ if len == 1 => 0,
+                _ => {
+                    let period = 2 * (len - 1);
+                    let k = j.rem_euclid(period);
+                    if k >= len { period - k } else { k }
+                }
+            }
+        })
+        .collect();
+    let idx = cx.constant(tensor_i64(&[total], index)?)?;
+    cx.op1(OpKind::Gather { axis: a as i64 }, &[x, idx])
 }
 
 /// `Trilu`: the lower (`upper=0`) or upper triangle of the last two axes, shifted by `k`, as a
