@@ -17,6 +17,7 @@ use tcc_ir::{
 };
 
 mod conv;
+mod einsum;
 mod elementwise;
 mod loss;
 mod reduce;
@@ -41,6 +42,7 @@ pub(crate) fn lower(cx: &mut Ctx, n: &Node) -> Result<Vec<Option<Value>>> {
         "Sigmoid" => one(unary(cx, U::Sigmoid, x()?)?),
         "Relu" => one(unary(cx, U::Relu, x()?)?),
         "Erf" => one(unary(cx, U::Erf, x()?)?),
+        "Einsum" => one(einsum::einsum(cx, n)?),
         "ArgMax" => one(reduce::arg_extreme(cx, n, true)?),
         "ArgMin" => one(reduce::arg_extreme(cx, n, false)?),
         "Floor" => one(unary(cx, U::Floor, x()?)?),
