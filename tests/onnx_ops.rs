@@ -97,7 +97,9 @@ fn run_einsum(equation: &str, shapes: &[&[u64]], out_dims: &[u64]) -> (Vec<f64>,
 
 #[test]
 fn einsum_equations_match_their_definition() {
-    let cases: [(&str, &[&[u64]], &[u64]); 9] = [
+    // Equation, operand shapes, output shape.
+    type Case<'a> = (&'a str, &'a [&'a [u64]], &'a [u64]);
+    let cases: [Case; 9] = [
         (
             "bhqd,bhkd->bhqk",
             &[&[2, 3, 4, 5], &[2, 3, 6, 5]],

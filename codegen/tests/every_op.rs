@@ -625,6 +625,40 @@ fn model_ops_run_natively() {
             );
         }
     }
+    for (dt, x, k, axis, largest) in [
+        ("f32", "[4,9]", 3, -1, true),
+        ("f32", "[4,9,2]", 9, 1, false),
+        ("f32", "[6,3]", 0, 0, true),
+        ("i64", "[5,7]", 4, 1, true),
+    ] {
+        let mut d: Vec<u64> = x
+            .trim_matches(|c| c == '[' || c == ']')
+            .split(',')
+            .map(|s| s.parse().unwrap())
+            .collect();
+        let a = if axis < 0 { d.len() - 1 } else { axis as usize };
+        d[a] = k;
+        let out = format!("{d:?}").replace(' ', "");
+        // The native kernel is f32; other dtypes run on the reference kernels.
+        let run = if dt == "f32" { case_native } else { case };
+        run(
+            &format!("%x: {dt}{x}"),
+            &format!(
+                "  %out, %idx = top_k %x {{k={k}, axis={axis}, largest={largest}}} : {dt}{out}, i64{out}"
+            ),
+            &format!("{dt}{out}"),
+            54,
+        );
+        // The indices too.
+        case(
+            &format!("%x: {dt}{x}"),
+            &format!(
+                "  %v, %out = top_k %x {{k={k}, axis={axis}, largest={largest}}} : {dt}{out}, i64{out}"
+            ),
+            &format!("i64{out}"),
+            55,
+        );
+    }
     for e in ["2.0", "1.0", "0.0", "-1.0"] {
         case_native(
             "%x: f32[3,5]",

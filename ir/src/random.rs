@@ -220,6 +220,16 @@ impl Gen {
                     Ok(loss)
                 }
             }
+            9 if r >= 1 && self.rng.chance(0.25) => {
+                let axis = self.rng.below(r as u64) as i64;
+                let len = t.dims()[axis as usize];
+                let k = self.rng.below(len + 1);
+                let largest = self.rng.chance(0.5);
+                let res = (self.b)
+                    .op(OpKind::TopK { k, axis, largest }, &[x], Some("top"))
+                    .ok()?;
+                Ok(res[0])
+            }
             9 if r >= 1 => {
                 let axis = self.rng.below(r as u64) as i64;
                 let kind = if self.rng.chance(0.5) {

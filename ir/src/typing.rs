@@ -389,6 +389,20 @@ pub fn infer(kind: &OpKind, args: &[&TensorType]) -> R<Vec<TensorType>> {
             }
             one(tt(x.dtype(), s)?)
         }
+        OpKind::TopK { k, axis: a, .. } => {
+            let x = args[0];
+            need_numeric(x, "the operand")?;
+            let a = axis(*a, x.rank())?;
+            let len = x.dims()[a];
+            if *k > len {
+                return Err(format!(
+                    "k = {k} is more than the {len} elements along axis {a}"
+                ));
+            }
+            let mut d = x.dims().to_vec();
+            d[a] = *k;
+            Ok(vec![tt(x.dtype(), d.clone())?, tt(DType::I64, d)?])
+        }
         OpKind::Softmax { axis: a } | OpKind::LogSoftmax { axis: a } => {
             let x = args[0];
             need_float(x, "the operand")?;

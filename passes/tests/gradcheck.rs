@@ -468,6 +468,22 @@ fn batch_norm_both_forms() {
 }
 
 #[test]
+fn top_k() {
+    for (dims, k, axis, largest) in [
+        (&[3u64, 5][..], 3, 1, true),
+        (&[4, 2, 3][..], 2, 0, false),
+        (&[2, 4, 3][..], 4, 1, true),
+        (&[6][..], 0, 0, true),
+    ] {
+        check("top_k", |b| {
+            let x = p(b, "x", dims);
+            let kind = OpKind::TopK { k, axis, largest };
+            vec![b.op(kind, &[x], None).unwrap()[0]]
+        });
+    }
+}
+
+#[test]
 fn data_movement() {
     check("reshape", |b| {
         let x = p(b, "x", &[2, 6]);

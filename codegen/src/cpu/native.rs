@@ -76,6 +76,13 @@ enum Kind {
         len: usize,
         inner: usize,
     },
+    /// `top_k` over the middle axis of `[outer, len, inner]`: values and `i64` indices.
+    TopK {
+        len: usize,
+        inner: usize,
+        k: usize,
+        largest: bool,
+    },
     /// Inference batch norm over `[N, c, inner]`.
     BatchNorm {
         eps: f64,
@@ -140,6 +147,16 @@ impl Native {
                     log: matches!(d.kind, OpKind::LogSoftmax { .. }),
                     len: dm[a],
                     inner: dm[a + 1..].iter().product(),
+                }
+            }
+            OpKind::TopK { k, axis, largest } => {
+                let dm = dims(f, x);
+                let a = normalize_axis(*axis, dm.len())?;
+                Kind::TopK {
+                    len: dm[a],
+                    inner: dm[a + 1..].iter().product(),
+                    k: *k as usize,
+                    largest: *largest,
                 }
             }
             OpKind::GlobalAvgPool => {
@@ -430,6 +447,50 @@ impl Native {
                             }
                         }
                     });
+                }
+                Kind::TopK {
+                    len,
+                    inner,
+                    k,
+                    largest,
+                } => {
+                    let (x, (len, inner, k)) = (input(0), (*len, *inner, *k));
+                    let lines = x.len().checked_div(len * inner).unwrap_or(0);
+                    let mut index = vec![0i64; lines * k * inner];
+                    let values = output(0);
+                    let mut line: Vec<usize> = Vec::with_capacity(len);
+                    for o in 0..lines {
+                        for i in 0..inner {
+                            let at = |j: usize| x[(o * len + j) * inner + i];
+                            line.clear();
+                            line.extend(0..len);
+                            // By value (NaN above every number), ties by index, as the
+                            // reference orders them.
+                            let by = |p: &usize, q: &usize| {
+                                let (a, b) = (at(*p), at(*q));
+                                let c = match (a.is_nan(), b.is_nan()) {
+                                    (true, true) => std::cmp::Ordering::Equal,
+                                    (true, false) => std::cmp::Ordering::Greater,
+                                    (false, true) => std::cmp::Ordering::Less,
+                                    _ => a.partial_cmp(&b).expect("not NaN"),
+                                };
+                                if *largest { c.reverse() } else { c }.then(p.cmp(q))
+                            };
+                            if k < len {
+                                line.select_nth_unstable_by(k, by);
+                                line.truncate(k);
+                            }
+                            line.sort_by(by);
+                            for (r, &j) in line.iter().take(k).enumerate() {
+                                values[(o * k + r) * inner + i] = at(j);
+                                index[(o * k + r) * inner + i] = j as i64;
+                            }
+                        }
+                    }
+                    if self.stored[1] {
+                        let dst = addr(self.results[1]) as *mut i64;
+                        std::ptr::copy_nonoverlapping(index.as_ptr(), dst, index.len());
+                    }
                 }
                 Kind::BatchNorm { eps, c, inner } => {
                     let (x, g, b, m, v) = (input(0), input(1), input(2), input(3), input(4));

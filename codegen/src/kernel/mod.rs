@@ -118,6 +118,7 @@ pub fn supported_op(f: &Function, op: tcc_ir::Op) -> bool {
         | OpKind::Softmax { .. }
         | OpKind::LogSoftmax { .. }
         | OpKind::SoftmaxCrossEntropy
+        | OpKind::TopK { .. }
         | OpKind::BatchNorm { .. }
         | OpKind::BatchNormTrain { .. }
         | OpKind::Reshape { .. }

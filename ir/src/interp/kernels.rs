@@ -710,6 +710,50 @@ pub(crate) fn eval(kind: &OpKind, args: &[&Val], tys: &[TensorType]) -> R<Vec<Va
             let [g, b, m, v] = [1, 2, 3, 4].map(|i| args[i].f());
             normalize(args[0], g, b, m, v, eps.0)
         }
+        OpKind::TopK { k, axis, largest } => {
+            let a = normalize_axis(*axis, args[0].ty.rank()).expect("verified axis");
+            let (outer, len, inner) = split(args[0].dims(), a);
+            let k = *k as usize;
+            let key = |i: usize| match &args[0].buf {
+                Buf::F(v) => v[i],
+                Buf::I(v) => v[i] as f64,
+                Buf::B(_) => unreachable!("type rules: numeric"),
+            };
+            // Descending (or ascending) by value, NaN above every number, ties by index.
+            let order = |x: f64, y: f64| {
+                let c = match (x.is_nan(), y.is_nan()) {
+                    (true, true) => std::cmp::Ordering::Equal,
+                    (true, false) => std::cmp::Ordering::Greater,
+                    (false, true) => std::cmp::Ordering::Less,
+                    _ => x.partial_cmp(&y).expect("not NaN"),
+                };
+                if *largest { c.reverse() } else { c }
+            };
+            let mut picked = Vec::with_capacity(outer * k * inner);
+            let mut index = vec![0usize; outer * k * inner];
+            let mut line: Vec<usize> = Vec::with_capacity(len);
+            for o in 0..outer {
+                for i in 0..inner {
+                    line.clear();
+                    line.extend(0..len);
+                    let at = |j: usize| (o * len + j) * inner + i;
+                    line.sort_by(|&p, &q| order(key(at(p)), key(at(q))).then(p.cmp(&q)));
+                    for (r, &j) in line[..k].iter().enumerate() {
+                        index[(o * k + r) * inner + i] = j;
+                    }
+                }
+            }
+            for o in 0..outer {
+                for r in 0..k {
+                    for i in 0..inner {
+                        picked.push((o * len + index[(o * k + r) * inner + i]) * inner + i);
+                    }
+                }
+            }
+            let values = take(&args[0].buf, picked.into_iter());
+            let indices = Buf::I(index.into_iter().map(|j| j as i64).collect());
+            return Ok(vec![make(&tys[0], values), make(&tys[1], indices)]);
+        }
         OpKind::BatchNormTrain { eps } => {
             let (mean, var) = batch_stats(args[0]);
             let y = normalize(args[0], args[1].f(), args[2].f(), &mean, &var, eps.0);

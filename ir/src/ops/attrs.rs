@@ -338,6 +338,11 @@ macro_rules! declare_attrs {
             OpKind::Concat { axis } | OpKind::Gather { axis } | OpKind::ScatterAdd { axis } => {
                 $v.attr("axis", axis, Required)?
             }
+            OpKind::TopK { k, axis, largest } => {
+                $v.attr("k", k, Required)?;
+                $v.attr("axis", axis, Value(-1))?;
+                $v.attr("largest", largest, Value(true))?;
+            }
             OpKind::BatchNorm { eps } | OpKind::BatchNormTrain { eps } => {
                 $v.attr("eps", eps, Value(F64(1e-5)))?
             }

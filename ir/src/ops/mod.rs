@@ -228,6 +228,17 @@ pub enum OpKind {
     },
     /// Mean cross-entropy of `logits [N, C]` against integer `labels [N]`: a scalar.
     SoftmaxCrossEntropy,
+    /// The `k` largest (or smallest) elements along `axis`, sorted, and their indices (`i64`):
+    /// `x -> (values, indices)`. Equal values keep their order (lower index first); NaN counts
+    /// as larger than every number.
+    TopK {
+        /// How many.
+        k: u64,
+        /// The axis (default -1).
+        axis: i64,
+        /// Largest (default) or smallest first.
+        largest: bool,
+    },
     /// Inference batch norm: `(x, gamma, beta, mean, var) -> y`, channels on axis 1.
     BatchNorm {
         /// Added to the variance. Default `1e-5`.

@@ -196,6 +196,7 @@ define_ops! {
     Softmax "softmax" Exactly(1), 1, Reduction [DIFFERENTIABLE] "softmax along `axis`";
     LogSoftmax "log_softmax" Exactly(1), 1, Reduction [DIFFERENTIABLE] "log of softmax along `axis`, computed stably";
     SoftmaxCrossEntropy "softmax_cross_entropy" Exactly(2), 1, Reduction [DIFFERENTIABLE] "mean cross-entropy of `logits [N,C]` against `labels [N]`";
+    TopK "top_k" Exactly(1), 2, Reduction [DIFFERENTIABLE] "the `k` largest (or smallest) along `axis`, sorted, and their `i64` indices";
     BatchNorm "batch_norm" Exactly(5), 1, Reduction [DIFFERENTIABLE] "inference batch norm `(x, gamma, beta, mean, var) -> y`";
     BatchNormTrain "batch_norm_train" Exactly(3), 3, Reduction [DIFFERENTIABLE] "training batch norm `(x, gamma, beta) -> (y, mean, var)`";
 
@@ -294,6 +295,11 @@ impl OpId {
             OpId::Softmax => K::Softmax { axis: 0 },
             OpId::LogSoftmax => K::LogSoftmax { axis: 0 },
             OpId::SoftmaxCrossEntropy => K::SoftmaxCrossEntropy,
+            OpId::TopK => K::TopK {
+                k: 0,
+                axis: -1,
+                largest: true,
+            },
             OpId::BatchNorm => K::BatchNorm { eps },
             OpId::BatchNormTrain => K::BatchNormTrain { eps },
             OpId::Reshape => K::Reshape { shape: Vec::new() },
@@ -416,6 +422,7 @@ impl OpKind {
             OpKind::Softmax { .. } => OpId::Softmax,
             OpKind::LogSoftmax { .. } => OpId::LogSoftmax,
             OpKind::SoftmaxCrossEntropy => OpId::SoftmaxCrossEntropy,
+            OpKind::TopK { .. } => OpId::TopK,
             OpKind::BatchNorm { .. } => OpId::BatchNorm,
             OpKind::BatchNormTrain { .. } => OpId::BatchNormTrain,
             OpKind::Reshape { .. } => OpId::Reshape,

@@ -19,6 +19,9 @@ struct Term {
 }
 
 pub(super) fn einsum(cx: &mut Ctx, n: &Node) -> Result<Value> {
+    if n.attr("equation").is_none() {
+        return Err(Error::invalid("Einsum needs the `equation` attribute"));
+    }
     let eq: String = n
         .string("equation", "")?
         .chars()

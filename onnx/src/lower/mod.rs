@@ -43,6 +43,7 @@ pub(crate) fn lower(cx: &mut Ctx, n: &Node) -> Result<Vec<Option<Value>>> {
         "Relu" => one(unary(cx, U::Relu, x()?)?),
         "Erf" => one(unary(cx, U::Erf, x()?)?),
         "Einsum" => one(einsum::einsum(cx, n)?),
+        "TopK" => reduce::top_k(cx, n),
         "ArgMax" => one(reduce::arg_extreme(cx, n, true)?),
         "ArgMin" => one(reduce::arg_extreme(cx, n, false)?),
         "Floor" => one(unary(cx, U::Floor, x()?)?),

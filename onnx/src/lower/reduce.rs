@@ -251,6 +251,31 @@ pub(super) fn layer_norm(cx: &mut Ctx, n: &Node) -> Result<Vec<Option<Value>>> {
     Ok(vec![Some(y), Some(mean), Some(inv)])
 }
 
+/// `TopK`: `k` from the attribute (before opset 10) or input 1, which must be known at import
+/// time. Always sorted (`sorted=0` leaves the order to the implementation).
+pub(super) fn top_k(cx: &mut Ctx, n: &Node) -> Result<Vec<Option<Value>>> {
+    let x = n.input(0, "X")?;
+    let k = if n.opset < 10 {
+        n.int("k", -1)?
+    } else {
+        let v = crate::ctx::const_ints(cx, n, 1, "K")?;
+        match v[..] {
+            [k] => k,
+            _ => {
+                return Err(Error::invalid(format!(
+                    "K must hold one value, found {v:?}"
+                )));
+            }
+        }
+    };
+    let k = u64::try_from(k)
+        .map_err(|_| Error::invalid(format!("k must be non-negative, found {k}")))?;
+    let largest = n.opset < 11 || n.int("largest", 1)? != 0;
+    let axis = n.int("axis", -1)?;
+    let r = cx.op(OpKind::TopK { k, axis, largest }, &[x])?;
+    Ok(vec![Some(r[0]), Some(r[1])])
+}
+
 /// `ArgMax` / `ArgMin`: the index of the first (or, with `select_last_index`, last) extreme
 /// along `axis`, as int64. Composed: the extreme `m` (a `reduce_max`, of `-x` for the minimum),
 /// the positions equal to it (NaN counts as the extreme, as numpy's `argmax` has it), and a

@@ -51,6 +51,12 @@ pub fn flops(f: &Function, op: Op) -> u64 {
             };
             dy.saturating_mul(window(p.kernel))
         }
+        OpKind::TopK { axis, .. } => {
+            // A sort of each line: n log n comparisons.
+            let x = f.ty(d.args[0]).dims();
+            let len = tcc_ir::ops::normalize_axis(*axis, x.len()).map_or(1, |a| x[a]);
+            numel(0).saturating_mul(64 - len.max(1).leading_zeros() as u64)
+        }
         OpKind::Unary(_)
         | OpKind::Binary(_)
         | OpKind::Compare(_)

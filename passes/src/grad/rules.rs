@@ -430,6 +430,9 @@ impl Rules<'_> {
                 };
                 out[0] = Some(self.b.op1(k, &[dyv()])?);
             }
+            OpKind::TopK { axis, .. } => {
+                out[0] = Some(self.top_k(a[0], g.results[1], *axis, dyv())?);
+            }
             OpKind::Gather { axis } => {
                 // Sparse: scatter the rows that were read into zeros.
                 let z = self.zeros_like(a[0])?;
@@ -452,6 +455,54 @@ impl Rules<'_> {
             OpKind::MaxPool2dGrad(_) => {}
         }
         Ok(out)
+    }
+
+    /// The gradient of `top_k`: each value's cotangent goes back to the position its index
+    /// names. The axis is moved last and the lines flattened, so that one `scatter_add` into
+    /// zeros does it with flat indices `line * len + index`.
+    fn top_k(&mut self, x: Value, indices: Value, axis: i64, dy: Value) -> R<Value> {
+        let xd = self.dims(x);
+        let r = xd.len();
+        let a = tcc_ir::ops::normalize_axis(axis, r).expect("verified axis");
+        let mut perm: Vec<u64> = (0..r as u64).filter(|&i| i != a as u64).collect();
+        perm.push(a as u64);
+        let last = |s: &mut Self, v: Value| -> R<Value> {
+            if a + 1 == r {
+                Ok(v)
+            } else {
+                s.b.transpose(v, &perm)
+            }
+        };
+        let (len, k) = (xd[a], self.dims(indices)[a]);
+        let lines: u64 = xd.iter().product::<u64>() / len.max(1);
+        let (dyt, it) = (last(self, dy)?, last(self, indices)?);
+        let it = self.reshape(it, &[lines, k])?;
+        let offsets = tcc_ir::TensorType::new(tcc_ir::DType::I64, vec![lines, 1])
+            .map_err(|e| BuildError(e.to_string()))?;
+        let offsets = self.b.constant(
+            offsets,
+            tcc_ir::Literal::Dense(tcc_ir::Data::I64(
+                (0..lines as i64).map(|l| l * len as i64).collect(),
+            )),
+        )?;
+        let flat = self.b.add(it, offsets)?;
+        let flat = self.reshape(flat, &[lines * k])?;
+        let dyf = self.reshape(dyt, &[lines * k])?;
+        let z = self.b.splat(self.dtype(x), &[lines * len], 0.0)?;
+        let dx = self
+            .b
+            .op1(OpKind::ScatterAdd { axis: 0 }, &[z, flat, dyf])?;
+        let mut td: Vec<u64> = perm.iter().map(|&p| xd[p as usize]).collect();
+        td[r - 1] = len;
+        let dx = self.reshape(dx, &td)?;
+        if a + 1 == r {
+            return Ok(dx);
+        }
+        let mut inv = vec![0u64; r];
+        for (i, &p) in perm.iter().enumerate() {
+            inv[p as usize] = i as u64;
+        }
+        self.b.transpose(dx, &inv)
     }
 
     fn unary(&mut self, u: UnaryOp, x: Value, y: Value, dy: Value) -> R<Value> {
