@@ -781,3 +781,39 @@ fn integer_division_stays_on_the_reference_kernels() {
     let err = exe.run(&[a, zero]).unwrap_err().0;
     assert!(err.contains("division by zero"), "{err}");
 }
+
+/// An `f32` kernel comparing `i32` values (a one-hot of integer labels, as embedding lookups
+/// and losses export): compiled, the integers compared as integers, including values whose bits
+/// would be a NaN as floats, against a splat constant and a broadcast one.
+#[test]
+fn integer_comparisons_in_float_kernels() {
+    let src = "func @f(%l: i32[9,1], %x: f32[9,6], %m: i32[9,6]) -> (f32[9,6], f32[9,6]) {
+  %c = const {value=[0, 1, 2, 2143289345, -5, 5]} : i32[6]
+  %k = const {value=2} : i32[]
+  %hit = eq %l, %c : bool[9,6]
+  %onehot = cast %hit {to=f32} : f32[9,6]
+  %big = lt %m, %k : bool[9,6]
+  %z = const {value=0.0} : f32[]
+  %y = select %big, %x, %z : f32[9,6]
+  return %onehot, %y
+}";
+    let f = parse_function(src).unwrap();
+    let labels = Tensor::new(
+        tcc_ir::TensorType::new(tcc_ir::DType::I32, vec![9, 1]).unwrap(),
+        Data::I32(vec![0, 2, 2143289345, -5, 5, 7, 1, 2143289346, -2143289345]),
+    )
+    .unwrap();
+    let mut r = randoms(&f, 4);
+    let (m, x) = (r.pop().unwrap(), r.pop().unwrap());
+    let (got, want, exe) = both(&f, &[labels, x, m]);
+    assert_eq!(exe.reference_ops(), Vec::<String>::new());
+    check(&got, &want, 0.0, 0.0).unwrap();
+    let Data::F32(onehot) = got[0].data() else {
+        unreachable!()
+    };
+    assert_eq!(
+        onehot.iter().sum::<f32>(),
+        6.0,
+        "labels 0, 2, 2143289345, -5, 5, 2 hit"
+    );
+}

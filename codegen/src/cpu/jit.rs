@@ -28,7 +28,7 @@ use crate::kernel::expr::{Bin, Body, Cmp, Lane};
 use crate::kernel::lower::{body as body_of, lower_ops, small_body};
 use crate::kernel::math::{exp, log};
 use crate::kernel::{
-    Access, ReduceShape, RowShape, Shape, access, reduce_inputs, shape, splat_number,
+    Access, ReduceShape, RowShape, Shape, access, int_bits, reduce_inputs, shape, splat_number,
 };
 use crate::plan::{Kernel, KernelData};
 
@@ -181,6 +181,8 @@ fn compile(
         .iter()
         .map(
             |&v| match access(f.ty(v).dims(), &out_dims).expect("checked by can_compile") {
+                // Integers a float kernel compares are read as their bits, from memory.
+                Access::Scalar(_) if int_bits(f, v, lane) => Access::Scalar(None),
                 Access::Scalar(_) => Access::Scalar(splat_number(f, v)),
                 a => a,
             },

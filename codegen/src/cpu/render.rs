@@ -112,6 +112,23 @@ pub(super) fn render(
                     b.ins().fadd(m, c)
                 }
             }
+            Node::ICmp(op, x, y) => {
+                let cc = match op {
+                    Cmp::Eq => IntCC::Equal,
+                    Cmp::Ne => IntCC::NotEqual,
+                    Cmp::Lt => IntCC::SignedLessThan,
+                    Cmp::Le => IntCC::SignedLessThanOrEqual,
+                    Cmp::Gt => IntCC::SignedGreaterThan,
+                    Cmp::Ge => IntCC::SignedGreaterThanOrEqual,
+                    Cmp::Unordered => unreachable!("no unordered integers"),
+                };
+                let m = b.ins().icmp(cc, at(x), at(y));
+                if vector && !int {
+                    b.ins().bitcast(ty, MemFlags::new(), m)
+                } else {
+                    m
+                }
+            }
             Node::Cmp(op, x, y) if int => {
                 let cc = match op {
                     Cmp::Eq => IntCC::Equal,

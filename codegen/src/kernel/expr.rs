@@ -131,6 +131,9 @@ pub enum Node {
     MulAdd(E, E, E),
     /// A comparison (a mask).
     Cmp(Cmp, E, E),
+    /// A signed comparison of two 32-bit integers (a mask of the body's width): an `i32`
+    /// comparison inside a float body, whose operands are the integers' bits.
+    ICmp(Cmp, E, E),
     /// `t` where the mask is set, else `e`.
     Select(E, E, E),
     /// A float's bits as an integer.
@@ -266,6 +269,12 @@ impl Body {
     pub fn cmp(&mut self, op: Cmp, a: E, b: E) -> E {
         debug_assert!([a, b].iter().all(|&e| self.class(e) == Class::Num));
         self.push(Node::Cmp(op, a, b), Class::Mask)
+    }
+
+    /// `a op b` on 32-bit integers, as a mask.
+    pub fn icmp(&mut self, op: Cmp, a: E, b: E) -> E {
+        debug_assert!([a, b].iter().all(|&e| self.class(e) == Class::Int));
+        self.push(Node::ICmp(op, a, b), Class::Mask)
     }
 
     /// `t` where mask `m` is set, else `e`.

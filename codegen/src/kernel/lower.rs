@@ -40,17 +40,12 @@ pub fn lower_ops(b: &mut Body, f: &Function, ops: &[Op], vals: &mut HashMap<Valu
                 b.bin(op, a[0], a[1])
             }
             OpKind::Identity | OpKind::StopGradient | OpKind::BroadcastTo { .. } => a[0],
-            OpKind::Compare(c) => {
-                let c = match c {
-                    CmpOp::Eq => Cmp::Eq,
-                    CmpOp::Ne => Cmp::Ne,
-                    CmpOp::Lt => Cmp::Lt,
-                    CmpOp::Le => Cmp::Le,
-                    CmpOp::Gt => Cmp::Gt,
-                    CmpOp::Ge => Cmp::Ge,
-                };
-                b.cmp(c, a[0], a[1])
+            OpKind::Compare(c) if super::int_bits(f, d.args[0], b.lane) => {
+                let c = cmp_of(*c);
+                let (x, y) = (b.bits(a[0]), b.bits(a[1]));
+                b.icmp(c, x, y)
             }
+            OpKind::Compare(c) => b.cmp(cmp_of(*c), a[0], a[1]),
             OpKind::Select => b.select(a[0], a[1], a[2]),
             OpKind::Cast { .. } if f.ty(d.args[0]).dtype() == DType::Bool => {
                 let (one, zero) = (b.c(1.0), b.c(0.0));
@@ -70,6 +65,18 @@ pub fn lower_ops(b: &mut Body, f: &Function, ops: &[Op], vals: &mut HashMap<Valu
             _ => r,
         };
         vals.insert(d.results[0], r);
+    }
+}
+
+/// The expression form's comparison for `c`.
+fn cmp_of(c: CmpOp) -> Cmp {
+    match c {
+        CmpOp::Eq => Cmp::Eq,
+        CmpOp::Ne => Cmp::Ne,
+        CmpOp::Lt => Cmp::Lt,
+        CmpOp::Le => Cmp::Le,
+        CmpOp::Gt => Cmp::Gt,
+        CmpOp::Ge => Cmp::Ge,
     }
 }
 

@@ -155,7 +155,8 @@ pub fn pow_exponent(f: &Function, e: Value) -> Option<f64> {
 ///   the reference kernels report).
 ///
 /// Masks are `bool` values that comparisons inside the kernel produce and only `select`
-/// conditions and casts inside it consume.
+/// conditions and casts inside it consume. An `f32` kernel may also compare `i32` values (one-hot
+/// masks: integer labels against class ids), which it reads as their bits: [`int_bits`].
 pub fn kernel_lane(f: &Function, k: &KernelData) -> Option<Lane> {
     let dtype = f.ty(f.op(*k.ops.last()?).results[0]).dtype();
     let lane = match dtype {
@@ -182,12 +183,22 @@ pub fn kernel_lane(f: &Function, k: &KernelData) -> Option<Lane> {
             d == dtype
         }
     };
+    let bits =
+        |v: &Value| lane == Lane::F32 && f.ty(*v).dtype() == DType::I32 && !stored.contains(v);
     k.ops
         .iter()
         .all(|&op| {
             let d = f.op(op);
             match d.kind {
-                OpKind::Compare(_) => d.args.iter().all(num) && !stored.contains(&d.results[0]),
+                OpKind::Compare(_) => {
+                    (d.args.iter().all(num) || d.args.iter().all(bits))
+                        && !stored.contains(&d.results[0])
+                }
+                OpKind::BroadcastTo { .. } | OpKind::Identity | OpKind::StopGradient
+                    if d.args.iter().chain(&d.results).all(bits) =>
+                {
+                    true
+                }
                 OpKind::Select => {
                     inside(d.args[0]) && d.args[1..].iter().chain(&d.results).all(num)
                 }
@@ -203,9 +214,23 @@ pub fn kernel_lane(f: &Function, k: &KernelData) -> Option<Lane> {
 }
 
 /// Whether every value of kernel `k` is `f32` but for masks (see [`kernel_lane`]): what row and
-/// reduction kernels need.
+/// reduction kernels need (they read no integer bits).
 pub fn f32_with_masks(f: &Function, k: &KernelData) -> bool {
     kernel_lane(f, k) == Some(Lane::F32)
+        && k.ops.iter().all(|&op| {
+            let d = f.op(op);
+            d.args
+                .iter()
+                .chain(&d.results)
+                .all(|&v| !int_bits(f, v, Lane::F32))
+        })
+}
+
+/// Whether value `v` of a kernel computing in `lane` is an `i32` it only compares, read as its
+/// bits (an `f32` kernel's integer operands, see [`kernel_lane`]). Such operands are loaded
+/// raw, never as an immediate number.
+pub fn int_bits(f: &Function, v: Value, lane: Lane) -> bool {
+    lane == Lane::F32 && f.ty(v).dtype() == DType::I32
 }
 
 /// The splat value of `v` if it is defined by a splat constant a lane holds exactly (a float,
