@@ -1,5 +1,6 @@
 //! ONNX models through tcc against onnxruntime, in the same run: torchvision resnet18 and
-//! mobilenet_v2 with random weights, exported by `benches/onnx_peer.py` into
+//! mobilenet_v2 with random weights, with batch norm folded by the exporter and kept (`_bn`),
+//! exported by `benches/onnx_peer.py` into
 //! `target/onnx-bench/` (once), at batch 1. onnxruntime gets as many intra-op threads as tcc's
 //! thread pool has. tcc's result must match onnxruntime's before it is timed. This VM's speed
 //! drifts over seconds, so the two are timed in alternating rounds (onnxruntime, then tcc, three
@@ -65,7 +66,7 @@ fn main() {
         "{:<14} {:>10} {:>10} {:>9} {:>12}",
         "model", "tcc ms", "ort ms", "tcc/ort", "max rel err"
     );
-    for name in ["resnet18", "mobilenet_v2"] {
+    for name in ["resnet18", "mobilenet_v2", "resnet18_bn", "mobilenet_v2_bn"] {
         let m = tcc::onnx::import_file(&dir.join(format!("{name}.onnx")), &Default::default())
             .unwrap_or_else(|e| panic!("{e}"));
         // TCC_PROFILE=1 prints where tcc's time went, step by step, after the timing.

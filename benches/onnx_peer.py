@@ -9,7 +9,9 @@ THREADS intra-op threads.
 """
 import json, os, sys, time
 
-MODELS = ["resnet18", "mobilenet_v2"]
+# `_bn`: the same models exported with batch norm kept (no constant folding, training mode
+# preserved), as exporters leave them when asked to keep the graph trainable.
+MODELS = ["resnet18", "mobilenet_v2", "resnet18_bn", "mobilenet_v2_bn"]
 
 
 def export(d):
@@ -23,7 +25,8 @@ def export(d):
         if os.path.exists(path):
             continue
         torch.manual_seed(0)
-        model = getattr(torchvision.models, name)(weights=None).eval()
+        arch = name.removesuffix("_bn")
+        model = getattr(torchvision.models, arch)(weights=None).eval()
         # Random running statistics, so that batch norm is not the identity and outputs are
         # not vanishingly small.
         with torch.no_grad():
@@ -34,8 +37,9 @@ def export(d):
                     m.weight.uniform_(0.5, 1.5)
                     m.bias.uniform_(-0.1, 0.1)
         x = torch.rand(1, 3, 224, 224)
+        keep = {"do_constant_folding": False, "training": torch.onnx.TrainingMode.PRESERVE}
         torch.onnx.export(model, (x,), path, input_names=["input"], output_names=["logits"],
-                          opset_version=17, dynamo=False)
+                          opset_version=17, dynamo=False, **(keep if name.endswith("_bn") else {}))
         np.save(os.path.join(d, name + "_input.npy"), x.numpy())
 
 

@@ -672,7 +672,7 @@ mod tests {
         )
         .unwrap();
         let mut functions = vec![joint(chain).unwrap()];
-        functions.extend((0..40).filter_map(|seed| {
+        functions.extend((0..60).filter_map(|seed| {
             let f = random_function(seed, 12);
             let floats = f.params().iter().any(|&p| f.ty(p).dtype().is_float())
                 && f.results().iter().all(|&r| f.ty(r).dtype().is_float());
