@@ -704,3 +704,36 @@ fn a_cnn_with_batch_norm_kept_runs_no_reference_kernel() {
         );
     }
 }
+
+/// With `--params all`, a floating-point initializer the import must know (a Resize scale) stays
+/// a constant, and the weights around it become parameters.
+#[test]
+fn params_all_keeps_shape_deciding_initializers_constant() {
+    let f = |name: &str, dims: &[i64], v: &[f32]| f32_init(name, dims, v);
+    let m = model(
+        GraphProto {
+            node: vec![
+                node("Mul", "scale", &["x", "w"], &["xw"], vec![]),
+                node("Resize", "up", &["xw", "", "scales"], &["y"], vec![]),
+            ],
+            initializer: vec![
+                f("w", &[1, 1, 2, 2], &[1.0, 2.0, 3.0, 4.0]),
+                f("scales", &[4], &[1.0, 1.0, 2.0, 2.0]),
+            ],
+            input: vec![value_info("x", DataType::Float, &[Some(1), Some(1), Some(2), Some(2)])],
+            output: vec![value_info("y", DataType::Float, &[Some(1), Some(1), Some(4), Some(4)])],
+            ..Default::default()
+        },
+        13,
+    );
+    let opts = Options {
+        params: tcc::onnx::Params::All,
+        ..Default::default()
+    };
+    let m = import(&write_model(&m), &opts).unwrap();
+    let f = &m.functions[0];
+    let names: Vec<&str> = f.params().iter().map(|&p| f.name(p)).collect();
+    assert_eq!(names, ["x", "w"]);
+    let stored: Vec<&str> = m.weights.values.keys().map(String::as_str).collect();
+    assert_eq!(stored, ["w"]);
+}
