@@ -720,8 +720,16 @@ fn params_all_keeps_shape_deciding_initializers_constant() {
                 f("w", &[1, 1, 2, 2], &[1.0, 2.0, 3.0, 4.0]),
                 f("scales", &[4], &[1.0, 1.0, 2.0, 2.0]),
             ],
-            input: vec![value_info("x", DataType::Float, &[Some(1), Some(1), Some(2), Some(2)])],
-            output: vec![value_info("y", DataType::Float, &[Some(1), Some(1), Some(4), Some(4)])],
+            input: vec![value_info(
+                "x",
+                DataType::Float,
+                &[Some(1), Some(1), Some(2), Some(2)],
+            )],
+            output: vec![value_info(
+                "y",
+                DataType::Float,
+                &[Some(1), Some(1), Some(4), Some(4)],
+            )],
             ..Default::default()
         },
         13,

@@ -136,3 +136,136 @@ fn einsum_equations_match_their_definition() {
     let (b, _) = run_einsum("bij,bjk->bik", &[&[2, 3, 4], &[2, 4, 5]], &[2, 3, 5]);
     assert_eq!(a, b);
 }
+
+/// A one-node f64 model over graph inputs `ins` (shapes), with constant initializers `consts`,
+/// imported: what `gradcheck` differentiates.
+fn one_node(
+    op: &str,
+    ins: &[(&str, &[i64])],
+    consts: Vec<tcc::onnx::proto::TensorProto>,
+    inputs: &[&str],
+    outs: &[&str],
+    attrs: Vec<AttributeProto>,
+    opset: i64,
+) -> tcc::ir::Function {
+    let g = GraphProto {
+        node: vec![node(op, "n", inputs, outs, attrs)],
+        initializer: consts,
+        input: (ins.iter())
+            .map(|(n, d)| {
+                let d: Vec<Option<i64>> = d.iter().map(|&x| Some(x)).collect();
+                value_info(n, DataType::Double, &d)
+            })
+            .collect(),
+        output: outs
+            .iter()
+            .map(|o| {
+                let mut v = value_info(o, DataType::Double, &[]);
+                v.r#type = None;
+                v
+            })
+            .collect(),
+        ..Default::default()
+    };
+    import(&write_model(&model(g, opset)), &Options::default())
+        .unwrap_or_else(|e| panic!("{op}: {e}"))
+        .functions
+        .remove(0)
+}
+
+fn f64_const(name: &str, dims: &[i64], v: &[f64]) -> tcc::onnx::proto::TensorProto {
+    tcc::onnx::proto::TensorProto {
+        name: Some(name.into()),
+        dims: dims.to_vec(),
+        data_type: Some(DataType::Double as i32),
+        double_data: v.to_vec(),
+        ..Default::default()
+    }
+}
+
+fn i64_const(name: &str, dims: &[i64], v: &[i64]) -> tcc::onnx::proto::TensorProto {
+    tcc::onnx::proto::TensorProto {
+        name: Some(name.into()),
+        dims: dims.to_vec(),
+        data_type: Some(DataType::Int64 as i32),
+        int64_data: v.to_vec(),
+        ..Default::default()
+    }
+}
+
+/// The gradients of the composed lowerings (Resize, the loss ops, Pad's reflect mode, Einsum)
+/// against central finite differences in f64.
+#[test]
+fn composed_lowerings_have_exact_gradients() {
+    use common::onnx::{attr_i, attr_s};
+    for (mode, ctm) in [
+        ("linear", "half_pixel"),
+        ("cubic", "align_corners"),
+        ("nearest", "asymmetric"),
+    ] {
+        let f = one_node(
+            "Resize",
+            &[("x", &[1, 2, 3, 4])],
+            vec![f64_const("scales", &[4], &[1.0, 1.0, 1.7, 0.6])],
+            &["x", "", "scales"],
+            &["y"],
+            vec![
+                attr_s("mode", mode),
+                attr_s("coordinate_transformation_mode", ctm),
+            ],
+            13,
+        );
+        common::gradcheck(&format!("Resize {mode} {ctm}"), &f);
+    }
+    let sce = |reduction: &str, extra: Vec<AttributeProto>, weights: bool| {
+        let mut consts = vec![i64_const("labels", &[3, 2], &[0, 3, 2, 1, 3, 0])];
+        let mut ins = vec!["scores", "labels"];
+        if weights {
+            consts.push(f64_const("w", &[4], &[0.5, 1.0, 2.0, 1.5]));
+            ins.push("w");
+        }
+        let mut attrs = vec![attr_s("reduction", reduction)];
+        attrs.extend(extra);
+        one_node(
+            "SoftmaxCrossEntropyLoss",
+            &[("scores", &[3, 4, 2])],
+            consts,
+            &ins,
+            &["loss", "log_prob"],
+            attrs,
+            13,
+        )
+    };
+    common::gradcheck(
+        "SCE mean, weights, ignore_index",
+        &sce("mean", vec![attr_i("ignore_index", 3)], true),
+    );
+    common::gradcheck("SCE none", &sce("none", vec![], false));
+    common::gradcheck("SCE sum, weights", &sce("sum", vec![], true));
+    let f = one_node(
+        "Pad",
+        &[("x", &[2, 3, 4])],
+        vec![i64_const("pads", &[6], &[0, 2, 1, 0, 1, 3])],
+        &["x", "pads"],
+        &["y"],
+        vec![attr_s("mode", "reflect")],
+        13,
+    );
+    common::gradcheck("Pad reflect", &f);
+    let eq = AttributeProto {
+        name: Some("equation".into()),
+        r#type: Some(AttributeType::String as i32),
+        s: Some(b"bqd,bkd->bqk".to_vec()),
+        ..Default::default()
+    };
+    let f = one_node(
+        "Einsum",
+        &[("q", &[2, 3, 4]), ("k", &[2, 5, 4])],
+        vec![],
+        &["q", "k"],
+        &["y"],
+        vec![eq],
+        12,
+    );
+    common::gradcheck("Einsum bqd,bkd->bqk", &f);
+}

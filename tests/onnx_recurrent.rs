@@ -5,16 +5,16 @@
 //! activations with parameters, both directions).
 
 mod common;
-use common::onnx::{model, node, value_info};
+use common::onnx::{attr_f, attr_i, attr_s, f64_init, model, node, value_info};
+use common::{f64s, gradcheck};
 
 use std::path::{Path, PathBuf};
 use tcc::ir::random::Rng;
-use tcc::ir::{Data, Function, Tensor, interp};
+use tcc::ir::{Function, Tensor};
 use tcc::onnx::proto::{
     AttributeProto, GraphProto, TensorProto, attribute_proto::AttributeType, tensor_proto::DataType,
 };
 use tcc::onnx::{Options, Params, import, write_model};
-use tcc::passes::grad::{GradOptions, Wrt, grad};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -24,14 +24,6 @@ fn fixture(name: &str) -> PathBuf {
 
 fn read(path: &Path) -> Tensor {
     tcc_tools::npy::read(&std::fs::read(path).unwrap()).unwrap()
-}
-
-fn f64s(t: &Tensor) -> Vec<f64> {
-    match t.data() {
-        Data::F32(v) => v.iter().map(|&x| x as f64).collect(),
-        Data::F64(v) => v.clone(),
-        d => panic!("expected floats, found {:?}", d.dtype()),
-    }
 }
 
 /// PyTorch's nn.LSTM, nn.GRU and nn.RNN exports, compiled, match onnxruntime.
@@ -59,44 +51,6 @@ fn exported_pytorch_recurrent_layers_match_onnxruntime() {
                 "{name} output {i} differs from onnxruntime by {err:e}"
             );
         }
-    }
-}
-
-fn f64_init(name: &str, dims: &[i64], rng: &mut Rng) -> TensorProto {
-    let n: i64 = dims.iter().product();
-    TensorProto {
-        name: Some(name.into()),
-        dims: dims.to_vec(),
-        data_type: Some(DataType::Double as i32),
-        double_data: (0..n).map(|_| rng.uniform(-0.6, 0.6)).collect(),
-        ..Default::default()
-    }
-}
-
-fn attr_i(name: &str, i: i64) -> AttributeProto {
-    AttributeProto {
-        name: Some(name.into()),
-        r#type: Some(AttributeType::Int as i32),
-        i: Some(i),
-        ..Default::default()
-    }
-}
-
-fn attr_s(name: &str, s: &str) -> AttributeProto {
-    AttributeProto {
-        name: Some(name.into()),
-        r#type: Some(AttributeType::String as i32),
-        s: Some(s.as_bytes().to_vec()),
-        ..Default::default()
-    }
-}
-
-fn attr_f(name: &str, f: f32) -> AttributeProto {
-    AttributeProto {
-        name: Some(name.into()),
-        r#type: Some(AttributeType::Float as i32),
-        f: Some(f),
-        ..Default::default()
     }
 }
 
@@ -181,82 +135,6 @@ fn recurrent_model(
     };
     let m = import(&write_model(&model(g, 14)), &opts).unwrap_or_else(|e| panic!("{op}: {e}"));
     m.functions.into_iter().next().unwrap()
-}
-
-/// d/dp sum(results * seeds) from `grad` against central differences, for every element of
-/// every parameter.
-fn gradcheck(what: &str, f: &Function) {
-    let mut g = f.clone();
-    let opts = GradOptions {
-        ys: f.results().iter().map(|&r| f.name(r).to_string()).collect(),
-        wrt: Wrt::Params,
-        grad_ys: true,
-        ..GradOptions::default()
-    };
-    grad(&mut g, &opts).unwrap_or_else(|e| panic!("{what}: {e}"));
-    let mut rng = Rng::new(11);
-    let mut xs: Vec<Tensor> = f
-        .params()
-        .iter()
-        .map(|&p| {
-            let ty = f.ty(p).clone();
-            let n = ty.numel() as usize;
-            Tensor::new(
-                ty,
-                Data::F64((0..n).map(|_| rng.uniform(-0.6, 0.6)).collect()),
-            )
-            .unwrap()
-        })
-        .collect();
-    let seeds: Vec<Tensor> = f
-        .results()
-        .iter()
-        .map(|&r| {
-            let ty = f.ty(r).clone();
-            let n = ty.numel() as usize;
-            Tensor::new(
-                ty,
-                Data::F64((0..n).map(|_| rng.uniform(-1.0, 1.0)).collect()),
-            )
-            .unwrap()
-        })
-        .collect();
-    let loss = |xs: &[Tensor]| -> f64 {
-        let ys = interp::run(f, xs).unwrap();
-        ys.iter()
-            .zip(&seeds)
-            .map(|(y, s)| f64s(y).iter().zip(f64s(s)).map(|(a, b)| a * b).sum::<f64>())
-            .sum()
-    };
-    let mut inputs = xs.clone();
-    inputs.extend(seeds.iter().cloned());
-    let out = interp::run(&g, &inputs).unwrap();
-    let nres = f.results().len();
-    let mut checked = 0;
-    for pi in 0..xs.len() {
-        let got = f64s(&out[nres + pi]);
-        for (i, &gi) in got.iter().enumerate() {
-            let h = 1e-6;
-            let at = |xs: &mut Vec<Tensor>, d: f64| {
-                let mut v = f64s(&xs[pi]);
-                v[i] += d;
-                xs[pi] = Tensor::new(xs[pi].ty().clone(), Data::F64(v)).unwrap();
-            };
-            at(&mut xs, h);
-            let up = loss(&xs);
-            at(&mut xs, -2.0 * h);
-            let down = loss(&xs);
-            at(&mut xs, h);
-            let want = (up - down) / (2.0 * h);
-            assert!(
-                (gi - want).abs() <= 1e-6 * (1.0 + want.abs()),
-                "{what}: d/d{}[{i}] is {gi}, finite differences give {want}",
-                f.name(f.params()[pi])
-            );
-            checked += 1;
-        }
-    }
-    assert!(checked > 50, "{what}: only {checked} elements checked");
 }
 
 #[test]

@@ -51,8 +51,8 @@ fn inputs(dir: &Path) -> Vec<String> {
     v
 }
 
-/// `tcc grad model.onnx -o g.tir`, then `tcc run g.tir`: the gradient of every weight matches
-/// torch autograd's within 1e-3 of the model's largest gradient.
+/// `tcc grad model.onnx --wrt <every weight> -o g.tir`, then `tcc run g.tir`: the gradient of
+/// every weight matches torch autograd's within 1e-3 of the model's largest gradient.
 #[test]
 fn gradients_of_exported_loss_models_match_torch() {
     for model in MODELS {
@@ -60,7 +60,28 @@ fn gradients_of_exported_loss_models_match_torch() {
         let out = scratch(model);
         let g = out.join("g.tir");
         let onnx = dir.join("model.onnx");
-        let (code, _, err) = tcc(&["grad", onnx.to_str().unwrap(), "-o", g.to_str().unwrap()]);
+        let mut weights: Vec<String> = std::fs::read_dir(dir.join("grads"))
+            .unwrap()
+            .map(|e| {
+                e.unwrap()
+                    .path()
+                    .file_stem()
+                    .unwrap()
+                    .to_str()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect();
+        weights.sort();
+        let wrt = weights.join(",");
+        let (code, _, err) = tcc(&[
+            "grad",
+            onnx.to_str().unwrap(),
+            "--wrt",
+            &wrt,
+            "-o",
+            g.to_str().unwrap(),
+        ]);
         assert_eq!(code, 0, "{model}: {err}");
         // The weights travel beside the IR, and the IR names them.
         let text = std::fs::read_to_string(&g).unwrap();

@@ -4,6 +4,19 @@
 
 pub mod onnx;
 
+use tcc::ir::random::Rng;
+use tcc::ir::{Data, Function, Tensor, interp};
+use tcc::passes::grad::{GradOptions, Wrt, grad};
+
+/// The elements of a float tensor as f64.
+pub fn f64s(t: &Tensor) -> Vec<f64> {
+    match t.data() {
+        Data::F32(v) => v.iter().map(|&x| x as f64).collect(),
+        Data::F64(v) => v.clone(),
+        d => panic!("expected floats, found {:?}", d.dtype()),
+    }
+}
+
 /// Runs the driver with `args` (without the program name) and `stdin`; returns the exit code,
 /// stdout and stderr.
 pub fn tcc_with(args: &[&str], stdin: &[u8]) -> (i32, String, String) {
@@ -23,4 +36,80 @@ pub fn tcc_with(args: &[&str], stdin: &[u8]) -> (i32, String, String) {
 /// [`tcc_with`] on an empty stdin.
 pub fn tcc(args: &[&str]) -> (i32, String, String) {
     tcc_with(args, b"")
+}
+
+/// d/dp sum(results * seeds) from `grad` against central differences, for every element of
+/// every parameter.
+pub fn gradcheck(what: &str, f: &Function) {
+    let mut g = f.clone();
+    let opts = GradOptions {
+        ys: f.results().iter().map(|&r| f.name(r).to_string()).collect(),
+        wrt: Wrt::Params,
+        grad_ys: true,
+        ..GradOptions::default()
+    };
+    grad(&mut g, &opts).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let mut rng = Rng::new(11);
+    let mut xs: Vec<Tensor> = f
+        .params()
+        .iter()
+        .map(|&p| {
+            let ty = f.ty(p).clone();
+            let n = ty.numel() as usize;
+            Tensor::new(
+                ty,
+                Data::F64((0..n).map(|_| rng.uniform(-0.6, 0.6)).collect()),
+            )
+            .unwrap()
+        })
+        .collect();
+    let seeds: Vec<Tensor> = f
+        .results()
+        .iter()
+        .map(|&r| {
+            let ty = f.ty(r).clone();
+            let n = ty.numel() as usize;
+            Tensor::new(
+                ty,
+                Data::F64((0..n).map(|_| rng.uniform(-1.0, 1.0)).collect()),
+            )
+            .unwrap()
+        })
+        .collect();
+    let loss = |xs: &[Tensor]| -> f64 {
+        let ys = interp::run(f, xs).unwrap();
+        ys.iter()
+            .zip(&seeds)
+            .map(|(y, s)| f64s(y).iter().zip(f64s(s)).map(|(a, b)| a * b).sum::<f64>())
+            .sum()
+    };
+    let mut inputs = xs.clone();
+    inputs.extend(seeds.iter().cloned());
+    let out = interp::run(&g, &inputs).unwrap();
+    let nres = f.results().len();
+    let mut checked = 0;
+    for pi in 0..xs.len() {
+        let got = f64s(&out[nres + pi]);
+        for (i, &gi) in got.iter().enumerate() {
+            let h = 1e-6;
+            let at = |xs: &mut Vec<Tensor>, d: f64| {
+                let mut v = f64s(&xs[pi]);
+                v[i] += d;
+                xs[pi] = Tensor::new(xs[pi].ty().clone(), Data::F64(v)).unwrap();
+            };
+            at(&mut xs, h);
+            let up = loss(&xs);
+            at(&mut xs, -2.0 * h);
+            let down = loss(&xs);
+            at(&mut xs, h);
+            let want = (up - down) / (2.0 * h);
+            assert!(
+                (gi - want).abs() <= 1e-6 * (1.0 + want.abs()),
+                "{what}: d/d{}[{i}] is {gi}, finite differences give {want}",
+                f.name(f.params()[pi])
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 0, "{what}: no parameter to check");
 }

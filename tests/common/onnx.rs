@@ -1,5 +1,6 @@
 //! Building ONNX models in tests: value infos, nodes, attributes, initializers, models.
 
+use tcc::ir::random::Rng;
 use tcc::onnx::proto::{
     AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
     TensorShapeProto, TypeProto, ValueInfoProto, attribute_proto::AttributeType,
@@ -76,6 +77,45 @@ pub fn model(graph: GraphProto, opset: i64) -> ModelProto {
             version: Some(opset),
         }],
         graph: Some(graph),
+        ..Default::default()
+    }
+}
+
+/// An f64 initializer of values in [-0.6, 0.6).
+pub fn f64_init(name: &str, dims: &[i64], rng: &mut Rng) -> TensorProto {
+    let n: i64 = dims.iter().product();
+    TensorProto {
+        name: Some(name.into()),
+        dims: dims.to_vec(),
+        data_type: Some(DataType::Double as i32),
+        double_data: (0..n).map(|_| rng.uniform(-0.6, 0.6)).collect(),
+        ..Default::default()
+    }
+}
+
+pub fn attr_i(name: &str, i: i64) -> AttributeProto {
+    AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(AttributeType::Int as i32),
+        i: Some(i),
+        ..Default::default()
+    }
+}
+
+pub fn attr_s(name: &str, s: &str) -> AttributeProto {
+    AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(AttributeType::String as i32),
+        s: Some(s.as_bytes().to_vec()),
+        ..Default::default()
+    }
+}
+
+pub fn attr_f(name: &str, f: f32) -> AttributeProto {
+    AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(AttributeType::Float as i32),
+        f: Some(f),
         ..Default::default()
     }
 }
