@@ -113,15 +113,7 @@ pub(super) fn render(
                 }
             }
             Node::ICmp(op, x, y) => {
-                let cc = match op {
-                    Cmp::Eq => IntCC::Equal,
-                    Cmp::Ne => IntCC::NotEqual,
-                    Cmp::Lt => IntCC::SignedLessThan,
-                    Cmp::Le => IntCC::SignedLessThanOrEqual,
-                    Cmp::Gt => IntCC::SignedGreaterThan,
-                    Cmp::Ge => IntCC::SignedGreaterThanOrEqual,
-                    Cmp::Unordered => unreachable!("no unordered integers"),
-                };
+                let cc = int_cc(op);
                 let m = b.ins().icmp(cc, at(x), at(y));
                 if vector && !int {
                     b.ins().bitcast(ty, MemFlags::new(), m)
@@ -130,15 +122,7 @@ pub(super) fn render(
                 }
             }
             Node::Cmp(op, x, y) if int => {
-                let cc = match op {
-                    Cmp::Eq => IntCC::Equal,
-                    Cmp::Ne => IntCC::NotEqual,
-                    Cmp::Lt => IntCC::SignedLessThan,
-                    Cmp::Le => IntCC::SignedLessThanOrEqual,
-                    Cmp::Gt => IntCC::SignedGreaterThan,
-                    Cmp::Ge => IntCC::SignedGreaterThanOrEqual,
-                    Cmp::Unordered => unreachable!("no unordered integers"),
-                };
+                let cc = int_cc(op);
                 // Vector lanes are all ones or zeros of the body's own type already.
                 b.ins().icmp(cc, at(x), at(y))
             }
@@ -203,4 +187,17 @@ pub(super) fn render(
         v.push(r);
     }
     body.results.iter().map(|&e| v[Body::index(e)]).collect()
+}
+
+/// The signed integer condition of a comparison.
+fn int_cc(op: Cmp) -> IntCC {
+    match op {
+        Cmp::Eq => IntCC::Equal,
+        Cmp::Ne => IntCC::NotEqual,
+        Cmp::Lt => IntCC::SignedLessThan,
+        Cmp::Le => IntCC::SignedLessThanOrEqual,
+        Cmp::Gt => IntCC::SignedGreaterThan,
+        Cmp::Ge => IntCC::SignedGreaterThanOrEqual,
+        Cmp::Unordered => unreachable!("no unordered integers"),
+    }
 }

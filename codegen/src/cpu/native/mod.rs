@@ -1,0 +1,446 @@
+//! Hand-written kernels for single ops the JIT does not generate: pooling and its gradients,
+//! global average pooling, reductions over any axes, softmax over any axis, softmax
+//! cross-entropy and batch norm (in `f32`), and the data movement of any dtype: transposes,
+//! slices, concatenations and gathers.
+//!
+//! They read and write the arena directly, like compiled kernels, and compute in `f32` (sums in
+//! `f64` where a whole axis is accumulated). Anything else, and every other dtype, still runs on
+//! the reference kernels.
+//!
+//! This file chooses the kernel for an op ([`Native::for_op`]) and runs it; the kernels live by
+//! job: `pool.rs` (pooling and its gradients), `lines.rs` (work along lines: reductions,
+//! softmax, cross-entropy, batch norm, `top_k`), `movement.rs` (byte copies of any dtype).
+
+mod lines;
+mod movement;
+mod pool;
+
+use movement::{SliceCopy, transpose};
+use rayon::prelude::*;
+use tcc_ir::ops::normalize_axis;
+use tcc_ir::{DType, Function, Op, OpKind, Pool2d, ReduceOp, Value};
+
+/// One op and the dims it runs at.
+pub(crate) struct Native {
+    op: Op,
+    kind: Kind,
+    args: Vec<Value>,
+    results: Vec<Value>,
+    /// Whether each result is stored (unused results of multi-result ops are not).
+    stored: Vec<bool>,
+}
+
+enum Kind {
+    Transpose {
+        dims: Vec<usize>,
+        perm: Vec<usize>,
+    },
+    Reduce {
+        op: ReduceOp,
+        dims: Vec<usize>,
+        reduced: Vec<bool>,
+    },
+    MaxPool {
+        p: Pool2d,
+        xd: [usize; 4],
+        yd: [usize; 4],
+    },
+    MaxPoolGrad {
+        p: Pool2d,
+        xd: [usize; 4],
+        yd: [usize; 4],
+    },
+    AvgPool {
+        p: Pool2d,
+        include_pad: bool,
+        xd: [usize; 4],
+        yd: [usize; 4],
+    },
+    AvgPoolGrad {
+        p: Pool2d,
+        include_pad: bool,
+        xd: [usize; 4],
+        yd: [usize; 4],
+    },
+    CrossEntropy {
+        rows: usize,
+        classes: usize,
+        labels: DType,
+    },
+    CrossEntropyGrad {
+        rows: usize,
+        classes: usize,
+        labels: DType,
+    },
+    BatchNormTrain {
+        eps: f64,
+        n: usize,
+        c: usize,
+        inner: usize,
+    },
+    /// Softmax or log-softmax over the middle axis of `[outer, len, inner]` (the row kernels
+    /// the JIT compiles take a contiguous last axis; this takes any).
+    Softmax {
+        log: bool,
+        len: usize,
+        inner: usize,
+    },
+    /// `top_k` over the middle axis of `[outer, len, inner]`: values and `i64` indices.
+    TopK {
+        len: usize,
+        inner: usize,
+        k: usize,
+        largest: bool,
+    },
+    /// Inference batch norm over `[N, c, inner]`.
+    BatchNorm {
+        eps: f64,
+        c: usize,
+        inner: usize,
+    },
+    /// A strided slice, as copies of contiguous runs (any dtype).
+    Slice(SliceCopy),
+    /// `take` along an axis: for each of `outer` rows and each index, a block of
+    /// `block_bytes` (any dtype; indices i32 or i64, negative counting from the end).
+    Gather {
+        outer: usize,
+        len: usize,
+        block_bytes: usize,
+        indices: DType,
+        count: usize,
+    },
+    /// Concatenation: each of `outer` rows of the result is the operands' rows side by side,
+    /// operand `i`'s row `row_bytes[i]` long (any dtype).
+    Concat {
+        outer: usize,
+        row_bytes: Vec<usize>,
+    },
+}
+
+fn dims(f: &Function, v: Value) -> Vec<usize> {
+    f.ty(v).dims().iter().map(|&d| d as usize).collect()
+}
+
+fn dims4(f: &Function, v: Value) -> [usize; 4] {
+    std::array::from_fn(|i| f.ty(v).dims()[i] as usize)
+}
+
+impl Native {
+    /// The native kernel for `op`, if there is one for its kind and dtypes.
+    pub(crate) fn for_op(f: &Function, op: Op, outputs: &[Value]) -> Option<Native> {
+        let d = f.op(op);
+        let x = d.args[0];
+        let any_dtype = matches!(
+            d.kind,
+            OpKind::Transpose { .. }
+                | OpKind::Slice { .. }
+                | OpKind::Concat { .. }
+                | OpKind::Gather { .. }
+        );
+        if f.ty(x).dtype() != DType::F32 && !any_dtype {
+            return None;
+        }
+        let kind = match &d.kind {
+            OpKind::BatchNorm { eps } => {
+                let dm = dims(f, x);
+                Kind::BatchNorm {
+                    eps: eps.0,
+                    c: dm[1],
+                    inner: dm[2..].iter().product(),
+                }
+            }
+            OpKind::Softmax { axis } | OpKind::LogSoftmax { axis } => {
+                let dm = dims(f, x);
+                let a = normalize_axis(*axis, dm.len())?;
+                Kind::Softmax {
+                    log: matches!(d.kind, OpKind::LogSoftmax { .. }),
+                    len: dm[a],
+                    inner: dm[a + 1..].iter().product(),
+                }
+            }
+            OpKind::TopK { k, axis, largest } => {
+                let dm = dims(f, x);
+                let a = normalize_axis(*axis, dm.len())?;
+                Kind::TopK {
+                    len: dm[a],
+                    inner: dm[a + 1..].iter().product(),
+                    k: *k as usize,
+                    largest: *largest,
+                }
+            }
+            OpKind::GlobalAvgPool => {
+                let [n, c, h, w] = dims4(f, x);
+                Kind::Reduce {
+                    op: ReduceOp::Mean,
+                    dims: vec![n * c, h * w],
+                    reduced: vec![false, true],
+                }
+            }
+            OpKind::Slice {
+                starts,
+                ends,
+                steps,
+            } => Kind::Slice(SliceCopy::new(
+                &dims(f, x),
+                starts,
+                ends,
+                steps,
+                f.ty(x).dtype().size_bytes() as usize,
+            )),
+            OpKind::Gather { axis } => {
+                let dm = dims(f, x);
+                let a = normalize_axis(*axis, dm.len())?;
+                let size = f.ty(x).dtype().size_bytes() as usize;
+                Kind::Gather {
+                    outer: dm[..a].iter().product(),
+                    len: dm[a],
+                    block_bytes: dm[a + 1..].iter().product::<usize>() * size,
+                    indices: f.ty(d.args[1]).dtype(),
+                    count: f.ty(d.args[1]).numel() as usize,
+                }
+            }
+            OpKind::Concat { axis } => {
+                let out = dims(f, d.results[0]);
+                let a = normalize_axis(*axis, out.len())?;
+                let size = f.ty(x).dtype().size_bytes() as usize;
+                Kind::Concat {
+                    outer: out[..a].iter().product(),
+                    row_bytes: (d.args.iter())
+                        .map(|&v| dims(f, v)[a..].iter().product::<usize>() * size)
+                        .collect(),
+                }
+            }
+            OpKind::Transpose { perm } => Kind::Transpose {
+                dims: dims(f, x),
+                perm: perm.iter().map(|&p| p as usize).collect(),
+            },
+            OpKind::Reduce { op, axes, .. } => {
+                let dm = dims(f, x);
+                let mut flags = vec![false; dm.len()];
+                for &a in axes {
+                    flags[normalize_axis(a, dm.len())?] = true;
+                }
+                // Merge neighbouring axes that are both reduced or both kept: same result,
+                // longer contiguous rows.
+                let (mut dims_m, mut reduced): (Vec<usize>, Vec<bool>) = (Vec::new(), Vec::new());
+                for (&d, &r) in dm.iter().zip(&flags) {
+                    match (dims_m.last_mut(), reduced.last()) {
+                        (Some(last), Some(&lr)) if lr == r => *last *= d,
+                        _ => {
+                            dims_m.push(d);
+                            reduced.push(r);
+                        }
+                    }
+                }
+                Kind::Reduce {
+                    op: *op,
+                    dims: dims_m,
+                    reduced,
+                }
+            }
+            OpKind::MaxPool2d(p) => Kind::MaxPool {
+                p: p.clone(),
+                xd: dims4(f, x),
+                yd: dims4(f, d.results[0]),
+            },
+            OpKind::MaxPool2dGrad(p) => Kind::MaxPoolGrad {
+                p: p.clone(),
+                xd: dims4(f, x),
+                yd: dims4(f, d.args[1]),
+            },
+            OpKind::AvgPool2d {
+                pool,
+                count_include_pad,
+            } => Kind::AvgPool {
+                p: pool.clone(),
+                include_pad: *count_include_pad,
+                xd: dims4(f, x),
+                yd: dims4(f, d.results[0]),
+            },
+            OpKind::AvgPool2dGrad {
+                pool,
+                count_include_pad,
+                ..
+            } => Kind::AvgPoolGrad {
+                p: pool.clone(),
+                include_pad: *count_include_pad,
+                xd: dims4(f, d.results[0]),
+                yd: dims4(f, x),
+            },
+            OpKind::SoftmaxCrossEntropy => Kind::CrossEntropy {
+                rows: dims(f, x)[0],
+                classes: dims(f, x)[1],
+                labels: f.ty(d.args[1]).dtype(),
+            },
+            OpKind::SoftmaxCrossEntropyGrad => Kind::CrossEntropyGrad {
+                rows: dims(f, x)[0],
+                classes: dims(f, x)[1],
+                labels: f.ty(d.args[1]).dtype(),
+            },
+            OpKind::BatchNormTrain { eps } => {
+                let dm = dims(f, x);
+                Kind::BatchNormTrain {
+                    eps: eps.0,
+                    n: dm[0],
+                    c: dm[1],
+                    inner: dm[2..].iter().product(),
+                }
+            }
+            _ => return None,
+        };
+        Some(Native {
+            op,
+            kind,
+            args: d.args.clone(),
+            results: d.results.clone(),
+            stored: d.results.iter().map(|r| outputs.contains(r)).collect(),
+        })
+    }
+
+    /// The op it runs.
+    pub(crate) fn op(&self) -> Op {
+        self.op
+    }
+
+    /// Runs the op.
+    ///
+    /// # Safety
+    /// `addr` gives storage of each operand's and result's type; results do not overlap
+    /// operands (the memory planner only puts elementwise results in place).
+    pub(crate) unsafe fn run(
+        &self,
+        f: &Function,
+        addr: &dyn Fn(Value) -> *mut u8,
+    ) -> Result<(), String> {
+        let arg = |i: usize| addr(self.args[i]) as *const f32;
+        let len = |v: Value| f.ty(v).numel() as usize;
+        // Results nobody reads still need somewhere to go.
+        let mut spare: Vec<Vec<f32>> = Vec::new();
+        let ptrs: Vec<*mut f32> = self
+            .results
+            .iter()
+            .zip(&self.stored)
+            .map(|(&r, &stored)| {
+                if stored {
+                    addr(r) as *mut f32
+                } else {
+                    spare.push(vec![0.0; len(r)]);
+                    spare.last_mut().expect("just pushed").as_mut_ptr()
+                }
+            })
+            .collect();
+        let res = |i: usize| ptrs[i];
+        // SAFETY (every arm): the caller's contract; slices cover exactly each value's elements.
+        unsafe {
+            let input = |i: usize| std::slice::from_raw_parts(arg(i), len(self.args[i]));
+            let output = |i: usize| std::slice::from_raw_parts_mut(res(i), len(self.results[i]));
+            match &self.kind {
+                Kind::Transpose { dims, perm } => {
+                    let size = f.ty(self.args[0]).dtype().size_bytes() as usize;
+                    transpose(addr(self.args[0]), addr(self.results[0]), dims, perm, size);
+                }
+                Kind::Reduce { op, dims, reduced } => {
+                    lines::reduce(*op, input(0), output(0), dims, reduced)
+                }
+                Kind::MaxPool { p, xd, yd } => pool::max_pool(p, *xd, *yd, input(0), output(0)),
+                Kind::MaxPoolGrad { p, xd, yd } => {
+                    pool::max_pool_grad(p, *xd, *yd, input(0), input(1), output(0));
+                }
+                Kind::AvgPool {
+                    p,
+                    include_pad,
+                    xd,
+                    yd,
+                } => pool::avg_pool(p, *include_pad, *xd, *yd, input(0), output(0)),
+                Kind::AvgPoolGrad {
+                    p,
+                    include_pad,
+                    xd,
+                    yd,
+                } => pool::avg_pool_grad(p, *include_pad, *xd, *yd, input(0), output(0)),
+                Kind::CrossEntropy {
+                    rows,
+                    classes,
+                    labels,
+                } => {
+                    let ls = lines::read_labels(addr(self.args[1]), *labels, *rows, *classes)?;
+                    output(0)[0] = lines::cross_entropy(input(0), &ls, *classes);
+                }
+                Kind::CrossEntropyGrad {
+                    rows,
+                    classes,
+                    labels,
+                } => {
+                    let ls = lines::read_labels(addr(self.args[1]), *labels, *rows, *classes)?;
+                    lines::cross_entropy_grad(input(0), &ls, *classes, input(2)[0], output(0));
+                }
+                Kind::Softmax { log, len, inner } => {
+                    lines::softmax(input(0), output(0), *len, *inner, *log)
+                }
+                Kind::TopK {
+                    len,
+                    inner,
+                    k,
+                    largest,
+                } => {
+                    let index = lines::top_k(input(0), output(0), [*len, *inner, *k], *largest);
+                    if self.stored[1] {
+                        let dst = addr(self.results[1]) as *mut i64;
+                        std::ptr::copy_nonoverlapping(index.as_ptr(), dst, index.len());
+                    }
+                }
+                Kind::BatchNorm { eps, c, inner } => {
+                    let stats = [input(1), input(2), input(3), input(4)];
+                    lines::batch_norm(input(0), stats, output(0), *eps, *c, *inner);
+                }
+                Kind::BatchNormTrain { eps, n, c, inner } => {
+                    let outs = [output(0), output(1), output(2)];
+                    lines::batch_norm_train(
+                        input(0),
+                        [input(1), input(2)],
+                        outs,
+                        *eps,
+                        [*n, *c, *inner],
+                    );
+                }
+                Kind::Slice(copy) => copy.run(addr(self.args[0]), addr(self.results[0])),
+                Kind::Gather {
+                    outer,
+                    len,
+                    block_bytes,
+                    indices,
+                    count,
+                } => movement::gather(
+                    addr(self.args[0]),
+                    addr(self.args[1]),
+                    addr(self.results[0]),
+                    *indices,
+                    *count,
+                    *outer,
+                    *len,
+                    *block_bytes,
+                )?,
+                Kind::Concat { outer, row_bytes } => {
+                    let srcs: Vec<*const u8> =
+                        self.args.iter().map(|&v| addr(v) as *const u8).collect();
+                    movement::concat(&srcs, addr(self.results[0]), *outer, row_bytes);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Calls `work((plane, chunk))` for each `plane`-element chunk of `out`, in parallel when `out`
+/// is large enough to pay for it.
+pub(super) fn for_planes(
+    out: &mut [f32],
+    plane: usize,
+    work: impl Fn((usize, &mut [f32])) + Sync + Send,
+) {
+    if out.len() >= 1 << 14 {
+        out.par_chunks_mut(plane.max(1)).enumerate().for_each(work);
+    } else {
+        out.chunks_mut(plane.max(1)).enumerate().for_each(work);
+    }
+}

@@ -1,0 +1,329 @@
+//! Max and average pooling and their gradients over NCHW planes, in f32.
+
+use super::for_planes;
+use tcc_ir::Pool2d;
+
+/// `max_pool2d`: tiled windows in one pass, otherwise row by row.
+pub(super) fn max_pool(p: &Pool2d, xd: [usize; 4], yd: [usize; 4], x: &[f32], y: &mut [f32]) {
+    if tiles(p) {
+        max_pool_tiled(p, xd, yd, x, y);
+    } else {
+        max_pool_rows(p, xd, yd, x, y);
+    }
+}
+
+/// `max_pool2d_grad`: each window's cotangent goes to the first position holding its maximum
+/// (NaN counts as the maximum).
+pub(super) fn max_pool_grad(
+    p: &Pool2d,
+    xd: [usize; 4],
+    yd: [usize; 4],
+    x: &[f32],
+    dy: &[f32],
+    dx: &mut [f32],
+) {
+    if tiles(p) {
+        return max_pool_grad_tiled(p, xd, yd, x, dy, dx);
+    }
+    pool_backward(p, xd, yd, dy, dx, |b, w, g, dx| {
+        let plane = &x[b..b + dx.len()];
+        let mut best = usize::MAX;
+        let mut m = f32::NEG_INFINITY;
+        w.each(|i| {
+            let v = plane[i];
+            if best == usize::MAX || v > m || (v.is_nan() && !m.is_nan()) {
+                best = i;
+                m = v;
+            }
+        });
+        dx[best] += g;
+    });
+}
+
+/// `avg_pool2d`: each window's mean, over the whole window or its unpadded part.
+pub(super) fn avg_pool(
+    p: &Pool2d,
+    include_pad: bool,
+    xd: [usize; 4],
+    yd: [usize; 4],
+    x: &[f32],
+    y: &mut [f32],
+) {
+    let full = (p.kernel[0] * p.kernel[1]) as f32;
+    pool_forward(p, xd, yd, x, y, |plane, w| {
+        let mut s = 0.0f32;
+        w.each(|i| s += plane[i]);
+        s / if include_pad { full } else { w.count() as f32 }
+    });
+}
+
+/// `avg_pool2d_grad`: each window's cotangent spread evenly over the positions its divisor
+/// counts.
+pub(super) fn avg_pool_grad(
+    p: &Pool2d,
+    include_pad: bool,
+    xd: [usize; 4],
+    yd: [usize; 4],
+    dy: &[f32],
+    dx: &mut [f32],
+) {
+    let full = (p.kernel[0] * p.kernel[1]) as f32;
+    pool_backward(p, xd, yd, dy, dx, |_, w, g, dx| {
+        let g = g / if include_pad { full } else { w.count() as f32 };
+        w.each(|i| dx[i] += g);
+    });
+}
+
+/// The real (unpadded) part of one pooling window inside its plane.
+struct Window {
+    y: std::ops::Range<usize>,
+    x: std::ops::Range<usize>,
+    w: usize,
+}
+
+impl Window {
+    /// Calls `f` with the in-plane index of each element, row-major.
+    #[inline]
+    fn each(&self, mut f: impl FnMut(usize)) {
+        for iy in self.y.clone() {
+            for ix in self.x.clone() {
+                f(iy * self.w + ix);
+            }
+        }
+    }
+
+    fn count(&self) -> usize {
+        self.y.len() * self.x.len()
+    }
+}
+
+/// The window of output `(oy, ox)` of a plane of height `h` and width `w`.
+#[inline]
+fn window(p: &Pool2d, h: usize, w: usize, oy: usize, ox: usize) -> Window {
+    let span = |o: usize, i: usize, n: usize| {
+        let lo = (o * p.strides[i] as usize) as isize - p.pads[i] as isize;
+        let hi = (lo + p.kernel[i] as isize).min(n as isize);
+        lo.max(0) as usize..hi.max(0) as usize
+    };
+    Window {
+        y: span(oy, 0, h),
+        x: span(ox, 1, w),
+        w,
+    }
+}
+
+/// Whether pooling windows tile the input: no padding and strides equal to the window, so each
+/// input element is in at most one window.
+fn tiles(p: &Pool2d) -> bool {
+    p.pads == [0; 4] && p.strides == p.kernel
+}
+
+/// Whether any element is NaN (branch-free, so it vectorises).
+fn has_nan(xs: &[f32]) -> bool {
+    xs.iter().fold(false, |a, v| a | v.is_nan())
+}
+
+/// `max_pool2d` with padding or overlapping windows, planes in parallel. A plane without NaN is
+/// done row by row: for each window tap, one vectorisable maximum over the span of the output
+/// row whose tap is inside the image (input rows split by column phase when the stride is
+/// larger than one, so the span reads contiguous input). A plane holding a NaN takes the exact
+/// path, window by window, where NaN wins.
+fn max_pool_rows(p: &Pool2d, xd: [usize; 4], yd: [usize; 4], x: &[f32], y: &mut [f32]) {
+    let [_, _, h, w] = xd;
+    let [_, _, oh, ow] = yd;
+    let (kh, kw) = (p.kernel[0] as usize, p.kernel[1] as usize);
+    let (sy, s) = (p.strides[0] as usize, p.strides[1] as usize);
+    let (py, px) = (p.pads[0] as isize, p.pads[1] as isize);
+    let (xs, ys) = (h * w, oh * ow);
+    let pw = w.div_ceil(s);
+    let spans = crate::cpu::conv::phase_spans(kw, 1, px, s, (h, w, ow));
+    let work = |(plane, out): (usize, &mut [f32])| {
+        let xp = &x[plane * xs..(plane + 1) * xs];
+        if has_nan(xp) {
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    let mut m = f32::NEG_INFINITY;
+                    window(p, h, w, oy, ox).each(|i| {
+                        let v = xp[i];
+                        if v > m || v.is_nan() {
+                            m = v;
+                        }
+                    });
+                    out[oy * ow + ox] = m;
+                }
+            }
+            return;
+        }
+        let split;
+        let src: &[f32] = if s == 1 {
+            xp
+        } else {
+            split = crate::cpu::conv::phase_split(xp, h, w, s);
+            &split
+        };
+        for oy in 0..oh {
+            let orow = &mut out[oy * ow..(oy + 1) * ow];
+            orow.fill(f32::NEG_INFINITY);
+            for ky in 0..kh {
+                let iy = (oy * sy + ky) as isize - py;
+                if iy < 0 || iy >= h as isize {
+                    continue;
+                }
+                for &(lo, hi, start) in &spans {
+                    if hi > lo {
+                        let base = start + iy as usize * pw;
+                        for (o, &v) in orow[lo..hi].iter_mut().zip(&src[base..base + (hi - lo)]) {
+                            *o = o.max(v);
+                        }
+                    }
+                }
+            }
+        }
+    };
+    for_planes(y, ys, work);
+}
+
+/// `max_pool2d` for tiling windows: row by row of windows, planes in parallel.
+fn max_pool_tiled(p: &Pool2d, xd: [usize; 4], yd: [usize; 4], x: &[f32], y: &mut [f32]) {
+    let [_, _, h, w] = xd;
+    let [_, _, oh, ow] = yd;
+    let (kh, kw) = (p.kernel[0] as usize, p.kernel[1] as usize);
+    let (xs, ys) = (h * w, oh * ow);
+    let work = |(plane, out): (usize, &mut [f32])| {
+        let xp = &x[plane * xs..(plane + 1) * xs];
+        // Branch-free maxima (random data defeats branch prediction); a plane holding a NaN
+        // takes the exact path, where NaN wins.
+        let nan = has_nan(xp);
+        if kh == 2 && kw == 2 && !nan {
+            // The common 2x2 case as one expression per output, which vectorises.
+            for oy in 0..oh {
+                let r0 = &xp[2 * oy * w..2 * oy * w + 2 * ow];
+                let r1 = &xp[(2 * oy + 1) * w..(2 * oy + 1) * w + 2 * ow];
+                let orow = &mut out[oy * ow..(oy + 1) * ow];
+                for (ox, o) in orow.iter_mut().enumerate() {
+                    let a = r0[2 * ox].max(r0[2 * ox + 1]);
+                    let b = r1[2 * ox].max(r1[2 * ox + 1]);
+                    *o = a.max(b);
+                }
+            }
+            return;
+        }
+        for oy in 0..oh {
+            let orow = &mut out[oy * ow..(oy + 1) * ow];
+            orow.fill(f32::NEG_INFINITY);
+            for ky in 0..kh {
+                let irow = &xp[(oy * kh + ky) * w..(oy * kh + ky) * w + ow * kw];
+                for (o, win) in orow.iter_mut().zip(irow.chunks_exact(kw)) {
+                    for &v in win {
+                        if nan {
+                            if v > *o || v.is_nan() {
+                                *o = v;
+                            }
+                        } else {
+                            *o = o.max(v);
+                        }
+                    }
+                }
+            }
+        }
+    };
+    for_planes(y, ys, work);
+}
+
+/// `max_pool2d_grad` for tiling windows: each window's gradient is written at its first
+/// maximum and zeros around it, plane by plane in parallel.
+fn max_pool_grad_tiled(
+    p: &Pool2d,
+    xd: [usize; 4],
+    yd: [usize; 4],
+    x: &[f32],
+    dy: &[f32],
+    dx: &mut [f32],
+) {
+    let [_, _, h, w] = xd;
+    let [_, _, oh, ow] = yd;
+    let (kh, kw) = (p.kernel[0] as usize, p.kernel[1] as usize);
+    let (xs, ys) = (h * w, oh * ow);
+    let work = |(plane, out): (usize, &mut [f32])| {
+        let xp = &x[plane * xs..(plane + 1) * xs];
+        let g = &dy[plane * ys..(plane + 1) * ys];
+        // Rows and columns past the last window get nothing.
+        if oh * kh < h || ow * kw < w {
+            out.fill(0.0);
+        }
+        let nan = has_nan(xp);
+        for oy in 0..oh {
+            for ox in 0..ow {
+                let base = oy * kh * w + ox * kw;
+                let mut best = base;
+                let mut m = xp[base];
+                for ky in 0..kh {
+                    for kx in 0..kw {
+                        let i = base + ky * w + kx;
+                        let v = xp[i];
+                        // The exact rule (NaN wins) only where a NaN exists; otherwise
+                        // conditional moves, not branches.
+                        let better = if nan {
+                            v > m || (v.is_nan() && !m.is_nan())
+                        } else {
+                            v > m
+                        };
+                        m = if better { v } else { m };
+                        best = if better { i } else { best };
+                        out[i] = 0.0;
+                    }
+                }
+                out[best] = g[oy * ow + ox];
+            }
+        }
+    };
+    for_planes(dx, xs, work);
+}
+
+/// Pooling forward: each output plane from its input plane, planes in parallel.
+fn pool_forward(
+    p: &Pool2d,
+    xd: [usize; 4],
+    yd: [usize; 4],
+    x: &[f32],
+    y: &mut [f32],
+    f: impl Fn(&[f32], &Window) -> f32 + Sync,
+) {
+    let [_, _, h, w] = xd;
+    let [_, _, oh, ow] = yd;
+    let (xs, ys) = (h * w, oh * ow);
+    let work = |(plane, out): (usize, &mut [f32])| {
+        let xp = &x[plane * xs..(plane + 1) * xs];
+        for oy in 0..oh {
+            for ox in 0..ow {
+                out[oy * ow + ox] = f(xp, &window(p, h, w, oy, ox));
+            }
+        }
+    };
+    for_planes(y, ys, work);
+}
+
+/// Pooling backward: each input-gradient plane (zeroed, then `f(plane offset, window, dy,
+/// plane)` per output) from its output-gradient plane, planes in parallel.
+fn pool_backward(
+    p: &Pool2d,
+    xd: [usize; 4],
+    yd: [usize; 4],
+    dy: &[f32],
+    dx: &mut [f32],
+    f: impl Fn(usize, &Window, f32, &mut [f32]) + Sync,
+) {
+    let [_, _, h, w] = xd;
+    let [_, _, oh, ow] = yd;
+    let (xs, ys) = (h * w, oh * ow);
+    let work = |(plane, out): (usize, &mut [f32])| {
+        out.fill(0.0);
+        let g = &dy[plane * ys..(plane + 1) * ys];
+        for oy in 0..oh {
+            for ox in 0..ow {
+                f(plane * xs, &window(p, h, w, oy, ox), g[oy * ow + ox], out);
+            }
+        }
+    };
+    for_planes(dx, xs, work);
+}
