@@ -14,6 +14,20 @@ pub(crate) struct Io<'a> {
     pub stderr: &'a mut dyn Write,
 }
 
+/// What a command knows that changes how an ONNX model is imported.
+#[derive(Default)]
+pub(crate) struct Load<'a> {
+    /// `--shape`, `--const`, `--params`.
+    pub onnx: tcc_onnx::Options,
+    /// The values to differentiate or train with respect to (every floating-point parameter
+    /// when empty): the model's initializers among them become parameters that keep their
+    /// values, unless `--params` already chose.
+    pub wrt: Option<&'a [String]>,
+    /// Input values the user gave (`--input x=x.npy`): a graph input with dynamic dimensions
+    /// and no `--shape` takes its shape from them.
+    pub given: &'a [(&'a str, &'a tcc_ir::Tensor)],
+}
+
 /// Where an input came from and its bytes.
 pub(crate) struct Input {
     pub name: String,
@@ -44,69 +58,27 @@ impl Io<'_> {
 
     /// Reads `file` and parses and verifies it, or imports it as an ONNX model.
     pub fn load(&mut self, file: &str) -> Result<(Input, Module), Error> {
-        self.load_inner(file, &tcc_onnx::Options::default(), None)
+        self.load_with(file, &Load::default())
     }
 
-    /// [`Io::load`] with options for ONNX models (`--shape`, `--const`, `--params`), where
-    /// `given` holds the input values the user gave (`--input x=x.npy`):
-    /// an ONNX graph input with dynamic dimensions and no `--shape` takes its shape from them.
-    pub fn load_with_inputs(
-        &mut self,
-        file: &str,
-        onnx: &tcc_onnx::Options,
-        given: &[(&str, &tcc_ir::Tensor)],
-    ) -> Result<(Input, Module), Error> {
-        let mut onnx = onnx.clone();
+    /// [`Io::load`] with what a command knows that changes an ONNX import (see [`Load`]).
+    /// IR text that names a weights directory gets the values stored there.
+    pub fn load_with(&mut self, file: &str, how: &Load) -> Result<(Input, Module), Error> {
         let input = self.read(file)?;
-        if is_onnx(&input) {
-            let model = tcc_onnx::read_model(&input.bytes)
-                .map_err(|e| Error::input(format!("error: {}: {e}", input.name)))?;
-            let dynamic = tcc_onnx::dynamic_inputs(&model);
-            for &(name, t) in given {
-                if dynamic.contains(&name) && !onnx.shapes.iter().any(|(n, _)| n == name) {
-                    onnx.shapes.push((name.to_string(), t.dims().to_vec()));
-                }
-            }
-        }
-        self.load_input(input, &onnx, None)
-    }
-
-    /// [`Io::load`] with ONNX options, for differentiating or training with respect to `wrt` (every
-    /// floating-point parameter when empty): an ONNX model's initializers among them become
-    /// parameters that keep their values, unless `--params` already chose.
-    pub fn load_trainable(
-        &mut self,
-        file: &str,
-        onnx: &tcc_onnx::Options,
-        wrt: &[String],
-    ) -> Result<(Input, Module), Error> {
-        self.load_inner(file, onnx, Some(wrt))
-    }
-
-    fn load_inner(
-        &mut self,
-        file: &str,
-        onnx: &tcc_onnx::Options,
-        wrt: Option<&[String]>,
-    ) -> Result<(Input, Module), Error> {
-        let input = self.read(file)?;
-        self.load_input(input, onnx, wrt)
-    }
-
-    fn load_input(
-        &mut self,
-        input: Input,
-        onnx: &tcc_onnx::Options,
-        wrt: Option<&[String]>,
-    ) -> Result<(Input, Module), Error> {
         let m = if is_onnx(&input) {
             let model = tcc_onnx::read_model(&input.bytes)
                 .map_err(|e| Error::input(format!("error: {}: {e}", input.name)))?;
-            let mut opts = onnx.clone();
-            if let Some(wrt) = wrt
+            let mut opts = how.onnx.clone();
+            if let Some(wrt) = how.wrt
                 && opts.params == tcc_onnx::Params::None
             {
                 opts.params = trainable(&model, wrt);
+            }
+            let dynamic = tcc_onnx::dynamic_inputs(&model);
+            for &(name, t) in how.given {
+                if dynamic.contains(&name) && !opts.shapes.iter().any(|(n, _)| n == name) {
+                    opts.shapes.push((name.to_string(), t.dims().to_vec()));
+                }
             }
             import_onnx(&input, &model, &opts)?
         } else {

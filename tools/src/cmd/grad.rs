@@ -1,7 +1,7 @@
 //! `tcc grad`: each function with d(loss)/d(x) appended to its results.
 
 use crate::Error;
-use crate::io::{Io, OnnxArgs, pick_function};
+use crate::io::{Io, Load, OnnxArgs, pick_function};
 use tcc_passes::grad::{Unconnected, Wrt};
 
 // The arguments of `tcc grad`.
@@ -38,7 +38,12 @@ pub(crate) struct Args {
 
 pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
     let onnx = a.onnx.options()?;
-    let (input, mut m) = io.load_trainable(&a.file, &onnx, &a.wrt)?;
+    let how = Load {
+        onnx,
+        wrt: Some(&a.wrt),
+        ..Load::default()
+    };
+    let (input, mut m) = io.load_with(&a.file, &how)?;
     let opts = tcc_passes::GradOptions {
         ys: a.ys,
         wrt: if a.wrt.is_empty() {

@@ -1,6 +1,6 @@
 //! `tcc run`: compile and run a function on inputs; one line per result, .npy files out.
 
-use crate::io::{Io, OnnxArgs, pick_function};
+use crate::io::{Io, Load, OnnxArgs, pick_function};
 use crate::{Error, npy};
 use tcc_ir::random::{Rng, random_tensor};
 use tcc_ir::{Data, Function, Tensor};
@@ -54,7 +54,12 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
             _ => None,
         })
         .collect();
-    let (input, m) = io.load_with_inputs(&a.file, &onnx, &files)?;
+    let how = Load {
+        onnx,
+        given: &files,
+        ..Load::default()
+    };
+    let (input, m) = io.load_with(&a.file, &how)?;
     let f = pick_function(&m, a.func.as_deref(), &input.name)?;
     tcc_ir::interp::check_sizes(f).map_err(|e| Error::input(format!("error: {e}")))?;
     let mut given: Vec<Option<&Spec>> = vec![None; f.params().len()];

@@ -1,6 +1,6 @@
 //! `tcc train`: loop a train step (grad + optimizer) through the JIT; see [`crate::train`].
 
-use crate::io::{Io, OnnxArgs, is_onnx, pick_function};
+use crate::io::{Io, Load, OnnxArgs, is_onnx, pick_function};
 use crate::train::{TrainArgs, file_stem, train};
 use crate::{Error, npy};
 use std::path::Path;
@@ -64,7 +64,12 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
         })
         .transpose()?;
     let onnx = a.onnx.options()?;
-    let (input, m) = io.load_trainable(&a.file, &onnx, &[])?;
+    let how = Load {
+        onnx,
+        wrt: Some(&[]),
+        ..Load::default()
+    };
+    let (input, m) = io.load_with(&a.file, &how)?;
     let f = pick_function(&m, a.func.as_deref(), &input.name)?;
     let args = TrainArgs {
         steps: a.steps,
