@@ -418,13 +418,6 @@ pub struct Weights {
     pub values: BTreeMap<String, Arc<Tensor>>,
 }
 
-impl Weights {
-    /// Whether no value is stored and no location is named.
-    pub fn is_empty(&self) -> bool {
-        self.location.is_none() && self.values.is_empty()
-    }
-}
-
 impl Module {
     /// An empty module.
     pub fn new() -> Module {

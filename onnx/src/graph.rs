@@ -3,7 +3,10 @@
 //! this module and the lowerings import; neither imports the other's internals).
 
 use crate::ctx::{Ctx, Node};
-use crate::proto::{GraphProto, ModelProto, NodeProto, TypeProto, ValueInfoProto, type_proto};
+use crate::proto::tensor_proto::DataType;
+use crate::proto::{
+    GraphProto, ModelProto, NodeProto, TensorProto, TypeProto, ValueInfoProto, type_proto,
+};
 use crate::tensor;
 use crate::{Error, MIN_OPSET, Options, Params, Result};
 use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
@@ -95,17 +98,13 @@ pub(crate) fn import_model(m: &ModelProto, opts: &Options) -> Result<Module> {
 
 /// The initializers `params` asks to make parameters, checked to exist.
 fn select_params<'g>(g: &'g GraphProto, params: &Params) -> Result<Vec<&'g str>> {
-    let floats = |t: &&crate::proto::TensorProto| {
+    let floats = |t: &&TensorProto| {
         matches!(
-            t.data_type
-                .and_then(|d| crate::proto::tensor_proto::DataType::try_from(d).ok()),
-            Some(
-                crate::proto::tensor_proto::DataType::Float
-                    | crate::proto::tensor_proto::DataType::Double
-            )
+            t.data_type.and_then(|d| DataType::try_from(d).ok()),
+            Some(DataType::Float | DataType::Double)
         )
     };
-    let names = |f: &dyn Fn(&&crate::proto::TensorProto) -> bool| -> Vec<&'g str> {
+    let names = |f: &dyn Fn(&&TensorProto) -> bool| -> Vec<&'g str> {
         g.initializer
             .iter()
             .filter(f)
@@ -215,6 +214,7 @@ fn import_graph(
         cx.vals.insert(name.to_string(), v);
     }
     // Initializers made parameters follow the graph inputs; the rest become constants.
+    let params: HashSet<&str> = params.iter().copied().collect();
     let mut weights = BTreeMap::new();
     for pass in [true, false] {
         for t in &g.initializer {
@@ -287,8 +287,8 @@ fn name_results(f: &mut Function, g: &GraphProto, mut results: Vec<Value>) {
             continue;
         }
         let shared = results.iter().filter(|&&r| r == v).count() > 1;
-        let renamed = f.lookup(name).is_none_or(|other| other == v);
-        if f.def_op(v).is_some() && !shared && renamed {
+        let free = f.lookup(name).is_none_or(|other| other == v);
+        if f.def_op(v).is_some() && !shared && free {
             f.rename(v, name);
         } else {
             let ty = f.ty(v).clone();
