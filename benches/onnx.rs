@@ -1,6 +1,6 @@
 //! ONNX models through tcc against onnxruntime, in the same run: torchvision resnet18 and
-//! mobilenet_v2 with random weights, with batch norm folded by the exporter and kept (`_bn`),
-//! exported by `benches/onnx_peer.py` into
+//! mobilenet_v2 with random weights, with batch norm folded by the exporter and kept (`_bn`,
+//! which tcc's inference pipeline then folds), exported by `benches/onnx_peer.py` into
 //! `target/onnx-bench/` (once), at batch 1. onnxruntime gets as many intra-op threads as tcc's
 //! thread pool has. tcc's result must match onnxruntime's before it is timed. This VM's speed
 //! drifts over seconds, so the two are timed in alternating rounds (onnxruntime, then tcc, three
@@ -67,8 +67,18 @@ fn main() {
         "model", "tcc ms", "ort ms", "tcc/ort", "max rel err"
     );
     for name in ["resnet18", "mobilenet_v2", "resnet18_bn", "mobilenet_v2_bn"] {
-        let m = tcc::onnx::import_file(&dir.join(format!("{name}.onnx")), &Default::default())
+        let mut m = tcc::onnx::import_file(&dir.join(format!("{name}.onnx")), &Default::default())
             .unwrap_or_else(|e| panic!("{e}"));
+        // The inference pipeline, as `tcc run` and `Program::from_onnx` run it: batch norm folds.
+        let pipeline = tcc::passes::Pipeline::parse(tcc::passes::INFERENCE_PIPELINE).unwrap();
+        tcc::passes::PassManager::new(pipeline)
+            .run(&mut m, &mut std::io::sink())
+            .unwrap();
+        let f = &m.functions[0];
+        let left = (f.schedule().iter())
+            .filter(|&&op| matches!(f.op(op).kind, tcc::ir::OpKind::BatchNorm { .. }))
+            .count();
+        assert_eq!(left, 0, "{name}: batch norms left after fold-bn");
         // TCC_PROFILE=1 prints where tcc's time went, step by step, after the timing.
         let cpu = tcc::codegen::Cpu {
             profile: std::env::var_os("TCC_PROFILE").is_some(),

@@ -97,9 +97,16 @@ impl Program {
         }
     }
 
-    /// Imports an ONNX model file and compiles it (`opts` binds dynamic input dimensions).
+    /// Imports an ONNX model file, optimizes it with the inference pipeline
+    /// ([`passes::INFERENCE_PIPELINE`]: constant folding, batch-norm folding, CSE, DCE) and
+    /// compiles it (`opts` binds dynamic input dimensions).
     pub fn from_onnx(path: &std::path::Path, opts: &onnx::Options) -> Result<Program, Error> {
-        let m = onnx::import_file(path, opts).map_err(|e| Error::Parse(e.to_string()))?;
+        let mut m = onnx::import_file(path, opts).map_err(|e| Error::Parse(e.to_string()))?;
+        let pipeline = passes::Pipeline::parse(passes::INFERENCE_PIPELINE)
+            .expect("the inference pipeline parses");
+        passes::PassManager::new(pipeline)
+            .run(&mut m, &mut std::io::sink())
+            .map_err(|e| Error::Compile(e.to_string()))?;
         Program::from_function(&m.functions[0])
     }
 

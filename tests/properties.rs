@@ -45,7 +45,7 @@ proptest! {
     }
 
     #[test]
-    fn passes_keep_the_ir_valid(seed in any::<u64>(), n in 1usize..60, order in 0usize..6) {
+    fn passes_keep_the_ir_valid(seed in any::<u64>(), n in 1usize..60, order in 0usize..7) {
         let pipelines = [
             "canonicalize,cse,dce",
             "cse,canonicalize,dce",
@@ -53,6 +53,7 @@ proptest! {
             "canonicalize{fold-limit=0}",
             "canonicalize{fold-limit=100000},dce",
             "cse,dce,canonicalize,cse",
+            "canonicalize,fold-bn,cse,dce",
         ];
         let mut m = module(seed, n);
         let before = m.num_ops();
@@ -134,4 +135,43 @@ fn generator_is_deterministic_and_covers_the_op_set() {
         .filter(|m| !seen.contains(m))
         .collect();
     assert!(missing.is_empty(), "the generator never emits {missing:?}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    /// `fold-bn` changes results only by rounding: within 1e-5 of each result's largest element.
+    #[test]
+    fn fold_bn_keeps_results_within_rounding(seed in any::<u64>(), n in 1usize..50) {
+        let m = module(seed, n);
+        let f = &m.functions[0];
+        let mut rng = Rng::new(seed ^ 0xb0);
+        let inputs: Vec<Tensor> = f.params().iter().map(|&p| random_tensor(f.ty(p), &mut rng)).collect();
+        let Ok(before) = tcc::ir::interp::run(f, &inputs) else { return Ok(()) };
+        let mut m2 = m.clone();
+        run(&mut m2, "fold-bn");
+        let after = tcc::ir::interp::run(&m2.functions[0], &inputs)
+            .map_err(|e| TestCaseError::fail(format!("fold-bn: {e}")))?;
+        for (i, (x, y)) in before.iter().zip(&after).enumerate() {
+            prop_assert_eq!(x.ty(), y.ty());
+            let (p, q) = (floats(x), floats(y));
+            let scale = p.iter().filter(|v| v.is_finite()).fold(0f64, |a, v| a.max(v.abs()));
+            for (u, v) in p.iter().zip(&q) {
+                let ok = u == v || (u.is_nan() && v.is_nan()) || (u - v).abs() <= 1e-5 * scale.max(1.0);
+                prop_assert!(ok, "result {}: {} vs {}\n{}\n{}", i, u, v, m, m2);
+            }
+        }
+    }
+}
+
+fn floats(t: &Tensor) -> Vec<f64> {
+    match t.data() {
+        Data::F32(v) => v.iter().map(|&x| x as f64).collect(),
+        Data::F64(v) => v.clone(),
+        Data::I8(v) => v.iter().map(|&x| x as f64).collect(),
+        Data::U8(v) => v.iter().map(|&x| x as f64).collect(),
+        Data::I32(v) => v.iter().map(|&x| x as f64).collect(),
+        Data::I64(v) => v.iter().map(|&x| x as f64).collect(),
+        Data::Bool(v) => v.iter().map(|&x| x as u8 as f64).collect(),
+    }
 }

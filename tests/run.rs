@@ -276,7 +276,9 @@ fn compiled_and_interpreted_runs_agree() {
     assert_eq!(code, 0);
     assert_eq!(
         err,
-        "kernels: 1 compiled, 0 native, 0 on reference kernels, 0 views, 0 dead; arena 0 bytes, outputs 4096 bytes\n"
+        "pass canonicalize: 4 -> 4 ops, unchanged\npass fold-bn: 4 -> 4 ops, unchanged\n\
+         pass cse: 4 -> 4 ops, unchanged\npass dce: 4 -> 4 ops, unchanged\n\
+         kernels: 1 compiled, 0 native, 0 on reference kernels, 0 views, 0 dead; arena 0 bytes, outputs 4096 bytes\n"
     );
 }
 
@@ -314,4 +316,50 @@ fn profile_names_every_step() {
     // Without the flag, nothing is timed or printed.
     let (code, _, err) = tcc(&["run", "-"], src);
     assert_eq!((code, err.as_str()), (0, ""));
+}
+
+/// `tcc run` optimizes with the inference pipeline first (batch norm folded into the
+/// convolution), `--stats` says what each pass changed, `-O0` and `--passes` choose otherwise,
+/// and the three agree on the results.
+#[test]
+fn the_inference_pipeline_runs_first() {
+    let src = "func @f(%x: f32[1,2,5,5]) -> (f32[1,3,3,3]) {
+  %w = const {value=0.5} : f32[3,2,3,3]
+  %g = const {value=[1.0, 2.0, 0.5]} : f32[3]
+  %b = const {value=[0.0, 1.0, -1.0]} : f32[3]
+  %m = const {value=[0.5, 0.0, 0.25]} : f32[3]
+  %v = const {value=[1.0, 4.0, 0.25]} : f32[3]
+  %y = conv2d %x, %w : f32[1,3,3,3]
+  %n = batch_norm %y, %g, %b, %m, %v : f32[1,3,3,3]
+  return %n
+}
+";
+    let (code, folded, err) = tcc(&["run", "-", "--stats"], src);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("pass canonicalize: "), "{err}");
+    assert!(
+        err.contains("pass fold-bn: 7 -> 4 ops (add 0 -> 1, batch_norm 1 -> 0, const 5 -> 2)"),
+        "{err}"
+    );
+    let (code, plain, err) = tcc(&["run", "-", "-O0", "--stats"], src);
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("pass "), "{err}");
+    let (code, chosen, err) = tcc(&["run", "-", "--passes=cse,dce", "--stats"], src);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("pass cse: 7 -> 7 ops, unchanged") && !err.contains("fold-bn"),
+        "{err}"
+    );
+    // The same numbers to the printed precision (six decimals).
+    assert_eq!(folded, plain);
+    assert_eq!(chosen, plain);
+    let (code, _, err) = tcc(&["run", "-", "--passes=fold"], src);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("error: --passes: bad pass pipeline: unknown pass `fold`"),
+        "{err}"
+    );
+    let (code, _, err) = tcc(&["run", "-", "--passes=dce", "-O0"], src);
+    assert_eq!(code, 2);
+    assert!(err.contains("give --passes or -O0, not both"), "{err}");
 }

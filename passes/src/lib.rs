@@ -15,6 +15,7 @@ pub mod grad;
 
 pub mod manager;
 pub mod optim;
+pub mod quant;
 pub mod remat;
 
 pub use canonicalize::canonicalize;
@@ -22,8 +23,13 @@ pub use cse::cse;
 pub use dce::dce;
 pub use grad::{GradOptions, grad};
 pub use manager::{
-    Options, Pass, PassError, PassInfo, PassManager, Pipeline, PipelineError, registry,
+    Options, Pass, PassError, PassInfo, PassManager, PassRun, Pipeline, PipelineError, registry,
 };
+
+/// The pipeline `tcc run` and `tcc::Program::from_onnx` run before compiling, as onnxruntime
+/// optimizes a graph before running it: constant folding and identities, batch-norm folding,
+/// common subexpressions, dead code. Each keeps results within rounding of the original.
+pub const INFERENCE_PIPELINE: &str = "canonicalize,fold-bn,cse,dce";
 
 use manager::OptionInfo;
 
@@ -52,6 +58,12 @@ pub(crate) static REGISTRY: &[PassInfo] = &[
         summary: "remove ops whose results are never used",
         options: &[],
         create: |_| Ok(Box::new(dce::Dce)),
+    },
+    PassInfo {
+        name: "fold-bn",
+        summary: "fold inference batch norm and per-channel scales into the convolution or dense layer before them",
+        options: quant::fold_bn::OPTIONS,
+        create: quant::fold_bn::create,
     },
     PassInfo {
         name: "grad",

@@ -33,10 +33,11 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
     let mut pm = PassManager::new(pipeline);
     pm.verify_each |= a.verify_each;
     pm.print_after_all = a.print_after_all;
-    let times = pm
+    let runs = pm
         .run(&mut m, io.stderr)
         .map_err(|e| Error::input(format!("{}: error: {e}", input.name)))?;
     if a.time_passes {
+        let times: Vec<(String, Duration)> = runs.into_iter().map(|r| (r.label, r.time)).collect();
         let _ = write!(io.stderr, "{}", time_table(&times));
     }
     io.write_module(m, a.output.as_deref())

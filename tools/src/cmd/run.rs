@@ -4,6 +4,7 @@ use crate::io::{Io, Load, OnnxArgs, pick_function};
 use crate::{Error, npy};
 use tcc_ir::random::{Rng, random_tensor};
 use tcc_ir::{Data, Function, Tensor};
+use tcc_passes::{PassManager, Pipeline};
 
 // The arguments of `tcc run`.
 #[derive(clap::Args, Debug)]
@@ -34,6 +35,13 @@ pub(crate) struct Args {
     /// Time each compiled step and print to stderr where the time went, largest first.
     #[arg(long)]
     pub profile: bool,
+    /// The passes run before compiling (default: the inference pipeline,
+    /// `canonicalize,fold-bn,cse,dce`).
+    #[arg(long, value_name = "PIPELINE")]
+    pub passes: Option<String>,
+    /// Run no passes before compiling (the same as --passes='').
+    #[arg(short = 'O', value_name = "LEVEL", value_parser = ["0"])]
+    pub opt_level: Option<String>,
 }
 
 pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
@@ -59,7 +67,25 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
         given: &files,
         ..Load::default()
     };
-    let (input, m) = io.load_with(&a.file, &how)?;
+    let (input, mut m) = io.load_with(&a.file, &how)?;
+    let text = match (&a.passes, &a.opt_level) {
+        (Some(_), Some(_)) => {
+            return Err(Error::usage("error: give --passes or -O0, not both"));
+        }
+        (Some(p), None) => p.as_str(),
+        (None, Some(_)) => "",
+        (None, None) => tcc_passes::INFERENCE_PIPELINE,
+    };
+    let pipeline =
+        Pipeline::parse(text).map_err(|e| Error::usage(format!("error: --passes: {e}")))?;
+    let runs = PassManager::new(pipeline)
+        .run(&mut m, &mut std::io::sink())
+        .map_err(|e| Error::input(format!("{}: error: {e}", input.name)))?;
+    if a.stats {
+        for r in &runs {
+            let _ = writeln!(io.stderr, "pass {r}");
+        }
+    }
     let f = pick_function(&m, a.func.as_deref(), &input.name)?;
     tcc_ir::interp::check_sizes(f).map_err(|e| Error::input(format!("error: {e}")))?;
     let mut given: Vec<Option<&Spec>> = vec![None; f.params().len()];

@@ -1,0 +1,503 @@
+//! `fold-bn`: inference batch norm folded into the convolution or dense layer before it.
+//!
+//! `batch_norm(y, gamma, beta, mean, var)` is `y * s + t` per channel (axis 1), with
+//! `s = gamma / sqrt(var + eps)` and `t = beta - mean * s`. When `y` is `conv2d(x, w)` or
+//! `matmul(x, w)` (2-D, channels = columns), possibly plus a per-channel bias `c`, the batch norm
+//! is the same layer with weights `w * s` (per output channel) and bias `c * s + t`: one kernel
+//! instead of two passes. The unfused form exporters and TensorFlow's unfused batch norm leave,
+//! a per-channel `mul` by `s` (then an `add`, which is a bias already), folds the same way.
+//!
+//! When the weights, bias and statistics are constants, the new weights and bias are computed
+//! here in f64 and rounded once. When any is a parameter (a model being trained, statistics
+//! given as inputs), the same formulas are built as ops: the per-channel scale is computed in the
+//! graph, and the convolution still reads one weight tensor.
+//!
+//! Folding changes the layer's own output, so it applies only when nothing else reads it: the
+//! convolution (and the bias add) must have the batch norm (or scale) as their only reader and
+//! not be results of the function. Otherwise the batch norm is left as it is and runs as its
+//! own kernel; duplicating the layer would cost a second convolution. Ops with control
+//! dependencies are left alone too.
+
+use crate::manager::{OptionInfo, Options, Pass};
+use std::collections::HashMap;
+use tcc_ir::edit::Users;
+use tcc_ir::interp::{ConstArg, fold};
+use tcc_ir::typing::infer;
+use tcc_ir::{
+    BinaryOp, DType, Data, Function, Literal, Op, OpKind, Tensor, TensorType, UnaryOp, Value,
+};
+
+/// The options `fold-bn` accepts (none yet).
+pub const OPTIONS: &[OptionInfo] = &[];
+
+/// What one run of [`fold_bn`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FoldStats {
+    /// Batch norms folded into the layer before them.
+    pub batch_norms: usize,
+    /// Per-channel scales (the unfused form) folded.
+    pub scales: usize,
+    /// Batch norms left, each with the reason.
+    pub left: Vec<String>,
+}
+
+/// The pass object.
+pub struct FoldBn;
+
+impl Pass for FoldBn {
+    fn name(&self) -> &'static str {
+        "fold-bn"
+    }
+
+    fn run_on_function(&self, f: &mut Function) -> Result<(), String> {
+        fold_bn(f);
+        Ok(())
+    }
+}
+
+/// Builds the pass from its options.
+pub fn create(_: &Options) -> Result<Box<dyn Pass>, String> {
+    Ok(Box::new(FoldBn))
+}
+
+/// The layer a batch norm or scale folds into.
+struct Layer {
+    /// `conv2d` or `matmul`.
+    op: Op,
+    /// The input and the weights.
+    x: Value,
+    w: Value,
+    /// The bias add between the layer and the batch norm, and the bias.
+    bias: Option<(Op, Value)>,
+}
+
+/// What is folded: `y * scale + shift` per channel.
+enum Affine {
+    /// `batch_norm(y, gamma, beta, mean, var)`.
+    Norm {
+        gamma: Value,
+        beta: Value,
+        mean: Value,
+        var: Value,
+        eps: f64,
+    },
+    /// `mul(y, s)` with `s` constant along every axis but the channels.
+    Scale(Value),
+}
+
+/// Folds every foldable batch norm and per-channel scale of `f` (see the module docs).
+pub fn fold_bn(f: &mut Function) -> FoldStats {
+    let users = Users::new(f);
+    let mut stats = FoldStats::default();
+    // New ops to schedule before each anchor, and the values that replace old ones.
+    let mut before: HashMap<Op, Vec<Op>> = HashMap::new();
+    let mut replace: Vec<(Value, Value)> = Vec::new();
+    // Each new layer and the name of the one it replaces, given back once that one is gone.
+    let mut layer_names: Vec<(Value, String)> = Vec::new();
+    let schedule: Vec<Op> = f.schedule().to_vec();
+    for &op in &schedule {
+        let d = f.op(op);
+        let (affine, y) = match &d.kind {
+            OpKind::BatchNorm { eps } => (
+                Affine::Norm {
+                    gamma: d.args[1],
+                    beta: d.args[2],
+                    mean: d.args[3],
+                    var: d.args[4],
+                    eps: eps.0,
+                },
+                d.args[0],
+            ),
+            // A per-channel scale folds only straight after a layer; others are ordinary muls.
+            OpKind::Binary(BinaryOp::Mul) => match scale_operands(f, d.args[0], d.args[1]) {
+                Some((y, s)) if layer(f, &users, y).is_some() => (Affine::Scale(s), y),
+                _ => continue,
+            },
+            _ => continue,
+        };
+        let out = d.results[0];
+        if !d.deps.is_empty() {
+            stats
+                .left
+                .push(format!("%{}: it has control dependencies", f.name(out)));
+            continue;
+        }
+        let Some(l) = layer(f, &users, y) else {
+            if matches!(affine, Affine::Norm { .. }) {
+                stats.left.push(format!(
+                    "%{}: its input is not a convolution or dense layer that only it reads",
+                    f.name(out)
+                ));
+            }
+            continue;
+        };
+        let mut new_ops = Vec::new();
+        let folded = build(f, &l, &affine, &mut new_ops);
+        match folded {
+            Some(v) => {
+                let old = f.op(l.op).results[0];
+                let new_layer = new_ops
+                    .iter()
+                    .map(|&o| f.op(o))
+                    .find(|o| o.kind == f.op(l.op).kind);
+                if let Some(n) = new_layer {
+                    layer_names.push((n.results[0], f.name(old).to_string()));
+                }
+                before.entry(op).or_default().extend(new_ops);
+                replace.push((out, v));
+                match affine {
+                    Affine::Norm { .. } => stats.batch_norms += 1,
+                    Affine::Scale(_) => stats.scales += 1,
+                }
+            }
+            None => {
+                // Nothing was scheduled; the unscheduled ops are dropped with the dead ones.
+                stats.left.push(format!(
+                    "%{}: its operands' types do not allow folding",
+                    f.name(out)
+                ));
+            }
+        }
+    }
+    if replace.is_empty() {
+        return stats;
+    }
+    let order: Vec<Op> = schedule
+        .iter()
+        .flat_map(|op| {
+            before
+                .remove(op)
+                .unwrap_or_default()
+                .into_iter()
+                .chain([*op])
+        })
+        .collect();
+    f.set_schedule(order);
+    for &(old, new) in &replace {
+        f.replace_all_uses(old, new);
+    }
+    let names: Vec<(Value, String)> = (replace.iter())
+        .map(|&(old, new)| (new, f.name(old).to_string()))
+        .collect();
+    crate::dce(f);
+    // The new layer takes the old layer's name, then the folded value the batch norm's (which
+    // wins when they are one value): both are free now that the old ops are gone.
+    for (v, name) in layer_names.into_iter().chain(names) {
+        if v != f.lookup(&name).unwrap_or(v) {
+            continue;
+        }
+        f.rename(v, &name);
+    }
+    stats
+}
+
+/// `(y, s)` when `a * b` multiplies a value by a per-channel (or scalar) `s`.
+fn scale_operands(f: &Function, a: Value, b: Value) -> Option<(Value, Value)> {
+    let per_channel = |y: Value, s: Value| {
+        let (yd, sd) = (f.ty(y).dims(), f.ty(s).dims());
+        if yd.len() < 2 || sd.len() > yd.len() || !f.ty(y).dtype().is_float() {
+            return false;
+        }
+        let pad = yd.len() - sd.len();
+        sd.iter()
+            .enumerate()
+            .all(|(i, &d)| d == 1 || (i + pad == 1 && d == yd[1]))
+    };
+    if per_channel(a, b) && f.def_op(a).is_some() {
+        Some((a, b))
+    } else if per_channel(b, a) && f.def_op(b).is_some() {
+        Some((b, a))
+    } else {
+        None
+    }
+}
+
+/// The layer `y` comes from, if a fold may rewrite it: `conv2d` or 2-D `matmul`, optionally
+/// plus a per-channel bias, each read only by the next step.
+fn layer(f: &Function, users: &Users, y: Value) -> Option<Layer> {
+    let only_reader = |v: Value| users.uses(v).len() == 1 && !users.is_returned(v);
+    if !only_reader(y) {
+        return None;
+    }
+    let d = f.op(f.def_op(y)?);
+    if !d.deps.is_empty() {
+        return None;
+    }
+    let (z, bias) = match d.kind {
+        OpKind::Binary(BinaryOp::Add) => {
+            let (z, c) = scale_operands(f, d.args[0], d.args[1])?;
+            if !only_reader(z) {
+                return None;
+            }
+            (z, Some((f.def_op(y)?, c)))
+        }
+        _ => (y, None),
+    };
+    let op = f.def_op(z)?;
+    let l = f.op(op);
+    if !l.deps.is_empty() || !f.ty(z).dtype().is_float() {
+        return None;
+    }
+    match l.kind {
+        OpKind::Conv2d(_) => {}
+        OpKind::MatMul if f.ty(z).rank() == 2 && f.ty(l.args[1]).rank() == 2 => {}
+        _ => return None,
+    }
+    Some(Layer {
+        op,
+        x: l.args[0],
+        w: l.args[1],
+        bias,
+    })
+}
+
+/// `v`'s value if constants alone define it (a constant, or a transpose or reshape of one, as
+/// a `Gemm` with `transB` leaves its weights).
+fn const_value(f: &Function, v: Value) -> Option<Tensor> {
+    let d = f.op(f.def_op(v)?);
+    match &d.kind {
+        OpKind::Const { ty, value } => Tensor::from_literal(ty, value).ok(),
+        OpKind::Transpose { .. } | OpKind::Reshape { .. } => {
+            let x = const_value(f, d.args[0])?;
+            let lit = Literal::Dense(x.data().clone());
+            let args = [ConstArg {
+                ty: x.ty(),
+                value: &lit,
+            }];
+            let out = [f.ty(v).clone()];
+            let mut r = fold(&d.kind, &args, &out, u64::MAX)?.ok()?;
+            Tensor::from_literal(&out[0], &r.remove(0)).ok()
+        }
+        _ => None,
+    }
+}
+
+fn f64s(t: &Tensor) -> Vec<f64> {
+    (0..t.ty().numel() as usize)
+        .map(|i| t.data().get(i).to_f64())
+        .collect()
+}
+
+/// A constant named `name` of `dtype` and `dims` holding `v` (rounded once to `dtype`),
+/// scheduled later.
+fn constant(
+    f: &mut Function,
+    name: &str,
+    (dtype, dims): (DType, &[u64]),
+    v: Vec<f64>,
+    ops: &mut Vec<Op>,
+) -> Value {
+    let value = match (dtype, dims) {
+        (_, []) => Literal::Splat(tcc_ir::Scalar::from_f64(dtype, v[0])),
+        (DType::F64, _) => Literal::Dense(Data::F64(v)),
+        _ => Literal::Dense(Data::F32(v.into_iter().map(|x| x as f32).collect())),
+    };
+    let ty = TensorType::new(dtype, dims.to_vec()).expect("the shape of an existing value");
+    let name = f.unique_name(name);
+    let op = f.create_op(
+        OpKind::Const {
+            ty: ty.clone(),
+            value,
+        },
+        vec![],
+        vec![ty],
+        &[&name],
+    );
+    ops.push(op);
+    f.op(op).results[0]
+}
+
+/// An op of `kind` on `args` (types inferred), scheduled later; `None` if the types do not fit.
+fn op(
+    f: &mut Function,
+    kind: OpKind,
+    args: &[Value],
+    name: &str,
+    ops: &mut Vec<Op>,
+) -> Option<Value> {
+    let tys: Vec<&TensorType> = args.iter().map(|&a| f.ty(a)).collect();
+    let out = infer(&kind, &tys).ok()?;
+    let name = f.unique_name(name);
+    let op = f.create_op(kind, args.to_vec(), out, &[&name]);
+    ops.push(op);
+    Some(f.op(op).results[0])
+}
+
+/// Builds the folded layer: its new ops go to `ops` (in order); the value replacing the
+/// batch norm or scale is returned.
+fn build(f: &mut Function, l: &Layer, a: &Affine, ops: &mut Vec<Op>) -> Option<Value> {
+    let z = f.op(l.op).results[0];
+    let dtype = f.ty(z).dtype();
+    let zd = f.ty(z).dims().to_vec();
+    let channels = zd[1];
+    let kind = f.op(l.op).kind.clone();
+    let conv = matches!(kind, OpKind::Conv2d(_));
+    let base = f.name(z).to_string();
+    // The weights' per-channel axis: a filter's first, a dense layer's columns.
+    let wd = f.ty(l.w).dims().to_vec();
+    let mut s_dims = vec![1u64; wd.len()];
+    s_dims[if conv { 0 } else { 1 }] = channels;
+    let mut b_dims = vec![1u64; zd.len() - 1];
+    b_dims[0] = channels;
+
+    // The constant case: everything known, computed in f64 and rounded once.
+    let known = |f: &Function, v: Value| const_value(f, v).map(|t| f64s(&t));
+    let bias_c = l.bias.map(|(_, c)| c);
+    let stats: Option<(Vec<f64>, Vec<f64>)> = match *a {
+        Affine::Norm {
+            gamma,
+            beta,
+            mean,
+            var,
+            eps,
+        } => match (
+            known(f, gamma),
+            known(f, beta),
+            known(f, mean),
+            known(f, var),
+        ) {
+            (Some(g), Some(b), Some(m), Some(v)) => {
+                let s: Vec<f64> = (0..channels as usize)
+                    .map(|c| g[c] / (v[c] + eps).sqrt())
+                    .collect();
+                let t = (0..channels as usize).map(|c| b[c] - m[c] * s[c]).collect();
+                Some((s, t))
+            }
+            _ => None,
+        },
+        Affine::Scale(s) => known(f, s).map(|s| {
+            let s: Vec<f64> = (0..channels as usize)
+                .map(|c| s[if s.len() == 1 { 0 } else { c }])
+                .collect();
+            (s, vec![0.0; channels as usize])
+        }),
+    };
+    let w_known = known(f, l.w);
+    let c_known = match bias_c {
+        Some(c) => known(f, c).map(Some),
+        None => Some(None),
+    };
+    if let (Some((s, t)), Some(w), Some(c)) = (&stats, &w_known, &c_known) {
+        // w' = w * s per output channel; bias' = c * s + t.
+        let per = |i: usize| {
+            if conv {
+                i / (w.len() / channels as usize)
+            } else {
+                i % channels as usize
+            }
+        };
+        let w2: Vec<f64> = w.iter().enumerate().map(|(i, &x)| x * s[per(i)]).collect();
+        let b2: Vec<f64> = (0..channels as usize)
+            .map(|k| {
+                let c = c
+                    .as_ref()
+                    .map_or(0.0, |c| c[if c.len() == 1 { 0 } else { k }]);
+                c * s[k] + t[k]
+            })
+            .collect();
+        let w2 = constant(f, &format!("{base}/weights"), (dtype, &wd), w2, ops);
+        let y = op(f, kind, &[l.x, w2], &base, ops)?;
+        let needs_bias = b2.iter().any(|&v| v != 0.0) || l.bias.is_some();
+        if !needs_bias {
+            return Some(y);
+        }
+        let b2 = constant(f, &format!("{base}/bias"), (dtype, &b_dims), b2, ops);
+        return op(
+            f,
+            OpKind::Binary(BinaryOp::Add),
+            &[y, b2],
+            &format!("{base}/bias"),
+            ops,
+        );
+    }
+
+    // The symbolic case: the same formulas as ops.
+    let scope = format!("{base}/fold-bn");
+    let bin = |f: &mut Function, o: BinaryOp, x: Value, y: Value, ops: &mut Vec<Op>| {
+        op(f, OpKind::Binary(o), &[x, y], &scope, ops)
+    };
+    let (s, t) = match *a {
+        Affine::Norm {
+            gamma,
+            beta,
+            mean,
+            var,
+            eps,
+        } => {
+            let e = constant(f, &format!("{scope}/eps"), (dtype, &[]), vec![eps], ops);
+            let ve = bin(f, BinaryOp::Add, var, e, ops)?;
+            let r = op(f, OpKind::Unary(UnaryOp::Sqrt), &[ve], &scope, ops)?;
+            let s = bin(f, BinaryOp::Div, gamma, r, ops)?;
+            let ms = bin(f, BinaryOp::Mul, mean, s, ops)?;
+            (s, Some(bin(f, BinaryOp::Sub, beta, ms, ops)?))
+        }
+        Affine::Scale(s) => {
+            let s = if f.ty(s).numel() == 1 {
+                s
+            } else {
+                op(
+                    f,
+                    OpKind::Reshape {
+                        shape: vec![channels],
+                    },
+                    &[s],
+                    &scope,
+                    ops,
+                )?
+            };
+            (s, None)
+        }
+    };
+    // s as [channels] (a scalar scale broadcasts as it is).
+    let sw = if f.ty(s).numel() == 1 {
+        s
+    } else {
+        op(
+            f,
+            OpKind::Reshape {
+                shape: s_dims.clone(),
+            },
+            &[s],
+            &scope,
+            ops,
+        )?
+    };
+    let w2 = bin(f, BinaryOp::Mul, l.w, sw, ops)?;
+    let y = op(f, kind, &[l.x, w2], &base, ops)?;
+    let shift = match (bias_c, t) {
+        (None, None) => return Some(y),
+        (None, Some(t)) => t,
+        (Some(c), t) => {
+            let c = if f.ty(c).numel() == 1 {
+                c
+            } else {
+                op(
+                    f,
+                    OpKind::Reshape {
+                        shape: vec![channels],
+                    },
+                    &[c],
+                    &scope,
+                    ops,
+                )?
+            };
+            let cs = bin(f, BinaryOp::Mul, c, s, ops)?;
+            match t {
+                Some(t) => bin(f, BinaryOp::Add, cs, t, ops)?,
+                None => cs,
+            }
+        }
+    };
+    let shift = if f.ty(shift).numel() == 1 {
+        shift
+    } else {
+        op(f, OpKind::Reshape { shape: b_dims }, &[shift], &scope, ops)?
+    };
+    op(
+        f,
+        OpKind::Binary(BinaryOp::Add),
+        &[y, shift],
+        &format!("{base}/bias"),
+        ops,
+    )
+}

@@ -1,0 +1,179 @@
+//! `fold-bn` on every pattern it folds and the ones it must leave: results within 1e-5
+//! (relative to each result's largest element) of the unfolded function in the reference
+//! interpreter, on random inputs, and no batch norm left where a foldable layer feeds it.
+
+use tcc_ir::random::{Rng, random_tensor};
+use tcc_ir::{Data, Function, OpKind, Tensor, interp, parse_function, verify_function};
+use tcc_passes::quant::{FoldStats, fold_bn};
+
+fn f64s(t: &Tensor) -> Vec<f64> {
+    match t.data() {
+        Data::F32(v) => v.iter().map(|&x| x as f64).collect(),
+        Data::F64(v) => v.clone(),
+        d => panic!("not floats: {:?}", d.dtype()),
+    }
+}
+
+/// Folds `src`, checks the results against the original's, and returns what was folded and
+/// how many batch norms remain.
+fn check(src: &str) -> (FoldStats, usize, Function) {
+    let f = parse_function(src).unwrap_or_else(|d| panic!("{src}\n{d}"));
+    let mut g = f.clone();
+    let stats = fold_bn(&mut g);
+    verify_function(&g).unwrap_or_else(|d| panic!("{d}\n{g}"));
+    let mut rng = Rng::new(5);
+    let inputs: Vec<Tensor> = (f.params().iter())
+        .map(|&p| {
+            let t = random_tensor(f.ty(p), &mut rng);
+            // Variances must be positive: parameters named `v` get |x| + 0.5.
+            if f.name(p).starts_with('v') {
+                let d = match t.data() {
+                    Data::F32(v) => Data::F32(v.iter().map(|x| x.abs() + 0.5).collect()),
+                    Data::F64(v) => Data::F64(v.iter().map(|x| x.abs() + 0.5).collect()),
+                    d => d.clone(),
+                };
+                Tensor::new(t.ty().clone(), d).unwrap()
+            } else {
+                t
+            }
+        })
+        .collect();
+    let want = interp::run(&f, &inputs).unwrap();
+    let got = interp::run(&g, &inputs).unwrap();
+    for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(a.ty(), b.ty());
+        let (a, b) = (f64s(a), f64s(b));
+        let scale = b.iter().fold(0f64, |m, x| m.max(x.abs())).max(1e-30);
+        let err = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f64::max);
+        assert!(
+            err <= 1e-5 * scale,
+            "result {i} differs by {err:e} (largest {scale:e})\n{src}\n{g}"
+        );
+    }
+    let left = (g.schedule().iter())
+        .filter(|&&op| matches!(g.op(op).kind, OpKind::BatchNorm { .. }))
+        .count();
+    (stats, left, g)
+}
+
+const STATS: &str = "  %g = const {value=[0.5, 1.5, -2.0, 0.75]} : f32[4]
+  %b = const {value=[0.1, -0.2, 0.3, 0.0]} : f32[4]
+  %m = const {value=[0.05, -0.5, 1.0, 0.2]} : f32[4]
+  %v = const {value=[1.0, 0.25, 4.0, 0.01]} : f32[4]";
+
+#[test]
+fn convolutions_with_and_without_bias() {
+    for (conv, filter, out) in [
+        (
+            "conv2d %x, %w {pads=[1,1,1,1]}",
+            "f32[4,3,3,3]",
+            "[2,4,5,5]",
+        ),
+        ("conv2d %x, %w {strides=[2,2]}", "f32[4,3,1,1]", "[2,4,3,3]"),
+    ] {
+        for bias in [false, true] {
+            let (z, add) = if bias {
+                (
+                    "%z",
+                    format!(
+                        "  %c = const {{value=[1.0, 2.0, 3.0, 4.0]}} : f32[4,1,1]\n  %y = add %z, %c : f32{out}\n"
+                    ),
+                )
+            } else {
+                ("%y", String::new())
+            };
+            let src = format!(
+                "func @f(%x: f32[2,3,5,5]) -> (f32{out}) {{\n  %w = const {{value=0.25}} : {filter}\n{STATS}\n  {z} = {conv} : f32{out}\n{add}  %n = batch_norm %y, %g, %b, %m, %v {{eps=0.001}} : f32{out}\n  return %n\n}}"
+            );
+            let (stats, left, g) = check(&src);
+            assert_eq!((stats.batch_norms, left), (1, 0), "{g}");
+            // The folded value keeps the batch norm's name.
+            assert_eq!(g.name(g.results()[0]), "n", "{g}");
+        }
+    }
+}
+
+#[test]
+fn grouped_and_depthwise_convolutions_and_dense_layers() {
+    let depthwise = format!(
+        "func @f(%x: f32[1,4,6,6], %w: f32[4,1,3,3]) -> (f32[1,4,4,4]) {{\n{STATS}\n  %y = conv2d %x, %w {{groups=4}} : f32[1,4,4,4]\n  %n = batch_norm %y, %g, %b, %m, %v : f32[1,4,4,4]\n  return %n\n}}"
+    );
+    let grouped = format!(
+        "func @f(%x: f32[1,4,6,6], %w: f32[4,2,3,3]) -> (f32[1,4,4,4]) {{\n{STATS}\n  %y = conv2d %x, %w {{groups=2}} : f32[1,4,4,4]\n  %n = batch_norm %y, %g, %b, %m, %v : f32[1,4,4,4]\n  return %n\n}}"
+    );
+    let dense = format!(
+        "func @f(%x: f32[3,5]) -> (f32[3,4]) {{\n  %w = const {{value=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8, 1.9, 2.0]}} : f32[5,4]\n{STATS}\n  %c = const {{value=[1.0, 2.0, 3.0, 4.0]}} : f32[4]\n  %z = matmul %x, %w : f32[3,4]\n  %y = add %c, %z : f32[3,4]\n  %n = batch_norm %y, %g, %b, %m, %v : f32[3,4]\n  return %n\n}}"
+    );
+    for src in [depthwise, grouped, dense] {
+        let (stats, left, g) = check(&src);
+        assert_eq!((stats.batch_norms, left), (1, 0), "{g}");
+    }
+}
+
+/// Weights or statistics that are parameters fold as ops: the scale stays in the graph and the
+/// convolution reads one weight tensor.
+#[test]
+fn parameters_fold_symbolically() {
+    let src = "func @f(%x: f32[2,3,5,5], %w: f32[4,3,3,3], %g: f32[4], %b: f32[4], %m: f32[4], %v: f32[4]) -> (f32[2,4,3,3]) {
+  %y = conv2d %x, %w : f32[2,4,3,3]
+  %n = batch_norm %y, %g, %b, %m, %v : f32[2,4,3,3]
+  return %n
+}";
+    let (stats, left, g) = check(src);
+    assert_eq!((stats.batch_norms, left), (1, 0), "{g}");
+    let convs: Vec<_> = (g.schedule().iter())
+        .filter(|&&op| matches!(g.op(op).kind, OpKind::Conv2d(_)))
+        .collect();
+    assert_eq!(convs.len(), 1);
+}
+
+/// The unfused form: a per-channel scale (then a shift) after a convolution with a bias.
+#[test]
+fn per_channel_scales_fold() {
+    let src = "func @f(%x: f32[2,3,5,5], %w: f32[4,3,3,3]) -> (f32[2,4,3,3]) {
+  %c = const {value=[1.0, 2.0, 3.0, 4.0]} : f32[4,1,1]
+  %s = const {value=[0.5, -1.0, 2.0, 3.0]} : f32[1,4,1,1]
+  %t = const {value=[0.1, 0.2, 0.3, 0.4]} : f32[4,1,1]
+  %z = conv2d %x, %w : f32[2,4,3,3]
+  %y = add %z, %c : f32[2,4,3,3]
+  %p = mul %y, %s : f32[2,4,3,3]
+  %q = add %p, %t : f32[2,4,3,3]
+  return %q
+}";
+    let (stats, _, g) = check(src);
+    assert_eq!(stats.scales, 1, "{g}");
+    // No multiplication over the activations is left: the scale went into the weights.
+    let over_activations = g.schedule().iter().any(|&op| {
+        let d = g.op(op);
+        matches!(d.kind, OpKind::Binary(tcc_ir::BinaryOp::Mul))
+            && g.ty(d.results[0]).dims() == [2, 4, 3, 3]
+    });
+    assert!(!over_activations, "the scale is in the weights\n{g}");
+}
+
+/// A layer something else also reads is not folded (its own output would change), nor is a
+/// batch norm after something that is not a layer; results stay the same.
+#[test]
+fn what_must_not_fold_is_left() {
+    let shared = format!(
+        "func @f(%x: f32[1,3,5,5], %w: f32[4,3,3,3]) -> (f32[1,4,3,3], f32[1,4,3,3]) {{\n{STATS}\n  %y = conv2d %x, %w : f32[1,4,3,3]\n  %n = batch_norm %y, %g, %b, %m, %v : f32[1,4,3,3]\n  %r = relu %y : f32[1,4,3,3]\n  return %n, %r\n}}"
+    );
+    let returned = format!(
+        "func @f(%x: f32[1,3,5,5], %w: f32[4,3,3,3]) -> (f32[1,4,3,3], f32[1,4,3,3]) {{\n{STATS}\n  %y = conv2d %x, %w : f32[1,4,3,3]\n  %n = batch_norm %y, %g, %b, %m, %v : f32[1,4,3,3]\n  return %n, %y\n}}"
+    );
+    let not_a_layer = format!(
+        "func @f(%x: f32[1,4,3,3]) -> (f32[1,4,3,3]) {{\n{STATS}\n  %y = relu %x : f32[1,4,3,3]\n  %n = batch_norm %y, %g, %b, %m, %v : f32[1,4,3,3]\n  return %n\n}}"
+    );
+    for src in [shared, returned, not_a_layer] {
+        let (stats, left, g) = check(&src);
+        assert_eq!(
+            (stats.batch_norms, left, stats.left.len()),
+            (0, 1, 1),
+            "{g}"
+        );
+    }
+}
