@@ -659,6 +659,21 @@ fn model_ops_run_natively() {
             55,
         );
     }
+    for (x, lo, hi, bits) in [
+        ("f32[4,9]", "f32[]", "f32[]", 8),
+        ("f32[3,4,5]", "f32[4,1]", "f32[4,1]", 4),
+        ("f64[7]", "f64[]", "f64[]", 16),
+    ] {
+        let dt = &x[..3];
+        case_native(
+            &format!("%x: {x}, %d: {lo}, %e: {hi}"),
+            &format!(
+                "  %lo = neg %d : {lo}\n  %a = abs %e : {hi}\n  %one = const {{value=0.5}} : {dt}[]\n  %hi = add %a, %one : {hi}\n  %out = fake_quant %x, %lo, %hi {{bits={bits}, narrow=true}} : {x}"
+            ),
+            x,
+            56,
+        );
+    }
     for e in ["2.0", "1.0", "0.0", "-1.0"] {
         case_native(
             "%x: f32[3,5]",

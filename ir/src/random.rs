@@ -169,6 +169,18 @@ impl Gen {
                     self.b.binary(op, y, x)
                 }
             }
+            5 if self.rng.chance(0.2) => {
+                // Fake quantization to a range around zero (or a broken one, min > max: NaN).
+                let lo = self.rng.uniform(-2.0, 0.5);
+                let hi = lo + self.rng.uniform(-0.5, 3.0);
+                let (lo, hi) = (
+                    self.b.splat(t.dtype(), &[], lo).ok()?,
+                    self.b.splat(t.dtype(), &[], hi).ok()?,
+                );
+                let bits = *self.rng.pick(&[2u64, 4, 8, 16]);
+                let narrow = self.rng.chance(0.5);
+                self.b.op1(OpKind::FakeQuant { bits, narrow }, &[x, lo, hi])
+            }
             5 => {
                 let y = self.broadcast_partner(t.dtype(), t.dims());
                 let c = self.b.compare(*self.rng.pick(&CmpOp::ALL), x, y).ok()?;

@@ -389,6 +389,25 @@ pub fn infer(kind: &OpKind, args: &[&TensorType]) -> R<Vec<TensorType>> {
             }
             one(tt(x.dtype(), s)?)
         }
+        OpKind::FakeQuant { bits, .. } => {
+            let (x, lo, hi) = (args[0], args[1], args[2]);
+            need_float(x, "the operand")?;
+            if !(2..=16).contains(bits) {
+                return Err(format!("bits must be 2 to 16, found {bits}"));
+            }
+            same_dtype(x, lo, "the operand and min")?;
+            same_dtype(x, hi, "the operand and max")?;
+            for (v, what) in [(lo, "min"), (hi, "max")] {
+                if !broadcasts_to(v.dims(), x.dims()) {
+                    return Err(format!(
+                        "{what} {} must broadcast to the operand's shape {}",
+                        v.shape(),
+                        x.shape()
+                    ));
+                }
+            }
+            one(x.clone())
+        }
         OpKind::TopK { k, axis: a, .. } => {
             let x = args[0];
             need_numeric(x, "the operand")?;

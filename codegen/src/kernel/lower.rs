@@ -40,6 +40,7 @@ pub fn lower_ops(b: &mut Body, f: &Function, ops: &[Op], vals: &mut HashMap<Valu
                 b.bin(op, a[0], a[1])
             }
             OpKind::Identity | OpKind::StopGradient | OpKind::BroadcastTo { .. } => a[0],
+            OpKind::FakeQuant { bits, narrow } => fake_quant(b, [a[0], a[1], a[2]], *bits, *narrow),
             OpKind::Compare(c) if super::int_bits(f, d.args[0], b.lane) => {
                 let c = cmp_of(*c);
                 let (x, y) = (b.bits(a[0]), b.bits(a[1]));
@@ -66,6 +67,45 @@ pub fn lower_ops(b: &mut Body, f: &Function, ops: &[Op], vals: &mut HashMap<Valu
         };
         vals.insert(d.results[0], r);
     }
+}
+
+/// `fake_quant` of `x` with range `[lo, hi]`, operation for operation as the reference
+/// ([`tcc_ir::interp::fake_quant`]) computes it in the body's float type: the nudged range,
+/// the clamp, then `floor((x - nudged_min) * (1 / scale) + 0.5) * scale + nudged_min`, each
+/// product and sum rounded on its own (no fused multiply-add). NaN where `lo < hi` fails.
+fn fake_quant(b: &mut Body, [x, lo, hi]: [E; 3], bits: u64, narrow: bool) -> E {
+    let qmin = if narrow { 1.0 } else { 0.0 };
+    let qmax = ((1u64 << bits) - 1) as f64;
+    let span = b.sub(hi, lo);
+    let levels = b.c(qmax - qmin);
+    let scale = b.div(span, levels);
+    let ratio = b.div(lo, scale);
+    let (qmin_c, qmax_c) = (b.c(qmin), b.c(qmax));
+    let from_min = b.sub(qmin_c, ratio);
+    // The zero point rounded half away from zero, then clamped to the levels.
+    let t = b.un(Un::Floor, from_min);
+    let frac = b.sub(from_min, t);
+    let half = b.c(0.5);
+    let one = b.c(1.0);
+    let t1 = b.add(t, one);
+    let zero = b.select_if(Cmp::Ge, frac, half, t1, t);
+    let zero = b.bin(Bin::Max, zero, qmin_c);
+    let zero = b.bin(Bin::Min, zero, qmax_c);
+    let low = b.sub(qmin_c, zero);
+    let high = b.sub(qmax_c, zero);
+    let nmin = b.mul(low, scale);
+    let nmax = b.mul(high, scale);
+    let inv = b.div(one, scale);
+    let clamped = b.bin(Bin::Max, x, nmin);
+    let clamped = b.bin(Bin::Min, clamped, nmax);
+    let shifted = b.sub(clamped, nmin);
+    let scaled = b.mul(shifted, inv);
+    let level = b.add(scaled, half);
+    let level = b.un(Un::Floor, level);
+    let y = b.mul(level, scale);
+    let y = b.add(y, nmin);
+    let nan = b.c(f64::NAN);
+    b.select_if(Cmp::Lt, lo, hi, y, nan)
 }
 
 /// The expression form's comparison for `c`.

@@ -104,6 +104,7 @@ pub fn supported_op(f: &Function, op: tcc_ir::Op) -> bool {
         OpKind::Binary(BinaryOp::Pow) => pow_exponent(f, d.args[1]).is_some(),
         OpKind::Binary(_) => true,
         OpKind::Identity | OpKind::StopGradient | OpKind::BroadcastTo { .. } => true,
+        OpKind::FakeQuant { .. } => true,
         // Masks: comparisons, used by `select` and casts in the same kernel.
         OpKind::Compare(_) | OpKind::Select => true,
         OpKind::Cast { to } => !matches!(to, DType::Bool | DType::I64),

@@ -451,6 +451,20 @@ pub(crate) fn eval(kind: &OpKind, args: &[&Val], tys: &[TensorType]) -> R<Vec<Va
                 _ => unreachable!("type rules: operands of one dtype"),
             })
         }
+        OpKind::FakeQuant { bits, narrow } => {
+            let (ix, il, ih) = (
+                bcast_map(args[0].dims(), out.dims()),
+                bcast_map(args[1].dims(), out.dims()),
+                bcast_map(args[2].dims(), out.dims()),
+            );
+            let (x, lo, hi) = (args[0].f(), args[1].f(), args[2].f());
+            let f32 = out.dtype() == crate::types::DType::F32;
+            Buf::F(
+                (0..n)
+                    .map(|k| super::fake_quant(x[ix[k]], lo[il[k]], hi[ih[k]], *bits, *narrow, f32))
+                    .collect(),
+            )
+        }
         OpKind::Select => {
             let ic = bcast_map(args[0].dims(), out.dims());
             let (ia, ib) = (

@@ -20,6 +20,55 @@ use crate::types::{DType, TensorType};
 use cranelift_entity::SecondaryMap;
 use std::fmt;
 
+/// The `[min, max]` of `fake_quant` nudged so that zero is exactly one of the levels, and the
+/// step between levels: `(nudged_min, nudged_max, scale)`, as TensorFlow's `Nudge` computes
+/// them. `f32` says to round every operation to `f32` (TensorFlow's arithmetic for `f32`
+/// tensors); the zero point rounds half away from zero (`std::round`). `None` unless
+/// `min < max`.
+pub fn fake_quant_range(
+    min: f64,
+    max: f64,
+    bits: u64,
+    narrow: bool,
+    f32: bool,
+) -> Option<(f64, f64, f64)> {
+    let r = |v: f64| if f32 { v as f32 as f64 } else { v };
+    if min.is_nan() || max.is_nan() || min >= max {
+        return None;
+    }
+    let qmin = if narrow { 1.0 } else { 0.0 };
+    let qmax = ((1u64 << bits) - 1) as f64;
+    let scale = r(r(max - min) / (qmax - qmin));
+    let zero_from_min = r(qmin - r(min / scale));
+    let zero = if zero_from_min < qmin {
+        qmin
+    } else if zero_from_min > qmax {
+        qmax
+    } else {
+        let t = zero_from_min.floor();
+        if zero_from_min - t >= 0.5 { t + 1.0 } else { t }
+    };
+    Some((r((qmin - zero) * scale), r((qmax - zero) * scale), scale))
+}
+
+/// `fake_quant` of one element (see [`fake_quant_range`]): clamped to the nudged range, then
+/// `floor((x - nudged_min) / scale + 0.5) * scale + nudged_min`, with the reciprocal of the
+/// scale computed once as TensorFlow does. NaN when `min < max` does not hold.
+pub fn fake_quant(x: f64, min: f64, max: f64, bits: u64, narrow: bool, f32: bool) -> f64 {
+    let r = |v: f64| if f32 { v as f32 as f64 } else { v };
+    let Some((lo, hi, scale)) = fake_quant_range(min, max, bits, narrow, f32) else {
+        return f64::NAN;
+    };
+    if x.is_nan() {
+        return x;
+    }
+    let inv = r(1.0 / scale);
+    let clamped = x.max(lo).min(hi);
+    let shifted = r(clamped - lo);
+    let level = r(r(shifted * inv) + 0.5).floor();
+    r(r(level * scale) + lo)
+}
+
 /// A failure while interpreting: bad inputs, or a run-time error in an op.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InterpError(pub String);

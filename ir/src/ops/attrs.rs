@@ -338,6 +338,10 @@ macro_rules! declare_attrs {
             OpKind::Concat { axis } | OpKind::Gather { axis } | OpKind::ScatterAdd { axis } => {
                 $v.attr("axis", axis, Required)?
             }
+            OpKind::FakeQuant { bits, narrow } => {
+                $v.attr("bits", bits, Value(8))?;
+                $v.attr("narrow", narrow, Value(false))?;
+            }
             OpKind::TopK { k, axis, largest } => {
                 $v.attr("k", k, Required)?;
                 $v.attr("axis", axis, Value(-1))?;

@@ -186,6 +186,16 @@ pub enum OpKind {
     StopGradient,
     /// The operand unchanged.
     Identity,
+    /// `(x, min, max) -> y`: `x` rounded to the `2^bits` (or, narrow, `2^bits - 1`) levels of
+    /// `[min, max]` nudged so that zero is one of them, as TensorFlow's
+    /// `fake_quant_with_min_max_vars`; `min` and `max` broadcast to `x` (scalars per tensor,
+    /// `[C, 1, 1]` per channel).
+    FakeQuant {
+        /// Bits, 2 to 16.
+        bits: u64,
+        /// Levels `1..2^bits - 1` instead of `0..2^bits - 1` (symmetric weights).
+        narrow: bool,
+    },
 
     // --- Linear algebra and convolution ---
     /// Batched matrix product: `[..., m, k] x [..., k, n] -> [..., m, n]`, batch dims broadcast.

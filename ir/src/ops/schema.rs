@@ -182,6 +182,7 @@ define_ops! {
     Cast "cast" Exactly(1), 1, Elementwise [ELEMENTWISE DIFFERENTIABLE] "converts the element type";
     StopGradient "stop_gradient" Exactly(1), 1, Elementwise [ELEMENTWISE] "the operand; `grad` treats it as a constant";
     Identity "identity" Exactly(1), 1, Elementwise [ELEMENTWISE DIFFERENTIABLE] "the operand unchanged";
+    FakeQuant "fake_quant" Exactly(3), 1, Elementwise [ELEMENTWISE DIFFERENTIABLE] "`(x, min, max)`: `x` rounded to the levels of a nudged `[min, max]`, TensorFlow's fake quantization";
 
     MatMul "matmul" Exactly(2), 1, LinearAlgebra [DIFFERENTIABLE] "batched matrix product, batch dims broadcast";
     Conv2d "conv2d" Exactly(2), 1, LinearAlgebra [DIFFERENTIABLE] "2-D cross-correlation, NCHW, filter `[O, C/groups, kH, kW]`";
@@ -295,6 +296,10 @@ impl OpId {
             OpId::Softmax => K::Softmax { axis: 0 },
             OpId::LogSoftmax => K::LogSoftmax { axis: 0 },
             OpId::SoftmaxCrossEntropy => K::SoftmaxCrossEntropy,
+            OpId::FakeQuant => K::FakeQuant {
+                bits: 8,
+                narrow: false,
+            },
             OpId::TopK => K::TopK {
                 k: 0,
                 axis: -1,
@@ -422,6 +427,7 @@ impl OpKind {
             OpKind::Softmax { .. } => OpId::Softmax,
             OpKind::LogSoftmax { .. } => OpId::LogSoftmax,
             OpKind::SoftmaxCrossEntropy => OpId::SoftmaxCrossEntropy,
+            OpKind::FakeQuant { .. } => OpId::FakeQuant,
             OpKind::TopK { .. } => OpId::TopK,
             OpKind::BatchNorm { .. } => OpId::BatchNorm,
             OpKind::BatchNormTrain { .. } => OpId::BatchNormTrain,

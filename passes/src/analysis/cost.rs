@@ -57,6 +57,8 @@ pub fn flops(f: &Function, op: Op) -> u64 {
             let len = tcc_ir::ops::normalize_axis(*axis, x.len()).map_or(1, |a| x[a]);
             numel(0).saturating_mul(64 - len.max(1).leading_zeros() as u64)
         }
+        // The nudge and the rounding: about twenty operations per element.
+        OpKind::FakeQuant { .. } => out().saturating_mul(20),
         OpKind::Unary(_)
         | OpKind::Binary(_)
         | OpKind::Compare(_)

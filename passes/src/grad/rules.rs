@@ -430,6 +430,12 @@ impl Rules<'_> {
                 };
                 out[0] = Some(self.b.op1(k, &[dyv()])?);
             }
+            OpKind::FakeQuant { bits, narrow } => {
+                let (dx, dmin, dmax) = self.fake_quant(a, *bits, *narrow, dyv())?;
+                out[0] = Some(dx);
+                out[1] = Some(self.unbroadcast(dmin, &self.dims(a[1]))?);
+                out[2] = Some(self.unbroadcast(dmax, &self.dims(a[2]))?);
+            }
             OpKind::TopK { axis, .. } => {
                 out[0] = Some(self.top_k(a[0], g.results[1], *axis, dyv())?);
             }
@@ -455,6 +461,51 @@ impl Rules<'_> {
             OpKind::MaxPool2dGrad(_) => {}
         }
         Ok(out)
+    }
+
+    /// The gradient of `fake_quant`, as TensorFlow defines it: straight through inside the
+    /// nudged range (`dy` where `nudged_min <= x <= nudged_max`), and `dy` summed below it into
+    /// `min` and above it into `max` (returned unreduced). The nudged range is rebuilt here
+    /// from `min` and `max` with the forward op's formulas.
+    fn fake_quant(
+        &mut self,
+        a: &[Value],
+        bits: u64,
+        narrow: bool,
+        dy: Value,
+    ) -> R<(Value, Value, Value)> {
+        let (x, lo, hi) = (a[0], a[1], a[2]);
+        let qmin = if narrow { 1.0 } else { 0.0 };
+        let qmax = ((1u64 << bits) - 1) as f64;
+        let span = self.b.sub(hi, lo)?;
+        let levels = self.scalar(x, qmax - qmin)?;
+        let scale = self.b.div(span, levels)?;
+        let ratio = self.b.div(lo, scale)?;
+        let qmin_v = self.scalar(x, qmin)?;
+        let from_min = self.b.sub(qmin_v, ratio)?;
+        // The zero point rounded half away from zero, then clamped to the levels.
+        let t = self.un(UnaryOp::Floor, from_min)?;
+        let frac = self.b.sub(from_min, t)?;
+        let half = self.scalar(x, 0.5)?;
+        let up = self.cmp(CmpOp::Ge, frac, half)?;
+        let one = self.scalar(x, 1.0)?;
+        let t1 = self.b.add(t, one)?;
+        let zero = self.select(up, t1, t)?;
+        let qmax_v = self.scalar(x, qmax)?;
+        let zero = self.b.binary(BinaryOp::Max, zero, qmin_v)?;
+        let zero = self.b.binary(BinaryOp::Min, zero, qmax_v)?;
+        let low = self.b.sub(qmin_v, zero)?;
+        let high = self.b.sub(qmax_v, zero)?;
+        let nmin = self.b.mul(low, scale)?;
+        let nmax = self.b.mul(high, scale)?;
+        let below = self.cmp(CmpOp::Lt, x, nmin)?;
+        let above = self.cmp(CmpOp::Gt, x, nmax)?;
+        let zero_v = self.scalar(x, 0.0)?;
+        let dmin = self.select(below, dy, zero_v)?;
+        let dmax = self.select(above, dy, zero_v)?;
+        let inside = self.select(above, zero_v, dy)?;
+        let dx = self.select(below, zero_v, inside)?;
+        Ok((dx, dmin, dmax))
     }
 
     /// The gradient of `top_k`: each value's cotangent goes back to the position its index
