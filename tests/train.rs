@@ -266,3 +266,61 @@ fn user_errors_are_reported() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Quantization-aware training of the digits CNN: weights and activations fake-quantized to 8
+/// bits after a delay, the moving ranges carried as state (not trained) and saved with the
+/// weights; the loss still falls.
+#[test]
+fn digits_cnn_trains_quantized() {
+    let dir = scratch("quantized");
+    let (code, out, err) = tcc(&[
+        "train",
+        "examples/digits_cnn.tir",
+        "--data",
+        "examples/data/digits",
+        "--steps",
+        "56",
+        "--every",
+        "14",
+        "--quantize",
+        "bits=8,delay=20",
+        "--save",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.starts_with("quantize: 4 weights and 4 activations fake-quantized\n"),
+        "{out}"
+    );
+    // The ranges are not trained: the count of trained parameters is the float model's.
+    assert!(out.contains("training `@digits`: 9 parameters"), "{out}");
+    let losses: Vec<f64> = progress(&out).iter().map(|p| p.1).collect();
+    assert_eq!(losses.len(), 5, "{out}");
+    assert!(losses[4] < 0.3 * losses[0], "{out}");
+    // The moving ranges and the step are saved beside the weights.
+    let read = |n: &str| npy::read(&std::fs::read(dir.join(n)).unwrap()).unwrap();
+    let step = read("quant_step.npy");
+    assert_eq!(step.data(), &tcc::ir::Data::F32(vec![56.0]));
+    let lo = read("quant_conv2_relu_min.npy");
+    let tcc::ir::Data::F32(lo) = lo.data() else {
+        panic!()
+    };
+    assert!(
+        lo[0] < 0.0 && lo[0] > -6.0,
+        "the range moved from -6 towards the batch's: {lo:?}"
+    );
+    assert!(dir.join("conv1_w.npy").exists());
+    let (code, _, err) = tcc(&[
+        "train",
+        "examples/digits_cnn.tir",
+        "--steps",
+        "1",
+        "--quantize",
+        "bits=1",
+    ]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("--quantize bits=1") && err.contains("must be 2 to 16"),
+        "{err}"
+    );
+}

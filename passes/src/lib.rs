@@ -78,6 +78,12 @@ pub(crate) static REGISTRY: &[PassInfo] = &[
         create: optim::create_momentum,
     },
     PassInfo {
+        name: "quantize",
+        summary: "quantization-aware training: fake-quantize conv/matmul weights and their activations (moving ranges as state)",
+        options: quant::quantize::OPTIONS,
+        create: quant::quantize::create,
+    },
+    PassInfo {
         name: "remat",
         summary: "gradient checkpointing: recompute forward values the backward pass reads from kept checkpoints",
         options: remat::OPTIONS,

@@ -185,10 +185,21 @@ pub fn train_step(
             f.ty(loss)
         ));
     }
+    // State the function updates itself (a result `new/<p>`, as `quantize`'s moving ranges)
+    // is carried, not trained.
+    let updated = |p: &str| {
+        f.results()
+            .iter()
+            .any(|&r| f.name(r).strip_prefix("new/") == Some(p))
+    };
     let trained: Vec<String> = f
         .params()
         .iter()
-        .filter(|&&p| f.ty(p).dtype().is_float() && !data_names.iter().any(|n| n == f.name(p)))
+        .filter(|&&p| {
+            f.ty(p).dtype().is_float()
+                && !data_names.iter().any(|n| n == f.name(p))
+                && !updated(f.name(p))
+        })
         .map(|&p| f.name(p).to_string())
         .collect();
     if trained.is_empty() {
@@ -229,7 +240,7 @@ pub fn carried(step: &Function) -> Vec<Option<usize>> {
 }
 
 /// Runs `tcc train` on `f`, writing the log to `out` and the progress bar to `err`; returns
-/// the trained parameters' final values, by name.
+/// the final values of the trained parameters and of the state `f` updates itself, by name.
 pub fn train(
     f: &Function,
     args: &TrainArgs<'_>,
@@ -290,7 +301,13 @@ pub fn train(
                     None if is_trained.contains(name) => {
                         init_value(name, ty, 0x7cc0_0000 + i as u64)
                     }
-                    None => Tensor::zeros(ty.clone()).map_err(|e| format!("error: {e}"))?,
+                    None => match tcc_passes::quant::quantize::initial_value(name) {
+                        Some(x) => {
+                            Tensor::splat(ty.clone(), tcc_ir::Scalar::from_f64(ty.dtype(), x))
+                                .map_err(|e| format!("error: {e}"))?
+                        }
+                        None => Tensor::zeros(ty.clone()).map_err(|e| format!("error: {e}"))?,
+                    },
                 },
             };
             inputs.push(value);
@@ -409,12 +426,17 @@ pub fn train(
         let _ = write!(out, "; final {last}");
     }
     let _ = writeln!(out);
+    // The trained parameters, and the state the loss function updates itself (the moving
+    // ranges of `quantize`), which a later run needs as much.
+    let own_state =
+        |name: &str| (f.results().iter()).any(|&r| f.name(r).strip_prefix("new/") == Some(name));
     let trained_values = sources
         .iter()
         .zip(inputs)
         .zip(step_fn.params())
         .filter(|((src, _), p)| {
-            matches!(src, Source::State(_)) && is_trained.contains(step_fn.name(**p))
+            let name = step_fn.name(**p);
+            matches!(src, Source::State(_)) && (is_trained.contains(name) || own_state(name))
         })
         .map(|((_, t), &p)| (step_fn.name(p).to_string(), t))
         .collect();

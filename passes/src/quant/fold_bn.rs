@@ -109,7 +109,7 @@ pub fn fold_bn(f: &mut Function) -> FoldStats {
                 d.args[0],
             ),
             // A per-channel scale folds only straight after a layer; others are ordinary muls.
-            OpKind::Binary(BinaryOp::Mul) => match scale_operands(f, d.args[0], d.args[1]) {
+            OpKind::Binary(BinaryOp::Mul) => match per_channel_operands(f, d.args[0], d.args[1]) {
                 Some((y, s)) if layer(f, &users, y).is_some() => (Affine::Scale(s), y),
                 _ => continue,
             },
@@ -192,7 +192,7 @@ pub fn fold_bn(f: &mut Function) -> FoldStats {
 }
 
 /// `(y, s)` when `a * b` multiplies a value by a per-channel (or scalar) `s`.
-fn scale_operands(f: &Function, a: Value, b: Value) -> Option<(Value, Value)> {
+pub(crate) fn per_channel_operands(f: &Function, a: Value, b: Value) -> Option<(Value, Value)> {
     let per_channel = |y: Value, s: Value| {
         let (yd, sd) = (f.ty(y).dims(), f.ty(s).dims());
         if yd.len() < 2 || sd.len() > yd.len() || !f.ty(y).dtype().is_float() {
@@ -225,7 +225,7 @@ fn layer(f: &Function, users: &Users, y: Value) -> Option<Layer> {
     }
     let (z, bias) = match d.kind {
         OpKind::Binary(BinaryOp::Add) => {
-            let (z, c) = scale_operands(f, d.args[0], d.args[1])?;
+            let (z, c) = per_channel_operands(f, d.args[0], d.args[1])?;
             if !only_reader(z) {
                 return None;
             }

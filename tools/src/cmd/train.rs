@@ -42,6 +42,10 @@ pub(crate) struct Args {
     /// `--remat budget=0.5` or `--remat strategy=memory`.
     #[arg(long, value_name = "OPTIONS")]
     pub remat: Option<String>,
+    /// Quantization-aware training: the options of a `quantize` pass run on the loss function
+    /// before `grad`, as in `--quantize 'bits=8,delay=100'` (see docs/passes.md).
+    #[arg(long, value_name = "OPTIONS")]
+    pub quantize: Option<String>,
 }
 
 pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
@@ -71,6 +75,29 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
     };
     let (input, m) = io.load_with(&a.file, &how)?;
     let f = pick_function(&m, a.func.as_deref(), &input.name)?;
+    let quantized;
+    let f = match &a.quantize {
+        None => f,
+        Some(spec) => {
+            let q = tcc_passes::Options::parse_for("quantize", spec)
+                .map_err(|e| Error::usage(format!("error: --quantize {spec}: {}", e.message)))
+                .and_then(|o| {
+                    tcc_passes::quant::quantize::options(&o)
+                        .map_err(|e| Error::usage(format!("error: --quantize {spec}: {e}")))
+                })?;
+            let mut g = f.clone();
+            let s = q
+                .run(&mut g)
+                .map_err(|e| Error::input(format!("error: --quantize: {e}")))?;
+            let _ = writeln!(
+                io.stdout,
+                "quantize: {} weights and {} activations fake-quantized",
+                s.weights, s.activations
+            );
+            quantized = g;
+            &quantized
+        }
+    };
     let args = TrainArgs {
         steps: a.steps,
         data: a.data.as_deref(),
