@@ -267,9 +267,10 @@ fn user_errors_are_reported() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Quantization-aware training of the digits CNN: weights and activations fake-quantized to 8
-/// bits after a delay, the moving ranges carried as state (not trained) and saved with the
-/// weights; the loss still falls.
+/// Quantization-aware training of the digits CNN, as TensorFlow's contrib.quantize trains: batch
+/// norm folded with corrections (frozen after 30 steps), weights and activations fake-quantized
+/// to 8 bits after a delay; the moving statistics and ranges carried as state (not trained) and
+/// saved with the weights; the loss still falls.
 #[test]
 fn digits_cnn_trains_quantized() {
     let dir = scratch("quantized");
@@ -282,14 +283,24 @@ fn digits_cnn_trains_quantized() {
         "56",
         "--every",
         "14",
+        "--fold-bn",
+        "freeze-delay=30",
         "--quantize",
         "bits=8,delay=20",
         "--save",
         dir.to_str().unwrap(),
     ]);
     assert_eq!(code, 0, "{err}");
+    let mut lines = out.lines();
+    let fold = lines.next().unwrap();
     assert!(
-        out.starts_with("quantize: 4 weights and 4 activations fake-quantized\n"),
+        fold.starts_with("fold-bn{training=true,freeze-delay=30}: ")
+            && fold.contains("conv2d 2 -> 3"),
+        "{out}"
+    );
+    let quant = lines.next().unwrap();
+    assert!(
+        quant.starts_with("quantize{bits=8,delay=20}: ") && quant.contains("fake_quant 0 -> 8"),
         "{out}"
     );
     // The ranges are not trained: the count of trained parameters is the float model's.
@@ -310,6 +321,14 @@ fn digits_cnn_trains_quantized() {
         "the range moved from -6 towards the batch's: {lo:?}"
     );
     assert!(dir.join("conv1_w.npy").exists());
+    let var = read("conv1_bn_moving_var.npy");
+    let tcc::ir::Data::F32(var) = var.data() else {
+        panic!()
+    };
+    assert!(
+        var.iter().all(|&v| v > 0.0 && v != 1.0),
+        "the moving variance moved: {var:?}"
+    );
     let (code, _, err) = tcc(&[
         "train",
         "examples/digits_cnn.tir",

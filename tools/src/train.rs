@@ -301,7 +301,7 @@ pub fn train(
                     None if is_trained.contains(name) => {
                         init_value(name, ty, 0x7cc0_0000 + i as u64)
                     }
-                    None => match tcc_passes::quant::quantize::initial_value(name) {
+                    None => match tcc_passes::quant::initial_value(name) {
                         Some(x) => {
                             Tensor::splat(ty.clone(), tcc_ir::Scalar::from_f64(ty.dtype(), x))
                                 .map_err(|e| format!("error: {e}"))?

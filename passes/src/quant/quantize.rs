@@ -5,8 +5,9 @@
 //!   `fake_quant(w, min(w), max(w))` with `bits` and a narrow range (`narrow-weights`), the range
 //!   being the weights' own, widened to include zero (TensorFlow's last-value quantization),
 //!   per tensor or, with `per-channel=true`, per output channel.
-//! - **Activations**: the output of each such layer, after its per-channel bias and its
-//!   activation (`relu`, or `relu6` as a clamp to [0, 6]) when they follow, and the output of
+//! - **Activations**: the output of each such layer, after its per-channel bias (or a training
+//!   batch norm not folded) and its activation (`relu`, or `relu6` as a clamp to [0, 6]) when
+//!   they follow, and the output of
 //!   each residual `add` of two such outputs, becomes `fake_quant` with `act-bits` over a range
 //!   kept as an exponential moving average of the batch's own (widened to include zero):
 //!   `new = decay * old + (1 - decay) * batch`. The averages are explicit state: parameters
@@ -19,12 +20,10 @@
 //!   them (a name or a `/` prefix); a scope that matches no layer is an error listing the
 //!   layers' scopes.
 
+use super::Emit;
 use crate::manager::{OptionInfo, Options, Pass};
 use tcc_ir::edit::Users;
-use tcc_ir::typing::infer;
-use tcc_ir::{
-    BinaryOp, DType, Function, Literal, Op, OpKind, ReduceOp, Scalar, TensorType, UnaryOp, Value,
-};
+use tcc_ir::{BinaryOp, DType, Function, Op, OpKind, TensorType, UnaryOp, Value};
 
 /// The options `quantize` accepts.
 pub const OPTIONS: &[OptionInfo] = &[
@@ -94,21 +93,6 @@ impl Default for Quantize {
 /// The initial moving minimum and maximum of an activation, as TensorFlow initialises them.
 pub const INITIAL_RANGE: (f64, f64) = (-6.0, 6.0);
 
-/// The value a state parameter this pass adds starts at: `quant/<v>/min` and `quant/<v>/max`
-/// at [`INITIAL_RANGE`], `quant/step` (f32) at 0. `None` for other names.
-pub fn initial_value(name: &str) -> Option<f64> {
-    let rest = name.strip_prefix("quant/")?;
-    if rest == "step" {
-        Some(0.0)
-    } else if rest.ends_with("/min") {
-        Some(INITIAL_RANGE.0)
-    } else if rest.ends_with("/max") {
-        Some(INITIAL_RANGE.1)
-    } else {
-        None
-    }
-}
-
 /// Builds the pass from its options.
 pub fn create(o: &Options) -> Result<Box<dyn Pass>, String> {
     Ok(Box::new(options(o)?))
@@ -165,68 +149,30 @@ pub struct QuantizeStats {
     pub activations: usize,
 }
 
-/// Builds new ops, unscheduled, to be placed by [`Quantize::run`].
-struct Emit<'f> {
-    f: &'f mut Function,
-    ops: Vec<Op>,
-}
-
-impl Emit<'_> {
-    fn op(&mut self, kind: OpKind, args: &[Value], name: &str) -> Result<Value, String> {
-        let tys: Vec<&TensorType> = args.iter().map(|&a| self.f.ty(a)).collect();
-        let out = infer(&kind, &tys).map_err(|e| format!("internal error: {e}"))?;
-        let name = self.f.unique_name(name);
-        let op = self.f.create_op(kind, args.to_vec(), out, &[&name]);
-        self.ops.push(op);
-        Ok(self.f.op(op).results[0])
-    }
-
-    fn scalar(&mut self, dtype: DType, x: f64, name: &str) -> Result<Value, String> {
-        let ty = TensorType::scalar(dtype);
-        let lit = Literal::Splat(Scalar::from_f64(dtype, x));
-        self.op(OpKind::Const { ty, value: lit }, &[], name)
-    }
-
-    fn bin(&mut self, op: BinaryOp, a: Value, b: Value, name: &str) -> Result<Value, String> {
-        self.op(OpKind::Binary(op), &[a, b], name)
-    }
-
-    /// `min(x)` widened to include zero, over `axes` (kept as 1).
-    fn range(&mut self, x: Value, axes: &[i64], name: &str) -> Result<(Value, Value), String> {
-        let dt = self.f.ty(x).dtype();
-        let reduce = |e: &mut Self, v: Value, n: &str| {
-            e.op(
-                OpKind::Reduce {
-                    op: ReduceOp::Max,
-                    axes: axes.to_vec(),
-                    keepdims: true,
-                },
-                &[v],
-                n,
-            )
-        };
-        let neg = self.op(OpKind::Unary(UnaryOp::Neg), &[x], name)?;
-        let nmin = reduce(self, neg, name)?;
-        let min = self.op(OpKind::Unary(UnaryOp::Neg), &[nmin], name)?;
-        let max = reduce(self, x, name)?;
-        let zero = self.scalar(dt, 0.0, name)?;
-        let min = self.bin(BinaryOp::Min, min, zero, name)?;
-        let max = self.bin(BinaryOp::Max, max, zero, name)?;
-        Ok((min, max))
-    }
-}
-
 impl Quantize {
     /// Inserts the fake quantization (see the module docs).
     pub fn run(&self, f: &mut Function) -> Result<QuantizeStats, String> {
         let users = Users::new(f);
         let schedule: Vec<Op> = f.schedule().to_vec();
+        // A layer whose output only feeds batch statistics (what `fold-bn{training=true}` keeps
+        // of the unfolded layer) is not quantized: the statistics are the float layer's.
+        let stats_only = |op: Op| {
+            let y = f.op(op).results[0];
+            !users.is_returned(y)
+                && users.uses(y).iter().all(|&(u, _)| {
+                    let d = f.op(u);
+                    matches!(d.kind, OpKind::BatchNormTrain { .. })
+                        && users.uses(d.results[0]).is_empty()
+                        && !users.is_returned(d.results[0])
+                })
+        };
         let layers: Vec<Op> = (schedule.iter().copied())
             .filter(|&op| {
                 let d = f.op(op);
                 matches!(d.kind, OpKind::Conv2d(_) | OpKind::MatMul)
                     && f.ty(d.args[1]).dtype().is_float()
                     && d.deps.is_empty()
+                    && !stats_only(op)
             })
             .collect();
         let in_scope = |name: &str| {
@@ -270,24 +216,20 @@ impl Quantize {
         // Each quantized activation, its replacement, and its readers before this pass.
         let mut redirect: Vec<Redirect> = Vec::new();
         let mut new_results: Vec<Value> = Vec::new();
-        // The step counter, an f32 (exact to 2^24 steps, and every op on it compiles), and
-        // whether quantization is on as a 0/1 float that each activation's select compares.
-        let step = if self.delay > 0 {
-            let s = f.add_param("quant/step", TensorType::scalar(DType::F32));
-            Some(s)
-        } else {
-            None
-        };
+        // Whether quantization is on, as a 0/1 float that each activation's select compares.
         let mut step_ops = Vec::new();
         let mut active = None;
-        if let Some(s) = step {
-            let mut e = Emit { f, ops: Vec::new() };
-            let one = e.scalar(DType::F32, 1.0, "quant/one")?;
-            let next = e.bin(BinaryOp::Add, s, one, "new/quant/step")?;
+        if self.delay > 0 {
+            let (step, ops, next) = super::step_counter(f)?;
+            let mut e = Emit { f, ops };
             let delay = e.scalar(DType::F32, self.delay as f64, "quant/delay")?;
-            let on = e.op(OpKind::Compare(tcc_ir::CmpOp::Ge), &[s, delay], "quant/on")?;
+            let on = e.op(
+                OpKind::Compare(tcc_ir::CmpOp::Ge),
+                &[step, delay],
+                "quant/on",
+            )?;
             active = Some(e.op(OpKind::Cast { to: DType::F32 }, &[on], "quant/active")?);
-            new_results.push(next);
+            new_results.extend(next);
             step_ops = e.ops;
         }
         let mut quantized_outputs: Vec<Value> = Vec::new();
@@ -456,8 +398,8 @@ struct Redirect {
     uses: Vec<(Op, u32)>,
 }
 
-/// The end of a layer's output chain: its per-channel bias add, then its `relu` (or a clamp
-/// to [0, 6]) when they follow and are the only readers.
+/// The end of a layer's output chain: its per-channel bias add, or an unfolded training batch
+/// norm, then its `relu` (or a clamp to [0, 6]) when they follow and are the only readers.
 fn layer_end(f: &Function, users: &Users, y: Value) -> Value {
     let mut v = y;
     let single = |v: Value| users.uses(v).len() == 1 && !users.is_returned(v);
@@ -469,6 +411,14 @@ fn layer_end(f: &Function, users: &Users, y: Value) -> Value {
             && super::fold_bn::per_channel_operands(f, d.args[0], d.args[1])
                 .is_some_and(|(x, _)| x == v)
         {
+            v = d.results[0];
+        }
+    }
+    // An unfolded training batch norm: its normalized output.
+    if single(v) {
+        let (op, i) = users.uses(v)[0];
+        let d = f.op(op);
+        if matches!(d.kind, OpKind::BatchNormTrain { .. }) && i == 0 {
             v = d.results[0];
         }
     }

@@ -42,8 +42,12 @@ pub(crate) struct Args {
     /// `--remat budget=0.5` or `--remat strategy=memory`.
     #[arg(long, value_name = "OPTIONS")]
     pub remat: Option<String>,
+    /// Fold training batch norm into the layer before it with TensorFlow's corrections: the
+    /// options of `fold-bn{training=true,...}`, as in `--fold-bn 'freeze-delay=200'` (or `''`).
+    #[arg(long, value_name = "OPTIONS")]
+    pub fold_bn: Option<String>,
     /// Quantization-aware training: the options of a `quantize` pass run on the loss function
-    /// before `grad`, as in `--quantize 'bits=8,delay=100'` (see docs/passes.md).
+    /// (after `--fold-bn`) before `grad`, as in `--quantize 'bits=8,delay=100'`.
     #[arg(long, value_name = "OPTIONS")]
     pub quantize: Option<String>,
 }
@@ -75,28 +79,35 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
     };
     let (input, m) = io.load_with(&a.file, &how)?;
     let f = pick_function(&m, a.func.as_deref(), &input.name)?;
-    let quantized;
-    let f = match &a.quantize {
-        None => f,
-        Some(spec) => {
-            let q = tcc_passes::Options::parse_for("quantize", spec)
-                .map_err(|e| Error::usage(format!("error: --quantize {spec}: {}", e.message)))
-                .and_then(|o| {
-                    tcc_passes::quant::quantize::options(&o)
-                        .map_err(|e| Error::usage(format!("error: --quantize {spec}: {e}")))
-                })?;
-            let mut g = f.clone();
-            let s = q
-                .run(&mut g)
-                .map_err(|e| Error::input(format!("error: --quantize: {e}")))?;
-            let _ = writeln!(
-                io.stdout,
-                "quantize: {} weights and {} activations fake-quantized",
-                s.weights, s.activations
-            );
-            quantized = g;
-            &quantized
+    // The forward rewrites, in TensorFlow's order: fold batch norm, then fake-quantize.
+    let mut passes: Vec<(String, String)> = Vec::new();
+    if let Some(spec) = &a.fold_bn {
+        let sep = if spec.trim().is_empty() { "" } else { "," };
+        passes.push(("fold-bn".into(), format!("training=true{sep}{spec}")));
+    }
+    if let Some(spec) = &a.quantize {
+        passes.push(("quantize".into(), spec.clone()));
+    }
+    let rewritten;
+    let f = if passes.is_empty() {
+        f
+    } else {
+        let mut m = tcc_ir::Module::new();
+        m.functions.push(f.clone());
+        for (pass, spec) in &passes {
+            let flag = format!("--{pass}");
+            let text = format!("{pass}{{{spec}}}");
+            let pipeline = tcc_passes::Pipeline::parse(&text)
+                .map_err(|e| Error::usage(format!("error: {flag} {spec}: {}", e.message)))?;
+            let runs = tcc_passes::PassManager::new(pipeline)
+                .run(&mut m, &mut std::io::sink())
+                .map_err(|e| Error::input(format!("error: {flag}: {e}")))?;
+            for r in runs {
+                let _ = writeln!(io.stdout, "{r}");
+            }
         }
+        rewritten = m.functions.remove(0);
+        &rewritten
     };
     let args = TrainArgs {
         steps: a.steps,
