@@ -9,7 +9,8 @@ mod common;
 use tcc::ir::random::{Rng, random_tensor};
 use tcc::ir::{Data, Function, Tensor, interp, parse_function};
 use tcc::passes::grad::{GradOptions, Wrt, grad};
-use tcc::passes::quant::fold_bn::{Training, fold_bn_training};
+use tcc::passes::quant::fold_bn::Training;
+use tcc::passes::quant::fold_bn_training::fold_bn_training;
 
 fn src(dt: &str) -> String {
     format!(

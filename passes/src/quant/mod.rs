@@ -1,14 +1,16 @@
 //! Batch-norm folding and quantization: the passes that replace TensorFlow's
 //! `contrib.quantize` graph rewrites.
 //!
-//! - [`fold_bn`]: batch norm folded into the convolution or dense layer before it: inference
-//!   batch norm and per-channel scales, and training batch norm with TensorFlow's corrections.
+//! - [`fold_bn`](mod@fold_bn): inference batch norm and per-channel scales folded into the convolution or
+//!   dense layer before them; [`fold_bn_training`]: training batch norm, with TensorFlow's
+//!   corrections and freeze delay.
 //! - [`Quantize`]: fake quantization of weights and activations for quantization-aware training.
 //!
 //! Both keep their state explicit: parameters (`quant/...`, `<bn>/moving_mean`, ...) and
 //! results `new/<name>` a train loop feeds back; [`initial_value`] says where each starts.
 
 pub mod fold_bn;
+pub mod fold_bn_training;
 pub mod quantize;
 
 pub use fold_bn::{FoldStats, fold_bn};
