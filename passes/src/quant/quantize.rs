@@ -219,7 +219,7 @@ impl Quantize {
         // Whether quantization is on, as a 0/1 float that each activation's select compares.
         let mut step_ops = Vec::new();
         let mut active = None;
-        if self.delay > 0 {
+        if self.delay > 0 && !chosen.is_empty() {
             let (step, ops, next) = super::step_counter(f)?;
             let mut e = Emit { f, ops };
             let delay = e.scalar(DType::F32, self.delay as f64, "quant/delay")?;
