@@ -817,3 +817,35 @@ fn integer_comparisons_in_float_kernels() {
         "labels 0, 2, 2143289345, -5, 5, 2 hit"
     );
 }
+
+/// A comparison stored by one kernel and read as a mask by others (a scalar condition broadcast
+/// over a tensor, a mask returned and reused, as the backward of a `select` reads the
+/// forward's): compiled, in the scalar loop, equal to the interpreter.
+#[test]
+fn masks_cross_kernels_as_bytes() {
+    let src = "func @f(%x: f32[6,5], %y: f32[6,5], %s: f32[]) -> (f32[6,5], bool[6,5], f32[6,5], bool[]) {
+  %half = const {value=0.5} : f32[]
+  %on = gt %s, %half : bool[]
+  %a = select %on, %x, %y : f32[6,5]
+  %m = lt %x, %y : bool[6,5]
+  %t = transpose %y {perm=[1,0]} : f32[5,6]
+  %u = transpose %t {perm=[1,0]} : f32[6,5]
+  %b = select %m, %u, %x : f32[6,5]
+  %c = cast %m {to=f32} : f32[6,5]
+  %d = add %b, %c : f32[6,5]
+  return %a, %m, %d, %on
+}";
+    let f = parse_function(src).unwrap();
+    for s in [0.25f32, 0.75] {
+        let mut inputs = randoms(&f, 8);
+        inputs[2] = Tensor::from_f32(&[], vec![s]).unwrap();
+        let (got, want, exe) = both(&f, &inputs);
+        assert_eq!(
+            exe.reference_ops(),
+            Vec::<String>::new(),
+            "{:?}",
+            exe.stats()
+        );
+        check(&got, &want, 0.0, 0.0).unwrap();
+    }
+}

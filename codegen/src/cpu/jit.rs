@@ -299,6 +299,8 @@ fn load_scalar(b: &mut FunctionBuilder, d: DType, ty: Type, addr: CValue) -> CVa
     let flags = MemFlags::trusted();
     match d {
         DType::I8 => b.ins().sload8(ty, flags, addr, 0),
+        // A mask's byte, as a 32-bit integer whatever the lane (see `Node::MaskArg`).
+        DType::Bool => b.ins().uload8(types::I32, flags, addr, 0),
         DType::U8 => b.ins().uload8(ty, flags, addr, 0),
         _ => b.ins().load(ty, flags, addr, 0),
     }

@@ -62,6 +62,8 @@ pub(super) fn render(
         let at = |e| v[Body::index(e)];
         let r = match node {
             Node::Arg(j) => args[j as usize],
+            // Loaded as a 32-bit 0 or 1 (bool inputs keep a kernel in the scalar loop).
+            Node::MaskArg(j) => b.ins().icmp_imm(IntCC::NotEqual, args[j as usize], 0),
             Node::Num(x) => num_const(b, ty, x),
             Node::Int(x) => {
                 let c = b.ins().iconst(types::I32, x as i64);

@@ -119,6 +119,9 @@ pub enum IBin {
 pub enum Node {
     /// Argument `j` of the body.
     Arg(u32),
+    /// Argument `j`, a `bool` read from memory as a byte (0 or 1), as a mask: a comparison
+    /// one kernel stored and another uses.
+    MaskArg(u32),
     /// A number (rounded to the lane type).
     Num(f64),
     /// A 32-bit integer.
@@ -218,6 +221,12 @@ impl Body {
     pub fn arg(&mut self) -> E {
         self.args += 1;
         self.push(Node::Arg(self.args - 1), Class::Num)
+    }
+
+    /// The next argument, a `bool` byte, as a mask.
+    pub fn mask_arg(&mut self) -> E {
+        self.args += 1;
+        self.push(Node::MaskArg(self.args - 1), Class::Mask)
     }
 
     /// A number constant.

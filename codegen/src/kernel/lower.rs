@@ -133,7 +133,17 @@ pub fn body(
     results: &[Value],
 ) -> Body {
     let mut b = Body::new(lane);
-    let mut vals: HashMap<Value, E> = inputs.iter().map(|&v| (v, b.arg())).collect();
+    let mut vals: HashMap<Value, E> = inputs
+        .iter()
+        .map(|&v| {
+            let e = if f.ty(v).dtype() == DType::Bool {
+                b.mask_arg()
+            } else {
+                b.arg()
+            };
+            (v, e)
+        })
+        .collect();
     let extra: Vec<E> = (0..extra).map(|_| b.arg()).collect();
     lower_ops(&mut b, f, ops, &mut vals);
     then(&mut b, &mut vals, &extra);

@@ -155,11 +155,16 @@ pub fn pow_exponent(f: &Function, e: Value) -> Option<f64> {
 ///   loaded and wrapped back after each op), and no division (whose error on a zero divisor
 ///   the reference kernels report).
 ///
-/// Masks are `bool` values that comparisons inside the kernel produce and only `select`
-/// conditions and casts inside it consume. An `f32` kernel may also compare `i32` values (one-hot
+/// Masks are `bool` values that comparisons produce (inside the kernel, or in another kernel
+/// that stored them) and only `select` conditions and casts consume. An `f32` kernel may also compare `i32` values (one-hot
 /// masks: integer labels against class ids), which it reads as their bits: [`int_bits`].
 pub fn kernel_lane(f: &Function, k: &KernelData) -> Option<Lane> {
-    let dtype = f.ty(f.op(*k.ops.last()?).results[0]).dtype();
+    // The dtype of the last result that is not a mask; a kernel of comparisons only computes
+    // in its operands' dtype.
+    let dtype = (k.ops.iter().rev())
+        .map(|&op| f.ty(f.op(op).results[0]).dtype())
+        .find(|&d| d != DType::Bool)
+        .or_else(|| k.ops.first().map(|&op| f.ty(f.op(op).args[0]).dtype()))?;
     let lane = match dtype {
         DType::F32 => Lane::F32,
         DType::F64 => Lane::F64,
@@ -175,7 +180,11 @@ pub fn kernel_lane(f: &Function, k: &KernelData) -> Option<Lane> {
         .map(|&p| f.op(p).results[0])
         .collect();
     let stored: std::collections::HashSet<Value> = k.outputs.iter().copied().collect();
-    let inside = |v: Value| masks.contains(&v);
+    // Masks from memory: `bool` inputs (a comparison another kernel stored, as the backward
+    // of a `select` reads the forward's). Bool values read or stored are bytes, in the scalar
+    // loop.
+    let inside =
+        |v: Value| masks.contains(&v) || (f.ty(v).dtype() == DType::Bool && k.inputs.contains(&v));
     let num = |v: &Value| {
         let d = f.ty(*v).dtype();
         if int {
@@ -191,10 +200,7 @@ pub fn kernel_lane(f: &Function, k: &KernelData) -> Option<Lane> {
         .all(|&op| {
             let d = f.op(op);
             match d.kind {
-                OpKind::Compare(_) => {
-                    (d.args.iter().all(num) || d.args.iter().all(bits))
-                        && !stored.contains(&d.results[0])
-                }
+                OpKind::Compare(_) => d.args.iter().all(num) || d.args.iter().all(bits),
                 OpKind::BroadcastTo { .. } | OpKind::Identity | OpKind::StopGradient
                     if d.args.iter().chain(&d.results).all(bits) =>
                 {
@@ -217,7 +223,9 @@ pub fn kernel_lane(f: &Function, k: &KernelData) -> Option<Lane> {
 /// Whether every value of kernel `k` is `f32` but for masks (see [`kernel_lane`]): what row and
 /// reduction kernels need (they read no integer bits).
 pub fn f32_with_masks(f: &Function, k: &KernelData) -> bool {
-    kernel_lane(f, k) == Some(Lane::F32)
+    let bool_io = (k.inputs.iter().chain(&k.outputs)).any(|&v| f.ty(v).dtype() == DType::Bool);
+    !bool_io
+        && kernel_lane(f, k) == Some(Lane::F32)
         && k.ops.iter().all(|&op| {
             let d = f.op(op);
             d.args
