@@ -174,3 +174,59 @@ fn scopes_select_layers_and_errors_name_what_is_wrong() {
     );
     assert_eq!(opts("bits=4,per-channel=true").unwrap().bits, 4);
 }
+
+/// `per-channel=true`: each output channel of a filter (and each column of a dense layer) has
+/// its own range.
+#[test]
+fn per_channel_weight_ranges() {
+    let mut f = parse_function(SRC).unwrap();
+    let q = Quantize {
+        per_channel: true,
+        ..Quantize::default()
+    };
+    q.run(&mut f).unwrap();
+    let fq: Vec<_> = (f.schedule().iter())
+        .filter(|&&op| matches!(f.op(op).kind, tcc_ir::OpKind::FakeQuant { .. }))
+        .map(|&op| f.op(op).args.clone())
+        .collect();
+    // The weights' range is one per output channel: [3, 1, 1, 1].
+    assert_eq!(f.ty(fq[0][1]).dims(), [3, 1, 1, 1]);
+    assert_eq!(f.ty(fq[0][2]).dims(), [3, 1, 1, 1]);
+    // Numerically: each channel quantized over its own range (no delay: the activation is
+    // quantized too, over its updated moving range).
+    let x = t(
+        &[1, 2, 4, 4],
+        (0..32).map(|i| ((i * 7 % 11) as f32 - 5.0) * 0.3).collect(),
+    );
+    let wv: Vec<f32> = (0..54)
+        .map(|i| ((i * 5 % 13) as f32 - 6.0) * 0.11)
+        .collect();
+    let b = t(&[3, 1, 1], vec![0.2, -0.1, 0.05]);
+    let ins = [
+        x.clone(),
+        t(&[3, 2, 3, 3], wv.clone()),
+        b.clone(),
+        t(&[], vec![-1.0]),
+        t(&[], vec![3.0]),
+    ];
+    let out = run(&f, &ins).unwrap();
+    let w: Vec<f64> = wv.iter().map(|&v| v as f64).collect();
+    let wq: Vec<f32> = (0..54)
+        .map(|i| {
+            let ch = &w[(i / 18) * 18..(i / 18 + 1) * 18];
+            let lo = ch.iter().fold(0f64, |a, &b| a.min(b));
+            let hi = ch.iter().fold(0f64, |a, &b| a.max(b));
+            fake_quant(w[i], lo, hi, 8, true, true) as f32
+        })
+        .collect();
+    let plain = parse_function(SRC).unwrap();
+    let relu = run(&plain, &[x, t(&[3, 2, 3, 3], wq), b])
+        .unwrap()
+        .remove(0);
+    let (lo, hi) = (floats(&out[1])[0], floats(&out[2])[0]);
+    let expect: Vec<f64> = floats(&relu)
+        .iter()
+        .map(|&v| fake_quant(v, lo, hi, 8, false, true))
+        .collect();
+    assert_eq!(floats(&out[0]), expect);
+}

@@ -5,8 +5,9 @@
 //!   `fake_quant(w, min(w), max(w))` with `bits` and a narrow range (`narrow-weights`), the range
 //!   being the weights' own, widened to include zero (TensorFlow's last-value quantization),
 //!   per tensor or, with `per-channel=true`, per output channel.
-//! - **Activations**: the output of each such layer, after its per-channel bias (or a training
-//!   batch norm not folded) and its activation (`relu`, or `relu6` as a clamp to [0, 6]) when
+//! - **Activations**: the output of each such layer, after its per-channel bias (and the
+//!   correction scale of a folded training batch norm, or a training batch norm not folded) and
+//!   its activation (`relu`, or `relu6` as a clamp to [0, 6]) when
 //!   they follow, and the output of
 //!   each residual `add` of two such outputs, becomes `fake_quant` with `act-bits` over a range
 //!   kept as an exponential moving average of the batch's own (widened to include zero):
@@ -398,20 +399,24 @@ struct Redirect {
     uses: Vec<(Op, u32)>,
 }
 
-/// The end of a layer's output chain: its per-channel bias add, or an unfolded training batch
-/// norm, then its `relu` (or a clamp to [0, 6]) when they follow and are the only readers.
+/// The end of a layer's output chain: its per-channel scale (a folded batch norm's
+/// correction) and bias add, or an unfolded training batch norm, then its `relu` (or a clamp
+/// to [0, 6]) when they follow and are the only readers.
 fn layer_end(f: &Function, users: &Users, y: Value) -> Value {
     let mut v = y;
     let single = |v: Value| users.uses(v).len() == 1 && !users.is_returned(v);
-    // A bias add: the other operand varies along the channels only.
-    if single(v) {
-        let (op, _) = users.uses(v)[0];
-        let d = f.op(op);
-        if matches!(d.kind, OpKind::Binary(BinaryOp::Add))
-            && super::fold_bn::per_channel_operands(f, d.args[0], d.args[1])
-                .is_some_and(|(x, _)| x == v)
-        {
-            v = d.results[0];
+    // A per-channel scale (`fold-bn`'s correction), then a bias add: the other operand varies
+    // along the channels only.
+    for op_kind in [BinaryOp::Mul, BinaryOp::Add] {
+        if single(v) {
+            let (op, _) = users.uses(v)[0];
+            let d = f.op(op);
+            if d.kind == OpKind::Binary(op_kind)
+                && super::fold_bn::per_channel_operands(f, d.args[0], d.args[1])
+                    .is_some_and(|(x, _)| x == v)
+            {
+                v = d.results[0];
+            }
         }
     }
     // An unfolded training batch norm: its normalized output.
