@@ -382,6 +382,28 @@ fn op(
     Some(f.op(op).results[0])
 }
 
+/// `v` reshaped to `dims` (a one-element `v` as it is: it broadcasts), scheduled later.
+fn shaped(
+    f: &mut Function,
+    v: Value,
+    dims: &[u64],
+    name: &str,
+    ops: &mut Vec<Op>,
+) -> Option<Value> {
+    if f.ty(v).numel() == 1 {
+        return Some(v);
+    }
+    op(
+        f,
+        OpKind::Reshape {
+            shape: dims.to_vec(),
+        },
+        &[v],
+        name,
+        ops,
+    )
+}
+
 /// Builds the folded layer: its new ops go to `ops` (in order); the value replacing the
 /// batch norm or scale is returned.
 fn build(f: &mut Function, l: &Layer, a: &Affine, ops: &mut Vec<Op>) -> Option<Value> {
@@ -490,56 +512,17 @@ fn build(f: &mut Function, l: &Layer, a: &Affine, ops: &mut Vec<Op>) -> Option<V
             let ms = bin(f, BinaryOp::Mul, mean, s, ops)?;
             (s, Some(bin(f, BinaryOp::Sub, beta, ms, ops)?))
         }
-        Affine::Scale(s) => {
-            let s = if f.ty(s).numel() == 1 {
-                s
-            } else {
-                op(
-                    f,
-                    OpKind::Reshape {
-                        shape: vec![channels],
-                    },
-                    &[s],
-                    &scope,
-                    ops,
-                )?
-            };
-            (s, None)
-        }
+        Affine::Scale(s) => (shaped(f, s, &[channels], &scope, ops)?, None),
     };
-    // s as [channels] (a scalar scale broadcasts as it is).
-    let sw = if f.ty(s).numel() == 1 {
-        s
-    } else {
-        op(
-            f,
-            OpKind::Reshape {
-                shape: s_dims.clone(),
-            },
-            &[s],
-            &scope,
-            ops,
-        )?
-    };
+    // s per output channel of the weights (a scalar scale broadcasts as it is).
+    let sw = shaped(f, s, &s_dims, &scope, ops)?;
     let w2 = bin(f, BinaryOp::Mul, l.w, sw, ops)?;
     let y = op(f, kind, &[l.x, w2], &base, ops)?;
     let shift = match (bias_c, t) {
         (None, None) => return Some(y),
         (None, Some(t)) => t,
         (Some(c), t) => {
-            let c = if f.ty(c).numel() == 1 {
-                c
-            } else {
-                op(
-                    f,
-                    OpKind::Reshape {
-                        shape: vec![channels],
-                    },
-                    &[c],
-                    &scope,
-                    ops,
-                )?
-            };
+            let c = shaped(f, c, &[channels], &scope, ops)?;
             let cs = bin(f, BinaryOp::Mul, c, s, ops)?;
             match t {
                 Some(t) => bin(f, BinaryOp::Add, cs, t, ops)?,
@@ -547,11 +530,7 @@ fn build(f: &mut Function, l: &Layer, a: &Affine, ops: &mut Vec<Op>) -> Option<V
             }
         }
     };
-    let shift = if f.ty(shift).numel() == 1 {
-        shift
-    } else {
-        op(f, OpKind::Reshape { shape: b_dims }, &[shift], &scope, ops)?
-    };
+    let shift = shaped(f, shift, &b_dims, &scope, ops)?;
     op(
         f,
         OpKind::Binary(BinaryOp::Add),
