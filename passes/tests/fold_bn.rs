@@ -177,3 +177,20 @@ fn what_must_not_fold_is_left() {
         );
     }
 }
+
+/// Options that make no sense are errors naming them.
+#[test]
+fn bad_options_are_named() {
+    let err = |text: &str| tcc_passes::Pipeline::parse(text).unwrap_err().message;
+    assert!(
+        err("fold-bn{freeze-delay=5}")
+            .contains("`freeze-delay` and `decay` apply with `training=true`")
+    );
+    assert!(err("fold-bn{training=true,freeze-delay=-1}").contains("non-negative integer"));
+    assert!(err("fold-bn{training=true,decay=1.5}").contains("must be in [0, 1)"));
+    assert!(err("fold-bn{training=maybe}").contains("must be true or false"));
+    assert!(err("fold-bn{budget=3}").contains("valid options are: training, freeze-delay, decay"));
+    assert!(
+        tcc_passes::Pipeline::parse("fold-bn{training=true,freeze-delay=200,decay=0.99}").is_ok()
+    );
+}
