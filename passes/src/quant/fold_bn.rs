@@ -18,14 +18,12 @@
 //! own kernel; duplicating the layer would cost a second convolution. Ops with control
 //! dependencies are left alone too.
 
+use super::Emit;
 use crate::manager::{OptionInfo, Options, Pass};
 use std::collections::HashMap;
 use tcc_ir::edit::Users;
 use tcc_ir::interp::{ConstArg, fold};
-use tcc_ir::typing::infer;
-use tcc_ir::{
-    BinaryOp, DType, Data, Function, Literal, Op, OpKind, Tensor, TensorType, UnaryOp, Value,
-};
+use tcc_ir::{BinaryOp, Function, Literal, Op, OpKind, Tensor, UnaryOp, Value};
 
 /// The options `fold-bn` accepts.
 pub const OPTIONS: &[OptionInfo] = &[
@@ -190,10 +188,11 @@ pub fn fold_bn(f: &mut Function) -> FoldStats {
             }
             continue;
         };
-        let mut new_ops = Vec::new();
-        let folded = build(f, &l, &affine, &mut new_ops);
+        let mut e = Emit { f, ops: Vec::new() };
+        let folded = build(&mut e, &l, &affine);
+        let new_ops = e.ops;
         match folded {
-            Some(v) => {
+            Ok(v) => {
                 let old = f.op(l.op).results[0];
                 let new_layer = new_ops
                     .iter()
@@ -209,7 +208,7 @@ pub fn fold_bn(f: &mut Function) -> FoldStats {
                     Affine::Scale(_) => stats.scales += 1,
                 }
             }
-            None => {
+            Err(_) => {
                 // Nothing was scheduled; the unscheduled ops are dropped with the dead ones.
                 stats.left.push(format!(
                     "%{}: its operands' types do not allow folding",
@@ -337,76 +336,21 @@ fn f64s(t: &Tensor) -> Vec<f64> {
         .collect()
 }
 
-/// A constant named `name` of `dtype` and `dims` holding `v` (rounded once to `dtype`),
-/// scheduled later.
-fn constant(
-    f: &mut Function,
-    name: &str,
-    (dtype, dims): (DType, &[u64]),
-    v: Vec<f64>,
-    ops: &mut Vec<Op>,
-) -> Value {
-    let value = match (dtype, dims) {
-        (_, []) => Literal::Splat(tcc_ir::Scalar::from_f64(dtype, v[0])),
-        (DType::F64, _) => Literal::Dense(Data::F64(v)),
-        _ => Literal::Dense(Data::F32(v.into_iter().map(|x| x as f32).collect())),
-    };
-    let ty = TensorType::new(dtype, dims.to_vec()).expect("the shape of an existing value");
-    let name = f.unique_name(name);
-    let op = f.create_op(
-        OpKind::Const {
-            ty: ty.clone(),
-            value,
-        },
-        vec![],
-        vec![ty],
-        &[&name],
-    );
-    ops.push(op);
-    f.op(op).results[0]
-}
-
-/// An op of `kind` on `args` (types inferred), scheduled later; `None` if the types do not fit.
-fn op(
-    f: &mut Function,
-    kind: OpKind,
-    args: &[Value],
-    name: &str,
-    ops: &mut Vec<Op>,
-) -> Option<Value> {
-    let tys: Vec<&TensorType> = args.iter().map(|&a| f.ty(a)).collect();
-    let out = infer(&kind, &tys).ok()?;
-    let name = f.unique_name(name);
-    let op = f.create_op(kind, args.to_vec(), out, &[&name]);
-    ops.push(op);
-    Some(f.op(op).results[0])
-}
-
 /// `v` reshaped to `dims` (a one-element `v` as it is: it broadcasts), scheduled later.
-fn shaped(
-    f: &mut Function,
-    v: Value,
-    dims: &[u64],
-    name: &str,
-    ops: &mut Vec<Op>,
-) -> Option<Value> {
-    if f.ty(v).numel() == 1 {
-        return Some(v);
+fn shaped(e: &mut Emit, v: Value, dims: &[u64], name: &str) -> Result<Value, String> {
+    if e.f.ty(v).numel() == 1 {
+        return Ok(v);
     }
-    op(
-        f,
-        OpKind::Reshape {
-            shape: dims.to_vec(),
-        },
-        &[v],
-        name,
-        ops,
-    )
+    let reshape = OpKind::Reshape {
+        shape: dims.to_vec(),
+    };
+    e.op(reshape, &[v], name)
 }
 
-/// Builds the folded layer: its new ops go to `ops` (in order); the value replacing the
-/// batch norm or scale is returned.
-fn build(f: &mut Function, l: &Layer, a: &Affine, ops: &mut Vec<Op>) -> Option<Value> {
+/// Builds the folded layer: its new ops go to `e.ops` (in order); the value replacing the
+/// batch norm or scale is returned, or an error if the operands' types do not fit.
+fn build(e: &mut Emit, l: &Layer, a: &Affine) -> Result<Value, String> {
+    let f = &*e.f;
     let z = f.op(l.op).results[0];
     let dtype = f.ty(z).dtype();
     let zd = f.ty(z).dims().to_vec();
@@ -476,27 +420,18 @@ fn build(f: &mut Function, l: &Layer, a: &Affine, ops: &mut Vec<Op>) -> Option<V
                 c * s[k] + t[k]
             })
             .collect();
-        let w2 = constant(f, &format!("{base}/weights"), (dtype, &wd), w2, ops);
-        let y = op(f, kind, &[l.x, w2], &base, ops)?;
+        let w2 = e.constant(dtype, &wd, w2, &format!("{base}/weights"))?;
+        let y = e.op(kind, &[l.x, w2], &base)?;
         let needs_bias = b2.iter().any(|&v| v != 0.0) || l.bias.is_some();
         if !needs_bias {
-            return Some(y);
+            return Ok(y);
         }
-        let b2 = constant(f, &format!("{base}/bias"), (dtype, &b_dims), b2, ops);
-        return op(
-            f,
-            OpKind::Binary(BinaryOp::Add),
-            &[y, b2],
-            &format!("{base}/bias"),
-            ops,
-        );
+        let b2 = e.constant(dtype, &b_dims, b2, &format!("{base}/bias"))?;
+        return e.bin(BinaryOp::Add, y, b2, &format!("{base}/bias"));
     }
 
     // The symbolic case: the same formulas as ops.
     let scope = format!("{base}/fold-bn");
-    let bin = |f: &mut Function, o: BinaryOp, x: Value, y: Value, ops: &mut Vec<Op>| {
-        op(f, OpKind::Binary(o), &[x, y], &scope, ops)
-    };
     let (s, t) = match *a {
         Affine::Norm {
             gamma,
@@ -505,37 +440,31 @@ fn build(f: &mut Function, l: &Layer, a: &Affine, ops: &mut Vec<Op>) -> Option<V
             var,
             eps,
         } => {
-            let e = constant(f, &format!("{scope}/eps"), (dtype, &[]), vec![eps], ops);
-            let ve = bin(f, BinaryOp::Add, var, e, ops)?;
-            let r = op(f, OpKind::Unary(UnaryOp::Sqrt), &[ve], &scope, ops)?;
-            let s = bin(f, BinaryOp::Div, gamma, r, ops)?;
-            let ms = bin(f, BinaryOp::Mul, mean, s, ops)?;
-            (s, Some(bin(f, BinaryOp::Sub, beta, ms, ops)?))
+            let eps = e.scalar(dtype, eps, &format!("{scope}/eps"))?;
+            let ve = e.bin(BinaryOp::Add, var, eps, &scope)?;
+            let r = e.op(OpKind::Unary(UnaryOp::Sqrt), &[ve], &scope)?;
+            let s = e.bin(BinaryOp::Div, gamma, r, &scope)?;
+            let ms = e.bin(BinaryOp::Mul, mean, s, &scope)?;
+            (s, Some(e.bin(BinaryOp::Sub, beta, ms, &scope)?))
         }
-        Affine::Scale(s) => (shaped(f, s, &[channels], &scope, ops)?, None),
+        Affine::Scale(s) => (shaped(e, s, &[channels], &scope)?, None),
     };
     // s per output channel of the weights (a scalar scale broadcasts as it is).
-    let sw = shaped(f, s, &s_dims, &scope, ops)?;
-    let w2 = bin(f, BinaryOp::Mul, l.w, sw, ops)?;
-    let y = op(f, kind, &[l.x, w2], &base, ops)?;
+    let sw = shaped(e, s, &s_dims, &scope)?;
+    let w2 = e.bin(BinaryOp::Mul, l.w, sw, &scope)?;
+    let y = e.op(kind, &[l.x, w2], &base)?;
     let shift = match (bias_c, t) {
-        (None, None) => return Some(y),
+        (None, None) => return Ok(y),
         (None, Some(t)) => t,
         (Some(c), t) => {
-            let c = shaped(f, c, &[channels], &scope, ops)?;
-            let cs = bin(f, BinaryOp::Mul, c, s, ops)?;
+            let c = shaped(e, c, &[channels], &scope)?;
+            let cs = e.bin(BinaryOp::Mul, c, s, &scope)?;
             match t {
-                Some(t) => bin(f, BinaryOp::Add, cs, t, ops)?,
+                Some(t) => e.bin(BinaryOp::Add, cs, t, &scope)?,
                 None => cs,
             }
         }
     };
-    let shift = shaped(f, shift, &b_dims, &scope, ops)?;
-    op(
-        f,
-        OpKind::Binary(BinaryOp::Add),
-        &[y, shift],
-        &format!("{base}/bias"),
-        ops,
-    )
+    let shift = shaped(e, shift, &b_dims, &scope)?;
+    e.bin(BinaryOp::Add, y, shift, &format!("{base}/bias"))
 }

@@ -18,7 +18,8 @@ pub use quantize::{Quantize, QuantizeStats};
 
 use tcc_ir::typing::infer;
 use tcc_ir::{
-    BinaryOp, DType, Function, Literal, Op, OpKind, ReduceOp, Scalar, TensorType, UnaryOp, Value,
+    BinaryOp, DType, Data, Function, Literal, Op, OpKind, ReduceOp, Scalar, TensorType, UnaryOp,
+    Value,
 };
 
 /// The value a state parameter these passes add starts at, TensorFlow's: `quant/<v>/min` and
@@ -74,9 +75,25 @@ impl Emit<'_> {
     }
 
     pub fn scalar(&mut self, dtype: DType, x: f64, name: &str) -> Result<Value, String> {
-        let ty = TensorType::scalar(dtype);
-        let lit = Literal::Splat(Scalar::from_f64(dtype, x));
-        self.op(OpKind::Const { ty, value: lit }, &[], name)
+        self.constant(dtype, &[], vec![x], name)
+    }
+
+    /// A constant of `dtype` and `dims` holding `v` (rounded once to `dtype`, a float type).
+    pub fn constant(
+        &mut self,
+        dtype: DType,
+        dims: &[u64],
+        v: Vec<f64>,
+        name: &str,
+    ) -> Result<Value, String> {
+        let value = match (dtype, dims) {
+            (_, []) => Literal::Splat(Scalar::from_f64(dtype, v[0])),
+            (DType::F64, _) => Literal::Dense(Data::F64(v)),
+            _ => Literal::Dense(Data::F32(v.into_iter().map(|x| x as f32).collect())),
+        };
+        let ty =
+            TensorType::new(dtype, dims.to_vec()).map_err(|e| format!("internal error: {e}"))?;
+        self.op(OpKind::Const { ty, value }, &[], name)
     }
 
     pub fn bin(&mut self, op: BinaryOp, a: Value, b: Value, name: &str) -> Result<Value, String> {
