@@ -100,9 +100,12 @@ impl Emit<'_> {
         self.op(OpKind::Binary(op), &[a, b], name)
     }
 
-    /// `min(x)` widened to include zero, over `axes` (kept as 1).
+    /// `min(x)` and `max(x)` widened to include zero, over `axes` (kept as 1). The range carries
+    /// no gradient back to `x`: TensorFlow assigns it to a variable before the fake quantization
+    /// reads it (`LastValueQuantize`, `MovingAvgQuantize`), and an assignment has none.
     pub fn range(&mut self, x: Value, axes: &[i64], name: &str) -> Result<(Value, Value), String> {
         let dt = self.f.ty(x).dtype();
+        let x = self.op(OpKind::StopGradient, &[x], name)?;
         let reduce = |e: &mut Self, v: Value, n: &str| {
             e.op(
                 OpKind::Reduce {
