@@ -39,6 +39,8 @@ pub struct TrainArgs<'a> {
     pub every: usize,
     /// A `remat` pass run on the step after `grad` and the optimizer, if any.
     pub remat: Option<&'a Remat>,
+    /// Directory of held-out data (the same names as `data`), evaluated after training.
+    pub eval: Option<&'a str>,
 }
 
 /// A file name for a value: characters outside `[A-Za-z0-9_.-]` become `_`.
@@ -430,7 +432,7 @@ pub fn train(
     // ranges of `quantize`), which a later run needs as much.
     let own_state =
         |name: &str| (f.results().iter()).any(|&r| f.name(r).strip_prefix("new/") == Some(name));
-    let trained_values = sources
+    let trained_values: Vec<(String, Tensor)> = sources
         .iter()
         .zip(inputs)
         .zip(step_fn.params())
@@ -440,7 +442,87 @@ pub fn train(
         })
         .map(|((_, t), &p)| (step_fn.name(p).to_string(), t))
         .collect();
+    if let Some(dir) = args.eval {
+        evaluate(f, &data_names, &trained_values, Path::new(dir), out)?;
+    }
     Ok(trained_values)
+}
+
+/// Runs the loss function `f` on every mini-batch of the held-out data in `dir` with the trained
+/// parameters and state (`values`), and prints the mean of each scalar result over the batches.
+/// The state is read, not updated: a folded batch norm past its freeze normalises with the moving
+/// statistics, quantization uses the learned ranges.
+fn evaluate(
+    f: &Function,
+    data_names: &[String],
+    values: &[(String, Tensor)],
+    dir: &Path,
+    out: &mut dyn Write,
+) -> Result<(), String> {
+    let exe = tcc_codegen::Executable::compile(f).map_err(|e| format!("error: --eval: {e}"))?;
+    let mut feeds: Vec<(usize, Feed)> = Vec::new();
+    let mut inputs: Vec<Tensor> = Vec::with_capacity(f.params().len());
+    for (i, &p) in f.params().iter().enumerate() {
+        let name = f.name(p);
+        if data_names.iter().any(|n| n == name) {
+            let path = dir.join(format!("{}.npy", file_stem(name)));
+            if !path.exists() {
+                return Err(format!(
+                    "error: --eval {}: no `{}.npy` for the data parameter `{name}`; the held-out directory needs every array the training data has",
+                    dir.display(),
+                    file_stem(name)
+                ));
+            }
+            let feed = Feed::new(name, &path, f.ty(p))?;
+            inputs.push(feed.get(0));
+            feeds.push((i, feed));
+        } else {
+            let (_, t) = values
+                .iter()
+                .find(|(n, _)| n == name)
+                .expect("every other parameter is trained or carried state");
+            inputs.push(t.clone());
+        }
+    }
+    let batches = feeds
+        .iter()
+        .map(|(_, feed)| feed.batches)
+        .max()
+        .unwrap_or(1);
+    if let Some((i, feed)) = feeds.iter().find(|(_, feed)| feed.batches != batches) {
+        return Err(format!(
+            "error: --eval {}: `{}` holds {} mini-batches but other arrays hold {batches}; give every array the same number of rows",
+            dir.display(),
+            f.name(f.params()[*i]),
+            feed.batches
+        ));
+    }
+    let reported: Vec<(usize, &str)> = (f.results().iter().enumerate())
+        .filter(|&(_, &r)| f.ty(r).rank() == 0 && !f.name(r).starts_with("new/"))
+        .map(|(i, &r)| (i, f.name(r)))
+        .collect();
+    let mut sums = vec![0.0; reported.len()];
+    for b in 0..batches {
+        for (i, feed) in &feeds {
+            inputs[*i] = feed.get(b);
+        }
+        let results = exe
+            .run(&inputs)
+            .map_err(|e| format!("error: --eval, batch {}: {e}", b + 1))?;
+        for (sum, (i, _)) in sums.iter_mut().zip(&reported) {
+            *sum += results[*i].data().get(0).to_f64();
+        }
+    }
+    let line = (reported.iter().zip(&sums))
+        .map(|((_, name), sum)| format!("{name} {:.6}", sum / batches as f64))
+        .collect::<Vec<_>>()
+        .join("  ");
+    let _ = writeln!(
+        out,
+        "eval: {batches} held-out batches from {}: mean {line}",
+        dir.display()
+    );
+    Ok(())
 }
 
 fn scalar_text(t: &Tensor) -> String {

@@ -46,6 +46,11 @@ pub(crate) struct Args {
     /// options of `fold-bn{training=true,...}`, as in `--fold-bn 'freeze-delay=200'` (or `''`).
     #[arg(long, value_name = "OPTIONS")]
     pub fold_bn: Option<String>,
+    /// A directory of held-out data, named as in --data: after training, the loss function runs
+    /// on each of its mini-batches with the trained parameters and state, and the mean of each
+    /// scalar result (loss, accuracy) is printed.
+    #[arg(long, value_name = "DIR")]
+    pub eval: Option<String>,
     /// Quantization-aware training: the options of a `quantize` pass run on the loss function
     /// (after `--fold-bn`) before `grad`, as in `--quantize 'bits=8,delay=100'`.
     #[arg(long, value_name = "OPTIONS")]
@@ -64,6 +69,11 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
             )));
         }
     };
+    if a.eval.is_some() && a.data.is_none() {
+        return Err(Error::usage(
+            "error: --eval DIR holds held-out data named as in --data; give --data too",
+        ));
+    }
     let remat = a
         .remat
         .map(|spec| {
@@ -117,6 +127,7 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
         weights: &m.weights.values,
         every: a.every,
         remat: remat.as_ref(),
+        eval: a.eval.as_deref(),
     };
     let trained = train(f, &args, io.stdout, io.stderr).map_err(Error::input)?;
     let Some(save) = a.save.as_deref() else {
