@@ -495,7 +495,10 @@ fn eval_reports_held_out_means_and_refuses_data_that_does_not_fit() {
     // After two steps the network is barely trained: a loss near ln(10), accuracy a multiple
     // of 1/256 (to the 6 decimals printed).
     assert!(loss > 1.0 && loss < 4.0, "{line}");
-    assert!(((acc * 256.0) - (acc * 256.0).round()).abs() < 1e-3, "{line}");
+    assert!(
+        ((acc * 256.0) - (acc * 256.0).round()).abs() < 1e-3,
+        "{line}"
+    );
     let (code, _, err) = tcc(&[
         "train",
         "examples/digits_cnn.tir",
