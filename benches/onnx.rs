@@ -1,7 +1,9 @@
-//! ONNX models through tcc against onnxruntime, in the same run: torchvision resnet18 and
-//! mobilenet_v2 with random weights, with batch norm folded by the exporter and kept (`_bn`,
-//! which tcc's inference pipeline then folds), exported by `benches/onnx_peer.py` into
-//! `target/onnx-bench/` (once), at batch 1. onnxruntime gets as many intra-op threads as tcc's
+//! ONNX models through tcc against onnxruntime, in the same run: torchvision resnet18,
+//! mobilenet_v2 and efficientnet_b0 with random weights, with batch norm folded by the exporter
+//! and kept (`_bn`, which tcc's inference pipeline then folds), exported by
+//! `benches/onnx_peer.py` into `target/onnx-bench/` (once), at batch 1. For the `_bn` models the
+//! folded function must also match the unfolded one (tcc without the pipeline) within 1e-5 of
+//! the largest logit, and no batch norm may be left. onnxruntime gets as many intra-op threads as tcc's
 //! thread pool has. tcc's result must match onnxruntime's before it is timed. This VM's speed
 //! drifts over seconds, so the two are timed in alternating rounds (onnxruntime, then tcc, three
 //! times) and each keeps its best.
@@ -34,6 +36,22 @@ fn f32s(t: &Tensor) -> &[f32] {
     }
 }
 
+/// The models, as `benches/onnx_peer.py` names them.
+const MODELS: [&str; 6] = [
+    "resnet18",
+    "mobilenet_v2",
+    "efficientnet_b0",
+    "resnet18_bn",
+    "mobilenet_v2_bn",
+    "efficientnet_b0_bn",
+];
+
+/// The largest difference between `got` and `want`, over `want`'s largest magnitude.
+fn rel_err(got: &Tensor, want: &Tensor) -> f32 {
+    let scale = f32s(want).iter().fold(0f32, |a, &b| a.max(b.abs()));
+    (f32s(got).iter().zip(f32s(want))).fold(0f32, |a, (&g, &w)| a.max((g - w).abs() / scale))
+}
+
 fn main() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dir = root.join("target/onnx-bench");
@@ -63,12 +81,13 @@ fn main() {
         "ONNX models at batch 1, {threads} threads; best of {ROUNDS} alternating rounds of {RUNS} runs"
     );
     println!(
-        "{:<14} {:>10} {:>10} {:>9} {:>12}",
-        "model", "tcc ms", "ort ms", "tcc/ort", "max rel err"
+        "{:<18} {:>10} {:>10} {:>9} {:>12} {:>12}",
+        "model", "tcc ms", "ort ms", "tcc/ort", "err vs ort", "err vs -O0"
     );
-    for name in ["resnet18", "mobilenet_v2", "resnet18_bn", "mobilenet_v2_bn"] {
+    for name in MODELS {
         let mut m = tcc::onnx::import_file(&dir.join(format!("{name}.onnx")), &Default::default())
             .unwrap_or_else(|e| panic!("{e}"));
+        let unoptimized = m.clone();
         // The inference pipeline, as `tcc run` and `Program::from_onnx` run it: batch norm folds.
         let pipeline = tcc::passes::Pipeline::parse(tcc::passes::INFERENCE_PIPELINE).unwrap();
         tcc::passes::PassManager::new(pipeline)
@@ -88,14 +107,20 @@ fn main() {
         let x = load_npy(&dir.join(format!("{name}_input.npy")));
         let want = load_npy(&dir.join(format!("{name}_output.npy")));
         let got = exe.run(std::slice::from_ref(&x)).unwrap();
-        let scale = f32s(&want).iter().fold(0f32, |a, &b| a.max(b.abs()));
-        let err = f32s(&got[0])
-            .iter()
-            .zip(f32s(&want))
-            .fold(0f32, |a, (&g, &w)| a.max((g - w).abs() / scale));
+        let err = rel_err(&got[0], &want);
         assert!(
             err < 1e-4,
             "{name}: tcc and onnxruntime differ ({err:e} of the largest logit)"
+        );
+        // Folding must not change results: the same model without the pipeline.
+        let unfolded = tcc::codegen::compile(&cpu, &unoptimized.functions[0])
+            .unwrap()
+            .run(std::slice::from_ref(&x))
+            .unwrap();
+        let fold_err = rel_err(&got[0], &unfolded[0]);
+        assert!(
+            fold_err < 1e-5,
+            "{name}: folding batch norm changed the logits by {fold_err:e} of the largest"
         );
         let mut t = std::time::Duration::MAX;
         let mut ort = f64::INFINITY;
@@ -113,11 +138,12 @@ fn main() {
             ));
         }
         println!(
-            "{name:<14} {:>10.2} {:>10.2} {:>9.2} {:>12.1e}",
+            "{name:<18} {:>10.2} {:>10.2} {:>9.2} {:>12.1e} {:>12.1e}",
             t.as_secs_f64() * 1e3,
             ort * 1e3,
             t.as_secs_f64() / ort,
-            err
+            err,
+            fold_err
         );
         if let Some(p) = exe.profile() {
             eprint!("{p}");

@@ -11,7 +11,8 @@ import json, os, sys, time
 
 # `_bn`: the same models exported with batch norm kept (no constant folding, training mode
 # preserved), as exporters leave them when asked to keep the graph trainable.
-MODELS = ["resnet18", "mobilenet_v2", "resnet18_bn", "mobilenet_v2_bn"]
+MODELS = ["resnet18", "mobilenet_v2", "efficientnet_b0", "resnet18_bn", "mobilenet_v2_bn",
+          "efficientnet_b0_bn"]
 
 
 def export(d):
