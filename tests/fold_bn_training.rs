@@ -82,6 +82,34 @@ fn close(a: &[f64], b: &[f64], rel: f64, what: &str) {
     );
 }
 
+/// A dense layer reshaped to 4-D for its batch norm (TensorFlow's MatMul -> Reshape ->
+/// FusedBatchNorm) folds too, and before the freeze still computes batch norm.
+#[test]
+fn a_dense_layer_through_a_reshape_folds() {
+    let f = parse_function(
+        "func @f(%x: f32[6,5], %w: f32[5,3], %g: f32[3], %b: f32[3]) -> (f32[6,3,1,1]) {
+  %z = matmul %x, %w : f32[6,3]
+  %y = reshape %z {shape=[6,3,1,1]} : f32[6,3,1,1]
+  %n, %mean, %var = batch_norm_train %y, %g, %b : f32[6,3,1,1], f32[3], f32[3]
+  return %n
+}",
+    )
+    .unwrap();
+    let mut g = f.clone();
+    let t = Training {
+        freeze_delay: Some(100),
+        decay: 0.9,
+    };
+    assert_eq!(fold_bn_training(&mut g, &t).unwrap().batch_norms, 1);
+    tcc::ir::verify_function(&g).unwrap_or_else(|d| panic!("{d}\n{g}"));
+    let x = inputs(&f, 4);
+    let mut xg = x.clone();
+    xg.extend(state(false, 0.0));
+    let want = interp::run(&f, &x).unwrap();
+    let got = interp::run(&g, &xg).unwrap();
+    close(&floats(&got[0]), &floats(&want[0]), 1e-5, "output");
+}
+
 #[test]
 fn before_the_freeze_it_is_batch_norm() {
     let (f, g) = folded("f32", Some(100));

@@ -114,6 +114,56 @@ fn grouped_and_depthwise_convolutions_and_dense_layers() {
     }
 }
 
+/// A reshape between the layer and the batch norm that keeps the batch and channel axes, as
+/// TensorFlow feeds a dense layer to its fused (4-D) batch norm, or a convolution's spatial
+/// axes flattened for a 3-D batch norm: the folded layer is reshaped the same way. With
+/// constant and with parameter weights, with and without a bias.
+#[test]
+fn through_a_reshape_that_keeps_the_channels() {
+    let dense = |w: &str, bias: &str| {
+        let (z, add) = if bias.is_empty() {
+            ("%z", String::new())
+        } else {
+            (
+                "%zb",
+                format!("  %c = const {{value={bias}}} : f32[4]\n  %zb = add %z, %c : f32[3,4]\n"),
+            )
+        };
+        format!(
+            "func @f(%x: f32[3,5]{w}) -> (f32[3,4,1,1]) {{\n{STATS}\n{}  %z = matmul %x, %w : f32[3,4]\n{add}  %r = reshape {z} {{shape=[3,4,1,1]}} : f32[3,4,1,1]\n  %n = batch_norm %r, %g, %b, %m, %v : f32[3,4,1,1]\n  return %n\n}}",
+            if w.is_empty() {
+                "  %w0 = const {value=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8, 1.9, 2.0]} : f32[20]\n  %w = reshape %w0 {shape=[5,4]} : f32[5,4]\n"
+            } else {
+                ""
+            }
+        )
+    };
+    let flat = format!(
+        "func @f(%x: f32[2,3,5,5], %w: f32[4,3,3,3]) -> (f32[2,4,9]) {{\n{STATS}\n  %y = conv2d %x, %w : f32[2,4,3,3]\n  %r = reshape %y {{shape=[2,4,9]}} : f32[2,4,9]\n  %n = batch_norm %r, %g, %b, %m, %v : f32[2,4,9]\n  return %n\n}}"
+    );
+    for src in [
+        dense("", ""),
+        dense(", %w: f32[5,4]", ""),
+        dense("", "[1.0, -1.0, 0.5, 2.0]"),
+        dense(", %w: f32[5,4]", "[1.0, -1.0, 0.5, 2.0]"),
+        flat,
+    ] {
+        let (stats, left, g) = check(&src);
+        assert_eq!((stats.batch_norms, left), (1, 0), "{g}");
+        let layers = (g.schedule().iter())
+            .filter(|&&op| matches!(g.op(op).kind, OpKind::MatMul | OpKind::Conv2d(_)))
+            .count();
+        assert_eq!(layers, 1, "{g}");
+    }
+    // A reshape that moves the channels ([3,4] as [3,2,2]: axis 1 is no longer the columns)
+    // is not looked through.
+    let moved = format!(
+        "func @f(%x: f32[3,5], %w: f32[5,4]) -> (f32[3,2,2]) {{\n  %g = const {{value=[0.5, 1.5]}} : f32[2]\n  %b = const {{value=[0.1, -0.2]}} : f32[2]\n  %m = const {{value=[0.05, -0.5]}} : f32[2]\n  %v = const {{value=[1.0, 0.25]}} : f32[2]\n  %z = matmul %x, %w : f32[3,4]\n  %r = reshape %z {{shape=[3,2,2]}} : f32[3,2,2]\n  %n = batch_norm %r, %g, %b, %m, %v : f32[3,2,2]\n  return %n\n}}"
+    );
+    let (stats, left, g) = check(&moved);
+    assert_eq!((stats.batch_norms, left), (0, 1), "{g}");
+}
+
 /// Weights or statistics that are parameters fold as ops: the scale stays in the graph and the
 /// convolution reads one weight tensor.
 #[test]

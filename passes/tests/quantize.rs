@@ -230,3 +230,37 @@ fn per_channel_weight_ranges() {
         .collect();
     assert_eq!(floats(&out[0]), expect);
 }
+
+/// After `fold-bn{training=true}` of a dense layer reshaped to 4-D for its batch norm, the
+/// layer kept for the batch statistics is left float, the folded layer's weights are quantized,
+/// and its activation is quantized after the reshape, the corrections and the relu.
+#[test]
+fn through_a_reshape_after_training_folding() {
+    let mut f = parse_function(
+        "func @f(%x: f32[6,5], %w: f32[5,3], %g: f32[3], %b: f32[3]) -> (f32[6,3,1,1]) {
+  %z = matmul %x, %w : f32[6,3]
+  %y = reshape %z {shape=[6,3,1,1]} : f32[6,3,1,1]
+  %n, %mean, %var = batch_norm_train %y, %g, %b : f32[6,3,1,1], f32[3], f32[3]
+  %r = relu %n : f32[6,3,1,1]
+  return %r
+}",
+    )
+    .unwrap();
+    let t = tcc_passes::quant::fold_bn::Training {
+        freeze_delay: None,
+        decay: 0.9,
+    };
+    tcc_passes::quant::fold_bn_training::fold_bn_training(&mut f, &t).unwrap();
+    let s = Quantize::default().run(&mut f).unwrap();
+    assert_eq!((s.weights, s.activations), (1, 1), "{f}");
+    let quantized: Vec<String> = (f.schedule().iter())
+        .map(|&op| f.op(op))
+        .filter(|d| matches!(d.kind, tcc_ir::OpKind::FakeQuant { .. }))
+        .map(|d| f.name(d.args[0]).to_string())
+        .collect();
+    assert_eq!(quantized.len(), 2, "{f}");
+    assert!(quantized.contains(&"r".to_string()), "{quantized:?}\n{f}");
+    // The statistics layer reads the float weights.
+    let z = f.def_op(f.lookup("z").unwrap()).unwrap();
+    assert_eq!(f.name(f.op(z).args[1]), "w", "{f}");
+}

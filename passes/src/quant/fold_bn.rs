@@ -126,6 +126,10 @@ pub(crate) struct Layer {
     pub w: Value,
     /// The bias add between the layer and the batch norm, and the bias.
     pub bias: Option<(Op, Value)>,
+    /// The dims of a reshape between them (after the bias) that keeps the batch and channel
+    /// axes, as TensorFlow reshapes a dense layer's output to 4-D for its fused batch norm: the
+    /// folded layer is reshaped the same way.
+    pub reshape: Option<Vec<u64>>,
 }
 
 /// What is folded: `y * scale + shift` per channel.
@@ -271,12 +275,26 @@ pub(crate) fn per_channel_operands(f: &Function, a: Value, b: Value) -> Option<(
 }
 
 /// The layer `y` comes from, if a fold may rewrite it: `conv2d` or 2-D `matmul`, optionally
-/// plus a per-channel bias, each read only by the next step.
+/// plus a per-channel bias, optionally reshaped keeping the batch and channel axes (the first
+/// two), each read only by the next step.
 pub(crate) fn layer(f: &Function, users: &Users, y: Value) -> Option<Layer> {
     let only_reader = |v: Value| users.uses(v).len() == 1 && !users.is_returned(v);
     if !only_reader(y) {
         return None;
     }
+    let d = f.op(f.def_op(y)?);
+    if !d.deps.is_empty() {
+        return None;
+    }
+    let (y, reshape) = match d.kind {
+        OpKind::Reshape { .. } => {
+            if !keeps_channels(f.ty(d.args[0]).dims(), f.ty(y).dims()) || !only_reader(d.args[0]) {
+                return None;
+            }
+            (d.args[0], Some(f.ty(y).dims().to_vec()))
+        }
+        _ => (y, None),
+    };
     let d = f.op(f.def_op(y)?);
     if !d.deps.is_empty() {
         return None;
@@ -306,7 +324,29 @@ pub(crate) fn layer(f: &Function, users: &Users, y: Value) -> Option<Layer> {
         x: l.args[0],
         w: l.args[1],
         bias,
+        reshape,
     })
+}
+
+/// Whether a reshape from `from` to `to` keeps the batch and channel axes (the first two) where
+/// they are, so that a per-channel scale or bias applies the same before and after it.
+pub(crate) fn keeps_channels(from: &[u64], to: &[u64]) -> bool {
+    from.len() >= 2 && to.len() >= 2 && from[..2] == to[..2]
+}
+
+/// The reshape of `v` that keeps the batch and channel axes, when it is `v`'s only reader;
+/// otherwise `v`.
+pub(crate) fn through_reshape(f: &Function, users: &Users, v: Value) -> Value {
+    if users.uses(v).len() != 1 || users.is_returned(v) {
+        return v;
+    }
+    let d = f.op(users.uses(v)[0].0);
+    match d.kind {
+        OpKind::Reshape { .. } if keeps_channels(f.ty(v).dims(), f.ty(d.results[0]).dims()) => {
+            d.results[0]
+        }
+        _ => v,
+    }
 }
 
 /// `v`'s value if constants alone define it (a constant, or a transpose or reshape of one, as
@@ -336,9 +376,10 @@ fn f64s(t: &Tensor) -> Vec<f64> {
         .collect()
 }
 
-/// `v` reshaped to `dims` (a one-element `v` as it is: it broadcasts), scheduled later.
+/// `v` reshaped to `dims` (a one-element `v` as it is: it broadcasts; one of those dims as it
+/// is), scheduled later.
 fn shaped(e: &mut Emit, v: Value, dims: &[u64], name: &str) -> Result<Value, String> {
-    if e.f.ty(v).numel() == 1 {
+    if e.f.ty(v).numel() == 1 || e.f.ty(v).dims() == dims {
         return Ok(v);
     }
     let reshape = OpKind::Reshape {
@@ -350,6 +391,24 @@ fn shaped(e: &mut Emit, v: Value, dims: &[u64], name: &str) -> Result<Value, Str
 /// Builds the folded layer: its new ops go to `e.ops` (in order); the value replacing the
 /// batch norm or scale is returned, or an error if the operands' types do not fit.
 fn build(e: &mut Emit, l: &Layer, a: &Affine) -> Result<Value, String> {
+    let y = build_layer(e, l, a)?;
+    match &l.reshape {
+        None => Ok(y),
+        Some(dims) => {
+            let name = format!("{}/reshape", e.f.name(y));
+            e.op(
+                OpKind::Reshape {
+                    shape: dims.clone(),
+                },
+                &[y],
+                &name,
+            )
+        }
+    }
+}
+
+/// [`build`] up to the reshape, in the layer's own layout.
+fn build_layer(e: &mut Emit, l: &Layer, a: &Affine) -> Result<Value, String> {
     let f = &*e.f;
     let z = f.op(l.op).results[0];
     let dtype = f.ty(z).dtype();

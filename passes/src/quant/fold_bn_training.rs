@@ -100,6 +100,16 @@ pub fn fold_bn_training(f: &mut Function, t: &Training) -> Result<FoldStats, Str
         let s_w = e.op(OpKind::Reshape { shape: w_dims }, &[s_mv], &scope)?;
         let w2 = bin(&mut e, BinaryOp::Mul, l.w, s_w)?;
         let z = e.op(kind, &[l.x, w2], &format!("{name}/layer"))?;
+        let z = match &l.reshape {
+            Some(dims) => e.op(
+                OpKind::Reshape {
+                    shape: dims.clone(),
+                },
+                &[z],
+                &scope,
+            )?,
+            None => z,
+        };
         // Before the freeze: * sigma_mv / sigma_b, + beta - mean_b * gamma / sigma_b.
         let recip = bin(&mut e, BinaryOp::Div, sigma_mv, sigma_b)?;
         let s_b = bin(&mut e, BinaryOp::Div, gamma, sigma_b)?;

@@ -22,6 +22,7 @@
 //!   layers' scopes.
 
 use super::Emit;
+use super::fold_bn::through_reshape;
 use crate::manager::{OptionInfo, Options, Pass};
 use tcc_ir::edit::Users;
 use tcc_ir::{BinaryOp, DType, Function, Op, OpKind, TensorType, UnaryOp, Value};
@@ -158,7 +159,7 @@ impl Quantize {
         // A layer whose output only feeds batch statistics (what `fold-bn{training=true}` keeps
         // of the unfolded layer) is not quantized: the statistics are the float layer's.
         let stats_only = |op: Op| {
-            let y = f.op(op).results[0];
+            let y = through_reshape(f, &users, f.op(op).results[0]);
             !users.is_returned(y)
                 && users.uses(y).iter().all(|&(u, _)| {
                     let d = f.op(u);
@@ -406,8 +407,10 @@ fn layer_end(f: &Function, users: &Users, y: Value) -> Value {
     let mut v = y;
     let single = |v: Value| users.uses(v).len() == 1 && !users.is_returned(v);
     // A per-channel scale (`fold-bn`'s correction), then a bias add: the other operand varies
-    // along the channels only.
+    // along the channels only. A reshape keeping the channels (a dense layer's output made 4-D
+    // for its batch norm) may come before either.
     for op_kind in [BinaryOp::Mul, BinaryOp::Add] {
+        v = through_reshape(f, users, v);
         if single(v) {
             let (op, _) = users.uses(v)[0];
             let d = f.op(op);
@@ -420,6 +423,7 @@ fn layer_end(f: &Function, users: &Users, y: Value) -> Value {
         }
     }
     // An unfolded training batch norm: its normalized output.
+    v = through_reshape(f, users, v);
     if single(v) {
         let (op, i) = users.uses(v)[0];
         let d = f.op(op);
