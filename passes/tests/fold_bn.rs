@@ -157,10 +157,8 @@ fn through_a_reshape_that_keeps_the_channels() {
     }
     // A reshape that moves the channels ([3,4] as [3,2,2]: axis 1 is no longer the columns)
     // is not looked through.
-    let moved = format!(
-        "func @f(%x: f32[3,5], %w: f32[5,4]) -> (f32[3,2,2]) {{\n  %g = const {{value=[0.5, 1.5]}} : f32[2]\n  %b = const {{value=[0.1, -0.2]}} : f32[2]\n  %m = const {{value=[0.05, -0.5]}} : f32[2]\n  %v = const {{value=[1.0, 0.25]}} : f32[2]\n  %z = matmul %x, %w : f32[3,4]\n  %r = reshape %z {{shape=[3,2,2]}} : f32[3,2,2]\n  %n = batch_norm %r, %g, %b, %m, %v : f32[3,2,2]\n  return %n\n}}"
-    );
-    let (stats, left, g) = check(&moved);
+    let moved = "func @f(%x: f32[3,5], %w: f32[5,4]) -> (f32[3,2,2]) {\n  %g = const {value=[0.5, 1.5]} : f32[2]\n  %b = const {value=[0.1, -0.2]} : f32[2]\n  %m = const {value=[0.05, -0.5]} : f32[2]\n  %v = const {value=[1.0, 0.25]} : f32[2]\n  %z = matmul %x, %w : f32[3,4]\n  %r = reshape %z {shape=[3,2,2]} : f32[3,2,2]\n  %n = batch_norm %r, %g, %b, %m, %v : f32[3,2,2]\n  return %n\n}";
+    let (stats, left, g) = check(moved);
     assert_eq!((stats.batch_norms, left), (0, 1), "{g}");
 }
 
