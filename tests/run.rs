@@ -363,3 +363,66 @@ fn the_inference_pipeline_runs_first() {
     assert_eq!(code, 2);
     assert!(err.contains("give --passes or -O0, not both"), "{err}");
 }
+
+/// `tcc bench`: compile time split by stage, latency statistics over the timed runs (which are
+/// ordered: min <= median <= p90), throughput, the features the target allows; bad counts are
+/// usage errors.
+#[test]
+fn bench_reports_compile_time_latency_and_features() {
+    let (code, out, err) = tcc(
+        &[
+            "bench",
+            "examples/mlp.tir",
+            "--runs",
+            "7",
+            "--warmup",
+            "1",
+            "--threads",
+            "1",
+            "--target",
+            "host,-avx512f",
+        ],
+        "",
+    );
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 5, "{out}");
+    assert!(lines[0].starts_with("examples/mlp.tir (@mlp): "), "{out}");
+    assert!(
+        lines[1].contains("features used: ") && !lines[1].contains("AVX-512F"),
+        "-avx512f is not used: {out}"
+    );
+    assert!(lines[1].ends_with("; 1 thread"), "{out}");
+    assert!(
+        lines[2].starts_with("compile: ") && lines[2].contains("(load "),
+        "{out}"
+    );
+    let ms = |key: &str| -> f64 {
+        let rest = lines[3]
+            .split(key)
+            .nth(1)
+            .unwrap_or_else(|| panic!("{out}"));
+        rest.split_whitespace().next().unwrap().parse().unwrap()
+    };
+    assert!(
+        lines[3].starts_with("latency over 7 runs (after 1 warm-up): "),
+        "{out}"
+    );
+    let (min, med, p90) = (ms("min "), ms("median "), ms("p90 "));
+    assert!(min > 0.0 && min <= med && med <= p90, "{out}");
+    assert!(
+        lines[4].starts_with("throughput: ") && lines[4].ends_with(" runs/s"),
+        "{out}"
+    );
+    for (args, want) in [
+        (vec!["--runs", "0"], "--runs must be at least 1"),
+        (vec!["--threads", "0"], "--threads must be at least 1"),
+        (vec!["--target", "host,-warp"], "unknown CPU feature `warp`"),
+    ] {
+        let mut all = vec!["bench", "examples/mlp.tir"];
+        all.extend(args);
+        let (code, _, err) = tcc(&all, "");
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains(want), "{err}");
+    }
+}

@@ -1,6 +1,7 @@
 //! Every op of the IR through the CPU runtime against the reference interpreter, at several
 //! shapes: broadcasting, size-1 dims, odd sizes and a large size. Compiled kernels and reference
-//! kernels both run through the same storage and arena, so this also checks the plumbing.
+//! kernels both run through the same storage and arena, so this also checks the plumbing. Each
+//! case runs for the host and for `host,-avx512f` (the AVX2 kernels and GEMM).
 //!
 //! Tolerances: exact for data movement and integer ops; 1e-5 relative for float arithmetic,
 //! which the compiled kernels do in f32 where the interpreter uses f64 (accumulations over up to
@@ -27,17 +28,23 @@ fn case(params: &str, body: &str, out_ty: &str, seed: u64) {
         .map(|&p| random_tensor(f.ty(p), &mut rng))
         .collect();
     let want = tcc_ir::interp::run(&f, &inputs).unwrap_or_else(|e| panic!("{src}\n{e}"));
-    let exe = Executable::compile(&f).unwrap_or_else(|e| panic!("{src}\n{e}"));
-    let got = exe.run(&inputs).unwrap_or_else(|e| panic!("{src}\n{e}"));
-    let ok = match (got[0].data(), want[0].data()) {
-        (Data::F32(p), Data::F32(q)) => p.iter().zip(q).all(|(&x, &y)| close(x as f64, y as f64)),
-        (Data::F64(p), Data::F64(q)) => p.iter().zip(q).all(|(&x, &y)| close(x, y)),
-        (p, q) => p == q,
-    };
-    assert!(
-        ok && got[0].ty() == want[0].ty(),
-        "{src}\ncompiled and interpreted results differ"
-    );
+    // The host with every feature, and without AVX-512 (the AVX2 code and GEMM paths an
+    // AVX2-only CPU runs; the same as the host where it has no AVX-512).
+    for target in [None, Some("host,-avx512f")] {
+        let exe = Executable::compile_for(&f, target).unwrap_or_else(|e| panic!("{src}\n{e}"));
+        let got = exe.run(&inputs).unwrap_or_else(|e| panic!("{src}\n{e}"));
+        let ok = match (got[0].data(), want[0].data()) {
+            (Data::F32(p), Data::F32(q)) => {
+                p.iter().zip(q).all(|(&x, &y)| close(x as f64, y as f64))
+            }
+            (Data::F64(p), Data::F64(q)) => p.iter().zip(q).all(|(&x, &y)| close(x, y)),
+            (p, q) => p == q,
+        };
+        assert!(
+            ok && got[0].ty() == want[0].ty(),
+            "{src}\ntarget {target:?}: compiled and interpreted results differ"
+        );
+    }
 }
 
 const SHAPES: [&str; 4] = ["[1]", "[3,1,5]", "[2,7,9]", "[1031]"];

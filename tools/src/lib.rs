@@ -87,6 +87,11 @@ enum Cmd {
         after_help = "Examples:\n  tcc run examples/mlp.tir\n  tcc run model.onnx --shape input=1,3,224,224\n  tcc run examples/mlp.tir --input x=x.npy --input labels=zeros --output out/ --stats\n\nAn input is PATH.npy, random[:SEED] (floats in [-1,1), integers in [0,8)) or zeros; inputs not\ngiven take their stored values (a `weights \"DIR\"` line) or are random with a fixed seed. With --output, each result is written as DIR/<name>.npy."
     )]
     Run(cmd::run::Args),
+    /// Compile once, run many times, and print the latency (min, median, p90) and throughput.
+    #[command(
+        after_help = "Examples:\n  tcc bench model.onnx --shape input=1,3,224,224 --threads 2\n  tcc bench examples/mlp.tir --runs 200 --target host,-avx512f\n\nInputs, passes and target as in `tcc run` (the inference pipeline unless --passes or -O0).\nCompile time is split into load (parse or ONNX import), passes and code generation."
+    )]
+    Bench(cmd::bench::Args),
     /// Print how each function is cut into kernels and where its values live in the arena.
     #[command(after_help = "Example:\n  tcc plan examples/mlp.tir")]
     Plan(cmd::plan::Args),
@@ -142,6 +147,7 @@ pub fn run(
         Cmd::Opt(a) => cmd::opt::run(a, io),
         Cmd::Import(a) => cmd::import::run(a, io),
         Cmd::Run(a) => cmd::run::run(a, io),
+        Cmd::Bench(a) => cmd::bench::run(a, io),
         Cmd::Plan(a) => cmd::plan::run(a, io),
         Cmd::Grad(a) => cmd::grad::run(a, io),
         Cmd::Train(a) => cmd::train::run(a, io),

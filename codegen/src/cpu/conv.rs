@@ -44,6 +44,8 @@ pub(super) struct Conv {
     group: usize,
     /// A constant filter packed for the f32 GEMM, one per group (forward only).
     packed: Vec<sgemm::PackedA>,
+    /// Whether f32 GEMMs use our AVX-512 kernel ([`super::matmul::own_gemm`]).
+    own: bool,
 }
 
 impl Conv {
@@ -55,6 +57,7 @@ impl Conv {
         attrs: &tcc_ir::Conv2d,
         [x, w, y]: [Value; 3],
         scratch: Option<u64>,
+        own: bool,
     ) -> Conv {
         let dims4 =
             |v: Value| -> [usize; 4] { std::array::from_fn(|i| f.ty(v).dims()[i] as usize) };
@@ -70,11 +73,12 @@ impl Conv {
             yd: dims4(y),
             scratch,
             group: conv_group(f.ty(x).dims()[0], f.ty(y).dims()[2] * f.ty(y).dims()[3]) as usize,
-            packed: if mode == ConvMode::Forward {
+            packed: if mode == ConvMode::Forward && own {
                 pack_filter(f, w, attrs.groups as usize)
             } else {
                 Vec::new()
             },
+            own,
         }
     }
 
@@ -642,7 +646,7 @@ unsafe fn conv_images<T: Copy + Default + std::ops::AddAssign + 'static>(
                 let narrow = wd < 1 << 30 && cv.attrs.strides[1] < 1 << 20;
                 let implicit = cv.mode == ConvMode::Forward
                     && std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
-                    && sgemm::available()
+                    && cv.own
                     && narrow
                     && (scratch.is_some() || !cv.packed.is_empty());
                 if implicit {
@@ -712,6 +716,7 @@ unsafe fn conv_images<T: Copy + Default + std::ops::AddAssign + 'static>(
                         false,
                         one,
                         parallel,
+                        cv.own,
                     ),
                     ConvMode::GradFilter => gemm(
                         og,
@@ -724,6 +729,7 @@ unsafe fn conv_images<T: Copy + Default + std::ops::AddAssign + 'static>(
                         n0 > first,
                         one,
                         parallel,
+                        cv.own,
                     ),
                     ConvMode::GradInput => gemm(
                         kk,
@@ -736,6 +742,7 @@ unsafe fn conv_images<T: Copy + Default + std::ops::AddAssign + 'static>(
                         false,
                         one,
                         parallel,
+                        cv.own,
                     ),
                 }
                 if cv.mode == ConvMode::Forward && b > 1 {

@@ -22,6 +22,8 @@ pub(super) struct MatMul {
     k: usize,
     /// For each output batch, the batch index into `a` and into `b` (batch dims broadcast).
     batches: Vec<(usize, usize)>,
+    /// Whether f32 products use our AVX-512 kernel (the target has AVX-512F).
+    own: bool,
 }
 
 /// For each element of the broadcast batch shape `out`, the flat batch index into `from`.
@@ -47,7 +49,7 @@ fn batch_map(from: &[u64], out: &[u64]) -> Vec<usize> {
 }
 
 /// The step for `r = matmul(a, b)`, reading folded transposes through strides.
-pub(super) fn matmul_step(f: &Function, plan: &Plan, a: Value, b: Value, r: Value) -> MatMul {
+pub(super) fn matmul_step(f: &Function, plan: &Plan, [a, b, r]: [Value; 3], own: bool) -> MatMul {
     let dtype = f.ty(r).dtype();
     let (ad, bd, od) = (f.ty(a).dims(), f.ty(b).dims(), f.ty(r).dims());
     let (m, k, n) = (
@@ -75,7 +77,14 @@ pub(super) fn matmul_step(f: &Function, plan: &Plan, a: Value, b: Value, r: Valu
         n,
         k,
         batches,
+        own,
     }
+}
+
+/// Whether f32 GEMMs compiled for `features` use our AVX-512 kernel: the target has AVX-512F
+/// (a spec such as `host,-avx512f` turns it off) and so does this CPU.
+pub(super) fn own_gemm(features: &super::Features) -> bool {
+    features.avx512f && sgemm::available()
 }
 
 /// Below this many multiply-adds a matmul runs on one thread.
@@ -111,8 +120,9 @@ impl<T> Mat<T> {
 }
 
 /// `C = A · B` (or `C += A · B` with `accumulate`) for a row-major `C` with leading dimension
-/// `ldc` and strided `A`, `B`, through our AVX-512 kernel for f32 where the CPU has it and the
-/// `gemm` crate otherwise. The one place a GEMM is chosen.
+/// `ldc` and strided `A`, `B`, through our AVX-512 kernel for f32 when `own` (the compile target
+/// has AVX-512F, see [`own_gemm`]) and the `gemm` crate otherwise. The one place a GEMM is
+/// chosen.
 ///
 /// # Safety
 /// `a`, `b` and `c` address `m×k`, `k×n` and `m×n` matrices of `T`; `c` overlaps neither input.
@@ -128,8 +138,9 @@ pub(super) unsafe fn gemm<T: Copy + Default + 'static>(
     accumulate: bool,
     one: T,
     parallel: bool,
+    own: bool,
 ) {
-    if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() && sgemm::available() {
+    if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() && own {
         let threads = if parallel {
             rayon::current_num_threads()
         } else {
@@ -290,6 +301,6 @@ unsafe fn matmul_batches<T: Copy + Default + 'static>(
             Mat::rows(pb, n)
         };
         // SAFETY: as above.
-        unsafe { gemm::<T>(m, n, k, ma, mb, pd, n, false, one, true) };
+        unsafe { gemm::<T>(m, n, k, ma, mb, pd, n, false, one, true, mm.own) };
     }
 }

@@ -34,6 +34,7 @@ mod target;
 
 pub use accuracy::max_ulp_error;
 pub use runtime::Profile;
+pub use target::Features;
 
 use crate::backend::{Backend, CompileError, RunError, compile};
 use crate::memory::MemoryPlan;

@@ -82,3 +82,54 @@ pub(crate) fn isa(spec: Option<&str>) -> Result<OwnedTargetIsa, String> {
     isa.finish(settings::Flags::new(flags))
         .map_err(|e| format!("cannot build the target: {e}"))
 }
+
+/// The x86-64 features compiled code may use: the host's, less those a target spec turns off.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Features {
+    /// 256-bit vectors.
+    pub avx: bool,
+    /// 256-bit integer vectors.
+    pub avx2: bool,
+    /// Fused multiply-add.
+    pub fma: bool,
+    /// 512-bit vectors; the own f32 GEMM needs it.
+    pub avx512f: bool,
+    /// AVX-512 VNNI or AVX-VNNI (int8 dot products): reported, not used by any kernel yet.
+    pub vnni: bool,
+}
+
+impl Features {
+    /// The features for a target spec (`None`: the host with everything it has).
+    pub fn of(spec: Option<&str>) -> Result<Features, String> {
+        let isa = isa(spec)?;
+        let on = |name: &str| {
+            (isa.isa_flags().iter()).any(|v| v.name == name && v.as_bool() == Some(true))
+        };
+        #[cfg(target_arch = "x86_64")]
+        let vnni =
+            std::is_x86_feature_detected!("avx512vnni") || std::is_x86_feature_detected!("avxvnni");
+        #[cfg(not(target_arch = "x86_64"))]
+        let vnni = false;
+        Ok(Features {
+            avx: on("has_avx"),
+            avx2: on("has_avx2"),
+            fma: on("has_fma"),
+            avx512f: on("has_avx512f"),
+            vnni,
+        })
+    }
+
+    /// The names of the features code may use, as CPU manuals write them, in a fixed order
+    /// (VNNI, which no kernel uses yet, is not among them).
+    pub fn names(&self) -> Vec<&'static str> {
+        [
+            (self.avx, "AVX"),
+            (self.avx2, "AVX2"),
+            (self.fma, "FMA"),
+            (self.avx512f, "AVX-512F"),
+        ]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect()
+    }
+}

@@ -6,9 +6,9 @@ use tcc_ir::random::{Rng, random_tensor};
 use tcc_ir::{Data, Function, Tensor};
 use tcc_passes::{PassManager, Pipeline};
 
-// The arguments of `tcc run`.
+/// What `tcc run` and `tcc bench` share: the model, its inputs, the passes and the target.
 #[derive(clap::Args, Debug)]
-pub(crate) struct Args {
+pub(crate) struct Model {
     /// The IR file or ONNX model (`-` for stdin).
     pub file: String,
     #[command(flatten)]
@@ -19,22 +19,10 @@ pub(crate) struct Args {
     /// An input: NAME=PATH.npy, NAME=random[:SEED] or NAME=zeros (repeatable).
     #[arg(long = "input", value_name = "NAME=SPEC")]
     pub inputs: Vec<String>,
-    /// Write each result to DIR/<result name>.npy.
-    #[arg(long)]
-    pub output: Option<String>,
-    /// Run with the reference interpreter instead of the compiled code.
-    #[arg(long)]
-    pub interp: bool,
-    /// Print to stderr how the kernels ran (compiled or reference) and the arena size.
-    #[arg(long)]
-    pub stats: bool,
     /// What to compile for: `host` (the default) or the host's target triple, optionally
     /// followed by CPU features to turn off, as in `host,-fma,-avx2`.
     #[arg(long, value_name = "SPEC")]
     pub target: Option<String>,
-    /// Time each compiled step and print to stderr where the time went, largest first.
-    #[arg(long)]
-    pub profile: bool,
     /// The passes run before compiling (default: the inference pipeline,
     /// `canonicalize,fold-bn,cse,dce`).
     #[arg(long, value_name = "PIPELINE")]
@@ -44,7 +32,50 @@ pub(crate) struct Args {
     pub opt_level: Option<String>,
 }
 
-pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
+// The arguments of `tcc run`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct Args {
+    #[command(flatten)]
+    pub model: Model,
+    /// Write each result to DIR/<result name>.npy.
+    #[arg(long)]
+    pub output: Option<String>,
+    /// Run with the reference interpreter instead of the compiled code.
+    #[arg(long)]
+    pub interp: bool,
+    /// Print to stderr how the kernels ran (compiled or reference) and the arena size.
+    #[arg(long)]
+    pub stats: bool,
+    /// Time each compiled step and print to stderr where the time went, largest first.
+    #[arg(long)]
+    pub profile: bool,
+}
+
+/// A model loaded, optimized and given its inputs, ready to compile.
+pub(crate) struct Prepared {
+    /// The file's name as the user gave it.
+    pub name: String,
+    pub module: tcc_ir::Module,
+    /// The index of the chosen function in `module`.
+    pub func: usize,
+    pub inputs: Vec<Tensor>,
+    /// What each pass did.
+    pub runs: Vec<tcc_passes::PassRun>,
+    /// Time to read (or import) the file, and to run the passes.
+    pub load_time: std::time::Duration,
+    pub pass_time: std::time::Duration,
+}
+
+impl Prepared {
+    pub fn function(&self) -> &Function {
+        &self.module.functions[self.func]
+    }
+}
+
+/// Loads the model, runs the pipeline and builds the inputs (`tcc run`'s and `tcc bench`'s
+/// first half).
+pub(crate) fn prepare(a: &Model, io: &mut Io) -> Result<Prepared, Error> {
+    let t0 = std::time::Instant::now();
     let onnx = a.onnx.options()?;
     // `--input NAME=SPEC`, with the .npy files read up front: their shapes bind an ONNX
     // model's dynamic dimensions.
@@ -68,6 +99,7 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
         ..Load::default()
     };
     let (input, mut m) = io.load_with(&a.file, &how)?;
+    let load_time = t0.elapsed();
     let text = match (&a.passes, &a.opt_level) {
         (Some(_), Some(_)) => {
             return Err(Error::usage("error: give --passes or -O0, not both"));
@@ -78,14 +110,11 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
     };
     let pipeline =
         Pipeline::parse(text).map_err(|e| Error::usage(format!("error: --passes: {e}")))?;
+    let t1 = std::time::Instant::now();
     let runs = PassManager::new(pipeline)
         .run(&mut m, &mut std::io::sink())
         .map_err(|e| Error::input(format!("{}: error: {e}", input.name)))?;
-    if a.stats {
-        for r in &runs {
-            let _ = writeln!(io.stderr, "pass {r}");
-        }
-    }
+    let pass_time = t1.elapsed();
     let f = pick_function(&m, a.func.as_deref(), &input.name)?;
     tcc_ir::interp::check_sizes(f).map_err(|e| Error::input(format!("error: {e}")))?;
     let mut given: Vec<Option<&Spec>> = vec![None; f.params().len()];
@@ -112,11 +141,33 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
         })
         .collect::<Result<_, _>>()
         .map_err(Error::input)?;
+    let func = (m.functions.iter())
+        .position(|g| std::ptr::eq(g, f))
+        .expect("picked from the module");
+    Ok(Prepared {
+        name: input.name.clone(),
+        module: m,
+        func,
+        inputs,
+        runs,
+        load_time,
+        pass_time,
+    })
+}
+
+pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
+    let p = prepare(&a.model, io)?;
+    if a.stats {
+        for r in &p.runs {
+            let _ = writeln!(io.stderr, "pass {r}");
+        }
+    }
+    let (f, inputs) = (p.function(), &p.inputs);
     let results = if a.interp {
-        tcc_ir::interp::run(f, &inputs).map_err(|e| Error::input(format!("error: {e}")))?
+        tcc_ir::interp::run(f, inputs).map_err(|e| Error::input(format!("error: {e}")))?
     } else {
         let cpu = tcc_codegen::Cpu {
-            target: a.target.clone(),
+            target: a.model.target.clone(),
             profile: a.profile,
         };
         let exe = tcc_codegen::compile(&cpu, f).map_err(|e| Error::usage(format!("error: {e}")))?;
@@ -133,7 +184,7 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
             }
         }
         let results = exe
-            .run(&inputs)
+            .run(inputs)
             .map_err(|e| Error::input(format!("error: {e}")))?;
         if let Some(p) = exe.profile() {
             let _ = write!(io.stderr, "{p}");
