@@ -371,9 +371,29 @@ fn const_value(f: &Function, v: Value) -> Option<Tensor> {
 }
 
 fn f64s(t: &Tensor) -> Vec<f64> {
-    (0..t.ty().numel() as usize)
-        .map(|i| t.data().get(i).to_f64())
-        .collect()
+    data_f64s(t.data())
+}
+
+/// The elements as f64, one pass per dtype (a model's weights are millions of them).
+fn data_f64s(d: &tcc_ir::Data) -> Vec<f64> {
+    use tcc_ir::Data;
+    match d {
+        Data::F32(v) => v.iter().map(|&x| x as f64).collect(),
+        Data::F64(v) => v.clone(),
+        d => (0..d.len()).map(|i| d.get(i).to_f64()).collect(),
+    }
+}
+
+/// `v`'s elements as f64 if constants alone define it ([`const_value`]), reading a constant's
+/// literal in place.
+fn known(f: &Function, v: Value) -> Option<Vec<f64>> {
+    match &f.op(f.def_op(v)?).kind {
+        OpKind::Const {
+            value: Literal::Dense(d),
+            ..
+        } => Some(data_f64s(d)),
+        _ => const_value(f, v).map(|t| f64s(&t)),
+    }
 }
 
 /// `v` reshaped to `dims` (a one-element `v` as it is: it broadcasts; one of those dims as it
@@ -425,7 +445,6 @@ fn build_layer(e: &mut Emit, l: &Layer, a: &Affine) -> Result<Value, String> {
     b_dims[0] = channels;
 
     // The constant case: everything known, computed in f64 and rounded once.
-    let known = |f: &Function, v: Value| const_value(f, v).map(|t| f64s(&t));
     let bias_c = l.bias.map(|(_, c)| c);
     let stats: Option<(Vec<f64>, Vec<f64>)> = match *a {
         Affine::Norm {
