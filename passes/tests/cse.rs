@@ -8,7 +8,7 @@ fn sum_of(a: Vec<f32>, b: Vec<f32>) -> Function {
     let n = a.len() as u64;
     let ty = TensorType::new(DType::F32, vec![n]).unwrap();
     let mut f = Function::new("f");
-    let mut konst = |f: &mut Function, v: Vec<f32>, name: &str| {
+    let konst = |f: &mut Function, v: Vec<f32>, name: &str| {
         let kind = OpKind::Const {
             ty: ty.clone(),
             value: Literal::Dense(Data::F32(v)),
