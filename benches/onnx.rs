@@ -10,6 +10,7 @@
 //!
 //! ```text
 //! cargo bench --bench onnx            # needs torch, torchvision, onnx and onnxruntime:
+//! TCC_TARGET=host,-avx512f cargo bench --bench onnx   # tcc as on a CPU without AVX-512
 //! benches/run.sh onnx                 # installs them into target/torch-venv first
 //! ```
 
@@ -77,8 +78,11 @@ fn main() {
         }
     };
     let mut peer = peer_round();
+    let target = std::env::var("TCC_TARGET").ok();
+    let features = tcc::codegen::Features::of(target.as_deref()).unwrap_or_else(|e| panic!("{e}"));
     println!(
-        "ONNX models at batch 1, {threads} threads; best of {ROUNDS} alternating rounds of {RUNS} runs"
+        "ONNX models at batch 1, {threads} threads, tcc using {}; best of {ROUNDS} alternating rounds of {RUNS} runs",
+        features.names().join(" ")
     );
     println!(
         "{:<18} {:>10} {:>10} {:>9} {:>12} {:>12}",
@@ -99,9 +103,10 @@ fn main() {
             .count();
         assert_eq!(left, 0, "{name}: batch norms left after fold-bn");
         // TCC_PROFILE=1 prints where tcc's time went, step by step, after the timing.
+        // TCC_TARGET=host,-avx512f compiles as for a CPU without AVX-512 (its GEMM included).
         let cpu = tcc::codegen::Cpu {
             profile: std::env::var_os("TCC_PROFILE").is_some(),
-            ..Default::default()
+            target: std::env::var("TCC_TARGET").ok(),
         };
         let exe = tcc::codegen::compile(&cpu, &m.functions[0]).unwrap();
         let x = load_npy(&dir.join(format!("{name}_input.npy")));

@@ -20,6 +20,10 @@ pub(crate) struct Args {
     /// Untimed runs first (caches, page faults, the thread pool's start).
     #[arg(long, default_value_t = 5)]
     pub warmup: usize,
+    /// Also time each compiled step, and print to stderr where the time of all runs went
+    /// (the timing itself costs a little).
+    #[arg(long)]
+    pub profile: bool,
 }
 
 pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
@@ -41,7 +45,7 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
     let f = p.function();
     let cpu = tcc_codegen::Cpu {
         target: a.model.target.clone(),
-        profile: false,
+        profile: a.profile,
     };
     let t0 = Instant::now();
     let exe = tcc_codegen::compile(&cpu, f).map_err(|e| Error::usage(format!("error: {e}")))?;
@@ -119,6 +123,9 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
         ),
         _ => writeln!(out, "throughput: {per_s:.1} runs/s"),
     };
+    if let Some(p) = exe.profile() {
+        let _ = write!(io.stderr, "{p}");
+    }
     Ok(())
 }
 
