@@ -407,7 +407,33 @@ fn convolutions_through_im2col_and_gemm() {
             "f32[2,4,5,3]",
         ),
         ("f32[2,8,6,6]", "f32[5,8,1,1]", "", "f32[2,5,6,6]"),
-        // Depthwise (the direct kernel): strided with uneven pads, and f64 with dilation.
+        // Depthwise (the direct kernel): rows wide enough for register tiles (8 outputs) with
+        // edges and tails, unit and column stride 2, a 5x5 dilated filter; strided with uneven
+        // pads, and f64 with dilation.
+        (
+            "f32[2,3,11,37]",
+            "f32[3,1,3,3]",
+            "{pads=[1,1,1,1], groups=3}",
+            "f32[2,3,11,37]",
+        ),
+        (
+            "f32[1,4,12,41]",
+            "f32[4,1,3,3]",
+            "{strides=[2,2], pads=[1,0,1,1], groups=4}",
+            "f32[1,4,6,20]",
+        ),
+        (
+            "f32[1,2,13,30]",
+            "f32[2,1,5,5]",
+            "{pads=[4,3,4,3], dilations=[2,2], groups=2}",
+            "f32[1,2,13,28]",
+        ),
+        (
+            "f64[1,2,6,27]",
+            "f64[2,1,3,3]",
+            "{strides=[1,2], pads=[1,1,1,1], groups=2}",
+            "f64[1,2,6,14]",
+        ),
         (
             "f32[2,5,9,8]",
             "f32[5,1,3,3]",
