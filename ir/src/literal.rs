@@ -197,6 +197,19 @@ macro_rules! each_data {
 }
 
 impl Data {
+    /// Every element as f64 (booleans as 0 and 1), one pass per dtype.
+    pub fn to_f64s(&self) -> Vec<f64> {
+        match self {
+            Data::F32(v) => v.iter().map(|&x| x as f64).collect(),
+            Data::F64(v) => v.clone(),
+            Data::I8(v) => v.iter().map(|&x| x as f64).collect(),
+            Data::U8(v) => v.iter().map(|&x| x as f64).collect(),
+            Data::I32(v) => v.iter().map(|&x| x as f64).collect(),
+            Data::I64(v) => v.iter().map(|&x| x as f64).collect(),
+            Data::Bool(v) => v.iter().map(|&x| x as u8 as f64).collect(),
+        }
+    }
+
     /// An empty vector of `dtype` with room for `n` elements.
     pub fn with_capacity(dtype: DType, n: usize) -> Data {
         match dtype {

@@ -370,20 +370,6 @@ fn const_value(f: &Function, v: Value) -> Option<Tensor> {
     }
 }
 
-fn f64s(t: &Tensor) -> Vec<f64> {
-    data_f64s(t.data())
-}
-
-/// The elements as f64, one pass per dtype (a model's weights are millions of them).
-fn data_f64s(d: &tcc_ir::Data) -> Vec<f64> {
-    use tcc_ir::Data;
-    match d {
-        Data::F32(v) => v.iter().map(|&x| x as f64).collect(),
-        Data::F64(v) => v.clone(),
-        d => (0..d.len()).map(|i| d.get(i).to_f64()).collect(),
-    }
-}
-
 /// `v`'s elements as f64 if constants alone define it ([`const_value`]), reading a constant's
 /// literal in place.
 fn known(f: &Function, v: Value) -> Option<Vec<f64>> {
@@ -391,8 +377,8 @@ fn known(f: &Function, v: Value) -> Option<Vec<f64>> {
         OpKind::Const {
             value: Literal::Dense(d),
             ..
-        } => Some(data_f64s(d)),
-        _ => const_value(f, v).map(|t| f64s(&t)),
+        } => Some(d.to_f64s()),
+        _ => const_value(f, v).map(|t| t.data().to_f64s()),
     }
 }
 

@@ -3,7 +3,7 @@
 use crate::io::{Io, Load, OnnxArgs, pick_function};
 use crate::{Error, npy};
 use tcc_ir::random::{Rng, random_tensor};
-use tcc_ir::{Data, Function, Tensor};
+use tcc_ir::{Function, Tensor};
 use tcc_passes::{PassManager, Pipeline};
 
 /// What `tcc run` and `tcc bench` share: the model, its inputs, the passes and the target.
@@ -271,15 +271,7 @@ fn make_input(f: &Function, i: usize, spec: &Spec) -> Result<Tensor, String> {
 
 /// One line describing a result: its type and the range and mean of its elements.
 fn summary(t: &Tensor) -> String {
-    let vals: Vec<f64> = match t.data() {
-        Data::F32(v) => v.iter().map(|&x| x as f64).collect(),
-        Data::F64(v) => v.clone(),
-        Data::I8(v) => v.iter().map(|&x| x as f64).collect(),
-        Data::U8(v) => v.iter().map(|&x| x as f64).collect(),
-        Data::I32(v) => v.iter().map(|&x| x as f64).collect(),
-        Data::I64(v) => v.iter().map(|&x| x as f64).collect(),
-        Data::Bool(v) => v.iter().map(|&x| x as u8 as f64).collect(),
-    };
+    let vals = t.data().to_f64s();
     if vals.is_empty() {
         return format!("{} (empty)", t.ty());
     }
