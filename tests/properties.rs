@@ -165,13 +165,5 @@ proptest! {
 }
 
 fn floats(t: &Tensor) -> Vec<f64> {
-    match t.data() {
-        Data::F32(v) => v.iter().map(|&x| x as f64).collect(),
-        Data::F64(v) => v.clone(),
-        Data::I8(v) => v.iter().map(|&x| x as f64).collect(),
-        Data::U8(v) => v.iter().map(|&x| x as f64).collect(),
-        Data::I32(v) => v.iter().map(|&x| x as f64).collect(),
-        Data::I64(v) => v.iter().map(|&x| x as f64).collect(),
-        Data::Bool(v) => v.iter().map(|&x| x as u8 as f64).collect(),
-    }
+    t.data().to_f64s()
 }
