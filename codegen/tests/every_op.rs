@@ -1,7 +1,7 @@
 //! Every op of the IR through the CPU runtime against the reference interpreter, at several
 //! shapes: broadcasting, size-1 dims, odd sizes and a large size. Compiled kernels and reference
 //! kernels both run through the same storage and arena, so this also checks the plumbing. Each
-//! case runs for the host and for `host,-avx512f` (the AVX2 kernels and GEMM).
+//! case runs for the host, for `host,-avx512f` (the AVX2 kernels and GEMM) and without FMA.
 //!
 //! Tolerances: exact for data movement and integer ops; 1e-5 relative for float arithmetic,
 //! which the compiled kernels do in f32 where the interpreter uses f64 (accumulations over up to
@@ -28,9 +28,10 @@ fn case(params: &str, body: &str, out_ty: &str, seed: u64) {
         .map(|&p| random_tensor(f.ty(p), &mut rng))
         .collect();
     let want = tcc_ir::interp::run(&f, &inputs).unwrap_or_else(|e| panic!("{src}\n{e}"));
-    // The host with every feature, and without AVX-512 (the AVX2 code and GEMM paths an
-    // AVX2-only CPU runs; the same as the host where it has no AVX-512).
-    for target in [None, Some("host,-avx512f")] {
+    // The host with every feature, without AVX-512 (the AVX2 code and GEMM paths an AVX2-only
+    // CPU runs; the same as the host where it has no AVX-512), and without fused multiply-adds
+    // (the kernels' unfused versions).
+    for target in [None, Some("host,-avx512f"), Some("host,-avx512f,-fma")] {
         let exe = Executable::compile_for(&f, target).unwrap_or_else(|e| panic!("{src}\n{e}"));
         let got = exe.run(&inputs).unwrap_or_else(|e| panic!("{src}\n{e}"));
         let ok = match (got[0].data(), want[0].data()) {

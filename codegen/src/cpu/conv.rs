@@ -46,6 +46,8 @@ pub(super) struct Conv {
     packed: Vec<sgemm::PackedA>,
     /// Whether f32 GEMMs use our AVX-512 kernel ([`super::matmul::own_gemm`]).
     own: bool,
+    /// Whether the target has AVX2 and FMA (the depthwise kernel's wide version).
+    fma: bool,
 }
 
 impl Conv {
@@ -57,8 +59,9 @@ impl Conv {
         attrs: &tcc_ir::Conv2d,
         [x, w, y]: [Value; 3],
         scratch: Option<u64>,
-        own: bool,
+        features: &super::Features,
     ) -> Conv {
+        let own = super::matmul::own_gemm(features);
         let dims4 =
             |v: Value| -> [usize; 4] { std::array::from_fn(|i| f.ty(v).dims()[i] as usize) };
         Conv {
@@ -79,6 +82,7 @@ impl Conv {
                 Vec::new()
             },
             own,
+            fma: features.avx2 && features.fma,
         }
     }
 
@@ -470,7 +474,7 @@ where
         oh,
         ow,
     };
-    let f32_fma = std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() && has_avx2_fma();
+    let f32_fma = std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() && cv.fma;
     // SAFETY: x and w are only read; each channel's call writes only its own output plane.
     let (px, pw, py) = unsafe { (SendPtr::new(x), SendPtr::new(w), SendPtr::new(y)) };
     let plane = |ch: usize| {
@@ -493,18 +497,6 @@ where
     (0..nb * c).into_par_iter().with_min_len(4).for_each(plane);
 }
 
-/// Whether this CPU has AVX2 and FMA (the depthwise kernel's wide version).
-fn has_avx2_fma() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
 /// What every channel of a depthwise convolution shares: the taps, the filter and output sizes,
 /// and each filter column's span ([`phase_spans`]).
 struct Depthwise {
@@ -519,7 +511,8 @@ struct Depthwise {
 /// [`depthwise_plane`] for f32 compiled for AVX2 with fused multiply-adds.
 ///
 /// # Safety
-/// The CPU must have AVX2 and FMA ([`has_avx2_fma`]).
+/// The CPU must have AVX2 and FMA (`Conv::fma`: the target has them, and a target only turns
+/// off features the host has).
 #[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma"))]
 unsafe fn depthwise_plane_fma(g: &Depthwise, x: &[f32], f: &[f32], out: &mut [f32]) {
     depthwise_plane::<f32, true>(g, x, f, out)

@@ -8,7 +8,7 @@
 use super::bytes::{lines, write_data};
 use super::conv::{Conv, ConvMode};
 use super::jit::{self, Jit};
-use super::matmul::{MatMul, matmul_step};
+use super::matmul::{MatMul, matmul_step, own_gemm};
 use super::{Cpu, Executable, native};
 use crate::backend::CompileError;
 use crate::memory::MemoryPlan;
@@ -66,15 +66,14 @@ pub(super) fn compile(
     mem: MemoryPlan,
 ) -> Result<Executable, CompileError> {
     let mut jit = Jit::new(cpu.target.as_deref()).map_err(CompileError)?;
-    let own =
-        super::matmul::own_gemm(&super::Features::of(cpu.target.as_deref()).map_err(CompileError)?);
+    let features = super::Features::of(cpu.target.as_deref()).map_err(CompileError)?;
     let mut libraries: HashMap<Kernel, (LibOp, Option<(KernelData, Value)>)> = HashMap::new();
     for (k, kd) in plan.kernels.iter() {
         let name = format!("{}_{k}", f.name);
         let err = |e: String| CompileError(format!("compiling kernel {k}: {e}"));
         let whole = jit.compile(f, k, kd, &name).map_err(err)?;
         if whole.is_none()
-            && let Some(lib) = library_step(f, &plan, kd, scratch_offset(&mem, k), own)
+            && let Some(lib) = library_step(f, &plan, kd, scratch_offset(&mem, k), &features)
         {
             if let Some((epi, _)) = &lib.1 {
                 jit.compile(f, k, epi, &name)
@@ -171,7 +170,7 @@ fn library_step(
     plan: &Plan,
     kd: &KernelData,
     scratch: Option<u64>,
-    own: bool,
+    features: &super::Features,
 ) -> Option<(LibOp, Option<(KernelData, Value)>)> {
     let d = f.op(kd.ops[0]);
     let r = d.results[0];
@@ -181,9 +180,10 @@ fn library_step(
     }
     // Library ops take two operands; anything else is not one.
     let (&a0, &a1) = (d.args.first()?, d.args.get(1)?);
-    let conv = |mode, c, xwy: [Value; 3]| LibOp::Conv(Conv::new(f, mode, c, xwy, scratch, own));
+    let conv =
+        |mode, c, xwy: [Value; 3]| LibOp::Conv(Conv::new(f, mode, c, xwy, scratch, features));
     let mut lib = match &d.kind {
-        OpKind::MatMul => LibOp::MatMul(matmul_step(f, plan, [a0, a1, r], own)),
+        OpKind::MatMul => LibOp::MatMul(matmul_step(f, plan, [a0, a1, r], own_gemm(features))),
         OpKind::Conv2d(c) => conv(ConvMode::Forward, c, [a0, a1, r]),
         OpKind::Conv2dGradInput { conv: c, .. } => conv(ConvMode::GradInput, c, [r, a1, a0]),
         OpKind::Conv2dGradFilter { conv: c, .. } => conv(ConvMode::GradFilter, c, [a0, r, a1]),

@@ -101,10 +101,8 @@ pub struct Features {
 impl Features {
     /// The features for a target spec (`None`: the host with everything it has).
     pub fn of(spec: Option<&str>) -> Result<Features, String> {
-        let isa = isa(spec)?;
-        let on = |name: &str| {
-            (isa.isa_flags().iter()).any(|v| v.name == name && v.as_bool() == Some(true))
-        };
+        let flags = isa(spec)?.isa_flags();
+        let on = |name: &str| (flags.iter()).any(|v| v.name == name && v.as_bool() == Some(true));
         #[cfg(target_arch = "x86_64")]
         let vnni =
             std::is_x86_feature_detected!("avx512vnni") || std::is_x86_feature_detected!("avxvnni");
