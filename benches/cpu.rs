@@ -17,7 +17,7 @@ use tcc::codegen::cpu::max_ulp_error;
 use tcc::ir::UnaryOp;
 use tcc::ir::random::{Rng, random_tensor};
 use tcc::ir::{Tensor, parse_function};
-use timing::best;
+use timing::{best, best_within};
 
 struct Case {
     name: &'static str,
@@ -168,9 +168,9 @@ fn main() {
             .iter()
             .map(|&p| random_tensor(f.ty(p), &mut rng))
             .collect();
-        let t1 = best(|| drop(exe.run(&inputs).expect("runs")), 1, c.runs);
+        let t1 = best_within(|| drop(exe.run(&inputs).expect("runs")), c.runs);
         let np = numpy(&[c.name]).ok().and_then(|p| p.get(c.name).copied());
-        let t2 = best(|| drop(exe.run(&inputs).expect("runs")), 1, c.runs);
+        let t2 = best_within(|| drop(exe.run(&inputs).expect("runs")), c.runs);
         let t = t1.min(t2).as_secs_f64();
         let gf = |s: f64| {
             if c.flops > 0.0 {

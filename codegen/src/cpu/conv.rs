@@ -42,10 +42,10 @@ pub(super) struct Conv {
     scratch: Option<u64>,
     /// Images side by side in one GEMM (`conv_group`).
     group: usize,
-    /// A constant filter packed for the f32 GEMM, one per group (forward only).
+    /// A constant filter packed for our f32 GEMM, one per group (forward only).
     packed: Vec<sgemm::PackedA>,
-    /// Whether f32 GEMMs use our AVX-512 kernel ([`super::matmul::own_gemm`]).
-    own: bool,
+    /// Our kernel for f32 GEMMs, if the target has one ([`super::matmul::own_gemm`]).
+    own: Option<sgemm::Isa>,
     /// Whether the target has AVX2 and FMA (the depthwise kernel's wide version).
     fma: bool,
 }
@@ -76,10 +76,11 @@ impl Conv {
             yd: dims4(y),
             scratch,
             group: conv_group(f.ty(x).dims()[0], f.ty(y).dims()[2] * f.ty(y).dims()[3]) as usize,
-            packed: if mode == ConvMode::Forward && own {
-                pack_filter(f, w, attrs.groups as usize)
-            } else {
-                Vec::new()
+            packed: match own {
+                Some(isa) if mode == ConvMode::Forward => {
+                    pack_filter(f, w, attrs.groups as usize, isa)
+                }
+                _ => Vec::new(),
             },
             own,
             fma: features.avx2 && features.fma,
@@ -136,11 +137,11 @@ pub(super) fn conv_scratch_elements(c: &tcc_ir::Conv2d, x: &[u64], w: &[u64], y:
     if direct { 0 } else { kk * m }
 }
 
-/// A constant f32 filter `[O, C/g, kH, kW]` packed for the AVX-512 GEMM, one `[O/g, C/g·kH·kW]`
-/// matrix per group; empty when the filter is not a constant or that GEMM is not used.
-fn pack_filter(f: &Function, w: Value, groups: usize) -> Vec<sgemm::PackedA> {
+/// A constant f32 filter `[O, C/g, kH, kW]` packed for our GEMM on `isa`, one `[O/g, C/g·kH·kW]`
+/// matrix per group; empty when the filter is not an f32 constant.
+fn pack_filter(f: &Function, w: Value, groups: usize, isa: sgemm::Isa) -> Vec<sgemm::PackedA> {
     let ty = f.ty(w);
-    if ty.dtype() != DType::F32 || !sgemm::available() {
+    if ty.dtype() != DType::F32 {
         return Vec::new();
     }
     let Some(OpKind::Const { ty, value }) = f.def_op(w).map(|op| &f.op(op).kind) else {
@@ -160,7 +161,7 @@ fn pack_filter(f: &Function, w: Value, groups: usize) -> Vec<sgemm::PackedA> {
                 cs: 1,
             };
             // SAFETY: group g's rows of the filter are og x kk elements of `data`.
-            unsafe { sgemm::PackedA::new(og, kk, a) }
+            unsafe { sgemm::PackedA::new(isa, og, kk, a) }
         })
         .collect()
 }
@@ -637,12 +638,14 @@ unsafe fn conv_images<T: Copy + Default + std::ops::AddAssign + 'static>(
                 };
                 // The gathered panels index image rows with 32-bit offsets.
                 let narrow = wd < 1 << 30 && cv.attrs.strides[1] < 1 << 20;
-                let implicit = cv.mode == ConvMode::Forward
-                    && std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
-                    && cv.own
-                    && narrow
-                    && (scratch.is_some() || !cv.packed.is_empty());
-                if implicit {
+                let own = cv.own.filter(|_| {
+                    cv.mode == ConvMode::Forward
+                        && std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
+                        && narrow
+                        && (scratch.is_some() || !cv.packed.is_empty())
+                });
+                let implicit = own.is_some();
+                if let Some(isa) = own {
                     // The f32 GEMM gathers its columns from the images itself (a plain 1x1
                     // reads its one image as they are).
                     let view = sgemm::Im2col {
@@ -679,7 +682,7 @@ unsafe fn conv_images<T: Copy + Default + std::ops::AddAssign + 'static>(
                             cs: 1,
                         }),
                     };
-                    sgemm::product(og, ld, kk, a, b, rows as *mut f32, ld, false, threads);
+                    sgemm::product(isa, og, ld, kk, a, b, rows as *mut f32, ld, false, threads);
                 } else if cv.mode != ConvMode::GradInput && scratch.is_some() {
                     for i in 0..b {
                         taps.im2col(cv, image(i), cols.add(i * m), m, ld);

@@ -1,5 +1,5 @@
-//! Matrix products on the CPU: the one place a GEMM is chosen (our AVX-512 kernel in
-//! `sgemm.rs` for f32 where the CPU has it, the `gemm` crate otherwise), batched products with
+//! Matrix products on the CPU: the one place a GEMM is chosen (our AVX-512 or AVX2+FMA kernel
+//! in `sgemm/` for f32 where the target has one of them, the `gemm` crate otherwise), batched products with
 //! broadcast batch dims and folded transposes, and a GEMV for single rows.
 
 use super::send_ptr::SendPtr;
@@ -22,8 +22,8 @@ pub(super) struct MatMul {
     k: usize,
     /// For each output batch, the batch index into `a` and into `b` (batch dims broadcast).
     batches: Vec<(usize, usize)>,
-    /// Whether f32 products use our AVX-512 kernel (the target has AVX-512F).
-    own: bool,
+    /// Our kernel for f32 products, if the target has one ([`own_gemm`]).
+    own: Option<sgemm::Isa>,
 }
 
 /// For each element of the broadcast batch shape `out`, the flat batch index into `from`.
@@ -49,7 +49,12 @@ fn batch_map(from: &[u64], out: &[u64]) -> Vec<usize> {
 }
 
 /// The step for `r = matmul(a, b)`, reading folded transposes through strides.
-pub(super) fn matmul_step(f: &Function, plan: &Plan, [a, b, r]: [Value; 3], own: bool) -> MatMul {
+pub(super) fn matmul_step(
+    f: &Function,
+    plan: &Plan,
+    [a, b, r]: [Value; 3],
+    own: Option<sgemm::Isa>,
+) -> MatMul {
     let dtype = f.ty(r).dtype();
     let (ad, bd, od) = (f.ty(a).dims(), f.ty(b).dims(), f.ty(r).dims());
     let (m, k, n) = (
@@ -81,10 +86,10 @@ pub(super) fn matmul_step(f: &Function, plan: &Plan, [a, b, r]: [Value; 3], own:
     }
 }
 
-/// Whether f32 GEMMs compiled for `features` use our AVX-512 kernel: the target has AVX-512F
-/// (a spec such as `host,-avx512f` turns it off) and so does this CPU.
-pub(super) fn own_gemm(features: &super::Features) -> bool {
-    features.avx512f && sgemm::available()
+/// Our kernel for the f32 GEMMs compiled for `features`: AVX-512F's where the target has it,
+/// else AVX2+FMA's (so a spec such as `host,-avx512f` picks the second), else none.
+pub(super) fn own_gemm(features: &super::Features) -> Option<sgemm::Isa> {
+    sgemm::Isa::for_target(features)
 }
 
 /// Below this many multiply-adds a matmul runs on one thread.
@@ -120,9 +125,8 @@ impl<T> Mat<T> {
 }
 
 /// `C = A · B` (or `C += A · B` with `accumulate`) for a row-major `C` with leading dimension
-/// `ldc` and strided `A`, `B`, through our AVX-512 kernel for f32 when `own` (the compile target
-/// has AVX-512F, see [`own_gemm`]) and the `gemm` crate otherwise. The one place a GEMM is
-/// chosen.
+/// `ldc` and strided `A`, `B`, through our kernel `own` for f32 (the compile target's, see
+/// [`own_gemm`]) and the `gemm` crate otherwise. The one place a GEMM is chosen.
 ///
 /// # Safety
 /// `a`, `b` and `c` address `m×k`, `k×n` and `m×n` matrices of `T`; `c` overlaps neither input.
@@ -138,9 +142,12 @@ pub(super) unsafe fn gemm<T: Copy + Default + 'static>(
     accumulate: bool,
     one: T,
     parallel: bool,
-    own: bool,
+    own: Option<sgemm::Isa>,
 ) {
-    if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() && own {
+    if let (true, Some(isa)) = (
+        std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>(),
+        own,
+    ) {
         let threads = if parallel {
             rayon::current_num_threads()
         } else {
@@ -149,6 +156,7 @@ pub(super) unsafe fn gemm<T: Copy + Default + 'static>(
         // SAFETY: T is f32 here; the caller's contract is sgemm's.
         unsafe {
             sgemm::sgemm(
+                isa,
                 m,
                 n,
                 k,

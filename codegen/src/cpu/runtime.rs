@@ -52,7 +52,20 @@ fn run_loop(l: &Loop, addr: &dyn Fn(Value) -> *mut u8) {
 
 impl Executable {
     /// Runs on `inputs` (one per parameter, of its type) and returns the results.
+    ///
+    /// The steps run on a thread of the current rayon pool (the global one when the caller is
+    /// outside any): the caller's thread hands the run over once, rather than each parallel
+    /// step waking the pool from outside it.
     pub fn run(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, RunError> {
+        if rayon::current_thread_index().is_some() {
+            self.run_here(inputs)
+        } else {
+            rayon::scope(|_| self.run_here(inputs))
+        }
+    }
+
+    /// [`Executable::run`] on this thread.
+    fn run_here(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, RunError> {
         let f = &self.func;
         check_inputs(f, inputs).map_err(|e| RunError(e.0))?;
         let pooled = self.arenas.lock().map(|mut p| p.pop()).unwrap_or(None);
