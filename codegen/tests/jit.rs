@@ -491,6 +491,75 @@ fn convolutions_through_im2col_and_gemm() {
     check(&got, &want, 1e-5, 1e-5).unwrap();
 }
 
+/// Library calls run their epilogue piece by piece as they finish parts of the output, on the
+/// thread that wrote them: every path of matmul and convolution, with ranges that start
+/// inside a vector (odd planes and rows, a GEMV split among threads), an epilogue that reads
+/// another input, and more rows than one block of the GEMM. Each for the host, and without
+/// AVX-512 (the AVX2 kernels), and without FMA (no kernel of ours: the `gemm` crate).
+#[test]
+fn library_epilogues_run_on_finished_pieces() {
+    let cases = [
+        // One image's GEMM split among threads by columns (by rows of C as they finish).
+        "func @f(%x: f32[1,16,40,40], %w: f32[24,16,3,3], %b: f32[24,1,1]) -> (f32[1,24,38,38]) {
+  %c = conv2d %x, %w : f32[1,24,38,38]
+  %z = add %c, %b : f32[1,24,38,38]
+  %y = relu %z : f32[1,24,38,38]
+  return %y
+}",
+        // Small planes (15x15): images side by side in one GEMM, copied out, then finished;
+        // a residual add reading another input.
+        "func @f(%x: f32[3,8,15,15], %w: f32[12,8,1,1], %b: f32[12,1,1], %r: f32[3,12,15,15]) -> (f32[3,12,15,15]) {
+  %c = conv2d %x, %w : f32[3,12,15,15]
+  %z = add %c, %b : f32[3,12,15,15]
+  %y = add %z, %r : f32[3,12,15,15]
+  return %y
+}",
+        // Depthwise: each channel plane finished as it is written.
+        "func @f(%x: f32[2,10,21,23], %w: f32[10,1,3,3], %b: f32[10,1,1]) -> (f32[2,10,11,12]) {
+  %c = conv2d %x, %w {strides=[2,2], pads=[1,1,1,1], groups=10} : f32[2,10,11,12]
+  %z = add %c, %b : f32[2,10,11,12]
+  %y = sigmoid %z : f32[2,10,11,12]
+  return %y
+}",
+        // More rows than a block of the GEMM, columns in several groups.
+        "func @f(%x: f32[203,150], %w: f32[150,601], %b: f32[601]) -> (f32[203,601]) {
+  %h = matmul %x, %w : f32[203,601]
+  %z = add %h, %b : f32[203,601]
+  %y = tanh %z : f32[203,601]
+  return %y
+}",
+        // A GEMV whose outputs are split among threads at an odd column.
+        "func @f(%x: f32[1,400], %w: f32[400,301], %b: f32[301]) -> (f32[1,301]) {
+  %h = matmul %x, %w : f32[1,301]
+  %z = add %h, %b : f32[1,301]
+  %y = relu %z : f32[1,301]
+  return %y
+}",
+        // A gradient: finished as a whole once every image is done.
+        "func @f(%x: f32[2,3,9,9], %dy: f32[2,4,7,7], %s: f32[4,3,3,3]) -> (f32[4,3,3,3]) {
+  %dw = conv2d_grad_filter %x, %dy {shape=[4,3,3,3]} : f32[4,3,3,3]
+  %y = mul %dw, %s : f32[4,3,3,3]
+  return %y
+}",
+    ];
+    for src in cases {
+        let f = parse_function(src).unwrap_or_else(|e| panic!("{src}\n{e}"));
+        let inputs = randoms(&f, 53);
+        let want = tcc_ir::interp::run(&f, &inputs).unwrap();
+        for target in [None, Some("host,-avx512f"), Some("host,-avx512f,-fma")] {
+            let exe = Executable::compile_for(&f, target).unwrap();
+            assert_eq!(exe.stats().reference, 0, "{src}");
+            assert_eq!(
+                exe.stats().compiled,
+                1,
+                "one kernel, the call and its epilogue: {src}"
+            );
+            let got = exe.run(&inputs).unwrap();
+            check(&got, &want, 1e-5, 1e-5).unwrap_or_else(|e| panic!("{target:?}\n{src}\n{e}"));
+        }
+    }
+}
+
 #[test]
 fn polynomial_accuracy() {
     let sigmoid = |x: f64| 1.0 / (1.0 + (-x).exp());

@@ -6,6 +6,7 @@
 //! This file is long because the four paths share their tap geometry (`Taps`, `in_bounds`,
 //! `phase_spans`), which `sgemm.rs` and `native.rs` (pooling) also use.
 
+use super::lower::Finish;
 use super::matmul::{Mat, gemm};
 use super::send_ptr::SendPtr;
 use super::sgemm;
@@ -166,19 +167,32 @@ fn pack_filter(f: &Function, w: Value, groups: usize, isa: sgemm::Isa) -> Vec<sg
         .collect()
 }
 
-pub(super) fn run_conv(cv: &Conv, addr: &dyn Fn(Value) -> *mut u8, base: *mut u8) {
+/// Runs the convolution step, telling `finish` of its output's elements as they become final.
+pub(super) fn run_conv(cv: &Conv, addr: &dyn Fn(Value) -> *mut u8, base: *mut u8, finish: Finish) {
     let (x, w, y) = (addr(cv.x), addr(cv.w), addr(cv.y));
     let scratch = cv.scratch.map(|off| base.wrapping_add(off as usize));
     // SAFETY: x, w and y hold tensors of the dims recorded at compile time, and the scratch
     // slot holds C/groups * kH * kW * oH * oW elements (scratch_bytes).
     unsafe {
         match cv.dtype {
-            DType::F32 => {
-                conv_gemm::<f32>(cv, x as _, w as _, y as _, scratch.map(|p| p as _), 1.0)
-            }
-            DType::F64 => {
-                conv_gemm::<f64>(cv, x as _, w as _, y as _, scratch.map(|p| p as _), 1.0)
-            }
+            DType::F32 => conv_gemm::<f32>(
+                cv,
+                x as _,
+                w as _,
+                y as _,
+                scratch.map(|p| p as _),
+                1.0,
+                finish,
+            ),
+            DType::F64 => conv_gemm::<f64>(
+                cv,
+                x as _,
+                w as _,
+                y as _,
+                scratch.map(|p| p as _),
+                1.0,
+                finish,
+            ),
             _ => unreachable!("library convolutions are f32 or f64"),
         }
     }
@@ -365,7 +379,8 @@ impl Taps {
 
 /// A convolution or one of its gradients by im2col/col2im and `gemm`. Images are split among
 /// threads, each with its own columns buffer (the planned scratch slot for the first) and, for
-/// the filter gradient, its own partial sum, added up at the end.
+/// the filter gradient, its own partial sum, added up at the end. A forward convolution tells
+/// `finish` of its output piece by piece as it is written; a gradient, all of it at the end.
 ///
 /// # Safety
 /// As for `run_conv`; `scratch` is `None` only for a plain 1x1 convolution.
@@ -378,6 +393,7 @@ unsafe fn conv_gemm<
     y: *mut T,
     scratch: Option<*mut T>,
     one: T,
+    finish: Finish,
 ) {
     let nb = cv.xd[0];
     let [o, cg, kh, kw] = cv.wd;
@@ -386,7 +402,7 @@ unsafe fn conv_gemm<
         conv_scratch_elements(&cv.attrs, &dims(cv.xd), &dims(cv.wd), &dims(cv.yd)) as usize;
     if cv.mode == ConvMode::Forward && cg == 1 && o == cv.xd[1] && cv.attrs.groups as usize == o {
         // SAFETY: the caller's contract.
-        unsafe { depthwise(cv, x, w, y) };
+        unsafe { depthwise(cv, x, w, y, finish) };
         return;
     }
     let parts = rayon::current_num_threads().min(nb).max(1);
@@ -395,12 +411,24 @@ unsafe fn conv_gemm<
         // SAFETY: dx holds nb * C * H * W elements.
         unsafe { std::ptr::write_bytes(x, 0, nb * cv.xd[1] * cv.xd[2] * cv.xd[3]) };
     }
+    let wlen = o * cg * kh * kw;
+    // The output of a gradient is final once every image is done.
+    let finish_gradient = || {
+        let len = match cv.mode {
+            ConvMode::Forward => return,
+            ConvMode::GradInput => cv.xd.iter().product(),
+            ConvMode::GradFilter => wlen,
+        };
+        if let Some(finish) = finish {
+            finish(0..len);
+        }
+    };
     if parts == 1 {
         // SAFETY: the caller's contract, all images on this thread.
-        unsafe { conv_images(cv, 0..nb, x, w, y, scratch, one, true) };
+        unsafe { conv_images(cv, 0..nb, x, w, y, scratch, one, true, finish) };
+        finish_gradient();
         return;
     }
-    let wlen = o * cg * kh * kw;
     // Thread t > 0 gets its own columns and, for the filter gradient, its own partial sum.
     let mut spare: Vec<(Vec<T>, Vec<T>)> = (1..parts)
         .map(|_| {
@@ -437,7 +465,19 @@ unsafe fn conv_gemm<
             s.spawn(move |_| {
                 let (x, w, y) = (px.get(), wt.get(), py.get());
                 // SAFETY: as for the `SendPtr`s: disjoint images, own columns and partial sums.
-                unsafe { conv_images(cv, images, x, w, y, cols.map(|c| c.get()), one, false) };
+                unsafe {
+                    conv_images(
+                        cv,
+                        images,
+                        x,
+                        w,
+                        y,
+                        cols.map(|c| c.get()),
+                        one,
+                        false,
+                        finish,
+                    )
+                };
             });
         }
     });
@@ -450,15 +490,17 @@ unsafe fn conv_gemm<
             }
         }
     }
+    finish_gradient();
 }
 
 /// A depthwise convolution (one filter per channel, `groups == C == O`) computed directly: a
 /// GEMM per channel would multiply a 1 x kH*kW filter by its columns, all overhead. Channels are
-/// split among threads; see [`depthwise_plane`] for one channel.
+/// split among threads; see [`depthwise_plane`] for one channel. Each output plane is reported
+/// to `finish` as soon as it is written.
 ///
 /// # Safety
 /// `x`, `w` and `y` hold tensors of the dims `cv` records.
-unsafe fn depthwise<T>(cv: &Conv, x: *mut T, w: *mut T, y: *mut T)
+unsafe fn depthwise<T>(cv: &Conv, x: *mut T, w: *mut T, y: *mut T, finish: Finish)
 where
     T: Copy + Default + Send + Sync + std::ops::AddAssign + std::ops::Mul<Output = T> + 'static,
 {
@@ -492,6 +534,9 @@ where
             } else {
                 depthwise_plane::<T, false>(&g, xin, f, out);
             }
+        }
+        if let Some(finish) = finish {
+            finish(ch * oh * ow..(ch + 1) * oh * ow);
         }
     };
     use rayon::prelude::*;
@@ -597,7 +642,9 @@ where
 /// - input gradient: `dy` gathered, `cols = W_g^T · rows`, col2im.
 ///
 /// With one image the rows are that image's own output (nothing to copy), and a plain 1x1 with
-/// no scratch reads (or writes) the image itself as its columns.
+/// no scratch reads (or writes) the image itself as its columns. A forward convolution tells
+/// `finish` of each image's output channels of a group once written (by rows as the GEMM
+/// finishes them, where it writes the output directly).
 ///
 /// # Safety
 /// As for `conv_gemm`; `w` is the filter (or this thread's partial filter gradient); the scratch
@@ -612,6 +659,7 @@ unsafe fn conv_images<T: Copy + Default + std::ops::AddAssign + 'static>(
     scratch: Option<*mut T>,
     one: T,
     parallel: bool,
+    finish: Finish,
 ) {
     let [_, c, h, wd] = cv.xd;
     let [o, cg, kh, kw] = cv.wd;
@@ -674,7 +722,7 @@ unsafe fn conv_images<T: Copy + Default + std::ops::AddAssign + 'static>(
                     } else {
                         1
                     };
-                    let b = match scratch {
+                    let b_op = match scratch {
                         Some(_) => sgemm::B::Im2col(view),
                         None => sgemm::B::Mat(Mat {
                             ptr: cols as *const f32,
@@ -682,7 +730,28 @@ unsafe fn conv_images<T: Copy + Default + std::ops::AddAssign + 'static>(
                             cs: 1,
                         }),
                     };
-                    sgemm::product(isa, og, ld, kk, a, b, rows as *mut f32, ld, false, threads);
+                    // With one image the GEMM writes the output: its rows are reported as the
+                    // GEMM finishes them; otherwise after the copy below.
+                    let at = ((n0 * o) + gi * og) * m;
+                    let by_row = move |r: usize, cols: std::ops::Range<usize>| {
+                        if let Some(finish) = finish {
+                            finish(at + r * m + cols.start..at + r * m + cols.end)
+                        }
+                    };
+                    let done: sgemm::Done = (b == 1 && finish.is_some()).then_some(&by_row);
+                    sgemm::product(
+                        isa,
+                        og,
+                        ld,
+                        kk,
+                        a,
+                        b_op,
+                        rows as *mut f32,
+                        ld,
+                        false,
+                        threads,
+                        done,
+                    );
                 } else if cv.mode != ConvMode::GradInput && scratch.is_some() {
                     for i in 0..b {
                         taps.im2col(cv, image(i), cols.add(i * m), m, ld);
@@ -713,6 +782,7 @@ unsafe fn conv_images<T: Copy + Default + std::ops::AddAssign + 'static>(
                         one,
                         parallel,
                         cv.own,
+                        None,
                     ),
                     ConvMode::GradFilter => gemm(
                         og,
@@ -726,6 +796,7 @@ unsafe fn conv_images<T: Copy + Default + std::ops::AddAssign + 'static>(
                         one,
                         parallel,
                         cv.own,
+                        None,
                     ),
                     ConvMode::GradInput => gemm(
                         kk,
@@ -739,6 +810,7 @@ unsafe fn conv_images<T: Copy + Default + std::ops::AddAssign + 'static>(
                         one,
                         parallel,
                         cv.own,
+                        None,
                     ),
                 }
                 if cv.mode == ConvMode::Forward && b > 1 {
@@ -755,6 +827,14 @@ unsafe fn conv_images<T: Copy + Default + std::ops::AddAssign + 'static>(
                 if cv.mode == ConvMode::GradInput && scratch.is_some() {
                     for i in 0..b {
                         taps.col2im(cv, cols.add(i * m), image(i), ld);
+                    }
+                }
+                if let (ConvMode::Forward, Some(finish)) = (cv.mode, finish)
+                    && !(implicit && b == 1)
+                {
+                    for i in 0..b {
+                        let at = ((n0 + i) * o + gi * og) * m;
+                        finish(at..at + og * m);
                     }
                 }
             }

@@ -24,6 +24,11 @@ pub(super) struct Loop {
     pub space: jit::Space,
 }
 
+/// Told when elements of a library call's output are final: `finish(range)` with flat element
+/// indices, on the thread that wrote them, so the kernel's epilogue runs there while they are
+/// in cache. A library call reports every element of its output exactly once.
+pub(super) type Finish<'a> = Option<&'a (dyn Fn(std::ops::Range<usize>) + Sync)>;
+
 /// The library call a library kernel starts with.
 pub(super) enum LibOp {
     MatMul(MatMul),

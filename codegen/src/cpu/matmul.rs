@@ -2,6 +2,7 @@
 //! in `sgemm/` for f32 where the target has one of them, the `gemm` crate otherwise), batched products with
 //! broadcast batch dims and folded transposes, and a GEMV for single rows.
 
+use super::lower::Finish;
 use super::send_ptr::SendPtr;
 use super::sgemm;
 use crate::plan::Plan;
@@ -126,7 +127,8 @@ impl<T> Mat<T> {
 
 /// `C = A · B` (or `C += A · B` with `accumulate`) for a row-major `C` with leading dimension
 /// `ldc` and strided `A`, `B`, through our kernel `own` for f32 (the compile target's, see
-/// [`own_gemm`]) and the `gemm` crate otherwise. The one place a GEMM is chosen.
+/// [`own_gemm`]) and the `gemm` crate otherwise. The one place a GEMM is chosen. `done` hears
+/// of each row of C when it is final (see [`sgemm::Done`]).
 ///
 /// # Safety
 /// `a`, `b` and `c` address `m×k`, `k×n` and `m×n` matrices of `T`; `c` overlaps neither input.
@@ -143,6 +145,7 @@ pub(super) unsafe fn gemm<T: Copy + Default + 'static>(
     one: T,
     parallel: bool,
     own: Option<sgemm::Isa>,
+    done: sgemm::Done,
 ) {
     if let (true, Some(isa)) = (
         std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>(),
@@ -166,6 +169,7 @@ pub(super) unsafe fn gemm<T: Copy + Default + 'static>(
                 ldc,
                 accumulate,
                 threads,
+                done,
             )
         };
         return;
@@ -200,16 +204,22 @@ pub(super) unsafe fn gemm<T: Copy + Default + 'static>(
             par,
         )
     };
+    if let Some(done) = done {
+        for i in 0..m {
+            done(i, 0..n);
+        }
+    }
 }
 
-pub(super) fn run_matmul(mm: &MatMul, addr: &dyn Fn(Value) -> *mut u8) {
+/// Runs the product, telling `finish` of its output's elements as they become final.
+pub(super) fn run_matmul(mm: &MatMul, addr: &dyn Fn(Value) -> *mut u8, finish: Finish) {
     let (a, b, dst) = (addr(mm.a), addr(mm.b), addr(mm.dst));
     // SAFETY: a, b and dst hold tensors of the dims recorded at compile time, of `dtype`.
     unsafe {
         match mm.dtype {
-            DType::F32 if mm.m == 1 && !mm.ta => gemv(mm, a as _, b as _, dst as _),
-            DType::F32 => matmul_batches::<f32>(mm, a as _, b as _, dst as _, 1.0),
-            DType::F64 => matmul_batches::<f64>(mm, a as _, b as _, dst as _, 1.0),
+            DType::F32 if mm.m == 1 && !mm.ta => gemv(mm, a as _, b as _, dst as _, finish),
+            DType::F32 => matmul_batches::<f32>(mm, a as _, b as _, dst as _, 1.0, finish),
+            DType::F64 => matmul_batches::<f64>(mm, a as _, b as _, dst as _, 1.0, finish),
             _ => unreachable!("library matmuls are f32 or f64"),
         }
     }
@@ -222,7 +232,7 @@ pub(super) fn run_matmul(mm: &MatMul, addr: &dyn Fn(Value) -> *mut u8) {
 ///
 /// # Safety
 /// As for `matmul_batches`, with `m == 1` and `a` not transposed.
-unsafe fn gemv(mm: &MatMul, a: *const f32, b: *const f32, dst: *mut f32) {
+unsafe fn gemv(mm: &MatMul, a: *const f32, b: *const f32, dst: *mut f32, finish: Finish) {
     let (n, k) = (mm.n, mm.k);
     // SAFETY: the jobs only read `a` and `b`, and each writes its own outputs j0..j1 of `dst`.
     let (pa, pb, pd) = unsafe { (SendPtr::new(a), SendPtr::new(b), SendPtr::new(dst)) };
@@ -250,6 +260,9 @@ unsafe fn gemv(mm: &MatMul, a: *const f32, b: *const f32, dst: *mut f32) {
                         }
                     }
                 }
+            }
+            if let Some(finish) = finish {
+                finish(i * n + j0..i * n + j1);
             }
         };
         if n * k < 1 << 16 {
@@ -293,6 +306,7 @@ unsafe fn matmul_batches<T: Copy + Default + 'static>(
     b: *const T,
     dst: *mut T,
     one: T,
+    finish: Finish,
 ) {
     let (m, n, k) = (mm.m, mm.n, mm.k);
     for (i, &(ab, bb)) in mm.batches.iter().enumerate() {
@@ -308,7 +322,19 @@ unsafe fn matmul_batches<T: Copy + Default + 'static>(
         } else {
             Mat::rows(pb, n)
         };
+        // Row r of this batch's C starts at flat element (i * m + r) * n of the output.
+        let rows;
+        let done: sgemm::Done = match finish {
+            Some(finish) => {
+                rows = move |r: usize, cols: std::ops::Range<usize>| {
+                    let at = (i * m + r) * n;
+                    finish(at + cols.start..at + cols.end)
+                };
+                Some(&rows)
+            }
+            None => None,
+        };
         // SAFETY: as above.
-        unsafe { gemm::<T>(m, n, k, ma, mb, pd, n, false, one, true, mm.own) };
+        unsafe { gemm::<T>(m, n, k, ma, mb, pd, n, false, one, true, mm.own, done) };
     }
 }

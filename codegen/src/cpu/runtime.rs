@@ -7,7 +7,7 @@ use super::bytes::{
     advise_huge_pages, capacity_ptr, data_ptr, lines, read_data, set_len, write_data,
 };
 use super::conv::run_conv;
-use super::lower::{LibOp, Loop, Step};
+use super::lower::{Finish, LibOp, Loop, Step};
 use super::matmul::run_matmul;
 use super::send_ptr::SendPtr;
 use crate::backend::RunError;
@@ -48,6 +48,30 @@ fn run_loop(l: &Loop, addr: &dyn Fn(Value) -> *mut u8) {
             s.spawn(move |_| unsafe { (l.code)(table.get(), start, end) });
         }
     });
+}
+
+/// Runs elements `range` of an elementwise loop on this thread. The loop's vector body reads
+/// broadcast operands a vector at a time, which is only right from a start at a multiple of its
+/// lanes (as [`run_loop`]'s pieces are), so a misaligned head runs first on its own, short
+/// enough to take the scalar tail.
+///
+/// # Safety
+/// `table` holds the loop's operand pointers; `range` lies in its iteration space, and no
+/// other thread runs an overlapping range meanwhile.
+unsafe fn run_piece(l: &Loop, table: *const *mut u8, range: std::ops::Range<usize>) {
+    debug_assert_eq!(l.space.unit, 1, "an elementwise epilogue");
+    // The widest vector body has four lanes (f32x4, i32x4; f64x2 divides it).
+    let (start, end) = (range.start as u64, range.end as u64);
+    let aligned = start.next_multiple_of(4).min(end);
+    // SAFETY: the caller's contract.
+    unsafe {
+        if start < aligned {
+            (l.code)(table, start, aligned);
+        }
+        if aligned < end {
+            (l.code)(table, aligned, end);
+        }
+    }
 }
 
 impl Executable {
@@ -105,12 +129,24 @@ impl Executable {
             match step {
                 Step::Jit(l) => run_loop(l, &addr),
                 Step::Library { op, epilogue } => {
+                    // The epilogue runs piece by piece as the call finishes its output, on the
+                    // thread that wrote each piece.
+                    let ptrs: Vec<*mut u8> = (epilogue.iter().flat_map(|l| &l.args))
+                        .map(|&v| addr(v))
+                        .collect();
+                    // SAFETY: the pieces are disjoint ranges of the epilogue's iteration space
+                    // (each element is reported once), and `ptrs` outlives the call.
+                    let table = unsafe { SendPtr::new(ptrs.as_ptr()) };
+                    let piece = |r: std::ops::Range<usize>| {
+                        let l = epilogue.as_ref().expect("a finish only with an epilogue");
+                        // SAFETY: as for `table`; the range lies in the output, the loop's
+                        // iteration space (elementwise, one element per iteration).
+                        unsafe { run_piece(l, table.get(), r) }
+                    };
+                    let finish: Finish = epilogue.is_some().then_some(&piece);
                     match op {
-                        LibOp::MatMul(mm) => run_matmul(mm, &addr),
-                        LibOp::Conv(cv) => run_conv(cv, &addr, base),
-                    }
-                    if let Some(l) = epilogue {
-                        run_loop(l, &addr);
+                        LibOp::MatMul(mm) => run_matmul(mm, &addr, finish),
+                        LibOp::Conv(cv) => run_conv(cv, &addr, base, finish),
                     }
                 }
                 // SAFETY: the memory plan gives every value storage of its type, and only

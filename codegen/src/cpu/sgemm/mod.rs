@@ -198,6 +198,11 @@ pub(crate) struct Im2col {
     pub pad: [usize; 2],
 }
 
+/// Told when part of C is final: `done(i, cols)` after row `i`'s columns `cols` hold their
+/// last value, on the thread that wrote them, while they are still in cache (a fused epilogue
+/// runs there). Every element of C is reported exactly once.
+pub(crate) type Done<'a> = Option<&'a (dyn Fn(usize, std::ops::Range<usize>) + Sync)>;
+
 /// The right operand: a matrix, or the columns of a convolution.
 #[derive(Clone, Copy)]
 pub(crate) enum B {
@@ -205,7 +210,8 @@ pub(crate) enum B {
     Im2col(Im2col),
 }
 
-/// `C = A · B`, or `C += A · B` with `accumulate`, for plain matrices on `isa`'s kernel.
+/// `C = A · B`, or `C += A · B` with `accumulate`, for plain matrices on `isa`'s kernel,
+/// telling `done` as rows of C become final.
 ///
 /// # Safety
 /// The CPU has `isa`; `a` and `b` must address `m×k` and `k×n` matrices with their strides, `c`
@@ -222,25 +228,15 @@ pub(crate) unsafe fn sgemm(
     ldc: usize,
     accumulate: bool,
     threads: usize,
+    done: Done,
 ) {
+    let (a, b) = (A::Mat(a), B::Mat(b));
     // SAFETY: the caller's contract.
-    unsafe {
-        product(
-            isa,
-            m,
-            n,
-            k,
-            A::Mat(a),
-            B::Mat(b),
-            c,
-            ldc,
-            accumulate,
-            threads,
-        )
-    }
+    unsafe { product(isa, m, n, k, a, b, c, ldc, accumulate, threads, done) }
 }
 
-/// `C (+)= A · B` with either form of each operand, on `isa`'s kernel.
+/// `C (+)= A · B` with either form of each operand, on `isa`'s kernel, telling `done` as rows
+/// of C become final.
 ///
 /// # Safety
 /// As for [`sgemm`]; a packed A is `m×k` and packed for `isa`; an [`Im2col`] B has
@@ -257,6 +253,7 @@ pub(crate) unsafe fn product(
     ldc: usize,
     accumulate: bool,
     threads: usize,
+    done: Done,
 ) {
     if let A::Packed(p) = a {
         assert!(
@@ -268,9 +265,11 @@ pub(crate) unsafe fn product(
     unsafe {
         match isa {
             Isa::Avx512 => {
-                product_with::<avx512::Avx512>(m, n, k, a, b, c, ldc, accumulate, threads)
+                product_with::<avx512::Avx512>(m, n, k, a, b, c, ldc, accumulate, threads, done)
             }
-            Isa::Avx2 => product_with::<avx2::Avx2>(m, n, k, a, b, c, ldc, accumulate, threads),
+            Isa::Avx2 => {
+                product_with::<avx2::Avx2>(m, n, k, a, b, c, ldc, accumulate, threads, done)
+            }
         }
     }
 }
@@ -290,14 +289,20 @@ unsafe fn product_with<K: Kernel>(
     ldc: usize,
     accumulate: bool,
     threads: usize,
+    done: Done,
 ) {
-    if m == 0 || n == 0 || (k == 0 && accumulate) {
+    if m == 0 || n == 0 {
         return;
     }
     if k == 0 {
         for i in 0..m {
-            // SAFETY: row i of C holds n floats at c + i * ldc (the caller's contract).
-            unsafe { std::ptr::write_bytes(c.add(i * ldc), 0, n) };
+            if !accumulate {
+                // SAFETY: row i of C holds n floats at c + i * ldc (the caller's contract).
+                unsafe { std::ptr::write_bytes(c.add(i * ldc), 0, n) };
+            }
+            if let Some(done) = done {
+                done(i, 0..n);
+            }
         }
         return;
     }
@@ -326,7 +331,19 @@ unsafe fn product_with<K: Kernel>(
             (0..m, start..(start + chunk).min(n))
         };
         // SAFETY: as for `product`; this call writes rows × cols of C only.
-        unsafe { block::<K>(rows, cols, k, a.get(), b.get(), cp.get(), ldc, accumulate) };
+        unsafe {
+            block::<K>(
+                rows,
+                cols,
+                k,
+                a.get(),
+                b.get(),
+                cp.get(),
+                ldc,
+                accumulate,
+                done,
+            )
+        };
     };
     if parts == 1 {
         run(0);
@@ -361,6 +378,7 @@ unsafe fn block<K: Kernel>(
     c: *mut f32,
     ldc: usize,
     accumulate: bool,
+    done: Done,
 ) {
     let (m, n) = (rows.len(), cols.len());
     if m == 0 || n == 0 {
@@ -391,7 +409,7 @@ unsafe fn block<K: Kernel>(
         let bp = &mut line_floats(bp_buf)[..nb];
         let ap = &mut line_floats(ap_buf)[..na];
         // SAFETY: the caller's contract.
-        unsafe { block_in::<K>(rows, cols, k, a, b, c, ldc, accumulate, bp, ap) }
+        unsafe { block_in::<K>(rows, cols, k, a, b, c, ldc, accumulate, done, bp, ap) }
     })
 }
 
@@ -647,6 +665,7 @@ unsafe fn block_in<K: Kernel>(
     c: *mut f32,
     ldc: usize,
     accumulate: bool,
+    done: Done,
     bp: &mut [f32],
     ap: &mut [f32],
 ) {
@@ -688,27 +707,38 @@ unsafe fn block_in<K: Kernel>(
                 A::Packed(p) => unsafe { p.ptr().add(pc * p.mpad + (r0 + ic) * kc) },
             };
             // The tiles of rows `ic..ic + mc` and columns `j0..j0 + w` of the block, from the
-            // packed rows and columns.
+            // packed rows and columns, GROUP columns at a time; in the last block of depth,
+            // each group's rows are reported done while they are in cache.
+            let last = pc + kc == k;
             let tiles =
                 |a_block: *const f32, (ic, mc): (usize, usize), w: usize, j0, bp: &[f32]| {
-                    for (jp, jj) in (0..w).step_by(nr).enumerate() {
-                        for (ip, i0) in (0..mc).step_by(mr).enumerate() {
-                            // SAFETY: the tile's first element is inside this thread's rows and
-                            // columns of C, and the packed panels hold kc * MR and kc * NR floats;
-                            // micro writes only the h x w valid part.
-                            unsafe {
-                                let cp = c.add((r0 + ic + i0) * ldc + c0 + jc + j0 + jj);
-                                K::micro(
-                                    kc,
-                                    a_block.add(ip * kc * mr),
-                                    bp.as_ptr().add(jp * kc * nr),
-                                    cp,
-                                    ldc,
-                                    accumulate || pc > 0,
-                                    mr.min(mc - i0),
-                                    nr.min(w - jj),
-                                )
-                            };
+                    for g0 in (0..w).step_by(GROUP) {
+                        let g1 = (g0 + GROUP).min(w);
+                        for jj in (g0..g1).step_by(nr) {
+                            for (ip, i0) in (0..mc).step_by(mr).enumerate() {
+                                // SAFETY: the tile's first element is inside this thread's rows and
+                                // columns of C, and the packed panels hold kc * MR and kc * NR
+                                // floats; micro writes only the h x w valid part.
+                                unsafe {
+                                    let cp = c.add((r0 + ic + i0) * ldc + c0 + jc + j0 + jj);
+                                    K::micro(
+                                        kc,
+                                        a_block.add(ip * kc * mr),
+                                        bp.as_ptr().add(jj / nr * kc * nr),
+                                        cp,
+                                        ldc,
+                                        accumulate || pc > 0,
+                                        mr.min(mc - i0),
+                                        nr.min(w - jj),
+                                    )
+                                };
+                            }
+                        }
+                        if let (true, Some(done)) = (last, done) {
+                            let cols = c0 + jc + j0;
+                            for i in r0 + ic..r0 + ic + mc {
+                                done(i, cols + g0..cols + g1);
+                            }
                         }
                     }
                 };
@@ -824,6 +854,7 @@ mod tests {
                     n,
                     false,
                     1,
+                    None,
                 )
             };
             let view = Im2col {
@@ -857,12 +888,68 @@ mod tests {
                             n,
                             false,
                             threads,
+                            None,
                         )
                     };
                     assert_eq!(
                         got, want,
                         "{isa:?}, case {ch}x{h}x{w} k{kh}x{kw}, {threads} threads"
                     );
+                }
+            }
+        }
+    }
+
+    /// `done` hears of every element of C exactly once, after it holds its final value: for
+    /// one block of rows and several, one thread and two, a packed A and a plain one.
+    #[test]
+    fn reports_each_row_piece_once_when_final() {
+        use std::sync::Mutex;
+        for (isa, (m, n, k)) in kernels()
+            .into_iter()
+            .flat_map(|isa| [(20, 700, 300), (300, 90, 40), (7, 5, 0)].map(|s| (isa, s)))
+        {
+            let a: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 - 3.0).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| (i % 5) as f32 - 2.0).collect();
+            let want: Vec<f32> = (0..m * n)
+                .map(|ij| (0..k).map(|p| a[ij / n * k + p] * b[p * n + ij % n]).sum())
+                .collect();
+            let fa = Mat::rows(a.as_ptr(), k);
+            // SAFETY: `a` holds m x k floats.
+            let packed = unsafe { PackedA::new(isa, m, k, fa) };
+            for threads in [1, 2] {
+                for a_op in [A::Mat(fa), A::Packed(&packed)] {
+                    let mut c = vec![f32::NAN; m * n];
+                    let seen = Mutex::new(vec![0u8; m * n]);
+                    // SAFETY: `done` only reads elements the GEMM has finished writing.
+                    let cp = unsafe { SendPtr::new(c.as_mut_ptr()) };
+                    let done = |i: usize, cols: std::ops::Range<usize>| {
+                        let mut seen = seen.lock().unwrap();
+                        for j in cols {
+                            seen[i * n + j] += 1;
+                            // SAFETY: (i, j) is inside C; its writer has finished it.
+                            let got = unsafe { *cp.get().add(i * n + j) };
+                            assert_eq!(got, want[i * n + j], "{isa:?} {m}x{n}x{k} ({i},{j})");
+                        }
+                    };
+                    // SAFETY: the operands address m x k, k x n and m x n floats.
+                    unsafe {
+                        product(
+                            isa,
+                            m,
+                            n,
+                            k,
+                            a_op,
+                            B::Mat(Mat::rows(b.as_ptr(), n)),
+                            c.as_mut_ptr(),
+                            n,
+                            false,
+                            threads,
+                            Some(&done),
+                        )
+                    };
+                    let seen = seen.into_inner().unwrap();
+                    assert!(seen.iter().all(|&s| s == 1), "{isa:?} {m}x{n}x{k}");
                 }
             }
         }
@@ -925,7 +1012,7 @@ mod tests {
                 (2.0, strided, true),
             ] {
                 // SAFETY: ma, mb and c address m x k, k x n and m x n floats of live vectors.
-                unsafe { sgemm(isa, m, n, k, ma, mb, c.as_mut_ptr(), n, acc, 2) };
+                unsafe { sgemm(isa, m, n, k, ma, mb, c.as_mut_ptr(), n, acc, 2, None) };
                 for i in 0..m {
                     for j in 0..n {
                         let want: f64 = pass
