@@ -3,8 +3,10 @@
 //! and a direct kernel for depthwise convolutions. Also the scratch rule the memory plan asks
 //! this backend for.
 //!
-//! This file is long because the four paths share their tap geometry (`Taps`, `in_bounds`,
-//! `phase_spans`), which `sgemm.rs` and `native.rs` (pooling) also use.
+//! This file is long because the paths share their tap geometry (`Taps`, `in_bounds`,
+//! `phase_spans`), which `depthwise.rs`, `sgemm/` and `native/` (pooling) also use.
+
+mod depthwise;
 
 use super::lower::Finish;
 use super::matmul::{Mat, gemm};
@@ -402,7 +404,7 @@ unsafe fn conv_gemm<
         conv_scratch_elements(&cv.attrs, &dims(cv.xd), &dims(cv.wd), &dims(cv.yd)) as usize;
     if cv.mode == ConvMode::Forward && cg == 1 && o == cv.xd[1] && cv.attrs.groups as usize == o {
         // SAFETY: the caller's contract.
-        unsafe { depthwise(cv, x, w, y, finish) };
+        unsafe { depthwise::depthwise(cv, x, w, y, finish) };
         return;
     }
     let parts = rayon::current_num_threads().min(nb).max(1);
@@ -491,145 +493,6 @@ unsafe fn conv_gemm<
         }
     }
     finish_gradient();
-}
-
-/// A depthwise convolution (one filter per channel, `groups == C == O`) computed directly: a
-/// GEMM per channel would multiply a 1 x kH*kW filter by its columns, all overhead. Channels are
-/// split among threads; see [`depthwise_plane`] for one channel. Each output plane is reported
-/// to `finish` as soon as it is written.
-///
-/// # Safety
-/// `x`, `w` and `y` hold tensors of the dims `cv` records.
-unsafe fn depthwise<T>(cv: &Conv, x: *mut T, w: *mut T, y: *mut T, finish: Finish)
-where
-    T: Copy + Default + Send + Sync + std::ops::AddAssign + std::ops::Mul<Output = T> + 'static,
-{
-    let [nb, c, h, wd] = cv.xd;
-    let [_, _, kh, kw] = cv.wd;
-    let [_, _, oh, ow] = cv.yd;
-    let taps = Taps::new(cv);
-    let s = taps.s[1] as usize;
-    let g = Depthwise {
-        spans: phase_spans(kw, taps.d[1], taps.p[1], s, (h, wd, ow)),
-        taps,
-        kh,
-        kw,
-        oh,
-        ow,
-    };
-    let f32_fma = std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() && cv.fma;
-    // SAFETY: x and w are only read; each channel's call writes only its own output plane.
-    let (px, pw, py) = unsafe { (SendPtr::new(x), SendPtr::new(w), SendPtr::new(y)) };
-    let plane = |ch: usize| {
-        // SAFETY: channel `ch` of image `ch / c` is in bounds of x and y, its filter of w; each
-        // call writes only its own output plane.
-        unsafe {
-            let xin = std::slice::from_raw_parts(px.get().add(ch * h * wd), h * wd);
-            let out = std::slice::from_raw_parts_mut(py.get().add(ch * oh * ow), oh * ow);
-            let f = std::slice::from_raw_parts(pw.get().add((ch % c) * kh * kw), kh * kw);
-            if f32_fma {
-                let cast = |s: &[T]| std::slice::from_raw_parts(s.as_ptr() as *const f32, s.len());
-                let out = std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut f32, out.len());
-                depthwise_plane_fma(&g, cast(xin), cast(f), out);
-            } else {
-                depthwise_plane::<T, false>(&g, xin, f, out);
-            }
-        }
-        if let Some(finish) = finish {
-            finish(ch * oh * ow..(ch + 1) * oh * ow);
-        }
-    };
-    use rayon::prelude::*;
-    (0..nb * c).into_par_iter().with_min_len(4).for_each(plane);
-}
-
-/// What every channel of a depthwise convolution shares: the taps, the filter and output sizes,
-/// and each filter column's span ([`phase_spans`]).
-struct Depthwise {
-    taps: Taps,
-    kh: usize,
-    kw: usize,
-    oh: usize,
-    ow: usize,
-    spans: Vec<(usize, usize, usize)>,
-}
-
-/// [`depthwise_plane`] for f32 compiled for AVX2 with fused multiply-adds.
-///
-/// # Safety
-/// The CPU must have AVX2 and FMA (`Conv::fma`: the target has them, and a target only turns
-/// off features the host has).
-#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma"))]
-unsafe fn depthwise_plane_fma(g: &Depthwise, x: &[f32], f: &[f32], out: &mut [f32]) {
-    depthwise_plane::<f32, true>(g, x, f, out)
-}
-
-/// One channel of a depthwise convolution: `x` the input plane, `f` the channel's filter. For each output row and filter tap, the in-image span of the row is
-/// one multiply-add run over contiguous input. With a column stride `s > 1` the input rows are
-/// first split by column phase (`x[.., q::s]` for each `q < s`), so the runs stay contiguous and
-/// vectorise. `FMA` fuses each multiply-add (f32 with the CPU feature only).
-#[inline(always)]
-fn depthwise_plane<T, const FMA: bool>(g: &Depthwise, x: &[T], f: &[T], out: &mut [T])
-where
-    T: Copy + Default + std::ops::AddAssign + std::ops::Mul<Output = T> + 'static,
-{
-    let (taps, kh, kw, oh, ow) = (&g.taps, g.kh, g.kw, g.oh, g.ow);
-    let (h, w) = (taps.h as usize, taps.w as usize);
-    let (sy, sx) = (taps.s[0], taps.s[1]);
-    let s = sx as usize;
-    let pw = w.div_ceil(s);
-    let split;
-    let src: &[T] = if s == 1 {
-        x
-    } else {
-        split = phase_split(x, h, w, s);
-        &split
-    };
-    out.fill(T::default());
-    for oy in 0..oh {
-        let row = &mut out[oy * ow..(oy + 1) * ow];
-        for ky in 0..kh {
-            let iy = oy as isize * sy + ky as isize * taps.d[0] - taps.p[0];
-            if iy < 0 || iy >= taps.h {
-                continue;
-            }
-            for (kx, &(lo, hi, start)) in g.spans.iter().enumerate() {
-                if hi > lo {
-                    let b = start + iy as usize * pw;
-                    depthwise_run::<T, FMA>(
-                        &mut row[lo..hi],
-                        &src[b..b + hi - lo],
-                        f[ky * kw + kx],
-                    );
-                }
-            }
-        }
-    }
-}
-
-/// `out += wv * input`, elementwise (fused when `FMA`, where T is f32).
-#[inline(always)]
-fn depthwise_run<T, const FMA: bool>(out: &mut [T], input: &[T], wv: T)
-where
-    T: Copy + std::ops::AddAssign + std::ops::Mul<Output = T> + 'static,
-{
-    if FMA {
-        // SAFETY: T is f32 (only `depthwise_plane_fma` sets FMA).
-        let (o, i, wv) = unsafe {
-            (
-                std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut f32, out.len()),
-                std::slice::from_raw_parts(input.as_ptr() as *const f32, input.len()),
-                *(&wv as *const T as *const f32),
-            )
-        };
-        for (o, &v) in o.iter_mut().zip(i) {
-            *o = v.mul_add(wv, *o);
-        }
-    } else {
-        for (o, &v) in out.iter_mut().zip(input) {
-            *o += wv * v;
-        }
-    }
 }
 
 /// The convolution of `images` on one thread (see `conv_gemm`), `cv.group` images side by side
