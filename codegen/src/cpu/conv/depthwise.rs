@@ -126,7 +126,7 @@ fn plane_avx2(g: &Geometry, x: &[f32], f: &[f32], out: &mut [f32], buf: &mut Vec
             let dst = &mut dst[((ix0 + pl) / s).min(pw)..];
             if s == 1 {
                 let n = dst.len().min(w);
-                dst[..n].copy_from_slice(&src[..n]);
+                copy(&src[..n], &mut dst[..n]);
             } else {
                 for (d, &v) in dst.iter_mut().zip(src[ix0..].iter().step_by(s)) {
                     *d = v;
@@ -143,11 +143,12 @@ fn plane_avx2(g: &Geometry, x: &[f32], f: &[f32], out: &mut [f32], buf: &mut Vec
             (f[t], ((c % s) * rows + r) * pw + c / s)
         })
         .collect();
+    // Whole groups of GROUP vectors along each row: GROUP independent accumulators.
+    let grouped = ow / (GROUP * LANES) * (GROUP * LANES);
     for oy in 0..oh {
         let down = oy * sy * pw;
         let row = &mut out[oy * ow..(oy + 1) * ow];
-        let mut ox = 0;
-        while ox + GROUP * LANES <= ow {
+        for ox in (0..grouped).step_by(GROUP * LANES) {
             let mut acc = [_mm256_setzero_ps(); GROUP];
             for &(wt, at) in &taps {
                 let wv = _mm256_set1_ps(wt);
@@ -164,23 +165,66 @@ fn plane_avx2(g: &Geometry, x: &[f32], f: &[f32], out: &mut [f32], buf: &mut Vec
                 // SAFETY: `dst` holds GROUP * LANES floats.
                 unsafe { _mm256_storeu_ps(dst.as_mut_ptr().add(u * LANES), *a) };
             }
-            ox += GROUP * LANES;
         }
-        while ox < ow {
-            let mut acc = _mm256_setzero_ps();
+    }
+    // The vectors left of each row (all of a short row), GROUP rows at a time, again with
+    // independent accumulators: one would wait on each multiply-add before the next.
+    for ox in (grouped..ow).step_by(LANES) {
+        let n = LANES.min(ow - ox);
+        for oy in (0..oh).step_by(GROUP) {
+            let rows_here = GROUP.min(oh - oy);
+            let mut acc = [_mm256_setzero_ps(); GROUP];
             for &(wt, at) in &taps {
-                let at = at + down + ox;
-                let src = &buf[at..at + LANES];
-                // SAFETY: `src` holds LANES floats (the row is padded to whole vectors).
-                let v = unsafe { _mm256_loadu_ps(src.as_ptr()) };
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(wt), v, acc);
+                let wv = _mm256_set1_ps(wt);
+                for (r, a) in acc.iter_mut().enumerate().take(rows_here) {
+                    let at = at + (oy + r) * sy * pw + ox;
+                    let src = &buf[at..at + LANES];
+                    // SAFETY: `src` holds LANES floats (the rows are padded to whole vectors).
+                    let v = unsafe { _mm256_loadu_ps(src.as_ptr()) };
+                    *a = _mm256_fmadd_ps(wv, v, *a);
+                }
             }
-            let n = LANES.min(ow - ox);
-            let mut lanes = [0.0f32; LANES];
-            // SAFETY: `lanes` holds LANES floats.
-            unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
-            row[ox..ox + n].copy_from_slice(&lanes[..n]);
-            ox += LANES;
+            for (r, a) in acc.iter().enumerate().take(rows_here) {
+                let dst = &mut out[(oy + r) * ow + ox..(oy + r) * ow + ox + n];
+                // SAFETY: the mask covers the n floats of `dst`.
+                unsafe { _mm256_maskstore_ps(dst.as_mut_ptr(), first(n), *a) };
+            }
+        }
+    }
+}
+
+/// A mask of the first `n` of eight lanes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn first(n: usize) -> __m256i {
+    let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), lane)
+}
+
+/// `dst.copy_from_slice(src)` in vectors, the last one masked: the rows of a plane are short
+/// (7 to 112 floats), too short to pay for a call to `memcpy` each.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn copy(src: &[f32], dst: &mut [f32]) {
+    assert_eq!(src.len(), dst.len());
+    let n = src.len();
+    let mut i = 0;
+    while i + LANES <= n {
+        // SAFETY: i + LANES <= n, inside both slices.
+        unsafe {
+            _mm256_storeu_ps(
+                dst.as_mut_ptr().add(i),
+                _mm256_loadu_ps(src.as_ptr().add(i)),
+            )
+        };
+        i += LANES;
+    }
+    if i < n {
+        let m = first(n - i);
+        // SAFETY: the mask covers the n - i floats left in both slices.
+        unsafe {
+            let v = _mm256_maskload_ps(src.as_ptr().add(i), m);
+            _mm256_maskstore_ps(dst.as_mut_ptr().add(i), m, v);
         }
     }
 }
