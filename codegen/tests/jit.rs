@@ -422,6 +422,13 @@ fn convolutions_through_im2col_and_gemm() {
             "{strides=[2,2], pads=[1,0,1,1], groups=4}",
             "f32[1,4,6,20]",
         ),
+        // A 7x7 plane (a late layer's) with column stride 3: rows shorter than a vector.
+        (
+            "f32[1,3,7,7]",
+            "f32[3,1,3,3]",
+            "{strides=[2,3], pads=[1,1,1,1], groups=3}",
+            "f32[1,3,4,3]",
+        ),
         (
             "f32[1,2,13,30]",
             "f32[2,1,5,5]",
