@@ -92,7 +92,7 @@ pub struct Features {
     pub avx2: bool,
     /// Fused multiply-add.
     pub fma: bool,
-    /// 512-bit vectors; the own f32 GEMM needs it.
+    /// 512-bit vectors (our AVX-512 GEMM kernel; without it, the AVX2+FMA one).
     pub avx512f: bool,
     /// AVX-512 VNNI or AVX-VNNI (int8 dot products): reported, not used by any kernel yet.
     pub vnni: bool,
