@@ -341,10 +341,12 @@ unsafe fn product_with<K: Kernel>(
                 k,
                 a.get(),
                 b.get(),
-                cp.get(),
-                ldc,
-                accumulate,
-                done,
+                Out {
+                    c: cp.get(),
+                    ldc,
+                    accumulate,
+                    done,
+                },
             )
         };
     };
@@ -366,22 +368,28 @@ fn aligned(n: usize) -> Vec<Line> {
     lines(n as u64 * 4)
 }
 
+/// Where one thread's part of a product goes: C with its leading dimension, whether to add to
+/// it, and whom to tell as rows are finished.
+#[derive(Clone, Copy)]
+struct Out<'a> {
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+    done: Done<'a>,
+}
+
 /// The blocked product of rows `rows` and columns `cols` of C on one thread (`rows` starts at a
 /// multiple of MR).
 ///
 /// # Safety
 /// As for [`product`]; no other thread writes these rows and columns of C meanwhile.
-#[allow(clippy::too_many_arguments)]
 unsafe fn block<K: Kernel>(
     rows: std::ops::Range<usize>,
     cols: std::ops::Range<usize>,
     k: usize,
     a: A,
     b: B,
-    c: *mut f32,
-    ldc: usize,
-    accumulate: bool,
-    done: Done,
+    out: Out,
 ) {
     let (m, n) = (rows.len(), cols.len());
     if m == 0 || n == 0 {
@@ -412,7 +420,7 @@ unsafe fn block<K: Kernel>(
         let bp = &mut line_floats(bp_buf)[..nb];
         let ap = &mut line_floats(ap_buf)[..na];
         // SAFETY: the caller's contract.
-        unsafe { block_in::<K>(rows, cols, k, a, b, c, ldc, accumulate, done, bp, ap) }
+        unsafe { block_in::<K>(rows, cols, k, a, b, out, bp, ap) }
     })
 }
 
@@ -433,13 +441,16 @@ unsafe fn block_in<K: Kernel>(
     k: usize,
     a: A,
     b: B,
-    c: *mut f32,
-    ldc: usize,
-    accumulate: bool,
-    done: Done,
+    out: Out,
     bp: &mut [f32],
     ap: &mut [f32],
 ) {
+    let Out {
+        c,
+        ldc,
+        accumulate,
+        done,
+    } = out;
     let (mr, nr) = (K::MR, K::NR);
     let (r0, m) = (rows.start, rows.len());
     let (c0, n) = (cols.start, cols.len());
