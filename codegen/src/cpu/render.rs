@@ -85,13 +85,21 @@ pub(super) fn render(
                     }
                 }
             }
-            Node::Bin(op, x, y) => {
-                let (x, y) = (at(x), at(y));
+            Node::Bin(op, bx, by) => {
+                let (x, y) = (at(bx), at(by));
                 match (op, int) {
                     (Bin::Add, false) => b.ins().fadd(x, y),
                     (Bin::Sub, false) => b.ins().fsub(x, y),
                     (Bin::Mul, false) => b.ins().fmul(x, y),
                     (Bin::Div, false) => b.ins().fdiv(x, y),
+                    (Bin::Min | Bin::Max, false) if vector => {
+                        let c = |e| match body.nodes()[Body::index(e)].0 {
+                            Node::Num(c) => !c.is_nan(),
+                            _ => false,
+                        };
+                        let (cx, cy) = (c(bx), c(by));
+                        vector_min_max(b, op == Bin::Max, x, y, cx, cy)
+                    }
                     (Bin::Min, false) => b.ins().fmin(x, y),
                     (Bin::Max, false) => b.ins().fmax(x, y),
                     (Bin::Add, true) => b.ins().iadd(x, y),
@@ -189,6 +197,45 @@ pub(super) fn render(
         v.push(r);
     }
     body.results.iter().map(|&e| v[Body::index(e)]).collect()
+}
+
+/// `min(x, y)` or `max(x, y)` of float vectors, NaN where either lane is NaN, in the shapes
+/// Cranelift's x86 backend turns into one `minps`/`maxps` (`a < b ? a : b` and `b < a ? a : b`
+/// with a bitselect; those return `b` when either is NaN). Its own `fmin`/`fmax` take about ten
+/// instructions each, to order signed zeros as well, which costs relu and clip epilogues up to
+/// half their time. With a constant (`cx`/`cy`: that operand is a number, not NaN) on one side,
+/// one instruction with the other operand in the NaN-returning place is exact; otherwise the
+/// lanes where either is NaN are or-ed with all ones (a NaN). Equal zeros of opposite sign may
+/// give either zero, as in the reference interpreter, which returns the first.
+fn vector_min_max(
+    b: &mut FunctionBuilder,
+    max: bool,
+    x: CValue,
+    y: CValue,
+    cx: bool,
+    cy: bool,
+) -> CValue {
+    let ty = b.func.dfg.value_type(x);
+    // `pick(a, b)`: `a` where it wins over `b`, else `b` (and `b` where either is NaN).
+    let pick = |b: &mut FunctionBuilder, a: CValue, other: CValue| {
+        let m = if max {
+            b.ins().fcmp(FloatCC::LessThan, other, a)
+        } else {
+            b.ins().fcmp(FloatCC::LessThan, a, other)
+        };
+        let m = b.ins().bitcast(ty, MemFlags::new(), m);
+        b.ins().bitselect(m, a, other)
+    };
+    if cy {
+        pick(b, y, x)
+    } else if cx {
+        pick(b, x, y)
+    } else {
+        let r = pick(b, y, x);
+        let nan = b.ins().fcmp(FloatCC::Unordered, x, y);
+        let nan = b.ins().bitcast(ty, MemFlags::new(), nan);
+        b.ins().bor(r, nan)
+    }
 }
 
 /// The signed integer condition of a comparison.
