@@ -297,20 +297,20 @@ fn profile_names_every_step() {
     assert!(out.starts_with("%s: f32[4,16]"), "{out}");
     let lines: Vec<&str> = err.lines().collect();
     assert!(
-        lines[0].starts_with("profile of @f: ") && lines[0].ends_with(" in 2 steps"),
+        lines[0].starts_with("profile of @f over 1 run: ") && lines[0].ends_with(" in 2 steps"),
         "{err}"
     );
     assert_eq!(lines.len(), 3, "{err}");
     assert!(
         lines[1..]
             .iter()
-            .any(|l| l.ends_with("library   k0    matmul %y")),
+            .any(|l| l.ends_with("library   k0    matmul : f32[4,16] %y")),
         "{err}"
     );
     assert!(
         lines[1..]
             .iter()
-            .any(|l| l.ends_with("jit       k1    softmax %s")),
+            .any(|l| l.ends_with("jit       k1    softmax {axis=1} : f32[4,16] %s")),
         "{err}"
     );
     // Without the flag, nothing is timed or printed.

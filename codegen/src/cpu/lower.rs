@@ -153,7 +153,7 @@ pub(super) fn compile(
     }
     let profile = cpu
         .profile
-        .then(|| std::sync::Mutex::new(vec![std::time::Duration::ZERO; steps.len()]));
+        .then(|| std::sync::Mutex::new((0, vec![std::time::Duration::ZERO; steps.len()])));
     Ok(Executable {
         func: f.clone(),
         plan,

@@ -15,7 +15,7 @@
 //! - `lower.rs`: the step each kernel runs as (JIT loop, library call, native kernel, reference);
 //! - `jit.rs`, `render.rs`, `target.rs`: Cranelift loops around kernel bodies (from
 //!   [`crate::kernel`]), the bodies' instructions, and the ISA they target;
-//! - `matmul.rs` and `sgemm.rs`, `conv.rs`, `native.rs`: library and hand-written kernels;
+//! - `matmul.rs` and `sgemm/`, `conv/`, `native/`: library and hand-written kernels;
 //! - `runtime.rs`: running the steps on a pooled arena, and the profile;
 //! - `bytes.rs`: aligned buffers and tensors as bytes; `send_ptr.rs`: pointers across threads.
 
@@ -88,8 +88,8 @@ pub struct Executable {
     consts: HashMap<Value, Vec<Line>>,
     /// Arenas of finished runs, reused by later ones (one per concurrent run at most).
     arenas: std::sync::Mutex<Vec<Vec<Line>>>,
-    /// With [`Cpu::profile`]: the time spent in each step over all runs.
-    profile: Option<std::sync::Mutex<Vec<std::time::Duration>>>,
+    /// With [`Cpu::profile`]: the runs so far and the time spent in each step over them.
+    profile: Option<std::sync::Mutex<(u32, Vec<std::time::Duration>)>>,
     _code: jit::Code,
 }
 

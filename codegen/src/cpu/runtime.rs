@@ -163,8 +163,13 @@ impl Executable {
             if let (Some(t0), Some(p)) = (t0, &self.profile)
                 && let Ok(mut p) = p.lock()
             {
-                p[si] += t0.elapsed();
+                p.1[si] += t0.elapsed();
             }
+        }
+        if let Some(p) = &self.profile
+            && let Ok(mut p) = p.lock()
+        {
+            p.0 += 1;
         }
         // Every step ran, so every output buffer is fully written.
         for (d, &v) in outs.iter_mut().zip(&self.mem.outputs) {
@@ -247,7 +252,10 @@ impl Executable {
 pub struct Profile {
     /// The function's name.
     pub function: String,
-    /// Each step's time and description (`jit`, `library matmul %y`, ...), largest first.
+    /// The runs timed.
+    pub runs: u32,
+    /// Each step's time over all runs and its description (`jit`, `library`, ..., the
+    /// kernel, then its first op: `matmul : f32[4,16] %y`), largest first.
     pub steps: Vec<(Duration, String)>,
 }
 
@@ -255,7 +263,8 @@ impl Executable {
     /// The time spent in each step over all runs so far; `None` unless compiled with
     /// [`Cpu::profile`](super::Cpu) set.
     pub fn profile(&self) -> Option<Profile> {
-        let times = self.profile.as_ref()?.lock().ok()?;
+        let guard = self.profile.as_ref()?.lock().ok()?;
+        let (runs, times) = &*guard;
         let f = &self.func;
         let mut steps: Vec<(Duration, String)> = self
             .steps
@@ -269,45 +278,60 @@ impl Executable {
                     Step::Reference => "reference",
                 };
                 // Named by the kernel's first op (the library call, the reduction or softmax
-                // root of its kind, or the first elementwise op) and what it computes.
+                // root of its kind, or the first elementwise op): what it computes, its
+                // attributes and result type, and its result's name.
                 let kd = &self.plan.kernels[*k];
                 let first = match kd.kind {
                     KernelKind::Reduction { root } | KernelKind::Row { root } => root,
                     _ => kd.ops[0],
                 };
-                let name = format!(
-                    "{} %{}",
-                    f.op(first).kind.mnemonic(),
-                    f.name(f.op(first).results[0])
-                );
+                let d = f.op(first);
+                let mut name = d.kind.mnemonic().to_string();
+                let attrs = d.kind.attr_texts();
+                if !attrs.is_empty() {
+                    let kv: Vec<String> = attrs.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                    name += &format!(" {{{}}}", kv.join(", "));
+                }
+                let r = d.results[0];
+                name += &format!(" : {} %{}", f.ty(r), f.name(r));
                 (t, format!("{what:<9} {:<5} {name}", k.to_string()))
             })
             .collect();
         steps.sort_by_key(|&(t, _)| std::cmp::Reverse(t));
         Some(Profile {
             function: f.name.clone(),
+            runs: *runs,
             steps,
         })
     }
 }
 
 impl fmt::Display for Profile {
-    /// The total, then the 25 largest steps with their share.
+    /// The time per run, then the 25 largest steps (all with `{:#}`), each with its time per run
+    /// and share.
     fn fmt(&self, out: &mut fmt::Formatter) -> fmt::Result {
+        let runs = f64::from(self.runs.max(1));
         let total: f64 = self.steps.iter().map(|(t, _)| t.as_secs_f64()).sum();
         writeln!(
             out,
-            "profile of @{}: {:.3} ms in {} steps",
+            "profile of @{} over {} run{}: {:.3} ms per run in {} steps",
             self.function,
-            total * 1e3,
+            self.runs,
+            if self.runs == 1 { "" } else { "s" },
+            total * 1e3 / runs,
             self.steps.len()
         )?;
-        for (t, what) in self.steps.iter().take(25) {
+        let shown = if out.alternate() {
+            self.steps.len()
+        } else {
+            25
+        };
+        for (t, what) in self.steps.iter().take(shown) {
             let t = t.as_secs_f64();
             writeln!(
                 out,
                 "  {:>9.3} ms {:>5.1}%  {what}",
-                t * 1e3,
+                t * 1e3 / runs,
                 100.0 * t / total.max(1e-12)
             )?;
         }

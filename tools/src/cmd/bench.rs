@@ -20,8 +20,8 @@ pub(crate) struct Args {
     /// Untimed runs first (caches, page faults, the thread pool's start).
     #[arg(long, default_value_t = 5)]
     pub warmup: usize,
-    /// Also time each compiled step, and print to stderr where the time of all runs went
-    /// (the timing itself costs a little).
+    /// Also time each compiled step, and print to stderr where the time went: every step's
+    /// time per run, largest first (the timing itself costs a little).
     #[arg(long)]
     pub profile: bool,
 }
@@ -124,7 +124,7 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
         _ => writeln!(out, "throughput: {per_s:.1} runs/s"),
     };
     if let Some(p) = exe.profile() {
-        let _ = write!(io.stderr, "{p}");
+        let _ = write!(io.stderr, "{p:#}");
     }
     Ok(())
 }
