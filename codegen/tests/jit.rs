@@ -407,9 +407,9 @@ fn convolutions_through_im2col_and_gemm() {
             "f32[2,4,5,3]",
         ),
         ("f32[2,8,6,6]", "f32[5,8,1,1]", "", "f32[2,5,6,6]"),
-        // Depthwise (the direct kernel): rows wide enough for register tiles (8 outputs) with
-        // edges and tails, unit and column stride 2, a 5x5 dilated filter; strided with uneven
-        // pads, and f64 with dilation.
+        // Depthwise (the direct kernel): rows with and without a partial last vector of eight
+        // outputs, unit and column stride 2, a 5x5 dilated filter; strided with uneven pads,
+        // and f64 with dilation.
         (
             "f32[2,3,11,37]",
             "f32[3,1,3,3]",
@@ -434,6 +434,20 @@ fn convolutions_through_im2col_and_gemm() {
             "f32[2,1,5,5]",
             "{pads=[4,3,4,3], dilations=[2,2], groups=2}",
             "f32[1,2,13,28]",
+        ),
+        // Several blocks of eight channels, the last partial, and planes taller than one strip
+        // of the transposed buffer (96 KiB); strided, dilated and unevenly padded.
+        (
+            "f32[1,13,37,130]",
+            "f32[13,1,3,3]",
+            "{pads=[1,1,1,1], groups=13}",
+            "f32[1,13,37,130]",
+        ),
+        (
+            "f32[2,17,40,90]",
+            "f32[17,1,5,5]",
+            "{strides=[2,2], pads=[2,1,2,2], dilations=[1,2], groups=17}",
+            "f32[2,17,20,43]",
         ),
         (
             "f64[1,2,6,27]",

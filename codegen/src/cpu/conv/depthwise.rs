@@ -1,16 +1,19 @@
 //! Depthwise convolutions (one filter per channel, `groups == C == O`), computed directly: a
-//! GEMM per channel would multiply a 1 x kH*kW filter by its columns, all overhead. Channels are
-//! split among threads, and each output plane is reported to `finish` as soon as it is written.
+//! GEMM per channel would multiply a 1 x kH*kW filter by its columns, all overhead. Each output
+//! piece is reported to `finish` as soon as it is written.
 //!
-//! Two kernels for a plane:
+//! Two kernels:
 //!
-//! - f32 with AVX2 and FMA ([`plane_avx2`]): the input plane is first copied into a zero-padded
-//!   buffer with its columns split by phase of the column stride, so that every tap of every
-//!   output is an unconditional, contiguous vector load; each output row is then computed in
-//!   registers, four vectors of eight outputs at a time, all taps accumulated before a single
-//!   store (no bounds checks in the loop, no passes over the output per tap).
-//! - any other case ([`plane`]): per output row and tap, one multiply-add run over the span of
-//!   the row inside the image.
+//! - f32 with AVX2 and FMA ([`block_avx2`]): blocks of eight channels, split among threads.
+//!   A block's input is transposed, a strip of rows at a time, into a zero-padded buffer of
+//!   pixels, each pixel the block's eight channels in one vector. Every tap of every output is
+//!   then one aligned-to-the-pixel vector load and multiply-add, whatever the strides, the
+//!   dilations or the plane's size (7x7 planes and stride 2 need no special case); eight
+//!   outputs of a row accumulate in registers over all taps and are transposed back into the
+//!   eight output planes. It is the NCHW8c direct convolution, run on an NCHW tensor by
+//!   transposing in cache.
+//! - any other case ([`plane`]): per channel, per output row and tap, one multiply-add run over
+//!   the span of the row inside the image.
 
 use super::{Conv, Finish, SendPtr, Taps, phase_spans, phase_split};
 #[cfg(target_arch = "x86_64")]
@@ -38,8 +41,39 @@ where
         ow,
     };
     let f32_fma = std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() && cv.fma;
-    // SAFETY: x and w are only read; each channel's call writes only its own output plane.
+    // SAFETY: x and w are only read; each call writes only its own output planes.
     let (px, pw, py) = unsafe { (SendPtr::new(x), SendPtr::new(w), SendPtr::new(y)) };
+    use rayon::prelude::*;
+    if f32_fma {
+        let blocks = c.div_ceil(LANES);
+        let one = |i: usize| {
+            let (c0, cn) = (i % blocks * LANES, LANES.min(c - i % blocks * LANES));
+            // The block's first channel, counting over images.
+            let ch = i / blocks * c + c0;
+            // SAFETY: channels ch..ch+cn of image i / blocks are in bounds of x and y, their
+            // filters of w; each call writes only its own output planes. T is f32.
+            unsafe {
+                let x = std::slice::from_raw_parts(
+                    px.get().add(ch * h * wd) as *const f32,
+                    cn * h * wd,
+                );
+                let y = std::slice::from_raw_parts_mut(
+                    py.get().add(ch * oh * ow) as *mut f32,
+                    cn * oh * ow,
+                );
+                let f = std::slice::from_raw_parts(
+                    pw.get().add(c0 * kh * kw) as *const f32,
+                    cn * kh * kw,
+                );
+                BUFFER.with(|buf| block_avx2(&g, cn, x, f, y, &mut buf.borrow_mut()));
+            }
+            if let Some(finish) = finish {
+                finish(ch * oh * ow..(ch + cn) * oh * ow);
+            }
+        };
+        (0..nb * blocks).into_par_iter().for_each(one);
+        return;
+    }
     let one = |ch: usize| {
         // SAFETY: channel `ch` of image `ch / c` is in bounds of x and y, its filter of w; each
         // call writes only its own output plane.
@@ -47,19 +81,12 @@ where
             let xin = std::slice::from_raw_parts(px.get().add(ch * h * wd), h * wd);
             let out = std::slice::from_raw_parts_mut(py.get().add(ch * oh * ow), oh * ow);
             let f = std::slice::from_raw_parts(pw.get().add((ch % c) * kh * kw), kh * kw);
-            if f32_fma {
-                let cast = |s: &[T]| std::slice::from_raw_parts(s.as_ptr() as *const f32, s.len());
-                let out = std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut f32, out.len());
-                PADDED.with(|buf| plane_avx2(&g, cast(xin), cast(f), out, &mut buf.borrow_mut()));
-            } else {
-                plane::<T>(&g, xin, f, out);
-            }
+            plane::<T>(&g, xin, f, out);
         }
         if let Some(finish) = finish {
             finish(ch * oh * ow..(ch + 1) * oh * ow);
         }
     };
-    use rayon::prelude::*;
     (0..nb * c).into_par_iter().with_min_len(4).for_each(one);
 }
 
@@ -75,121 +102,168 @@ struct Geometry {
 }
 
 thread_local! {
-    /// Each thread's padded input plane for [`plane_avx2`].
-    static PADDED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Each thread's padded, transposed input strip for [`block_avx2`].
+    static BUFFER: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Outputs per vector.
+/// Channels per block, and outputs per row computed together: one vector of f32.
 const LANES: usize = 8;
 
-/// Vectors of outputs accumulated together along a row (registers: this many accumulators, one
-/// broadcast filter tap, one input vector).
-const GROUP: usize = 4;
+/// At most this many bytes of a block's padded input are transposed at a time (whole planes
+/// when they fit): the strip stays in L2 while its outputs are computed.
+const STRIP_BYTES: usize = 96 << 10;
 
-/// One channel of a depthwise convolution in f32 with AVX2 and FMA: `x` the input plane, `f` the
-/// channel's filter, `buf` working space.
+/// A block of `cn <= 8` channels of a depthwise convolution in f32 with AVX2 and FMA: `x` their
+/// input planes, `f` their filters, `y` their output planes, `buf` working space.
 ///
-/// The padded plane covers every row and column some tap of some output reads, padding as
-/// zeros: row `r` is input row `r - pad_top`, column `c` input column `c - pad_left`. Its
-/// columns are split by phase of the column stride `s` (phase `c % s` holds `c / s` at
-/// position `c / s`), so tap `kx` of outputs `ox..ox+8` reads positions `ox + kx·d / s ..` of
-/// phase `kx·d % s`: contiguous. Each phase row is padded past the last output to a whole
-/// vector, so the loads of a partial last vector stay inside the buffer (the extra lanes are
-/// never stored).
+/// The buffer holds a strip of padded input rows, row `r` being padded row `r0 + r` (input row
+/// `r0 + r - pad_top`), each row `cols` pixels of eight floats (the channels; zero past `cn`),
+/// pixel `c` being input column `c - pad_left`, zero outside the image. `cols` covers every tap
+/// of every output column rounded up to whole vectors, so the loads of a partial last vector of
+/// outputs stay inside the buffer (those lanes are never stored).
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA (`Conv::fma`: the target has them, and a target only turns off
 /// features the host has).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn plane_avx2(g: &Geometry, x: &[f32], f: &[f32], out: &mut [f32], buf: &mut Vec<f32>) {
+fn block_avx2(g: &Geometry, cn: usize, x: &[f32], f: &[f32], y: &mut [f32], buf: &mut Vec<f32>) {
     let t = &g.taps;
     let (h, w) = (t.h as usize, t.w as usize);
-    let [sy, s] = t.s.map(|v| v as usize);
+    let [sy, sx] = t.s.map(|v| v as usize);
     let [dy, dx] = t.d.map(|v| v as usize);
     let [pt, pl] = t.p.map(|v| v as usize);
     let (kh, kw, oh, ow) = (g.kh, g.kw, g.oh, g.ow);
-    // Padded rows and, per phase, positions read.
-    let rows = (oh - 1) * sy + (kh - 1) * dy + 1;
-    let pw = ow.next_multiple_of(LANES) + (kw - 1) * dx / s;
-    buf.clear();
-    buf.resize(s * rows * pw, 0.0);
-    for r in pt.min(rows)..(pt + h).min(rows) {
-        let src = &x[(r - pt) * w..(r - pt + 1) * w];
-        for q in 0..s {
-            // The input columns of phase q: ix with (ix + pl) % s == q, from the first.
-            let ix0 = (q + s - pl % s) % s;
-            if ix0 >= w {
-                continue;
+    debug_assert!(cn <= LANES && x.len() == cn * h * w && y.len() == cn * oh * ow);
+    // Each tap's filter values for the block's channels.
+    let taps: Vec<__m256> = (0..kh * kw)
+        .map(|k| {
+            let mut v = [0f32; LANES];
+            for (c, l) in v.iter_mut().enumerate().take(cn) {
+                *l = f[c * kh * kw + k];
             }
-            let dst = &mut buf[(q * rows + r) * pw..(q * rows + r + 1) * pw];
-            let dst = &mut dst[((ix0 + pl) / s).min(pw)..];
-            if s == 1 {
-                let n = dst.len().min(w);
-                copy(&src[..n], &mut dst[..n]);
-            } else {
-                for (d, &v) in dst.iter_mut().zip(src[ix0..].iter().step_by(s)) {
-                    *d = v;
-                }
-            }
-        }
-    }
-    let buf = &buf[..];
-    // Each tap's filter value and where it reads in `buf` for output (0, 0); output row oy
-    // reads oy * sy rows further.
-    let taps: Vec<(f32, usize)> = (0..kh * kw)
-        .map(|t| {
-            let (r, c) = (t / kw * dy, t % kw * dx);
-            (f[t], ((c % s) * rows + r) * pw + c / s)
+            // SAFETY: `v` holds LANES floats.
+            unsafe { _mm256_loadu_ps(v.as_ptr()) }
         })
         .collect();
-    // Whole groups of GROUP vectors along each row: GROUP independent accumulators.
-    let grouped = ow / (GROUP * LANES) * (GROUP * LANES);
-    for oy in 0..oh {
-        let down = oy * sy * pw;
-        let row = &mut out[oy * ow..(oy + 1) * ow];
-        for ox in (0..grouped).step_by(GROUP * LANES) {
-            let mut acc = [_mm256_setzero_ps(); GROUP];
-            for &(wt, at) in &taps {
-                let wv = _mm256_set1_ps(wt);
-                let at = at + down + ox;
-                let src = &buf[at..at + GROUP * LANES];
-                for (u, a) in acc.iter_mut().enumerate() {
-                    // SAFETY: `src` holds GROUP * LANES floats.
-                    let v = unsafe { _mm256_loadu_ps(src.as_ptr().add(u * LANES)) };
-                    *a = _mm256_fmadd_ps(wv, v, *a);
-                }
+    let cols = (ow.next_multiple_of(LANES) - 1) * sx + (kw - 1) * dx + 1;
+    let row = cols * LANES;
+    // Padded rows one output row reads, and output rows per strip.
+    let span = (kh - 1) * dy + 1;
+    let fit = (STRIP_BYTES / 4 / row).max(span);
+    let strip = ((fit - span) / sy + 1).min(oh);
+    // Every row the strip uses is written before it is read: no need to clear.
+    let need = ((strip - 1) * sy + span) * row;
+    if buf.len() < need {
+        buf.resize(need, 0.0);
+    }
+    let buf = &mut buf[..need];
+    // Input columns that land in the buffer, at pixel `pl` on.
+    let wn = w.min(cols.saturating_sub(pl));
+    for y0 in (0..oh).step_by(strip) {
+        let y1 = (y0 + strip).min(oh);
+        for (r, dst) in buf
+            .chunks_exact_mut(row)
+            .take((y1 - 1 - y0) * sy + span)
+            .enumerate()
+        {
+            // Padded rows above the image wrap around to large numbers: also outside.
+            match (y0 * sy + r).wrapping_sub(pt) {
+                ir if ir < h => pixels(&x[ir * w..], h * w, cn, wn, pl, dst),
+                _ => dst.fill(0.0),
             }
-            let dst = &mut row[ox..ox + GROUP * LANES];
-            for (u, a) in acc.iter().enumerate() {
-                // SAFETY: `dst` holds GROUP * LANES floats.
-                unsafe { _mm256_storeu_ps(dst.as_mut_ptr().add(u * LANES), *a) };
+        }
+        for oy in y0..y1 {
+            let base = (oy - y0) * sy * row;
+            for ox in (0..ow).step_by(LANES) {
+                let mut acc = [_mm256_setzero_ps(); LANES];
+                for ky in 0..kh {
+                    for kx in 0..kw {
+                        let wv = taps[ky * kw + kx];
+                        let at = base + ky * dy * row + (ox * sx + kx * dx) * LANES;
+                        for (j, a) in acc.iter_mut().enumerate() {
+                            // SAFETY: pixel ox * sx + kx * dx + j * sx < cols of a buffer row
+                            // (ox + j < ow rounded up to LANES), row oy - y0 + ky * dy < rows.
+                            let v =
+                                unsafe { _mm256_loadu_ps(buf.as_ptr().add(at + j * sx * LANES)) };
+                            *a = _mm256_fmadd_ps(v, wv, *a);
+                        }
+                    }
+                }
+                // Lane c of acc[j] is channel c of output ox + j: transposed, acc[c] holds
+                // outputs ox..ox+8 of channel c.
+                transpose(&mut acc);
+                let n = LANES.min(ow - ox);
+                for (c, a) in acc.iter().enumerate().take(cn) {
+                    let at = c * oh * ow + oy * ow + ox;
+                    let dst = &mut y[at..at + n];
+                    // SAFETY: `dst` holds n floats, all the mask covers.
+                    unsafe { _mm256_maskstore_ps(dst.as_mut_ptr(), first(n), *a) };
+                }
             }
         }
     }
-    // The vectors left of each row (all of a short row), GROUP rows at a time, again with
-    // independent accumulators: one would wait on each multiply-add before the next.
-    for ox in (grouped..ow).step_by(LANES) {
-        let n = LANES.min(ow - ox);
-        for oy in (0..oh).step_by(GROUP) {
-            let rows_here = GROUP.min(oh - oy);
-            let mut acc = [_mm256_setzero_ps(); GROUP];
-            for &(wt, at) in &taps {
-                let wv = _mm256_set1_ps(wt);
-                for (r, a) in acc.iter_mut().enumerate().take(rows_here) {
-                    let at = at + (oy + r) * sy * pw + ox;
-                    let src = &buf[at..at + LANES];
-                    // SAFETY: `src` holds LANES floats (the rows are padded to whole vectors).
-                    let v = unsafe { _mm256_loadu_ps(src.as_ptr()) };
-                    *a = _mm256_fmadd_ps(wv, v, *a);
-                }
-            }
-            for (r, a) in acc.iter().enumerate().take(rows_here) {
-                let dst = &mut out[(oy + r) * ow + ox..(oy + r) * ow + ox + n];
-                // SAFETY: the mask covers the n floats of `dst`.
-                unsafe { _mm256_maskstore_ps(dst.as_mut_ptr(), first(n), *a) };
-            }
+}
+
+/// One padded row of a block's input as pixels: `x` starts at the row in the block's first
+/// channel, whose planes are `plane` apart; input columns `0..wn` go to pixels `pl..pl + wn` of
+/// `dst`, eight floats each, and every other pixel and lane past `cn` is zero.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn pixels(x: &[f32], plane: usize, cn: usize, wn: usize, pl: usize, dst: &mut [f32]) {
+    let cols = dst.len() / LANES;
+    dst[..pl.min(cols) * LANES].fill(0.0);
+    dst[(pl + wn).min(cols) * LANES..].fill(0.0);
+    for ic in (0..wn).step_by(LANES) {
+        let n = LANES.min(wn - ic);
+        let mut v = [_mm256_setzero_ps(); LANES];
+        for (c, v) in v.iter_mut().enumerate().take(cn) {
+            let src = &x[c * plane + ic..c * plane + ic + n];
+            // SAFETY: the mask covers the n floats of `src`.
+            *v = unsafe { _mm256_maskload_ps(src.as_ptr(), first(n)) };
         }
+        transpose(&mut v);
+        let out = &mut dst[(pl + ic) * LANES..(pl + ic + n) * LANES];
+        for (j, v) in v.iter().enumerate().take(n) {
+            // SAFETY: `out` holds n pixels of LANES floats.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(j * LANES), *v) };
+        }
+    }
+}
+
+/// Transposes eight vectors of eight floats in registers: lane `j` of `v[i]` becomes lane `i`
+/// of `v[j]`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+fn transpose(v: &mut [__m256; LANES]) {
+    let lo = |a, b| _mm256_unpacklo_ps(a, b);
+    let hi = |a, b| _mm256_unpackhi_ps(a, b);
+    // Pairs interleaved: t[0] = a0 b0 a1 b1 | a4 b4 a5 b5, t[1] = a2 b2 a3 b3 | a6 b6 a7 b7...
+    let t = [
+        lo(v[0], v[1]),
+        hi(v[0], v[1]),
+        lo(v[2], v[3]),
+        hi(v[2], v[3]),
+        lo(v[4], v[5]),
+        hi(v[4], v[5]),
+        lo(v[6], v[7]),
+        hi(v[6], v[7]),
+    ];
+    // Quads: q[0] = a0 b0 c0 d0 | a4 b4 c4 d4, q[1] = a1 b1 c1 d1 | a5 ..., and the same of
+    // e..h in q[4..8].
+    let q = [
+        _mm256_shuffle_ps::<0x44>(t[0], t[2]),
+        _mm256_shuffle_ps::<0xEE>(t[0], t[2]),
+        _mm256_shuffle_ps::<0x44>(t[1], t[3]),
+        _mm256_shuffle_ps::<0xEE>(t[1], t[3]),
+        _mm256_shuffle_ps::<0x44>(t[4], t[6]),
+        _mm256_shuffle_ps::<0xEE>(t[4], t[6]),
+        _mm256_shuffle_ps::<0x44>(t[5], t[7]),
+        _mm256_shuffle_ps::<0xEE>(t[5], t[7]),
+    ];
+    for j in 0..4 {
+        v[j] = _mm256_permute2f128_ps::<0x20>(q[j], q[j + 4]);
+        v[j + 4] = _mm256_permute2f128_ps::<0x31>(q[j], q[j + 4]);
     }
 }
 
@@ -201,37 +275,9 @@ fn first(n: usize) -> __m256i {
     _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), lane)
 }
 
-/// `dst.copy_from_slice(src)` in vectors, the last one masked: the rows of a plane are short
-/// (7 to 112 floats), too short to pay for a call to `memcpy` each.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn copy(src: &[f32], dst: &mut [f32]) {
-    assert_eq!(src.len(), dst.len());
-    let n = src.len();
-    let mut i = 0;
-    while i + LANES <= n {
-        // SAFETY: i + LANES <= n, inside both slices.
-        unsafe {
-            _mm256_storeu_ps(
-                dst.as_mut_ptr().add(i),
-                _mm256_loadu_ps(src.as_ptr().add(i)),
-            )
-        };
-        i += LANES;
-    }
-    if i < n {
-        let m = first(n - i);
-        // SAFETY: the mask covers the n - i floats left in both slices.
-        unsafe {
-            let v = _mm256_maskload_ps(src.as_ptr().add(i), m);
-            _mm256_maskstore_ps(dst.as_mut_ptr().add(i), m, v);
-        }
-    }
-}
-
 /// Never called: `Conv::fma` is false off x86-64.
 #[cfg(not(target_arch = "x86_64"))]
-fn plane_avx2(_: &Geometry, _: &[f32], _: &[f32], _: &mut [f32], _: &mut Vec<f32>) {
+fn block_avx2(_: &Geometry, _: usize, _: &[f32], _: &[f32], _: &mut [f32], _: &mut Vec<f32>) {
     unreachable!("no AVX2 off x86-64")
 }
 
