@@ -356,6 +356,18 @@ fn matmuls_through_gemm_with_epilogues() {
   %c = matmul %a, %b : f32[2,1,9]
   return %c
 }",
+        // Batched rows times one matrix: one GEMM over all rows (a sequence-first
+        // transformer's projection, one row per batch; and several rows per batch), with an
+        // epilogue reading a bias.
+        "func @f(%a: f32[37,1,50], %b: f32[50,70], %c: f32[70]) -> (f32[37,1,70]) {
+  %p = matmul %a, %b : f32[37,1,70]
+  %y = add %p, %c : f32[37,1,70]
+  return %y
+}",
+        "func @f(%a: f32[2,3,5,40], %b: f32[40,9]) -> (f32[2,3,5,9]) {
+  %c = matmul %a, %b : f32[2,3,5,9]
+  return %c
+}",
         // Large enough to run on both cores.
         "func @f(%a: f32[96,128], %b: f32[128,80]) -> (f32[96,80]) {
   %c = matmul %a, %b : f32[96,80]

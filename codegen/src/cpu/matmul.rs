@@ -64,7 +64,7 @@ pub(super) fn matmul_step(
         bd[bd.len() - 1] as usize,
     );
     let batch = &od[..od.len() - 2];
-    let batches = batch_map(&ad[..ad.len() - 2], batch)
+    let mut batches: Vec<(usize, usize)> = batch_map(&ad[..ad.len() - 2], batch)
         .into_iter()
         .zip(batch_map(&bd[..bd.len() - 2], batch))
         .collect();
@@ -72,6 +72,13 @@ pub(super) fn matmul_step(
         crate::plan::folded_transpose(f, plan, a),
         crate::plan::folded_transpose(f, plan, b),
     );
+    // `[B..., m, k] @ [k, n]`: one GEMM of B·m rows rather than B GEMMs of m rows each reading
+    // all of the right side (a sequence-first transformer's projections have m = 1).
+    let mut m = m;
+    if sa.is_none() && batches.iter().enumerate().all(|(i, &ab)| ab == (i, 0)) {
+        m *= batches.len();
+        batches = vec![(0, 0)];
+    }
     MatMul {
         a: sa.unwrap_or(a),
         b: sb.unwrap_or(b),
