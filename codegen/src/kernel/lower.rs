@@ -1,7 +1,7 @@
 //! Kernel ops to body nodes: the one translation of elementwise IR ops into the expression form.
 
 use super::expr::{Bin, Body, Cmp, E, Lane, Un};
-use super::math::{erf, exp, log, tanh};
+use super::math::{erf, exp, gelu, log, tanh};
 use std::collections::HashMap;
 use tcc_ir::{BinaryOp, CmpOp, DType, Function, Op, OpKind, UnaryOp, Value};
 
@@ -182,17 +182,7 @@ fn unary(b: &mut Body, u: UnaryOp, x: E) -> E {
         UnaryOp::Exp => exp(b, x),
         UnaryOp::Log => log(b, x),
         UnaryOp::Erf => erf(b, x),
-        UnaryOp::Gelu => {
-            // x * (1 + erf(x / sqrt 2)) / 2
-            let k = b.c(std::f32::consts::FRAC_1_SQRT_2 as f64);
-            let s = b.mul(x, k);
-            let e = erf(b, s);
-            let one = b.c(1.0);
-            let e1 = b.add(e, one);
-            let half = b.c(0.5);
-            let hx = b.mul(x, half);
-            b.mul(hx, e1)
-        }
+        UnaryOp::Gelu => gelu(b, x),
         UnaryOp::Tanh => tanh(b, x),
         UnaryOp::Floor => b.un(Un::Floor, x),
         UnaryOp::Ceil => b.un(Un::Ceil, x),
