@@ -5,6 +5,8 @@
 //! `benches/numpy_peer.py` for the same case, then times tcc again (keeping the better time), and
 //! prints times, GFLOP/s and the ratio.
 //! Timings are the best of several runs after a warm-up. Figures go in docs/perf.md.
+//! `TCC_TARGET=host,-avx512f` compiles tcc's side as for a CPU without AVX-512 (the AVX2+FMA
+//! GEMM), to stand in for one on a machine that has it.
 
 #[path = "common/peer.rs"]
 mod peer;
@@ -155,13 +157,16 @@ fn main() {
     if let Err(e) = numpy(&["sgemm 256"]) {
         println!("numpy peer unavailable ({e}); run benches/run.sh");
     }
+    let target = std::env::var("TCC_TARGET").ok();
+    let features = tcc::codegen::Features::of(target.as_deref()).unwrap_or_else(|e| panic!("{e}"));
+    println!("tcc using {}", features.names().join(" "));
     println!(
         "{:<26} {:>10} {:>10} {:>9} {:>12} {:>9}  kernels",
         "case", "tcc ms", "numpy ms", "GFLOP/s", "numpy GF/s", "speedup"
     );
     for c in cases() {
         let f = parse_function(&c.ir).expect("benchmark IR parses");
-        let exe = Executable::compile(&f).expect("compiles");
+        let exe = Executable::compile_for(&f, target.as_deref()).expect("compiles");
         let mut rng = Rng::new(1);
         let inputs: Vec<Tensor> = f
             .params()

@@ -3,8 +3,8 @@
 #   benches/run.sh         CPU backend against numpy (installs numpy into target/bench-venv)
 #   benches/run.sh train   one train step against PyTorch on the CPU (installs torch into
 #                          target/torch-venv; the PyPI wheel brings CUDA libraries, ~5 GB)
-#   benches/run.sh onnx    torchvision resnet18, mobilenet_v2 and efficientnet_b0 through tcc against
-#                          onnxruntime
+#   benches/run.sh onnx    torchvision CNNs, ViT-B/16 and a small transformer encoder through tcc
+#                          against onnxruntime (see benches/onnx.rs)
 #                          (installs torch, torchvision, onnx and onnxruntime into target/torch-venv)
 set -euo pipefail
 cd "$(dirname "$0")/.."
