@@ -5,8 +5,8 @@
 //! `benches/onnx_peer.py` into `target/onnx-bench/` (once), at batch 1 and some at batch 8
 //! (`_b8`). The function after the pipeline must also match the one without it (within 1e-5 of
 //! the largest output), and no batch norm may be left. A model that fails to import, compile or
-//! match is reported as FAILED with the reason, and the others still run. onnxruntime gets as many intra-op threads as tcc's
-//! thread pool has. tcc's result must match onnxruntime's before it is timed. This VM's speed
+//! match is reported as FAILED with the reason, and the others still run. onnxruntime gets as
+//! many intra-op threads as tcc's thread pool has. tcc's result must match onnxruntime's before it is timed. This VM's speed
 //! drifts over seconds, so the two are timed in alternating rounds (onnxruntime, then tcc, three
 //! times) and each keeps its best.
 //!
