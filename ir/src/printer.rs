@@ -42,6 +42,23 @@ pub fn write_string(f: &mut impl Write, s: &str) -> fmt::Result {
     f.write_char('"')
 }
 
+/// Writes an op's attributes as ` {key=value, ...}` (nothing when all are at their default), as
+/// the text format has them.
+pub fn write_attrs(w: &mut impl Write, kind: &crate::OpKind) -> fmt::Result {
+    let attrs = kind.attr_texts();
+    if attrs.is_empty() {
+        return Ok(());
+    }
+    w.write_str(" {")?;
+    for (i, (k, v)) in attrs.iter().enumerate() {
+        if i > 0 {
+            w.write_str(", ")?;
+        }
+        write!(w, "{k}={v}")?;
+    }
+    w.write_str("}")
+}
+
 impl Function {
     /// Writes one op as a line of text (without indentation or newline). With `types`, the
     /// result types follow; without, the form is the short one used in diagnostics.
@@ -61,17 +78,7 @@ impl Function {
         if !types {
             return Ok(());
         }
-        let attrs = d.kind.attr_texts();
-        if !attrs.is_empty() {
-            w.write_str(" {")?;
-            for (i, (k, v)) in attrs.iter().enumerate() {
-                if i > 0 {
-                    w.write_str(", ")?;
-                }
-                write!(w, "{k}={v}")?;
-            }
-            w.write_str("}")?;
-        }
+        write_attrs(w, &d.kind)?;
         for (i, &dep) in d.deps.iter().enumerate() {
             w.write_str(if i == 0 { " after " } else { ", " })?;
             match self.op(dep).results.first() {

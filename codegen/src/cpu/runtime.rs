@@ -287,11 +287,7 @@ impl Executable {
                 };
                 let d = f.op(first);
                 let mut name = d.kind.mnemonic().to_string();
-                let attrs = d.kind.attr_texts();
-                if !attrs.is_empty() {
-                    let kv: Vec<String> = attrs.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                    name += &format!(" {{{}}}", kv.join(", "));
-                }
+                let _ = tcc_ir::printer::write_attrs(&mut name, &d.kind);
                 let r = d.results[0];
                 name += &format!(" : {} %{}", f.ty(r), f.name(r));
                 (t, format!("{what:<9} {:<5} {name}", k.to_string()))

@@ -46,12 +46,25 @@ where
     use rayon::prelude::*;
     if f32_fma {
         let blocks = c.div_ceil(LANES);
+        let taps = kh * kw;
+        // The filter regrouped once per call: for each block and tap, the block's channels
+        // (zero past the last channel).
+        // SAFETY: w holds c filters of kh * kw f32 (T is f32).
+        let filt = unsafe { std::slice::from_raw_parts(w as *const f32, c * taps) };
+        let mut grouped = vec![[0f32; LANES]; blocks * taps];
+        for (ch, f) in filt.chunks_exact(taps).enumerate() {
+            for (k, &v) in f.iter().enumerate() {
+                grouped[(ch / LANES) * taps + k][ch % LANES] = v;
+            }
+        }
         let one = |i: usize| {
-            let (c0, cn) = (i % blocks * LANES, LANES.min(c - i % blocks * LANES));
+            let c0 = i % blocks * LANES;
+            let cn = LANES.min(c - c0);
             // The block's first channel, counting over images.
             let ch = i / blocks * c + c0;
-            // SAFETY: channels ch..ch+cn of image i / blocks are in bounds of x and y, their
-            // filters of w; each call writes only its own output planes. T is f32.
+            let f = &grouped[i % blocks * taps..(i % blocks + 1) * taps];
+            // SAFETY: channels ch..ch+cn of image i / blocks are in bounds of x and y; each
+            // call writes only its own output planes. T is f32.
             unsafe {
                 let x = std::slice::from_raw_parts(
                     px.get().add(ch * h * wd) as *const f32,
@@ -60,10 +73,6 @@ where
                 let y = std::slice::from_raw_parts_mut(
                     py.get().add(ch * oh * ow) as *mut f32,
                     cn * oh * ow,
-                );
-                let f = std::slice::from_raw_parts(
-                    pw.get().add(c0 * kh * kw) as *const f32,
-                    cn * kh * kw,
                 );
                 BUFFER.with(|buf| block_avx2(&g, cn, x, f, y, &mut buf.borrow_mut()));
             }
@@ -114,7 +123,7 @@ const LANES: usize = 8;
 const STRIP_BYTES: usize = 96 << 10;
 
 /// A block of `cn <= 8` channels of a depthwise convolution in f32 with AVX2 and FMA: `x` their
-/// input planes, `f` their filters, `y` their output planes, `buf` working space.
+/// input planes, `f` their filters (per tap, the block's channels), `y` their output planes, `buf` working space.
 ///
 /// The buffer holds a strip of padded input rows, row `r` being padded row `r0 + r` (input row
 /// `r0 + r - pad_top`), each row `cols` pixels of eight floats (the channels; zero past `cn`),
@@ -127,7 +136,14 @@ const STRIP_BYTES: usize = 96 << 10;
 /// features the host has).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn block_avx2(g: &Geometry, cn: usize, x: &[f32], f: &[f32], y: &mut [f32], buf: &mut Vec<f32>) {
+fn block_avx2(
+    g: &Geometry,
+    cn: usize,
+    x: &[f32],
+    f: &[[f32; LANES]],
+    y: &mut [f32],
+    buf: &mut Vec<f32>,
+) {
     let t = &g.taps;
     let (h, w) = (t.h as usize, t.w as usize);
     let [sy, sx] = t.s.map(|v| v as usize);
@@ -135,17 +151,6 @@ fn block_avx2(g: &Geometry, cn: usize, x: &[f32], f: &[f32], y: &mut [f32], buf:
     let [pt, pl] = t.p.map(|v| v as usize);
     let (kh, kw, oh, ow) = (g.kh, g.kw, g.oh, g.ow);
     debug_assert!(cn <= LANES && x.len() == cn * h * w && y.len() == cn * oh * ow);
-    // Each tap's filter values for the block's channels.
-    let taps: Vec<__m256> = (0..kh * kw)
-        .map(|k| {
-            let mut v = [0f32; LANES];
-            for (c, l) in v.iter_mut().enumerate().take(cn) {
-                *l = f[c * kh * kw + k];
-            }
-            // SAFETY: `v` holds LANES floats.
-            unsafe { _mm256_loadu_ps(v.as_ptr()) }
-        })
-        .collect();
     let cols = (ow.next_multiple_of(LANES) - 1) * sx + (kw - 1) * dx + 1;
     let row = cols * LANES;
     // Padded rows one output row reads, and output rows per strip.
@@ -179,7 +184,8 @@ fn block_avx2(g: &Geometry, cn: usize, x: &[f32], f: &[f32], y: &mut [f32], buf:
                 let mut acc = [_mm256_setzero_ps(); LANES];
                 for ky in 0..kh {
                     for kx in 0..kw {
-                        let wv = taps[ky * kw + kx];
+                        // SAFETY: one filter tap of LANES floats.
+                        let wv = unsafe { _mm256_loadu_ps(f[ky * kw + kx].as_ptr()) };
                         let at = base + ky * dy * row + (ox * sx + kx * dx) * LANES;
                         for (j, a) in acc.iter_mut().enumerate() {
                             // SAFETY: pixel ox * sx + kx * dx + j * sx < cols of a buffer row
@@ -277,7 +283,7 @@ fn first(n: usize) -> __m256i {
 
 /// Never called: `Conv::fma` is false off x86-64.
 #[cfg(not(target_arch = "x86_64"))]
-fn block_avx2(_: &Geometry, _: usize, _: &[f32], _: &[f32], _: &mut [f32], _: &mut Vec<f32>) {
+fn block_avx2(_: &Geometry, _: usize, _: &[f32], _: &[[f32; 8]], _: &mut [f32], _: &mut Vec<f32>) {
     unreachable!("no AVX2 off x86-64")
 }
 
