@@ -13,6 +13,7 @@
 //! ```text
 //! cargo bench --bench onnx            # needs torch, torchvision, onnx and onnxruntime:
 //! TCC_TARGET=host,-avx512f cargo bench --bench onnx   # tcc as on a CPU without AVX-512
+//! TCC_LAYOUT=plain cargo bench --bench onnx  # convolutions as im2col + GEMM on NCHW
 //! benches/run.sh onnx                 # installs them into target/torch-venv first
 //! ```
 
@@ -175,9 +176,11 @@ impl Model {
         }
         // TCC_PROFILE=1 prints where tcc's time went, step by step, after the timing.
         // TCC_TARGET=host,-avx512f compiles as for a CPU without AVX-512 (its GEMM included).
+        // TCC_LAYOUT=plain keeps the model's NCHW tensors (convolutions as im2col and GEMM).
         let cpu = tcc::codegen::Cpu {
             profile: std::env::var_os("TCC_PROFILE").is_some(),
             target: std::env::var("TCC_TARGET").ok(),
+            plain_layout: std::env::var("TCC_LAYOUT").is_ok_and(|l| l == "plain"),
         };
         let exe = tcc::codegen::compile(&cpu, &m.functions[0]).map_err(|e| e.to_string())?;
         let x = load_npy(&dir.join(format!("{name}_input.npy")));

@@ -45,7 +45,7 @@ proptest! {
     }
 
     #[test]
-    fn passes_keep_the_ir_valid(seed in any::<u64>(), n in 1usize..60, order in 0usize..7) {
+    fn passes_keep_the_ir_valid(seed in any::<u64>(), n in 1usize..60, order in 0usize..8) {
         let pipelines = [
             "canonicalize,cse,dce",
             "cse,canonicalize,dce",
@@ -54,6 +54,7 @@ proptest! {
             "canonicalize{fold-limit=100000},dce",
             "cse,dce,canonicalize,cse",
             "canonicalize,fold-bn,cse,dce",
+            "nchwc{block=4},canonicalize,cse,dce",
         ];
         let mut m = module(seed, n);
         let before = m.num_ops();
@@ -66,7 +67,7 @@ proptest! {
 
     #[test]
     fn passes_reach_a_fixed_point(seed in any::<u64>(), n in 1usize..60) {
-        for pass in ["cse", "dce", "canonicalize"] {
+        for pass in ["cse", "dce", "canonicalize", "nchwc"] {
             let mut m = module(seed, n);
             run(&mut m, pass);
             let once = m.to_string();
@@ -101,8 +102,8 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
 
     #[test]
-    fn passes_do_not_change_results(seed in any::<u64>(), n in 1usize..50, order in 0usize..4) {
-        let pipelines = ["canonicalize", "cse", "dce", "canonicalize{fold-limit=100000},cse,dce"];
+    fn passes_do_not_change_results(seed in any::<u64>(), n in 1usize..50, order in 0usize..5) {
+        let pipelines = ["canonicalize", "cse", "dce", "canonicalize{fold-limit=100000},cse,dce", "nchwc{block=8}"];
         let m = module(seed, n);
         let f = &m.functions[0];
         let mut rng = Rng::new(seed ^ 0x5eed);

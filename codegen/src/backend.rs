@@ -8,6 +8,7 @@
 
 use crate::memory::{MemoryPlan, plan_memory};
 use crate::plan::{KernelData, Plan, plan};
+use std::borrow::Cow;
 use std::fmt;
 use tcc_ir::{Function, Tensor};
 
@@ -40,6 +41,13 @@ pub trait Backend {
     /// A compiled function, ready to run many times.
     type Compiled;
 
+    /// Rewrites `f` (which verifies) into the form this backend's kernels prefer before it is
+    /// planned, such as the CPU's channel-blocked convolutions; by default `f` as it is. The
+    /// result must compute the same values and verify.
+    fn prepare<'f>(&self, f: &'f Function) -> Result<Cow<'f, Function>, CompileError> {
+        Ok(Cow::Borrowed(f))
+    }
+
     /// Bytes of scratch space kernel `kd` of `f` needs while it runs. The memory plan sets them
     /// aside in the arena (a slot with `scratch_for` set), live during that kernel only.
     fn scratch_bytes(&self, f: &Function, kd: &KernelData) -> u64;
@@ -57,10 +65,20 @@ pub trait Backend {
     fn run(&self, exe: &Self::Compiled, inputs: &[Tensor]) -> Result<Vec<Tensor>, RunError>;
 }
 
-/// Verifies `f`, plans its kernels and memory for `backend`, and compiles it there.
+/// Verifies `f`, prepares it for `backend` ([`Backend::prepare`]), plans its kernels and memory
+/// there, and compiles it.
 pub fn compile<B: Backend>(backend: &B, f: &Function) -> Result<B::Compiled, CompileError> {
     tcc_ir::verify_function(f)
         .map_err(|d| CompileError(format!("the function does not verify:\n{d}")))?;
+    let f = backend.prepare(f)?;
+    if cfg!(debug_assertions) {
+        tcc_ir::verify_function(&f).map_err(|d| {
+            CompileError(format!(
+                "internal error: the backend's rewrite broke the function:\n{d}"
+            ))
+        })?;
+    }
+    let f = f.as_ref();
     let plan = plan(f);
     let mem = plan_memory(f, &plan, backend);
     backend.compile(f, plan, mem)

@@ -31,8 +31,16 @@ fn case(params: &str, body: &str, out_ty: &str, seed: u64) {
     // The host with every feature, without AVX-512 (the AVX2 code and GEMM paths an AVX2-only
     // CPU runs; the same as the host where it has no AVX-512), and without fused multiply-adds
     // (the kernels' unfused versions).
-    for target in [None, Some("host,-avx512f"), Some("host,-avx512f,-fma")] {
-        let exe = Executable::compile_for(&f, target).unwrap_or_else(|e| panic!("{src}\n{e}"));
+    // Each also in the function's own layout and in the one the backend chooses (convolutions
+    // on channel-blocked tensors).
+    let targets = [None, Some("host,-avx512f"), Some("host,-avx512f,-fma")];
+    for (target, plain_layout) in targets.into_iter().flat_map(|t| [(t, false), (t, true)]) {
+        let cpu = tcc_codegen::Cpu {
+            target: target.map(str::to_string),
+            profile: false,
+            plain_layout,
+        };
+        let exe = tcc_codegen::compile(&cpu, &f).unwrap_or_else(|e| panic!("{src}\n{e}"));
         let got = exe.run(&inputs).unwrap_or_else(|e| panic!("{src}\n{e}"));
         let ok = match (got[0].data(), want[0].data()) {
             (Data::F32(p), Data::F32(q)) => {
@@ -43,7 +51,7 @@ fn case(params: &str, body: &str, out_ty: &str, seed: u64) {
         };
         assert!(
             ok && got[0].ty() == want[0].ty(),
-            "{src}\ntarget {target:?}: compiled and interpreted results differ"
+            "{src}\ntarget {target:?}, plain layout {plain_layout}: compiled and interpreted results differ"
         );
     }
 }
@@ -317,6 +325,123 @@ fn data_movement() {
         "f32[10,3]",
         34,
     );
+}
+
+/// The channel-blocked layout: `to_nchwc` and `from_nchwc` of every dtype (the f32 kernel in
+/// blocks of eight, partial last blocks and planes that are not a multiple of eight pixels, and
+/// the element-by-element one), and `conv2d_nchwc` on every path of its kernels: blocked and
+/// plain inputs, one group (pairs of output blocks and a single last one, partial blocks,
+/// padding, strides, dilations, no padding read in place) and depthwise, parameter filters
+/// (packed per run) and constant ones (packed at compile time). Blocked results are returned
+/// as they are, so their zero padding lanes are compared too.
+#[test]
+fn channel_blocked_layout() {
+    for (dt, seed) in [("f32", 70), ("i64", 71), ("bool", 72), ("u8", 73)] {
+        for (dims, block, blocked) in [
+            ("[2,13,5,3]", 8, "[2,2,5,3,8]"),
+            ("[1,16,9]", 8, "[1,2,9,8]"),
+            ("[3,5,2,2,2]", 3, "[3,2,2,2,2,3]"),
+            ("[2,7]", 4, "[2,2,4]"),
+        ] {
+            let channels = dims.trim_matches(['[', ']']).split(',').nth(1).unwrap();
+            case_native(
+                &format!("%x: {dt}{dims}"),
+                &format!("  %out = to_nchwc %x {{block={block}}} : {dt}{blocked}"),
+                &format!("{dt}{blocked}"),
+                seed,
+            );
+            case_native(
+                &format!("%x: {dt}{blocked}"),
+                &format!("  %out = from_nchwc %x {{channels={channels}}} : {dt}{dims}"),
+                &format!("{dt}{dims}"),
+                seed,
+            );
+        }
+    }
+    // (input, filter, attributes, blocked output): the input is blocked by a `to_nchwc` in the
+    // function when `block` below is set, else read plain.
+    let convs = [
+        // 12 channels in (a partial block) to 20 out (a pair and a partial single block),
+        // padded, strided, dilated.
+        (
+            "[2,12,9,10]",
+            "[20,12,3,3]",
+            "{strides=[2,1], pads=[1,2,1,0], dilations=[1,2]}",
+            "[2,3,5,8,8]",
+        ),
+        // The first layer of a CNN: three channels, read plain, 7x7 stride 2.
+        (
+            "[1,3,23,23]",
+            "[16,3,7,7]",
+            "{strides=[2,2], pads=[3,3,3,3]}",
+            "[1,2,12,12,8]",
+        ),
+        // No padding and whole blocks: read in place; a 1x1 and a 3x3 over a 7x7 plane.
+        ("[1,16,7,7]", "[24,16,1,1]", "", "[1,3,7,7,8]"),
+        ("[2,8,7,7]", "[8,8,3,3]", "", "[2,1,5,5,8]"),
+        // Depthwise: partial block, stride 2; dilated, 5x5.
+        (
+            "[1,13,11,9]",
+            "[13,1,3,3]",
+            "{strides=[2,2], pads=[1,1,1,1], groups=13}",
+            "[1,2,6,5,8]",
+        ),
+        (
+            "[2,16,12,12]",
+            "[16,1,5,5]",
+            "{pads=[4,4,4,4], dilations=[2,2], groups=16}",
+            "[2,2,12,12,8]",
+        ),
+    ];
+    for (i, (x, w, attrs, y)) in convs.iter().enumerate() {
+        let attrs = if attrs.is_empty() {
+            "{block=8}".to_string()
+        } else {
+            format!("{}, block=8}}", &attrs[..attrs.len() - 1])
+        };
+        let dims: Vec<usize> = (x.trim_matches(['[', ']']).split(','))
+            .map(|d| d.parse().unwrap())
+            .collect();
+        let xb = format!(
+            "[{},{},{},{},8]",
+            dims[0],
+            dims[1].div_ceil(8),
+            dims[2],
+            dims[3]
+        );
+        for blocked_input in [true, false] {
+            let (pre, arg) = if blocked_input {
+                (
+                    format!("  %xb = to_nchwc %x {{block=8}} : f32{xb}\n"),
+                    "%xb",
+                )
+            } else {
+                (String::new(), "%x")
+            };
+            case_native(
+                &format!("%x: f32{x}, %w: f32{w}"),
+                &format!("{pre}  %out = conv2d_nchwc {arg}, %w {attrs} : f32{y}"),
+                &format!("f32{y}"),
+                80 + i as u64,
+            );
+        }
+        // The filter a constant, packed at compile time.
+        let n: usize = (w.trim_matches(['[', ']']).split(','))
+            .map(|d| d.parse::<usize>().unwrap())
+            .product();
+        let values: Vec<String> = (0..n)
+            .map(|k| format!("{}", ((k * 7 % 13) as f32 - 6.0) / 8.0))
+            .collect();
+        case_native(
+            &format!("%x: f32{x}"),
+            &format!(
+                "  %w = const {{value=[{}]}} : f32{w}\n  %out = conv2d_nchwc %x, %w {attrs} : f32{y}",
+                values.join(", ")
+            ),
+            &format!("f32{y}"),
+            90 + i as u64,
+        );
+    }
 }
 
 #[test]

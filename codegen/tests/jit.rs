@@ -62,6 +62,21 @@ fn both(f: &Function, inputs: &[Tensor]) -> (Vec<Tensor>, Vec<Tensor>, Executabl
     (got, want, exe)
 }
 
+/// Compiles `f` for `target`, in the function's own layout (`plain`) or in the one the backend
+/// chooses (convolutions on channel-blocked tensors where it has kernels for them).
+fn compile(f: &Function, target: Option<&str>, plain: bool) -> Executable {
+    let cpu = tcc_codegen::Cpu {
+        target: target.map(str::to_string),
+        profile: false,
+        plain_layout: plain,
+    };
+    tcc_codegen::compile(&cpu, f).unwrap_or_else(|e| panic!("{f}\n{e}"))
+}
+
+/// The layouts convolutions run in: im2col and GEMM on the function's own NCHW tensors, and the
+/// direct kernels on channel-blocked ones (`conv2d_nchwc`).
+const LAYOUTS: [bool; 2] = [true, false];
+
 fn randoms(f: &Function, seed: u64) -> Vec<Tensor> {
     let mut rng = Rng::new(seed);
     f.params()
@@ -491,9 +506,14 @@ fn convolutions_through_im2col_and_gemm() {
             "func @f(%x: {x}, %w: {w}) -> ({y}) {{\n  %y = conv2d %x, %w {attrs} : {y}\n  return %y\n}}"
         );
         let f = parse_function(&src).unwrap();
-        let (got, want, exe) = both(&f, &randoms(&f, 31));
-        assert_eq!(exe.stats().reference, 0, "{src}");
-        check(&got, &want, 1e-5, 1e-5).unwrap_or_else(|e| panic!("{src}\n{e}"));
+        let inputs = randoms(&f, 31);
+        let want = tcc_ir::interp::run(&f, &inputs).unwrap();
+        for plain in LAYOUTS {
+            let exe = compile(&f, None, plain);
+            assert_eq!(exe.stats().reference, 0, "{src}");
+            let got = exe.run(&inputs).unwrap();
+            check(&got, &want, 1e-5, 1e-5).unwrap_or_else(|e| panic!("plain {plain}\n{src}\n{e}"));
+        }
     }
     // A constant filter, packed once at compile time (two groups, strided, padded).
     let values: Vec<String> = (0..108)
@@ -508,9 +528,11 @@ fn convolutions_through_im2col_and_gemm() {
         values.join(", ")
     );
     let f = parse_function(&src).unwrap();
-    let (got, want, exe) = both(&f, &randoms(&f, 31));
+    let inputs = randoms(&f, 31);
+    let want = tcc_ir::interp::run(&f, &inputs).unwrap();
+    let exe = compile(&f, None, true);
     assert_eq!(exe.stats().reference, 0);
-    check(&got, &want, 1e-5, 1e-5).unwrap();
+    check(&exe.run(&inputs).unwrap(), &want, 1e-5, 1e-5).unwrap();
     // A convolution with a per-channel bias and relu in its epilogue.
     let src = "func @f(%x: f32[1,3,12,12], %w: f32[8,3,3,3], %b: f32[8,1,1]) -> (f32[1,8,10,10]) {
   %c = conv2d %x, %w : f32[1,8,10,10]
@@ -519,9 +541,11 @@ fn convolutions_through_im2col_and_gemm() {
   return %y
 }";
     let f = parse_function(src).unwrap();
-    let (got, want, exe) = both(&f, &randoms(&f, 32));
+    let inputs = randoms(&f, 32);
+    let want = tcc_ir::interp::run(&f, &inputs).unwrap();
+    let exe = compile(&f, None, true);
     assert_eq!((exe.stats().compiled, exe.stats().reference), (1, 0));
-    check(&got, &want, 1e-5, 1e-5).unwrap();
+    check(&exe.run(&inputs).unwrap(), &want, 1e-5, 1e-5).unwrap();
 }
 
 /// Library calls run their epilogue piece by piece as they finish parts of the output, on the
@@ -580,15 +604,18 @@ fn library_epilogues_run_on_finished_pieces() {
         let inputs = randoms(&f, 53);
         let want = tcc_ir::interp::run(&f, &inputs).unwrap();
         for target in [None, Some("host,-avx512f"), Some("host,-avx512f,-fma")] {
-            let exe = Executable::compile_for(&f, target).unwrap();
-            assert_eq!(exe.stats().reference, 0, "{src}");
-            assert_eq!(
-                exe.stats().compiled,
-                1,
-                "one kernel, the call and its epilogue: {src}"
-            );
-            let got = exe.run(&inputs).unwrap();
-            check(&got, &want, 1e-5, 1e-5).unwrap_or_else(|e| panic!("{target:?}\n{src}\n{e}"));
+            for plain in LAYOUTS {
+                let exe = compile(&f, target, plain);
+                assert_eq!(exe.stats().reference, 0, "{src}");
+                assert_eq!(
+                    exe.stats().compiled,
+                    1,
+                    "one kernel, the call and its epilogue (plain {plain}): {src}"
+                );
+                let got = exe.run(&inputs).unwrap();
+                check(&got, &want, 1e-5, 1e-5)
+                    .unwrap_or_else(|e| panic!("{target:?}, plain {plain}\n{src}\n{e}"));
+            }
         }
     }
 }

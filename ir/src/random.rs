@@ -391,15 +391,31 @@ impl Gen {
                         let y = self.b.conv2d(img, filt, c.clone()).ok()?;
                         let (xs, ws) =
                             (self.ty(img).dims().to_vec(), self.ty(filt).dims().to_vec());
-                        // The gradient ops, fed the forward result as the cotangent.
-                        match self.rng.below(3) {
+                        // The gradient ops, fed the forward result as the cotangent, or the
+                        // convolution on channel blocks (from a blocked or a plain input).
+                        match self.rng.below(5) {
                             0 => Ok(y),
                             1 => self
                                 .b
                                 .op1(OpKind::Conv2dGradInput { conv: c, shape: xs }, &[y, filt]),
-                            _ => self
+                            2 => self
                                 .b
                                 .op1(OpKind::Conv2dGradFilter { conv: c, shape: ws }, &[img, y]),
+                            blocked => {
+                                let block = 1 + self.rng.below(4);
+                                let x = if blocked == 3 {
+                                    self.b.op1(OpKind::ToNchwc { block }, &[img]).ok()?
+                                } else {
+                                    img
+                                };
+                                let k = OpKind::Conv2dNchwc { conv: c, block };
+                                let yb = self.b.op1(k, &[x, filt]).ok()?;
+                                if self.rng.chance(0.5) {
+                                    Ok(yb)
+                                } else {
+                                    self.b.op1(OpKind::FromNchwc { channels: o }, &[yb])
+                                }
+                            }
                         }
                     }
                     1 => {

@@ -156,6 +156,66 @@ fn window_out(
     Ok(((padded - span) / stride as i128 + 1) as u64)
 }
 
+/// The output dims of `conv2d` with attributes `c` on an NCHW input of dims `x` and a filter of
+/// dims `w`, after checking that they fit.
+fn conv_dims(c: &crate::ops::Conv2d, x: &[u64], w: &[u64]) -> R<Vec<u64>> {
+    let (n, ch, h, wd) = (x[0], x[1], x[2], x[3]);
+    let (o, cg, kh, kw) = (w[0], w[1], w[2], w[3]);
+    let g = c.groups;
+    if g == 0 || ch % g != 0 || o % g != 0 {
+        return Err(format!(
+            "groups={g} must divide both input channels {ch} and output channels {o}"
+        ));
+    }
+    if cg != ch / g {
+        return Err(format!(
+            "filter has {cg} input channels per group, expected {} (= {ch} channels / {g} groups)",
+            ch / g
+        ));
+    }
+    let oh = window_out(
+        h,
+        kh,
+        c.strides[0],
+        c.dilations[0],
+        c.pads[0],
+        c.pads[2],
+        "H",
+    )?;
+    let ow = window_out(
+        wd,
+        kw,
+        c.strides[1],
+        c.dilations[1],
+        c.pads[1],
+        c.pads[3],
+        "W",
+    )?;
+    Ok(vec![n, o, oh, ow])
+}
+
+/// The largest block of channels `to_nchwc` and `conv2d_nchwc` accept.
+pub const MAX_BLOCK: u64 = 64;
+
+fn need_block(block: u64) -> R<()> {
+    if (1..=MAX_BLOCK).contains(&block) {
+        Ok(())
+    } else {
+        Err(format!(
+            "block={block} must be between 1 and {MAX_BLOCK} channels"
+        ))
+    }
+}
+
+/// The dims of `[N, C, d...]` with its channels in blocks of `block`:
+/// `[N, ceil(C/block), d..., block]`.
+pub fn nchwc_dims(plain: &[u64], block: u64) -> Vec<u64> {
+    let mut d = vec![plain[0], plain[1].div_ceil(block)];
+    d.extend_from_slice(&plain[2..]);
+    d.push(block);
+    d
+}
+
 /// Infers the result types of `kind` applied to operands of types `args`.
 ///
 /// The operand count is checked first; every other rule assumes it.
@@ -285,39 +345,44 @@ pub fn infer(kind: &OpKind, args: &[&TensorType]) -> R<Vec<TensorType>> {
             need_rank(w, 4, "the filter ([O, C/groups, kH, kW])")?;
             same_dtype(x, w, "input and filter")?;
             need_float(x, "the input")?;
-            let (n, ch, h, wd) = (x.dims()[0], x.dims()[1], x.dims()[2], x.dims()[3]);
-            let (o, cg, kh, kw) = (w.dims()[0], w.dims()[1], w.dims()[2], w.dims()[3]);
-            let g = c.groups;
-            if g == 0 || ch % g != 0 || o % g != 0 {
-                return Err(format!(
-                    "groups={g} must divide both input channels {ch} and output channels {o}"
-                ));
-            }
-            if cg != ch / g {
-                return Err(format!(
-                    "filter has {cg} input channels per group, expected {} (= {ch} channels / {g} groups)",
-                    ch / g
-                ));
-            }
-            let oh = window_out(
-                h,
-                kh,
-                c.strides[0],
-                c.dilations[0],
-                c.pads[0],
-                c.pads[2],
-                "H",
-            )?;
-            let ow = window_out(
-                wd,
-                kw,
-                c.strides[1],
-                c.dilations[1],
-                c.pads[1],
-                c.pads[3],
-                "W",
-            )?;
-            one(tt(x.dtype(), vec![n, o, oh, ow])?)
+            one(tt(x.dtype(), conv_dims(c, x.dims(), w.dims())?)?)
+        }
+        OpKind::Conv2dNchwc { conv, block } => {
+            let (x, w) = (args[0], args[1]);
+            need_block(*block)?;
+            need_rank(w, 4, "the filter ([O, C/groups, kH, kW])")?;
+            same_dtype(x, w, "input and filter")?;
+            need_float(x, "the input")?;
+            let plain = match x.rank() {
+                4 => x.dims().to_vec(),
+                5 => {
+                    let d = x.dims();
+                    if d[4] != *block {
+                        return Err(format!(
+                            "the input's blocks have {} channels, but block={block}",
+                            d[4]
+                        ));
+                    }
+                    let channels = w.dims()[1].saturating_mul(conv.groups);
+                    if d[1] != channels.div_ceil(*block) {
+                        return Err(format!(
+                            "the input has {} blocks of {block} channels, but the filter reads {channels} channels ({} per group x {} groups), which need {}",
+                            d[1],
+                            w.dims()[1],
+                            conv.groups,
+                            channels.div_ceil(*block)
+                        ));
+                    }
+                    vec![d[0], channels, d[2], d[3]]
+                }
+                _ => {
+                    return Err(format!(
+                        "the input must be NCHWc [N, C/{block}, H, W, {block}] or NCHW, found {x}"
+                    ));
+                }
+            };
+            let y = conv_dims(conv, &plain, w.dims())?;
+            one(tt(x.dtype(), nchwc_dims(&y, *block))?)
         }
         OpKind::MaxPool2d(p) | OpKind::AvgPool2d { pool: p, .. } => {
             let x = args[0];
@@ -540,6 +605,35 @@ pub fn infer(kind: &OpKind, args: &[&TensorType]) -> R<Vec<TensorType>> {
             let mut s = x.dims().to_vec();
             s[i] = total;
             one(tt(x.dtype(), s)?)
+        }
+        OpKind::ToNchwc { block } => {
+            let x = args[0];
+            need_block(*block)?;
+            if x.rank() < 2 {
+                return Err(format!(
+                    "the operand must have a batch and a channel axis (rank 2 or more), found {x}"
+                ));
+            }
+            one(tt(x.dtype(), nchwc_dims(x.dims(), *block))?)
+        }
+        OpKind::FromNchwc { channels } => {
+            let x = args[0];
+            if x.rank() < 3 {
+                return Err(format!(
+                    "the operand must be channel-blocked [N, Cb, ..., b] (rank 3 or more), found {x}"
+                ));
+            }
+            let d = x.dims();
+            let b = d[d.len() - 1];
+            if b == 0 || channels.div_ceil(b) != d[1] {
+                return Err(format!(
+                    "{channels} channels do not fill {} blocks of {b}",
+                    d[1]
+                ));
+            }
+            let mut dims = vec![d[0], *channels];
+            dims.extend_from_slice(&d[2..d.len() - 1]);
+            one(tt(x.dtype(), dims)?)
         }
         OpKind::Slice {
             starts,

@@ -12,6 +12,7 @@ pub mod canonicalize;
 pub mod cse;
 pub mod dce;
 pub mod grad;
+pub mod layout;
 
 pub mod manager;
 pub mod optim;
@@ -76,6 +77,12 @@ pub(crate) static REGISTRY: &[PassInfo] = &[
         summary: "turn a gradient function into a momentum-SGD train step",
         options: optim::MOMENTUM_OPTIONS,
         create: optim::create_momentum,
+    },
+    PassInfo {
+        name: "nchwc",
+        summary: "convolutions and the elementwise ops around them on channel-blocked tensors (NCHWc), the layout CPU convolution kernels read",
+        options: layout::OPTIONS,
+        create: layout::create,
     },
     PassInfo {
         name: "quantize",

@@ -304,6 +304,46 @@ fn conv2d_and_its_gradients() {
             };
             vec![b.op1(k, &[x, dy]).unwrap()]
         });
+        // On channel blocks (of 2, so the last block is partial where channels are odd), from
+        // a blocked and from a plain input.
+        for blocked in [true, false] {
+            check("conv2d_nchwc", |b| {
+                let x = p(b, "x", &xs);
+                let w = p(b, "w", &ws);
+                let x = if blocked {
+                    b.op1(OpKind::ToNchwc { block: 2 }, &[x]).unwrap()
+                } else {
+                    x
+                };
+                let k = OpKind::Conv2dNchwc {
+                    conv: c.clone(),
+                    block: 2,
+                };
+                vec![b.op1(k, &[x, w]).unwrap()]
+            });
+        }
+    }
+}
+
+#[test]
+fn channel_blocks() {
+    for (dims, block) in [
+        (&[2, 3, 4][..], 2),
+        (&[1, 5, 2, 3][..], 4),
+        (&[2, 4][..], 4),
+    ] {
+        check("to_nchwc", |b| {
+            let x = p(b, "x", dims);
+            vec![b.op1(OpKind::ToNchwc { block }, &[x]).unwrap()]
+        });
+        check("from_nchwc", |b| {
+            let mut blocked = vec![dims[0], dims[1].div_ceil(block)];
+            blocked.extend_from_slice(&dims[2..]);
+            blocked.push(block);
+            let x = p(b, "x", &blocked);
+            let channels = dims[1];
+            vec![b.op1(OpKind::FromNchwc { channels }, &[x]).unwrap()]
+        });
     }
 }
 

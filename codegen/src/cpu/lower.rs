@@ -6,7 +6,7 @@
 //! interpreter's kernels on the same arena, so every function runs.
 
 use super::bytes::{lines, write_data};
-use super::conv::{Conv, ConvMode};
+use super::conv::{Conv, ConvMode, NchwcConv};
 use super::jit::{self, Jit};
 use super::matmul::{MatMul, matmul_step, own_gemm};
 use super::{Cpu, Executable, native};
@@ -33,6 +33,7 @@ pub(super) type Finish<'a> = Option<&'a (dyn Fn(std::ops::Range<usize>) + Sync)>
 pub(super) enum LibOp {
     MatMul(MatMul),
     Conv(Conv),
+    Nchwc(NchwcConv),
 }
 
 impl LibOp {
@@ -40,6 +41,7 @@ impl LibOp {
         match self {
             LibOp::MatMul(m) => m.dst,
             LibOp::Conv(c) => *c.dst(),
+            LibOp::Nchwc(c) => c.y,
         }
     }
 
@@ -47,6 +49,7 @@ impl LibOp {
         match self {
             LibOp::MatMul(m) => m.dst = v,
             LibOp::Conv(c) => *c.dst() = v,
+            LibOp::Nchwc(c) => c.y = v,
         }
     }
 }
@@ -127,7 +130,7 @@ pub(super) fn compile(
                 args: kd.inputs.iter().chain(&kd.outputs).copied().collect(),
                 space,
             }),
-            (None, None) => match native_step(f, kd) {
+            (None, None) => match native_step(f, kd, &features) {
                 Some(n) => Step::Native(n),
                 None => Step::Reference,
             },
@@ -192,6 +195,9 @@ fn library_step(
         OpKind::Conv2d(c) => conv(ConvMode::Forward, c, [a0, a1, r]),
         OpKind::Conv2dGradInput { conv: c, .. } => conv(ConvMode::GradInput, c, [r, a1, a0]),
         OpKind::Conv2dGradFilter { conv: c, .. } => conv(ConvMode::GradFilter, c, [a0, r, a1]),
+        OpKind::Conv2dNchwc { conv: c, block } => {
+            LibOp::Nchwc(NchwcConv::new(f, c, *block, [a0, a1, r], features)?)
+        }
         _ => return None,
     };
     if kd.ops.len() == 1 {
@@ -235,10 +241,14 @@ fn epilogue(f: &Function, kd: &KernelData, r: Value) -> Option<(KernelData, Valu
 }
 
 /// A single-op kernel on a hand-written kernel, if there is one for it.
-fn native_step(f: &Function, kd: &KernelData) -> Option<native::Native> {
+fn native_step(
+    f: &Function,
+    kd: &KernelData,
+    features: &super::Features,
+) -> Option<native::Native> {
     match (&kd.kind, kd.ops.as_slice()) {
         (KernelKind::Generic | KernelKind::Reduction { .. } | KernelKind::Row { .. }, &[op]) => {
-            native::Native::for_op(f, op, &kd.outputs)
+            native::Native::for_op(f, op, &kd.outputs, features)
         }
         _ => None,
     }

@@ -17,7 +17,8 @@
 //!   [`crate::kernel`]), the bodies' instructions, and the ISA they target;
 //! - `matmul.rs` and `sgemm/`, `conv/`, `native/`: library and hand-written kernels;
 //! - `runtime.rs`: running the steps on a pooled arena, and the profile;
-//! - `bytes.rs`: aligned buffers and tensors as bytes; `send_ptr.rs`: pointers across threads.
+//! - `bytes.rs`: aligned buffers and tensors as bytes; `send_ptr.rs`: pointers across threads;
+//!   `simd.rs`: AVX2 pieces several kernels share.
 
 mod accuracy;
 mod bytes;
@@ -30,6 +31,7 @@ mod render;
 mod runtime;
 mod send_ptr;
 mod sgemm;
+mod simd;
 mod target;
 
 pub use accuracy::max_ulp_error;
@@ -41,6 +43,7 @@ use crate::memory::MemoryPlan;
 use crate::plan::{Kernel, KernelData, KernelKind, Plan};
 use bytes::Line;
 use lower::Step;
+use std::borrow::Cow;
 use std::collections::HashMap;
 use tcc_ir::{Function, Tensor, Value};
 
@@ -53,10 +56,33 @@ pub struct Cpu {
     pub target: Option<String>,
     /// Whether runs time each step, for [`Executable::profile`].
     pub profile: bool,
+    /// Keep every tensor in the function's own layout: no rewrite of convolutions to
+    /// channel-blocked tensors (see [`Backend::prepare`] for this backend), so convolutions run
+    /// as im2col and GEMM.
+    pub plain_layout: bool,
 }
 
 impl Backend for Cpu {
     type Compiled = Executable;
+
+    /// Inference functions with `f32` convolutions are rewritten to channel-blocked tensors
+    /// (`tcc_passes::layout`, blocks of eight channels) when the target has the kernels for
+    /// them (AVX2 and FMA), unless [`Cpu::plain_layout`] is set. Training functions (with a
+    /// backward part) are left as they are.
+    fn prepare<'f>(&self, f: &'f Function) -> Result<Cow<'f, Function>, CompileError> {
+        let features = Features::of(self.target.as_deref()).map_err(CompileError)?;
+        let has_conv = (f.schedule().iter()).any(|&op| {
+            let d = f.op(op);
+            matches!(d.kind, tcc_ir::OpKind::Conv2d(_))
+                && f.ty(d.results[0]).dtype() == tcc_ir::DType::F32
+        });
+        if self.plain_layout || !(features.avx2 && features.fma) || !has_conv {
+            return Ok(Cow::Borrowed(f));
+        }
+        let mut g = f.clone();
+        tcc_passes::layout::nchwc(&mut g, 8).map_err(CompileError)?;
+        Ok(Cow::Owned(g))
+    }
 
     fn scratch_bytes(&self, f: &Function, kd: &KernelData) -> u64 {
         conv::scratch_bytes(f, kd)

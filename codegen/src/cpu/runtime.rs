@@ -147,6 +147,7 @@ impl Executable {
                     match op {
                         LibOp::MatMul(mm) => run_matmul(mm, &addr, finish),
                         LibOp::Conv(cv) => run_conv(cv, &addr, base, finish),
+                        LibOp::Nchwc(cv) => cv.run(&addr, finish),
                     }
                 }
                 // SAFETY: the memory plan gives every value storage of its type, and only

@@ -112,6 +112,9 @@ pub fn supported_op(f: &Function, op: tcc_ir::Op) -> bool {
         OpKind::Const { .. }
         | OpKind::MatMul
         | OpKind::Conv2d(_)
+        | OpKind::Conv2dNchwc { .. }
+        | OpKind::ToNchwc { .. }
+        | OpKind::FromNchwc { .. }
         | OpKind::MaxPool2d(_)
         | OpKind::AvgPool2d { .. }
         | OpKind::GlobalAvgPool

@@ -407,6 +407,55 @@ fn take(buf: &Buf, idx: impl Iterator<Item = usize>) -> Buf {
     }
 }
 
+/// For each element of the channel-blocked form (`to_nchwc`) of a tensor of dims `plain`, in
+/// row-major order, the flat index of the element of the plain tensor it holds; `None` in the
+/// padding lanes of the last block.
+fn nchwc_map(plain: &[u64], block: u64) -> Vec<Option<usize>> {
+    let blocked = crate::typing::nchwc_dims(plain, block);
+    let ps = strides(plain);
+    let (r, channels) = (blocked.len(), plain[1] as usize);
+    let mut out = Vec::with_capacity(numel(&blocked));
+    for_each_index(&blocked, |ix| {
+        let c = ix[1] * block as usize + ix[r - 1];
+        out.push(
+            (c < channels).then(|| {
+                ix[0] * ps[0] + c * ps[1] + (2..r - 1).map(|a| ix[a] * ps[a]).sum::<usize>()
+            }),
+        );
+    });
+    out
+}
+
+/// `to_nchwc` of `buf` (dims `plain`): zeros in the padding lanes.
+fn to_nchwc(buf: &Buf, plain: &[u64], block: u64) -> Buf {
+    let map = nchwc_map(plain, block);
+    match buf {
+        Buf::F(v) => Buf::F(map.iter().map(|m| m.map_or(0.0, |i| v[i])).collect()),
+        Buf::I(v) => Buf::I(map.iter().map(|m| m.map_or(0, |i| v[i])).collect()),
+        Buf::B(v) => Buf::B(map.iter().map(|m| m.is_some_and(|i| v[i])).collect()),
+    }
+}
+
+/// `from_nchwc` of `buf` into a tensor of dims `plain`.
+fn from_nchwc(buf: &Buf, plain: &[u64], block: u64) -> Buf {
+    let map = nchwc_map(plain, block);
+    fn scatter<T: Copy + Default>(v: &[T], map: &[Option<usize>], n: usize) -> Vec<T> {
+        let mut out = vec![T::default(); n];
+        for (k, m) in map.iter().enumerate() {
+            if let Some(i) = m {
+                out[*i] = v[k];
+            }
+        }
+        out
+    }
+    let n = numel(plain);
+    match buf {
+        Buf::F(v) => Buf::F(scatter(v, &map, n)),
+        Buf::I(v) => Buf::I(scatter(v, &map, n)),
+        Buf::B(v) => Buf::B(scatter(v, &map, n)),
+    }
+}
+
 /// Evaluates `kind` on `args`, producing values of types `tys`.
 pub(crate) fn eval(kind: &OpKind, args: &[&Val], tys: &[TensorType]) -> R<Vec<Val>> {
     let out = &tys[0];
@@ -561,6 +610,29 @@ pub(crate) fn eval(kind: &OpKind, args: &[&Val], tys: &[TensorType]) -> R<Vec<Va
                 |xi, wi, yi| res[yi] += x[xi] * w[wi],
             );
             Buf::F(res)
+        }
+        OpKind::Conv2dNchwc { conv, block } => {
+            let (x, w) = (args[0], args[1]);
+            let wd = w.dims();
+            let d = x.dims();
+            let xd = [d[0], wd[1] * conv.groups, d[2], d[3]];
+            let plain = if d.len() == 5 {
+                from_nchwc(&x.buf, &xd, *block)
+            } else {
+                x.buf.clone()
+            };
+            let yd = [out.dims()[0], wd[0], 0, 0];
+            let yd = [yd[0], yd[1], out.dims()[2], out.dims()[3]];
+            let (xs, ws) = (
+                match &plain {
+                    Buf::F(v) => v,
+                    _ => unreachable!("type rules: a float input"),
+                },
+                w.f(),
+            );
+            let mut res = vec![0.0; numel(&yd)];
+            conv_taps(conv, &xd, wd, &yd, |xi, wi, yi| res[yi] += xs[xi] * ws[wi]);
+            to_nchwc(&Buf::F(res), &yd, *block)
         }
         OpKind::Conv2dGradInput { conv, .. } => {
             let (dy, w) = (args[0].f(), args[1].f());
@@ -801,6 +873,11 @@ pub(crate) fn eval(kind: &OpKind, args: &[&Val], tys: &[TensorType]) -> R<Vec<Va
                 Buf::I(_) => Buf::I(idx.iter().map(|&(t, i)| args[t].i()[i]).collect()),
                 Buf::B(_) => Buf::B(idx.iter().map(|&(t, i)| args[t].b()[i]).collect()),
             }
+        }
+        OpKind::ToNchwc { block } => to_nchwc(&args[0].buf, args[0].dims(), *block),
+        OpKind::FromNchwc { .. } => {
+            let b = *args[0].dims().last().expect("type rules: rank 3 or more");
+            from_nchwc(&args[0].buf, out.dims(), b)
         }
         OpKind::Slice {
             starts,

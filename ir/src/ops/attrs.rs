@@ -307,6 +307,12 @@ macro_rules! declare_attrs {
             }
             OpKind::Cast { to } => $v.attr("to", to, Required)?,
             OpKind::Conv2d(c) => conv!(c),
+            OpKind::Conv2dNchwc { conv, block } => {
+                conv!(conv);
+                $v.attr("block", block, Required)?;
+            }
+            OpKind::ToNchwc { block } => $v.attr("block", block, Required)?,
+            OpKind::FromNchwc { channels } => $v.attr("channels", channels, Required)?,
             OpKind::Conv2dGradInput { conv, shape } | OpKind::Conv2dGradFilter { conv, shape } => {
                 conv!(conv);
                 $v.attr("shape", shape, Required)?;

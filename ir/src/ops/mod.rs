@@ -202,6 +202,16 @@ pub enum OpKind {
     MatMul,
     /// 2-D convolution (really cross-correlation), NCHW.
     Conv2d(Conv2d),
+    /// `conv2d` on channel-blocked tensors (NCHWc): `(x, w) -> y` where `x` is
+    /// `[N, ceil(C/block), H, W, block]` (or plain `[N, C, H, W]`), `w` the plain filter
+    /// `[O, C/groups, kH, kW]` and `y` is `to_nchwc(conv2d(x, w))`, `[N, ceil(O/block), oH, oW,
+    /// block]`. Padding lanes of `x` are never read; those of `y` are zero.
+    Conv2dNchwc {
+        /// The convolution.
+        conv: Conv2d,
+        /// Channels per block.
+        block: u64,
+    },
 
     // --- Pooling ---
     /// Max over windows; padding never wins.
@@ -276,6 +286,18 @@ pub enum OpKind {
     Concat {
         /// The axis.
         axis: i64,
+    },
+    /// Channels in blocks: `[N, C, d...] -> [N, ceil(C/block), d..., block]`, the block
+    /// innermost (the NCHWc layout of convolution kernels), the last block zero-padded.
+    ToNchwc {
+        /// Channels per block.
+        block: u64,
+    },
+    /// The inverse of `to_nchwc`: `[N, Cb, d..., b] -> [N, channels, d...]`; the padding
+    /// lanes of the last block are dropped.
+    FromNchwc {
+        /// The channels, `ceil(channels / b) == Cb`.
+        channels: u64,
     },
     /// Python-style strided slice of every axis (negative indices count from the end; out of
     /// range bounds are clamped).

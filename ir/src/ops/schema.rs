@@ -186,6 +186,7 @@ define_ops! {
 
     MatMul "matmul" Exactly(2), 1, LinearAlgebra [DIFFERENTIABLE] "batched matrix product, batch dims broadcast";
     Conv2d "conv2d" Exactly(2), 1, LinearAlgebra [DIFFERENTIABLE] "2-D cross-correlation, NCHW, filter `[O, C/groups, kH, kW]`";
+    Conv2dNchwc "conv2d_nchwc" Exactly(2), 1, LinearAlgebra [DIFFERENTIABLE] "`conv2d` from and to channel-blocked tensors `[N, C/b, H, W, b]`";
 
     MaxPool2d "max_pool2d" Exactly(1), 1, Pooling [DIFFERENTIABLE] "maximum over windows; padding never wins";
     AvgPool2d "avg_pool2d" Exactly(1), 1, Pooling [DIFFERENTIABLE] "mean over windows";
@@ -204,6 +205,8 @@ define_ops! {
     Reshape "reshape" Exactly(1), 1, DataMovement [DIFFERENTIABLE] "same elements, new shape";
     Transpose "transpose" Exactly(1), 1, DataMovement [DIFFERENTIABLE] "permutes axes: output axis `i` is input axis `perm[i]`";
     Concat "concat" AtLeast(1), 1, DataMovement [DIFFERENTIABLE] "joins operands along `axis`";
+    ToNchwc "to_nchwc" Exactly(1), 1, DataMovement [DIFFERENTIABLE] "channels in blocks: `[N, C, d...] -> [N, ceil(C/b), d..., b]`";
+    FromNchwc "from_nchwc" Exactly(1), 1, DataMovement [DIFFERENTIABLE] "channels out of blocks: `[N, Cb, d..., b] -> [N, channels, d...]`";
     Slice "slice" Exactly(1), 1, DataMovement [DIFFERENTIABLE] "Python-style strided slice of every axis";
     Gather "gather" Exactly(2), 1, DataMovement [DIFFERENTIABLE] "`take(data, indices, axis)`";
     ScatterAdd "scatter_add" Exactly(3), 1, DataMovement [DIFFERENTIABLE] "a copy of `data` with `updates` added at `indices` along `axis`";
@@ -278,6 +281,10 @@ impl OpId {
             OpId::Identity => K::Identity,
             OpId::MatMul => K::MatMul,
             OpId::Conv2d => K::Conv2d(Conv2d::default()),
+            OpId::Conv2dNchwc => K::Conv2dNchwc {
+                conv: Conv2d::default(),
+                block: 0,
+            },
             OpId::MaxPool2d => K::MaxPool2d(pool()),
             OpId::AvgPool2d => K::AvgPool2d {
                 pool: pool(),
@@ -310,6 +317,8 @@ impl OpId {
             OpId::Reshape => K::Reshape { shape: Vec::new() },
             OpId::Transpose => K::Transpose { perm: Vec::new() },
             OpId::Concat => K::Concat { axis: 0 },
+            OpId::ToNchwc => K::ToNchwc { block: 0 },
+            OpId::FromNchwc => K::FromNchwc { channels: 0 },
             OpId::Slice => K::Slice {
                 starts: Vec::new(),
                 ends: Vec::new(),
@@ -420,6 +429,7 @@ impl OpKind {
             OpKind::Identity => OpId::Identity,
             OpKind::MatMul => OpId::MatMul,
             OpKind::Conv2d(_) => OpId::Conv2d,
+            OpKind::Conv2dNchwc { .. } => OpId::Conv2dNchwc,
             OpKind::MaxPool2d(_) => OpId::MaxPool2d,
             OpKind::AvgPool2d { .. } => OpId::AvgPool2d,
             OpKind::GlobalAvgPool => OpId::GlobalAvgPool,
@@ -434,6 +444,8 @@ impl OpKind {
             OpKind::Reshape { .. } => OpId::Reshape,
             OpKind::Transpose { .. } => OpId::Transpose,
             OpKind::Concat { .. } => OpId::Concat,
+            OpKind::ToNchwc { .. } => OpId::ToNchwc,
+            OpKind::FromNchwc { .. } => OpId::FromNchwc,
             OpKind::Slice { .. } => OpId::Slice,
             OpKind::Gather { .. } => OpId::Gather,
             OpKind::ScatterAdd { .. } => OpId::ScatterAdd,

@@ -26,13 +26,17 @@ pub fn flops(f: &Function, op: Op) -> u64 {
         }
         // The filter is operand 1 of conv2d and conv2d_grad_input; its shape is an attribute
         // of conv2d_grad_filter.
-        OpKind::Conv2d(_) | OpKind::Conv2dGradInput { .. } => {
+        OpKind::Conv2d(_) | OpKind::Conv2dNchwc { .. } | OpKind::Conv2dGradInput { .. } => {
             let w = f.ty(d.args[1]).dims();
             let taps = w[1..].iter().product::<u64>();
-            let y = if matches!(d.kind, OpKind::Conv2d(_)) {
-                out()
-            } else {
-                numel(0)
+            let y = match d.kind {
+                OpKind::Conv2d(_) => out(),
+                // The padding lanes of the output's last block are not computed.
+                OpKind::Conv2dNchwc { .. } => {
+                    let yd = f.ty(d.results[0]).dims();
+                    yd[0] * w[0] * yd[2] * yd[3]
+                }
+                _ => numel(0),
             };
             y.saturating_mul(taps).saturating_mul(2)
         }
@@ -77,6 +81,8 @@ pub fn flops(f: &Function, op: Op) -> u64 {
         | OpKind::Concat { .. }
         | OpKind::Slice { .. }
         | OpKind::SliceGrad { .. }
+        | OpKind::ToNchwc { .. }
+        | OpKind::FromNchwc { .. }
         | OpKind::Gather { .. }
         | OpKind::ScatterAdd { .. } => d
             .args

@@ -246,6 +246,48 @@ impl Rules<'_> {
                     out[1] = Some(self.b.op1(k, &[a[0], dy])?);
                 }
             }
+            OpKind::Conv2dNchwc { conv, block } => {
+                // y = to_nchwc(conv2d(x, w)) with x plain or from_nchwc'd: the conv2d rule
+                // between the layout changes.
+                let channels = self.dims(a[1])[0];
+                let dy = self.b.op1(OpKind::FromNchwc { channels }, &[dyv()])?;
+                let blocked = self.dims(a[0]).len() == 5;
+                let x = if blocked {
+                    let channels = self.dims(a[1])[1] * conv.groups;
+                    self.b.op1(OpKind::FromNchwc { channels }, &[a[0]])?
+                } else {
+                    a[0]
+                };
+                if g.needs[0] {
+                    let shape = self.dims(x);
+                    let k = OpKind::Conv2dGradInput {
+                        conv: conv.clone(),
+                        shape,
+                    };
+                    let dx = self.b.op1(k, &[dy, a[1]])?;
+                    out[0] = Some(if blocked {
+                        self.b.op1(OpKind::ToNchwc { block: *block }, &[dx])?
+                    } else {
+                        dx
+                    });
+                }
+                if g.needs[1] {
+                    let shape = self.dims(a[1]);
+                    let k = OpKind::Conv2dGradFilter {
+                        conv: conv.clone(),
+                        shape,
+                    };
+                    out[1] = Some(self.b.op1(k, &[x, dy])?);
+                }
+            }
+            OpKind::ToNchwc { .. } => {
+                let channels = self.dims(a[0])[1];
+                out[0] = Some(self.b.op1(OpKind::FromNchwc { channels }, &[dyv()])?);
+            }
+            OpKind::FromNchwc { .. } => {
+                let block = *self.dims(a[0]).last().expect("rank 3 or more");
+                out[0] = Some(self.b.op1(OpKind::ToNchwc { block }, &[dyv()])?);
+            }
             OpKind::Conv2dGradInput { conv, .. } => {
                 // dx = conv2d_grad_input(dy, w): linear in both operands.
                 let ddx = dyv();

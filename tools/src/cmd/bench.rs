@@ -43,10 +43,7 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
         .map_err(|e| Error::usage(format!("error: --target: {e}")))?;
     let p = prepare(&a.model, io)?;
     let f = p.function();
-    let cpu = tcc_codegen::Cpu {
-        target: a.model.target.clone(),
-        profile: a.profile,
-    };
+    let cpu = a.model.cpu(a.profile);
     let t0 = Instant::now();
     let exe = tcc_codegen::compile(&cpu, f).map_err(|e| Error::usage(format!("error: {e}")))?;
     let compile_time = t0.elapsed();

@@ -30,6 +30,22 @@ pub(crate) struct Model {
     /// Run no passes before compiling (the same as --passes='').
     #[arg(short = 'O', value_name = "LEVEL", value_parser = ["0"])]
     pub opt_level: Option<String>,
+    /// The layout the CPU backend keeps tensors in: `auto` (convolutions on channel-blocked
+    /// tensors where the target has kernels for them) or `plain` (as the function has them;
+    /// convolutions as im2col and GEMM).
+    #[arg(long, value_name = "LAYOUT", default_value = "auto", value_parser = ["auto", "plain"])]
+    pub layout: String,
+}
+
+impl Model {
+    /// The CPU backend these options ask for.
+    pub fn cpu(&self, profile: bool) -> tcc_codegen::Cpu {
+        tcc_codegen::Cpu {
+            target: self.target.clone(),
+            profile,
+            plain_layout: self.layout == "plain",
+        }
+    }
 }
 
 // The arguments of `tcc run`.
@@ -166,10 +182,7 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
     let results = if a.interp {
         tcc_ir::interp::run(f, inputs).map_err(|e| Error::input(format!("error: {e}")))?
     } else {
-        let cpu = tcc_codegen::Cpu {
-            target: a.model.target.clone(),
-            profile: a.profile,
-        };
+        let cpu = a.model.cpu(a.profile);
         let exe = tcc_codegen::compile(&cpu, f).map_err(|e| Error::usage(format!("error: {e}")))?;
         if a.stats {
             let s = exe.stats();

@@ -7,6 +7,9 @@
 //! `phase_spans`), which `depthwise.rs`, `sgemm/` and `native/` (pooling) also use.
 
 mod depthwise;
+mod nchwc;
+
+pub(super) use nchwc::NchwcConv;
 
 use super::lower::Finish;
 use super::matmul::{Mat, gemm};

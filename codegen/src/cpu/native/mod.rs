@@ -11,6 +11,7 @@
 //! job: `pool.rs` (pooling and its gradients), `lines.rs` (work along lines: reductions,
 //! softmax, cross-entropy, batch norm, `top_k`), `movement.rs` (byte copies of any dtype).
 
+mod layout;
 mod lines;
 mod movement;
 mod pool;
@@ -109,6 +110,8 @@ enum Kind {
         indices: DType,
         count: usize,
     },
+    /// `to_nchwc` or `from_nchwc`.
+    Reorder(layout::Reorder),
     /// Concatenation: each of `outer` rows of the result is the operands' rows side by side,
     /// operand `i`'s row `row_bytes[i]` long (any dtype).
     Concat {
@@ -127,7 +130,12 @@ fn dims4(f: &Function, v: Value) -> [usize; 4] {
 
 impl Native {
     /// The native kernel for `op`, if there is one for its kind and dtypes.
-    pub(crate) fn for_op(f: &Function, op: Op, outputs: &[Value]) -> Option<Native> {
+    pub(crate) fn for_op(
+        f: &Function,
+        op: Op,
+        outputs: &[Value],
+        features: &crate::cpu::Features,
+    ) -> Option<Native> {
         let d = f.op(op);
         let x = d.args[0];
         let any_dtype = matches!(
@@ -136,6 +144,8 @@ impl Native {
                 | OpKind::Slice { .. }
                 | OpKind::Concat { .. }
                 | OpKind::Gather { .. }
+                | OpKind::ToNchwc { .. }
+                | OpKind::FromNchwc { .. }
         );
         if f.ty(x).dtype() != DType::F32 && !any_dtype {
             return None;
@@ -209,6 +219,25 @@ impl Native {
                         .map(|&v| dims(f, v)[a..].iter().product::<usize>() * size)
                         .collect(),
                 }
+            }
+            OpKind::ToNchwc { .. } | OpKind::FromNchwc { .. } => {
+                let to_blocked = matches!(d.kind, OpKind::ToNchwc { .. });
+                let plain = dims(f, if to_blocked { x } else { d.results[0] });
+                let blocked = dims(f, if to_blocked { d.results[0] } else { x });
+                let b = blocked[blocked.len() - 1];
+                let size = f.ty(x).dtype().size_bytes() as usize;
+                Kind::Reorder(layout::Reorder {
+                    to_blocked,
+                    n: plain[0],
+                    c: plain[1],
+                    s: plain[2..].iter().product(),
+                    b,
+                    size,
+                    wide: cfg!(target_arch = "x86_64")
+                        && f.ty(x).dtype() == DType::F32
+                        && b == 8
+                        && features.avx2,
+                })
             }
             OpKind::Transpose { perm } => Kind::Transpose {
                 dims: dims(f, x),
@@ -420,6 +449,7 @@ impl Native {
                     *len,
                     *block_bytes,
                 )?,
+                Kind::Reorder(r) => r.run(addr(self.args[0]), addr(self.results[0])),
                 Kind::Concat { outer, row_bytes } => {
                     let srcs: Vec<*const u8> =
                         self.args.iter().map(|&v| addr(v) as *const u8).collect();

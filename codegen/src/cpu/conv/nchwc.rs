@@ -1,0 +1,641 @@
+//! `conv2d_nchwc`: convolutions that read and write channel-blocked tensors, in f32 with AVX2
+//! and FMA, blocks of eight channels (one `ymm` vector). No im2col: each output pixel's taps are
+//! read where they lie.
+//!
+//! **One group** (`direct`): a tile is six output pixels by sixteen output channels (two blocks)
+//! in twelve accumulators; each step of the reduction broadcasts one input channel of each of
+//! the six pixels and multiplies it into two vectors of filter weights, as the 6x16 GEMM
+//! microkernel does with a packed panel of A. The six pixels are any six consecutive pixels of
+//! the output plane, each with its own input pointer, so small planes (7x7) and row ends waste
+//! nothing but the plane's last tile. The reduction runs over the input's blocks, the filter's
+//! taps and the eight channels of a block (or, for a plain NCHW input such as an image's three
+//! channels, over channels and taps). The filter is packed once, at compile time for a constant,
+//! in that order: for each pair of output blocks, sixteen weights per step.
+//!
+//! Padding is never tested in the inner loop: a convolution with padding first copies the input
+//! rows a band of output rows reads into a zero-bordered buffer (per thread, reused), so every
+//! tap of every pixel is a plain load. Without padding the kernel reads the input in place.
+//!
+//! **Depthwise** (`depthwise`): eight channels at once, one vector per pixel, eight outputs of a
+//! row accumulated in registers over all taps, as `depthwise.rs` does for NCHW, here without
+//! the transposes: the padded buffer is a copy of the blocked rows (or, from a plain input, the
+//! rows transposed into pixels), and the outputs are stored as they are.
+//!
+//! Work is split into bands of output rows (and, when there are few bands, ranges of output
+//! blocks) across threads; each piece of the output is reported to the step's epilogue as soon
+//! as it is final.
+
+#[cfg(target_arch = "x86_64")]
+use super::depthwise::pixels;
+use super::{Finish, SendPtr};
+#[cfg(target_arch = "x86_64")]
+use crate::cpu::simd::first;
+use rayon::prelude::*;
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+use tcc_ir::{Conv2d, DType, Function, OpKind, Tensor, Value};
+
+/// Channels per block, the f32 lanes of a `ymm` register.
+const B: usize = 8;
+
+/// Output pixels per tile of the direct kernel.
+const P: usize = 6;
+
+/// Input rows of a band are sized so its padded copy stays within this many bytes (L2).
+const BAND_BYTES: usize = 192 << 10;
+
+/// A compiled `conv2d_nchwc` step.
+pub(in crate::cpu) struct NchwcConv {
+    x: Value,
+    w: Value,
+    /// The output.
+    pub y: Value,
+    attrs: Conv2d,
+    /// Plain dims of the input `[N, C, H, W]`, of the filter `[O, C/g, kH, kW]` and of the
+    /// output `[N, O, oH, oW]`.
+    xd: [usize; 4],
+    wd: [usize; 4],
+    yd: [usize; 4],
+    /// Whether the input is blocked (else plain NCHW).
+    blocked: bool,
+    depthwise: bool,
+    /// The filter packed for the kernel, when it is a constant.
+    packed: Option<Filter>,
+}
+
+/// A filter laid out for the kernels.
+enum Filter {
+    /// One group: per group of output blocks (pairs, the last maybe single), the steps of the
+    /// reduction in order, `8 * nb` weights each.
+    Direct { groups: Vec<Group>, data: Vec<f32> },
+    /// Depthwise: per output block and tap, the block's eight weights.
+    Depthwise(Vec<[f32; B]>),
+}
+
+/// Output blocks `start..start + nb` of a direct convolution and where their weights start.
+#[derive(Clone, Copy)]
+struct Group {
+    start: usize,
+    nb: usize,
+    at: usize,
+}
+
+impl NchwcConv {
+    /// The step for `conv2d_nchwc` op with operands `x`, `w` and result `y`, if this backend has
+    /// a kernel for it: f32, blocks of 8, one group or depthwise, and AVX2 with FMA.
+    pub(in crate::cpu) fn new(
+        f: &Function,
+        attrs: &Conv2d,
+        block: u64,
+        [x, w, y]: [Value; 3],
+        features: &crate::cpu::Features,
+    ) -> Option<NchwcConv> {
+        let usable = cfg!(target_arch = "x86_64") && features.avx2 && features.fma;
+        if !usable || block != B as u64 || f.ty(y).dtype() != DType::F32 {
+            return None;
+        }
+        let dims =
+            |v: Value| -> Vec<usize> { f.ty(v).dims().iter().map(|&d| d as usize).collect() };
+        let (xv, wd, yv) = (dims(x), dims(w), dims(y));
+        let wd: [usize; 4] = wd.try_into().ok()?;
+        let c = wd[1] * attrs.groups as usize;
+        let xd = [xv[0], c, xv[2], xv[3]];
+        let yd = [yv[0], wd[0], yv[2], yv[3]];
+        let depthwise = attrs.groups as usize == c && wd[0] == c && wd[1] == 1;
+        if attrs.groups != 1 && !depthwise {
+            return None;
+        }
+        let mut cv = NchwcConv {
+            x,
+            w,
+            y,
+            attrs: attrs.clone(),
+            xd,
+            wd,
+            yd,
+            blocked: xv.len() == 5,
+            depthwise,
+            packed: None,
+        };
+        if let Some(OpKind::Const { ty, value }) = f.def_op(w).map(|op| &f.op(op).kind)
+            && let Ok(t) = Tensor::from_literal(ty, value)
+            && let Some(data) = t.as_f32()
+        {
+            cv.packed = Some(cv.pack(data));
+        }
+        Some(cv)
+    }
+
+    /// Lanes of the input per step of the direct kernel: a blocked input's eight channels of a
+    /// pixel, or a plain input's one.
+    fn lanes(&self) -> usize {
+        if self.blocked { B } else { 1 }
+    }
+
+    /// Steps of the reduction, each `lanes()` channels at one tap: input blocks (or channels)
+    /// by taps.
+    fn taps(&self) -> usize {
+        let [_, c, _, _] = self.xd;
+        let [_, _, kh, kw] = self.wd;
+        c.div_ceil(self.lanes()) * kh * kw
+    }
+
+    /// Packs filter `w` (`[O, C/g, kH, kW]`) for the kernels.
+    fn pack(&self, w: &[f32]) -> Filter {
+        let [o, cg, kh, kw] = self.wd;
+        let ob = o.div_ceil(B);
+        if self.depthwise {
+            let taps = kh * kw;
+            let mut grouped = vec![[0f32; B]; ob * taps];
+            for (ch, f) in w.chunks_exact(taps).enumerate() {
+                for (k, &v) in f.iter().enumerate() {
+                    grouped[(ch / B) * taps + k][ch % B] = v;
+                }
+            }
+            return Filter::Depthwise(grouped);
+        }
+        let (lanes, steps) = (self.lanes(), self.taps() * self.lanes());
+        let mut groups = Vec::new();
+        let mut data = Vec::new();
+        let mut start = 0;
+        while start < ob {
+            let nb = (ob - start).min(2);
+            groups.push(Group {
+                start,
+                nb,
+                at: data.len(),
+            });
+            let base = data.len();
+            data.resize(base + steps * nb * B, 0.0);
+            for s in 0..steps {
+                // Step s: lane `s % lanes` of input block (or channel) `t / (kh kw)` at tap
+                // `t % (kh kw)`, where t = s / lanes.
+                let (t, lane) = (s / lanes, s % lanes);
+                let (ic, tap) = ((t / (kh * kw)) * lanes + lane, t % (kh * kw));
+                if ic >= cg {
+                    continue;
+                }
+                for j in 0..nb * B {
+                    let oc = start * B + j;
+                    if oc < o {
+                        data[base + s * nb * B + j] = w[(oc * cg + ic) * kh * kw + tap];
+                    }
+                }
+            }
+            start += nb;
+        }
+        Filter::Direct { groups, data }
+    }
+
+    /// Runs the step, telling `finish` of each piece of the output once it is final.
+    pub(in crate::cpu) fn run(&self, addr: &dyn Fn(Value) -> *mut u8, finish: Finish) {
+        let packed;
+        let filter = match &self.packed {
+            Some(p) => p,
+            None => {
+                let [o, cg, kh, kw] = self.wd;
+                // SAFETY: the filter holds o * cg * kh * kw f32.
+                let w = unsafe {
+                    std::slice::from_raw_parts(addr(self.w) as *const f32, o * cg * kh * kw)
+                };
+                packed = self.pack(w);
+                &packed
+            }
+        };
+        // SAFETY: x is only read and y written in disjoint pieces (one per work item).
+        let (x, y) = unsafe {
+            (
+                SendPtr::new(addr(self.x) as *const f32),
+                SendPtr::new(addr(self.y) as *mut f32),
+            )
+        };
+        let [n, _, _, _] = self.xd;
+        let [_, o, oh, ow] = self.yd;
+        if n * o * oh * ow == 0 {
+            return;
+        }
+        let ob = o.div_ceil(B);
+        let band = self.band_rows();
+        let bands = oh.div_ceil(band);
+        // Few bands: split the output blocks too, so every thread has work.
+        let threads = rayon::current_num_threads();
+        let units = match filter {
+            Filter::Direct { groups, .. } => groups.len(),
+            Filter::Depthwise(_) => ob,
+        };
+        let splits = if self.depthwise {
+            units
+        } else {
+            (2 * threads).div_ceil(n * bands).clamp(1, units)
+        };
+        let items = n * bands * splits;
+        let one = |i: usize| {
+            let (img, rest) = (i / (bands * splits), i % (bands * splits));
+            let (bi, si) = (rest / splits, rest % splits);
+            let rows = bi * band..((bi + 1) * band).min(oh);
+            let units = si * units / splits..(si + 1) * units / splits;
+            BUFFER.with(|buf| {
+                let mut buf = buf.borrow_mut();
+                // SAFETY: image img of x and y; this item writes only its rows of its units'
+                // output blocks.
+                unsafe {
+                    self.item(
+                        filter,
+                        x.get(),
+                        y.get(),
+                        img,
+                        rows.clone(),
+                        units.clone(),
+                        &mut buf,
+                    )
+                };
+            });
+            if let Some(finish) = finish {
+                let [_, _, oh, ow] = self.yd;
+                let blocks = match filter {
+                    Filter::Direct { groups, .. } => {
+                        let g = &groups[units.start..units.end];
+                        g[0].start..g[g.len() - 1].start + g[g.len() - 1].nb
+                    }
+                    Filter::Depthwise(_) => units,
+                };
+                for b in blocks {
+                    let plane = (img * ob + b) * oh * ow * B;
+                    finish(plane + rows.start * ow * B..plane + rows.end * ow * B);
+                }
+            }
+        };
+        if items == 1 {
+            one(0);
+        } else {
+            (0..items).into_par_iter().for_each(one);
+        }
+    }
+
+    /// Output rows per band: as many as keep the band's padded input within [`BAND_BYTES`].
+    fn band_rows(&self) -> usize {
+        let [_, c, _, _] = self.xd;
+        let [_, _, oh, ow] = self.yd;
+        let [_, _, kh, _] = self.wd;
+        let [sh, _] = self.attrs.strides.map(|v| v as usize);
+        let dh = self.attrs.dilations[0] as usize;
+        let channels = if self.depthwise {
+            B
+        } else {
+            c.next_multiple_of(B)
+        };
+        let row_bytes = (self.cols(ow) * channels * 4).max(1);
+        let fit = (BAND_BYTES / row_bytes).max((kh - 1) * dh + 1);
+        ((fit - (kh - 1) * dh - 1) / sh + 1).clamp(1, oh.max(1))
+    }
+
+    /// Padded input columns the outputs of a row read (rounded up to eight outputs for the
+    /// depthwise kernel, whose loads of a partial last vector must stay in the buffer).
+    fn cols(&self, ow: usize) -> usize {
+        let [_, _, _, kw] = self.wd;
+        let sw = self.attrs.strides[1] as usize;
+        let dw = self.attrs.dilations[1] as usize;
+        let ow = if self.depthwise {
+            ow.next_multiple_of(B)
+        } else {
+            ow
+        };
+        (ow.max(1) - 1) * sw + (kw - 1) * dw + 1
+    }
+
+    /// Computes output rows `rows` of output units `units` (groups of blocks, or depthwise
+    /// blocks) of image `img`.
+    ///
+    /// # Safety
+    /// `x` and `y` hold the step's input and output.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn item(
+        &self,
+        filter: &Filter,
+        x: *const f32,
+        y: *mut f32,
+        img: usize,
+        rows: std::ops::Range<usize>,
+        units: std::ops::Range<usize>,
+        buf: &mut Vec<f32>,
+    ) {
+        let [_, c, h, w] = self.xd;
+        let [_, o, oh, ow] = self.yd;
+        let cb = c.div_ceil(B);
+        let ximg_len = if self.blocked { cb * B } else { c } * h * w;
+        // SAFETY: the caller's contract: image img of the input and output.
+        unsafe {
+            let ximg = std::slice::from_raw_parts(x.add(img * ximg_len), ximg_len);
+            let yimg = y.add(img * o.div_ceil(B) * oh * ow * B);
+            match filter {
+                Filter::Direct { groups, data } => {
+                    self.direct(&groups[units], data, ximg, yimg, rows, buf)
+                }
+                Filter::Depthwise(f) => {
+                    for b in units {
+                        self.depthwise(f, b, ximg, yimg, rows.clone(), buf)
+                    }
+                }
+            }
+        }
+    }
+
+    /// The direct kernel over output rows `rows` for the blocks of `groups`.
+    ///
+    /// # Safety
+    /// `yimg` holds the image's blocked output.
+    unsafe fn direct(
+        &self,
+        groups: &[Group],
+        data: &[f32],
+        ximg: &[f32],
+        yimg: *mut f32,
+        rows: std::ops::Range<usize>,
+        buf: &mut Vec<f32>,
+    ) {
+        let [_, c, h, w] = self.xd;
+        let [_, _, kh, kw] = self.wd;
+        let [_, _, oh, ow] = self.yd;
+        let [sh, sw] = self.attrs.strides.map(|v| v as usize);
+        let [dh, dw] = self.attrs.dilations.map(|v| v as usize);
+        let lanes = self.lanes();
+        let padded = self.attrs.pads != [0; 4] || (self.blocked && c % B != 0);
+        // The input the kernel reads: `src` with `planes` floats between blocks (or channels),
+        // `row` floats between rows, row 0 being the padded row of output row `rows.start`.
+        let (src, plane, row): (&[f32], usize, usize) = if padded {
+            let n = self.copy_band(ximg, rows.clone(), buf);
+            (&buf[..], n.0, n.1)
+        } else {
+            let at = rows.start * sh * w * lanes;
+            (&ximg[at..], h * w * lanes, w * lanes)
+        };
+        let taps: Vec<usize> = (0..self.taps())
+            .map(|t| {
+                let (blk, tap) = (t / (kh * kw), t % (kh * kw));
+                blk * plane + (tap / kw) * dh * row + (tap % kw) * dw * lanes
+            })
+            .collect();
+        let first = rows.start * ow;
+        let end = rows.end * ow;
+        let pixel = |q: usize| {
+            let (oy, ox) = (q / ow - rows.start, q % ow);
+            oy * sh * row + ox * sw * lanes
+        };
+        let steps = self.taps() * lanes;
+        let o = self.yd[1];
+        for g in groups {
+            // Valid lanes of the group's last block: the padding lanes of the output are zero.
+            let last = o - (g.start + g.nb - 1) * B;
+            let wg = &data[g.at..g.at + steps * g.nb * B];
+            for q0 in (first..end).step_by(P) {
+                let n = P.min(end - q0);
+                let px: [*const f32; P] =
+                    std::array::from_fn(|p| src[pixel(q0 + p.min(n - 1))..].as_ptr());
+                // SAFETY: every pixel's taps lie in `src` (the band covers the rows and columns
+                // the outputs read); `yimg` holds blocks g.start.. of the output.
+                unsafe {
+                    let out = yimg.add((g.start * oh * ow + q0) * B);
+                    let stride = oh * ow * B;
+                    match (g.nb, lanes) {
+                        (2, B) => tile::<2, B>(&px, &taps, wg.as_ptr(), out, stride, [n, last]),
+                        (1, B) => tile::<1, B>(&px, &taps, wg.as_ptr(), out, stride, [n, last]),
+                        (2, _) => tile::<2, 1>(&px, &taps, wg.as_ptr(), out, stride, [n, last]),
+                        _ => tile::<1, 1>(&px, &taps, wg.as_ptr(), out, stride, [n, last]),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Copies the input rows that output rows `rows` read, zero-padded, into `buf`: per input
+    /// block (or plain channel) the band's rows of `cols` columns, each column `lanes()` floats;
+    /// lanes past the last channel are zero. Returns the floats between blocks and between rows.
+    fn copy_band(
+        &self,
+        ximg: &[f32],
+        rows: std::ops::Range<usize>,
+        buf: &mut Vec<f32>,
+    ) -> (usize, usize) {
+        let [_, c, h, w] = self.xd;
+        let [_, _, kh, _] = self.wd;
+        let [_, _, _, ow] = self.yd;
+        let sh = self.attrs.strides[0] as usize;
+        let dh = self.attrs.dilations[0] as usize;
+        let [pt, pl] = [self.attrs.pads[0] as usize, self.attrs.pads[1] as usize];
+        let lanes = self.lanes();
+        let cols = self.cols(ow);
+        let n_rows = (rows.end - rows.start - 1) * sh + (kh - 1) * dh + 1;
+        let planes = c.div_ceil(lanes);
+        let (row, plane) = (cols * lanes, n_rows * cols * lanes);
+        buf.clear();
+        buf.resize(planes * plane, 0.0);
+        // Input columns that land in the buffer, at column `pl` on.
+        let wn = w.min(cols.saturating_sub(pl));
+        for p in 0..planes {
+            for r in 0..n_rows {
+                // Padded rows above the image wrap around to large numbers: outside too.
+                let ir = (rows.start * sh + r).wrapping_sub(pt);
+                if ir >= h || wn == 0 {
+                    continue;
+                }
+                let src = &ximg[(p * h + ir) * w * lanes..][..wn * lanes];
+                buf[p * plane + r * row + pl * lanes..][..wn * lanes].copy_from_slice(src);
+            }
+        }
+        if lanes == B && c % B != 0 {
+            // Whatever the padding lanes of the last block hold (an elementwise op may have
+            // left NaN there), the filter's zeros must not meet it.
+            for px in buf[(planes - 1) * plane..].chunks_exact_mut(B) {
+                px[c % B..].fill(0.0);
+            }
+        }
+        (plane, row)
+    }
+
+    /// The depthwise kernel over output rows `rows` of output block `b`.
+    ///
+    /// # Safety
+    /// `yimg` holds the image's blocked output.
+    unsafe fn depthwise(
+        &self,
+        f: &[[f32; B]],
+        b: usize,
+        ximg: &[f32],
+        yimg: *mut f32,
+        rows: std::ops::Range<usize>,
+        buf: &mut Vec<f32>,
+    ) {
+        let [_, c, h, w] = self.xd;
+        let [_, _, kh, kw] = self.wd;
+        let [_, _, oh, ow] = self.yd;
+        let [sh, sw] = self.attrs.strides.map(|v| v as usize);
+        let [dh, dw] = self.attrs.dilations.map(|v| v as usize);
+        let [pt, pl] = [self.attrs.pads[0] as usize, self.attrs.pads[1] as usize];
+        let cols = self.cols(ow);
+        let row = cols * B;
+        let n_rows = (rows.end - rows.start - 1) * sh + (kh - 1) * dh + 1;
+        buf.clear();
+        buf.resize(n_rows * row, 0.0);
+        let wn = w.min(cols.saturating_sub(pl));
+        let cn = B.min(c - b * B);
+        for r in 0..n_rows {
+            let ir = (rows.start * sh + r).wrapping_sub(pt);
+            if ir >= h || wn == 0 {
+                continue;
+            }
+            let dst = &mut buf[r * row..(r + 1) * row];
+            if self.blocked {
+                let src = &ximg[((b * h + ir) * w) * B..][..wn * B];
+                dst[pl * B..(pl + wn) * B].copy_from_slice(src);
+                if cn < B {
+                    for px in dst.chunks_exact_mut(B) {
+                        px[cn..].fill(0.0);
+                    }
+                }
+            } else {
+                // SAFETY: the CPU has AVX2 (`new` checked the target's features).
+                #[cfg(target_arch = "x86_64")]
+                unsafe {
+                    pixels(&ximg[(b * B * h + ir) * w..], h * w, cn, wn, pl, dst)
+                };
+            }
+        }
+        let taps = &f[b * kh * kw..(b + 1) * kh * kw];
+        for oy in rows.clone() {
+            let base = (oy - rows.start) * sh * row;
+            // SAFETY: the output block's row oy holds ow pixels of eight floats.
+            let yrow = unsafe { yimg.add(((b * oh + oy) * ow) * B) };
+            // SAFETY: as for `direct`; the buffer covers every tap of every (rounded-up)
+            // output column.
+            unsafe { depthwise_row(buf, base, row, taps, [kh, kw], [sw, dh, dw], yrow, ow) };
+        }
+    }
+}
+
+thread_local! {
+    /// Each thread's padded input band.
+    static BUFFER: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// One tile of the direct kernel: pixels `px[..n]` (the rest repeat the last) by `NB` output
+/// blocks. Step `s` of the reduction reads lane `s % L` at offset `taps[s / L]` from each
+/// pixel and the `8 * NB` weights at `w + 8 * NB * s`; the sums go to output block `b` at
+/// `out + b * stride`, pixel `p` at `p * 8` on, with lanes from `last` on of the last block
+/// zero (past the output's channels).
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; every read lies inside its buffer; `out` holds `n` pixels of each
+/// of the `NB` blocks.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile<const NB: usize, const L: usize>(
+    px: &[*const f32; P],
+    taps: &[usize],
+    w: *const f32,
+    out: *mut f32,
+    stride: usize,
+    [n, last]: [usize; 2],
+) {
+    let mut acc = [[_mm256_setzero_ps(); NB]; P];
+    let mut wp = w;
+    for &off in taps {
+        for l in 0..L {
+            // SAFETY (block): the caller's contract.
+            unsafe {
+                let wv: [__m256; NB] = std::array::from_fn(|b| _mm256_loadu_ps(wp.add(b * B)));
+                for (p, a) in acc.iter_mut().enumerate() {
+                    let xv = _mm256_broadcast_ss(&*px[p].add(off + l));
+                    for b in 0..NB {
+                        a[b] = _mm256_fmadd_ps(xv, wv[b], a[b]);
+                    }
+                }
+                wp = wp.add(NB * B);
+            }
+        }
+    }
+    let keep = _mm256_castsi256_ps(first(last));
+    for (p, a) in acc.iter().enumerate().take(n) {
+        for (b, v) in a.iter().enumerate() {
+            let v = if b + 1 == NB {
+                _mm256_and_ps(*v, keep)
+            } else {
+                *v
+            };
+            // SAFETY: pixel p < n of block b.
+            unsafe { _mm256_storeu_ps(out.add(b * stride + p * B), v) };
+        }
+    }
+}
+
+/// Never called: `NchwcConv::new` declines off x86-64.
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn tile<const NB: usize, const L: usize>(
+    _: &[*const f32; P],
+    _: &[usize],
+    _: *const f32,
+    _: *mut f32,
+    _: usize,
+    _: [usize; 2],
+) {
+    unreachable!("no AVX2 off x86-64")
+}
+
+/// One output row of a depthwise block: `ow` pixels at `yrow`, eight at a time, each the sum
+/// over taps of the padded buffer's pixel times the tap's weights. The row's taps start at
+/// `base` in `buf`, rows `row` floats apart; `[sw, dh, dw]` are the column stride and the
+/// dilations.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; `buf` covers every tap of `ow` rounded up to eight outputs;
+/// `yrow` holds `ow` pixels.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn depthwise_row(
+    buf: &[f32],
+    base: usize,
+    row: usize,
+    taps: &[[f32; B]],
+    [kh, kw]: [usize; 2],
+    [sw, dh, dw]: [usize; 3],
+    yrow: *mut f32,
+    ow: usize,
+) {
+    for ox in (0..ow).step_by(B) {
+        let mut acc = [_mm256_setzero_ps(); B];
+        for ky in 0..kh {
+            for kx in 0..kw {
+                // SAFETY: one filter tap of eight floats.
+                let wv = unsafe { _mm256_loadu_ps(taps[ky * kw + kx].as_ptr()) };
+                let at = base + ky * dh * row + (ox * sw + kx * dw) * B;
+                for (j, a) in acc.iter_mut().enumerate() {
+                    // SAFETY: pixel (ox + j) * sw + kx * dw of the buffer's row (the caller's
+                    // contract).
+                    let v = unsafe { _mm256_loadu_ps(buf.as_ptr().add(at + j * sw * B)) };
+                    *a = _mm256_fmadd_ps(v, wv, *a);
+                }
+            }
+        }
+        for (j, a) in acc.iter().enumerate().take(B.min(ow - ox)) {
+            // SAFETY: pixel ox + j < ow of the row.
+            unsafe { _mm256_storeu_ps(yrow.add((ox + j) * B), *a) };
+        }
+    }
+}
+
+/// Never called: `NchwcConv::new` declines off x86-64.
+#[cfg(not(target_arch = "x86_64"))]
+#[allow(clippy::too_many_arguments)]
+unsafe fn depthwise_row(
+    _: &[f32],
+    _: usize,
+    _: usize,
+    _: &[[f32; B]],
+    _: [usize; 2],
+    _: [usize; 3],
+    _: *mut f32,
+    _: usize,
+) {
+    unreachable!("no AVX2 off x86-64")
+}

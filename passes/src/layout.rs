@@ -1,0 +1,399 @@
+//! `nchwc`: convolutions, and the elementwise ops and spatial means around them, on
+//! channel-blocked tensors.
+//!
+//! A CPU convolution kernel wants the channels of a pixel next to each other, a vector's width
+//! at a time: `[N, C, H, W]` stored as `[N, C/b, H, W, b]` (NCHWc, `b` = the vector width), so
+//! that one load gives `b` channels of one pixel and no im2col matrix is ever built. This pass
+//! rewrites a function into that form where it pays, and the backend runs `conv2d_nchwc`
+//! directly (onnxruntime's NCHWc transformer and MLAS kernels do the same for the same reason).
+//!
+//! In one walk over the schedule:
+//!
+//! - every `f32` `conv2d` with one group, or depthwise (`groups == C == O`), becomes
+//!   `conv2d_nchwc`, reading its input blocked if a blocked form of it exists and plain
+//!   otherwise (the first layer's three channels stay plain: blocking them would be mostly
+//!   padding);
+//! - an elementwise op with an operand in blocked form and the same shape as its result is
+//!   computed blocked: its other operands are brought to the blocked layout (per-channel
+//!   constants such as biases are folded here; anything else gets a `to_nchwc`, or a
+//!   `reshape` when it is constant along the channels);
+//! - `global_avg_pool`, and `reduce_*` over spatial axes with `keepdims`, of a blocked value
+//!   become the same reduction over the blocked tensor's spatial axes;
+//! - every other reader of a rewritten value reads a `from_nchwc` of it, placed just before its
+//!   first such reader. A layout change and its inverse never meet: a blocked value is
+//!   recorded and reused, so consecutive convolutions pass blocked tensors to each other.
+//!
+//! The rewritten ops give bit-identical results: the convolution's arithmetic is unchanged (the
+//! backend's kernel may sum in another order, as for `conv2d`), and padding lanes are never
+//! read by a later convolution or kept by `from_nchwc`. Plain values keep their names; a blocked
+//! value is named after its plain one with `/nchwc`.
+//!
+//! Not rewritten: functions with a backward part (the training step reads forward values in
+//! the plain layout), ops with control dependencies or that other ops depend on, grouped
+//! convolutions other than depthwise, `f64` convolutions, and every other op kind (pooling
+//! windows, concatenation, reshapes), which read a `from_nchwc`.
+
+use crate::manager::{OptionInfo, Options, Pass};
+use std::collections::HashMap;
+use tcc_ir::edit::Users;
+use tcc_ir::interp::{ConstArg, fold};
+use tcc_ir::typing::infer;
+use tcc_ir::{DType, Function, Op, OpKind, TensorType, Value};
+
+/// The options `nchwc` accepts.
+pub const OPTIONS: &[OptionInfo] = &[OptionInfo {
+    name: "block",
+    help: "channels per block, the target's f32 vector width: 8 for AVX2, 16 for AVX-512 (default 8)",
+}];
+
+/// Constants up to this many elements are converted here rather than at run time.
+const FOLD_LIMIT: u64 = 1 << 20;
+
+/// What one run of [`nchwc`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NchwcStats {
+    /// Convolutions rewritten to `conv2d_nchwc`.
+    pub convs: usize,
+    /// Elementwise ops and reductions computed on blocked tensors.
+    pub others: usize,
+    /// `from_nchwc` ops left: where a plain reader needs a blocked value.
+    pub to_plain: usize,
+}
+
+/// The pass object.
+pub struct Nchwc {
+    /// Channels per block.
+    pub block: u64,
+}
+
+impl Pass for Nchwc {
+    fn name(&self) -> &'static str {
+        "nchwc"
+    }
+
+    fn run_on_function(&self, f: &mut Function) -> Result<(), String> {
+        nchwc(f, self.block).map(|_| ())
+    }
+}
+
+/// Builds the pass from its options.
+pub fn create(o: &Options) -> Result<Box<dyn Pass>, String> {
+    let block = o.usize_or("block", 8)? as u64;
+    if !(1..=tcc_ir::typing::MAX_BLOCK).contains(&block) {
+        return Err(format!(
+            "option `block` must be between 1 and {}, found {block}",
+            tcc_ir::typing::MAX_BLOCK
+        ));
+    }
+    Ok(Box::new(Nchwc { block }))
+}
+
+/// Whether `conv2d` op `d` has a blocked kernel: `f32`, and one group or depthwise.
+fn convertible_conv(f: &Function, d: &tcc_ir::OpData, c: &tcc_ir::Conv2d) -> bool {
+    let (x, w) = (f.ty(d.args[0]), f.ty(d.args[1]));
+    let depthwise = c.groups == x.dims()[1] && w.dims()[0] == c.groups && w.dims()[1] == 1;
+    x.dtype() == DType::F32 && (c.groups == 1 || depthwise)
+}
+
+/// The rewrite in progress: the new schedule, and the blocked form of each value that has one.
+struct Rewrite<'f> {
+    f: &'f mut Function,
+    block: u64,
+    order: Vec<Op>,
+    /// The blocked form of a (plain) value.
+    blocked: HashMap<Value, Value>,
+    /// Operands brought to the blocked layout of a result of some rank, by (value, rank).
+    brought: HashMap<(Value, usize), Value>,
+    /// Old values replaced by the `from_nchwc` of their blocked form.
+    subst: HashMap<Value, Value>,
+    /// The `from_nchwc` ops created, and the name each gets back once the op it replaces is gone.
+    plain: Vec<(Op, String)>,
+    /// Ops that bring an operand to the blocked layout, scheduled straight after the operand's
+    /// definition (those of parameters first), so that they never split a chain of ops the
+    /// backend fuses.
+    after: HashMap<Option<Op>, Vec<Op>>,
+    stats: NchwcStats,
+}
+
+impl Rewrite<'_> {
+    /// Schedules a new op computing `kind` on `args` here, or right after the definition of
+    /// `after` (see [`Rewrite::after`]); its one result is named `name` (made unique). A
+    /// constant result is folded into a `const`.
+    fn emit_at(
+        &mut self,
+        after: Option<Value>,
+        kind: OpKind,
+        args: &[Value],
+        name: &str,
+    ) -> Result<Value, String> {
+        let tys: Vec<&TensorType> = args.iter().map(|&a| self.f.ty(a)).collect();
+        let out = infer(&kind, &tys).map_err(|e| format!("internal error in nchwc: {e}"))?;
+        let consts: Option<Vec<ConstArg>> = args
+            .iter()
+            .map(|&a| match self.f.def_op(a).map(|op| &self.f.op(op).kind) {
+                Some(OpKind::Const { ty, value }) => Some(ConstArg { ty, value }),
+                _ => None,
+            })
+            .collect();
+        let folded = match consts {
+            Some(c) if !args.is_empty() => match fold(&kind, &c, &out, FOLD_LIMIT) {
+                Some(Ok(mut lits)) => Some(lits.remove(0)),
+                _ => None,
+            },
+            _ => None,
+        };
+        let (kind, args) = match folded {
+            Some(value) => (
+                OpKind::Const {
+                    ty: out[0].clone(),
+                    value,
+                },
+                Vec::new(),
+            ),
+            None => (kind, args.to_vec()),
+        };
+        let name = self.f.unique_name(name);
+        let op = self.f.create_op(kind, args, out, &[&name]);
+        match after {
+            None => self.order.push(op),
+            Some(a) => {
+                let def = self.f.def_op(a);
+                self.after.entry(def).or_default().push(op);
+            }
+        }
+        Ok(self.f.op(op).results[0])
+    }
+
+    /// [`Rewrite::emit_at`] here.
+    fn emit(&mut self, kind: OpKind, args: &[Value], name: &str) -> Result<Value, String> {
+        self.emit_at(None, kind, args, name)
+    }
+
+    /// `a` in the blocked layout of a result of dims `out` (rank 2 or more, `C = out[1]`
+    /// channels) that it broadcasts to, if it can be: its blocked form, a `to_nchwc` of it
+    /// (reshaped to the result's rank first if it has fewer axes), or a `reshape` with a unit
+    /// block axis when it is constant along the channels.
+    fn bring(&mut self, a: Value, out: &[u64]) -> Result<Option<Value>, String> {
+        let (r, channels) = (out.len(), out[1]);
+        let da = self.f.ty(a).dims().to_vec();
+        if let Some(&b) = self.blocked.get(&a)
+            && da.len() == r
+            && da[1] == channels
+        {
+            return Ok(Some(b));
+        }
+        if let Some(&b) = self.brought.get(&(a, r)) {
+            return Ok(Some(b));
+        }
+        if da.is_empty() {
+            // A scalar broadcasts against anything.
+            return Ok(Some(a));
+        }
+        if da.len() > r {
+            return Ok(None);
+        }
+        let mut full = vec![1; r - da.len()];
+        full.extend_from_slice(&da);
+        let name = format!("{}/nchwc", self.f.name(a));
+        let b = if full[1] == channels {
+            let x = if da.len() < r {
+                let ranked = format!("{}/{r}d", self.f.name(a));
+                self.emit_at(Some(a), OpKind::Reshape { shape: full }, &[a], &ranked)?
+            } else {
+                a
+            };
+            self.emit_at(Some(a), OpKind::ToNchwc { block: self.block }, &[x], &name)?
+        } else if full[1] == 1 {
+            full.push(1);
+            self.emit_at(Some(a), OpKind::Reshape { shape: full }, &[a], &name)?
+        } else {
+            return Ok(None);
+        };
+        self.brought.insert((a, r), b);
+        Ok(Some(b))
+    }
+
+    /// The blocked op (kind and operands) that computes `op`'s result, if `op` is rewritten.
+    fn blocked_op(&mut self, op: Op) -> Result<Option<(OpKind, Vec<Value>)>, String> {
+        let d = self.f.op(op).clone();
+        let out = self.f.ty(d.results[0]).dims().to_vec();
+        Ok(match &d.kind {
+            OpKind::Conv2d(c) if convertible_conv(self.f, &d, c) => {
+                let x = self.blocked.get(&d.args[0]).copied().unwrap_or(d.args[0]);
+                let kind = OpKind::Conv2dNchwc {
+                    conv: c.clone(),
+                    block: self.block,
+                };
+                self.stats.convs += 1;
+                Some((kind, vec![x, d.args[1]]))
+            }
+            OpKind::GlobalAvgPool => self.blocked.get(&d.args[0]).map(|&x| {
+                self.stats.others += 1;
+                let kind = OpKind::Reduce {
+                    op: tcc_ir::ReduceOp::Mean,
+                    axes: vec![2, 3],
+                    keepdims: true,
+                };
+                (kind, vec![x])
+            }),
+            OpKind::Reduce {
+                op: r,
+                axes,
+                keepdims: true,
+            } => {
+                let rank = out.len() as i64;
+                let spatial = axes
+                    .iter()
+                    .map(|&a| if a < 0 { a + rank } else { a })
+                    .all(|a| a >= 2);
+                match self.blocked.get(&d.args[0]) {
+                    Some(&x) if spatial => {
+                        self.stats.others += 1;
+                        let axes = axes.iter().map(|&a| if a < 0 { a + rank } else { a });
+                        let kind = OpKind::Reduce {
+                            op: *r,
+                            axes: axes.collect(),
+                            keepdims: true,
+                        };
+                        Some((kind, vec![x]))
+                    }
+                    _ => None,
+                }
+            }
+            k if k.is_elementwise() && out.len() >= 2 => {
+                let full = |a: &Value| self.f.ty(*a).dims() == out.as_slice();
+                if !d
+                    .args
+                    .iter()
+                    .any(|a| full(a) && self.blocked.contains_key(a))
+                {
+                    return Ok(None);
+                }
+                let mut args = Vec::with_capacity(d.args.len());
+                for &a in &d.args {
+                    match self.bring(a, &out)? {
+                        Some(b) => args.push(b),
+                        None => return Ok(None),
+                    }
+                }
+                self.stats.others += 1;
+                Some((k.clone(), args))
+            }
+            _ => None,
+        })
+    }
+}
+
+/// Rewrites `f` to compute convolutions and what surrounds them on tensors with channels in
+/// blocks of `block` (see the module docs).
+pub fn nchwc(f: &mut Function, block: u64) -> Result<NchwcStats, String> {
+    if f.backward_start().is_some() {
+        return Ok(NchwcStats::default());
+    }
+    let users = Users::new(f);
+    let schedule = f.schedule().to_vec();
+    let mut rw = Rewrite {
+        f,
+        block,
+        order: Vec::with_capacity(schedule.len() * 2),
+        blocked: HashMap::new(),
+        brought: HashMap::new(),
+        subst: HashMap::new(),
+        plain: Vec::new(),
+        after: HashMap::new(),
+        stats: NchwcStats::default(),
+    };
+    for op in schedule {
+        // Readers of a rewritten value read its plain form from now on.
+        let args = rw.f.op(op).args.clone();
+        for (i, a) in args.iter().enumerate() {
+            if let Some(&p) = rw.subst.get(a) {
+                rw.f.op_mut(op).args[i] = p;
+            }
+        }
+        rw.order.push(op);
+        let d = rw.f.op(op);
+        if !d.deps.is_empty() || !users.control_dependents(op).is_empty() || d.results.len() != 1 {
+            continue;
+        }
+        let Some((kind, args)) = rw.blocked_op(op)? else {
+            continue;
+        };
+        let r = rw.f.op(op).results[0];
+        let name = rw.f.name(r).to_string();
+        let yb = rw.emit(kind, &args, &format!("{name}/nchwc"))?;
+        let channels = rw.f.ty(r).dims()[1];
+        let from = rw.emit(OpKind::FromNchwc { channels }, &[yb], &name)?;
+        let from_op = rw.f.def_op(from).expect("an op result");
+        rw.plain.push((from_op, name));
+        rw.subst.insert(r, from);
+        rw.blocked.insert(from, yb);
+    }
+    let results: Vec<Value> = (rw.f.results().iter())
+        .map(|r| rw.subst.get(r).copied().unwrap_or(*r))
+        .collect();
+    let (mut after, plain, stats) = (rw.after, rw.plain, rw.stats);
+    let mut order = after.remove(&None).unwrap_or_default();
+    for op in rw.order {
+        order.push(op);
+        order.extend(after.remove(&Some(op)).unwrap_or_default());
+    }
+    f.set_results(results);
+    f.set_schedule(order);
+    crate::dce::dce(f);
+    let stats = NchwcStats {
+        to_plain: sink_to_plain(f, &plain),
+        ..stats
+    };
+    for (op, name) in plain {
+        let v = f.op(op).results[0];
+        if !f.name(v).is_empty() {
+            f.rename(v, &name);
+        }
+    }
+    Ok(stats)
+}
+
+/// Moves each surviving `from_nchwc` of `plain` to just before its first reader (or the end of
+/// the schedule, if only returned), so the plain copy lives no longer than it must. Returns how
+/// many survive.
+fn sink_to_plain(f: &mut Function, plain: &[(Op, String)]) -> usize {
+    let pos = f.positions();
+    let live: Vec<Op> = plain
+        .iter()
+        .map(|&(op, _)| op)
+        .filter(|&op| pos[op].is_some())
+        .collect();
+    if live.is_empty() {
+        return 0;
+    }
+    let users = Users::new(f);
+    let mut before: HashMap<Op, Vec<Op>> = HashMap::new();
+    let mut at_end = Vec::new();
+    for &op in &live {
+        let v = f.op(op).results[0];
+        match users
+            .uses(v)
+            .iter()
+            .map(|&(u, _)| u)
+            .min_by_key(|&u| pos[u])
+        {
+            Some(first) => before.entry(first).or_default().push(op),
+            None => at_end.push(op),
+        }
+    }
+    let moved: std::collections::HashSet<Op> = live.iter().copied().collect();
+    let mut order = Vec::with_capacity(f.schedule().len());
+    for &op in f.schedule() {
+        if moved.contains(&op) {
+            continue;
+        }
+        if let Some(ops) = before.get(&op) {
+            order.extend_from_slice(ops);
+        }
+        order.push(op);
+    }
+    order.extend(at_end);
+    f.set_schedule(order);
+    live.len()
+}
