@@ -14,6 +14,7 @@
 //! cargo bench --bench onnx            # needs torch, torchvision, onnx and onnxruntime:
 //! TCC_TARGET=host,-avx512f cargo bench --bench onnx   # tcc as on a CPU without AVX-512
 //! TCC_LAYOUT=plain cargo bench --bench onnx  # convolutions as im2col + GEMM on NCHW
+//! TCC_MODELS=resnet18,bert2 cargo bench --bench onnx  # only these
 //! benches/run.sh onnx                 # installs them into target/torch-venv first
 //! ```
 
@@ -83,16 +84,32 @@ fn main() {
         threads.to_string(),
         RUNS.to_string(),
     ];
-    let peer_round = || match peer::run(&python, &script, &args) {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!(
-                "{e}\n(the peer needs torch, torchvision, onnx and onnxruntime: run benches/run.sh onnx)"
-            );
-            std::process::exit(1);
+    // The peer times every model once (exporting them the first time), then the model at hand
+    // in each later round.
+    let peer_round = |only: &[&str]| {
+        let args: Vec<String> = (args.iter().cloned())
+            .chain(only.iter().map(|s| s.to_string()))
+            .collect();
+        match peer::run(&python, &script, &args) {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!(
+                    "{e}\n(the peer needs torch, torchvision, onnx and onnxruntime: run benches/run.sh onnx)"
+                );
+                std::process::exit(1);
+            }
         }
     };
-    let mut peer = peer_round();
+    // TCC_MODELS=resnet18,bert2 runs only those.
+    let only = std::env::var("TCC_MODELS").ok();
+    let models: Vec<&str> = MODELS
+        .into_iter()
+        .filter(|m| {
+            only.as_deref()
+                .is_none_or(|o| o.split(',').any(|x| x == *m))
+        })
+        .collect();
+    let first = peer_round(&models);
     let target = std::env::var("TCC_TARGET").ok();
     let features = tcc::codegen::Features::of(target.as_deref()).unwrap_or_else(|e| panic!("{e}"));
     println!(
@@ -103,7 +120,7 @@ fn main() {
         "{:<22} {:>10} {:>10} {:>9} {:>12} {:>12}",
         "model", "tcc ms", "ort ms", "tcc/ort", "err vs ort", "err vs -O0"
     );
-    for name in MODELS {
+    for name in models {
         let runs_for = |once: std::time::Duration| {
             // As the peer: up to RUNS runs, fewer where a run is longer than 1/RUNS of half a
             // second, at least 3.
@@ -119,10 +136,11 @@ fn main() {
         let mut t = std::time::Duration::MAX;
         let mut ort = f64::INFINITY;
         for round in 0..ROUNDS {
-            if round > 0 {
-                peer = peer_round();
-            }
-            ort = ort.min(peer[name]);
+            ort = ort.min(if round == 0 {
+                first[name]
+            } else {
+                peer_round(&[name])[name]
+            });
             let run = || {
                 model.exe.run(std::slice::from_ref(&model.x)).unwrap();
             };

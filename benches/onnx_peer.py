@@ -1,11 +1,12 @@
 """ONNX benchmark peer (benches/onnx.rs runs it): exports torchvision models with random weights
 (once, into DIR) and times onnxruntime on them.
 
-    python benches/onnx_peer.py DIR THREADS RUNS
+    python benches/onnx_peer.py DIR THREADS RUNS [MODEL...]
 
 Writes DIR/<model>.onnx, DIR/<model>_input.npy and DIR/<model>_output.npy (onnxruntime's output)
 and prints one JSON object: model -> best latency in seconds over up to RUNS runs (fewer for
-models slower than 1/RUNS of half a second), with THREADS intra-op threads.
+models slower than 1/RUNS of half a second), with THREADS intra-op threads; every model, or
+those named.
 """
 import json, os, sys, time
 
@@ -68,12 +69,13 @@ def export(d):
 
 def main():
     d, threads, runs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    names = sys.argv[4:] or MODELS
     export(d)
     import numpy as np
     import onnxruntime as ort
 
     times = {}
-    for name in MODELS:
+    for name in names:
         o = ort.SessionOptions()
         o.intra_op_num_threads = threads
         o.inter_op_num_threads = 1

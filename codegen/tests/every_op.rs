@@ -358,6 +358,37 @@ fn channel_blocked_layout() {
             );
         }
     }
+    // Pooling windows over blocked tensors (every lane a channel of its own).
+    for (op, attrs) in [
+        (
+            "max_pool2d",
+            "{kernel=[3,3], strides=[2,2], pads=[1,1,1,1]}",
+        ),
+        ("max_pool2d", "{kernel=[2,2], strides=[2,2]}"),
+        (
+            "avg_pool2d",
+            "{kernel=[3,3], strides=[2,1], pads=[1,1,1,0]}",
+        ),
+        (
+            "avg_pool2d",
+            "{kernel=[3,3], strides=[2,1], pads=[1,1,1,0], count_include_pad=true}",
+        ),
+    ] {
+        let src_dims = "[2,2,7,9,8]";
+        let out = if attrs.contains("strides=[2,1]") {
+            "[2,2,4,8,8]"
+        } else if attrs.contains("pads") {
+            "[2,2,4,5,8]"
+        } else {
+            "[2,2,3,4,8]"
+        };
+        case_native(
+            &format!("%x: f32{src_dims}"),
+            &format!("  %out = {op} %x {attrs} : f32{out}"),
+            &format!("f32{out}"),
+            75,
+        );
+    }
     // (input, filter, attributes, blocked output): the input is blocked by a `to_nchwc` in the
     // function when `block` below is set, else read plain.
     let convs = [

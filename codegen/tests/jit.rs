@@ -578,6 +578,25 @@ fn library_epilogues_run_on_finished_pieces() {
   %y = sigmoid %z : f32[2,10,11,12]
   return %y
 }",
+        // Depthwise and 1x1 as in MobileNet: a per-channel scale and bias and relu6 (clamps
+        // to constants), which a blocked convolution applies as it stores.
+        "func @f(%x: f32[1,20,13,11], %w: f32[20,1,3,3], %s: f32[1,20,1,1], %b: f32[20,1,1]) -> (f32[1,20,13,11]) {
+  %c = conv2d %x, %w {pads=[1,1,1,1], groups=20} : f32[1,20,13,11]
+  %m = mul %c, %s : f32[1,20,13,11]
+  %z = add %m, %b : f32[1,20,13,11]
+  %lo = const {value=0.0} : f32[]
+  %hi = const {value=6.0} : f32[]
+  %r = max %z, %lo : f32[1,20,13,11]
+  %y = min %hi, %r : f32[1,20,13,11]
+  return %y
+}",
+        "func @f(%x: f32[1,20,13,11], %w: f32[12,20,1,1], %b: f32[12,1,1], %r: f32[1,12,13,11]) -> (f32[1,12,13,11]) {
+  %c = conv2d %x, %w : f32[1,12,13,11]
+  %z = add %b, %c : f32[1,12,13,11]
+  %s = add %r, %z : f32[1,12,13,11]
+  %y = relu %s : f32[1,12,13,11]
+  return %y
+}",
         // More rows than a block of the GEMM, columns in several groups.
         "func @f(%x: f32[203,150], %w: f32[150,601], %b: f32[601]) -> (f32[203,601]) {
   %h = matmul %x, %w : f32[203,601]

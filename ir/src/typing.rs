@@ -386,7 +386,11 @@ pub fn infer(kind: &OpKind, args: &[&TensorType]) -> R<Vec<TensorType>> {
         }
         OpKind::MaxPool2d(p) | OpKind::AvgPool2d { pool: p, .. } => {
             let x = args[0];
-            need_rank(x, 4, "the input (NCHW)")?;
+            if !matches!(x.rank(), 4 | 5) {
+                return Err(format!(
+                    "the input must be NCHW (rank 4) or NCHWc (rank 5), found {x}"
+                ));
+            }
             if matches!(kind, OpKind::AvgPool2d { .. }) {
                 need_float(x, "the input")?;
             } else {
@@ -419,7 +423,9 @@ pub fn infer(kind: &OpKind, args: &[&TensorType]) -> R<Vec<TensorType>> {
                 p.pads[3],
                 "W",
             )?;
-            one(tt(x.dtype(), vec![d[0], d[1], oh, ow])?)
+            let mut out = vec![d[0], d[1], oh, ow];
+            out.extend_from_slice(&d[4..]);
+            one(tt(x.dtype(), out)?)
         }
         OpKind::GlobalAvgPool => {
             let x = args[0];
@@ -712,6 +718,7 @@ pub fn infer(kind: &OpKind, args: &[&TensorType]) -> R<Vec<TensorType>> {
         }
         OpKind::MaxPool2dGrad(p) => {
             let (x, dy) = (args[0], args[1]);
+            need_rank(x, 4, "the input (NCHW)")?;
             need_float(x, "the input")?;
             grad_of(&OpKind::MaxPool2d(p.clone()), &[x], dy, "the input")?;
             one(x.clone())
@@ -723,6 +730,7 @@ pub fn infer(kind: &OpKind, args: &[&TensorType]) -> R<Vec<TensorType>> {
         } => {
             let dy = args[0];
             let x = tt(dy.dtype(), shape.clone())?;
+            need_rank(&x, 4, "the input (NCHW)")?;
             let fwd = OpKind::AvgPool2d {
                 pool: pool.clone(),
                 count_include_pad: *count_include_pad,

@@ -17,8 +17,9 @@
 //!   computed blocked: its other operands are brought to the blocked layout (per-channel
 //!   constants such as biases are folded here; anything else gets a `to_nchwc`, or a
 //!   `reshape` when it is constant along the channels);
-//! - `global_avg_pool`, and `reduce_*` over spatial axes with `keepdims`, of a blocked value
-//!   become the same reduction over the blocked tensor's spatial axes;
+//! - pooling windows of a blocked value pool it blocked; `global_avg_pool`, and `reduce_*` over
+//!   spatial axes with `keepdims`, become the same reduction over the blocked tensor's spatial
+//!   axes;
 //! - every other reader of a rewritten value reads a `from_nchwc` of it, placed just before its
 //!   first such reader. A layout change and its inverse never meet: a blocked value is
 //!   recorded and reused, so consecutive convolutions pass blocked tensors to each other.
@@ -30,8 +31,8 @@
 //!
 //! Not rewritten: functions with a backward part (the training step reads forward values in
 //! the plain layout), ops with control dependencies or that other ops depend on, grouped
-//! convolutions other than depthwise, `f64` convolutions, and every other op kind (pooling
-//! windows, concatenation, reshapes), which read a `from_nchwc`.
+//! convolutions other than depthwise, `f64` convolutions, and every other op kind
+//! (concatenation, reshapes, matmuls), which read a `from_nchwc`.
 
 use crate::manager::{OptionInfo, Options, Pass};
 use std::collections::HashMap;
@@ -226,6 +227,12 @@ impl Rewrite<'_> {
                 };
                 self.stats.convs += 1;
                 Some((kind, vec![x, d.args[1]]))
+            }
+            OpKind::MaxPool2d(_) | OpKind::AvgPool2d { .. } => {
+                self.blocked.get(&d.args[0]).map(|&x| {
+                    self.stats.others += 1;
+                    (d.kind.clone(), vec![x])
+                })
             }
             OpKind::GlobalAvgPool => self.blocked.get(&d.args[0]).map(|&x| {
                 self.stats.others += 1;

@@ -326,6 +326,23 @@ fn conv2d_and_its_gradients() {
 }
 
 #[test]
+fn pooling_over_channel_blocks() {
+    let p5 = pool([2, 2], [1, 2], [1, 0, 0, 1]);
+    check("max_pool2d", |b| {
+        let x = p(b, "x", &[1, 2, 4, 5, 3]);
+        vec![b.op1(OpKind::MaxPool2d(p5.clone()), &[x]).unwrap()]
+    });
+    check("avg_pool2d", |b| {
+        let x = p(b, "x", &[1, 2, 4, 5, 3]);
+        let k = OpKind::AvgPool2d {
+            pool: p5.clone(),
+            count_include_pad: false,
+        };
+        vec![b.op1(k, &[x]).unwrap()]
+    });
+}
+
+#[test]
 fn channel_blocks() {
     for (dims, block) in [
         (&[2, 3, 4][..], 2),

@@ -203,6 +203,14 @@ fn library_step(
     if kd.ops.len() == 1 {
         return Some((lib, None));
     }
+    // A blocked convolution applies a bias, scale, residual and clamps itself as it stores.
+    if let LibOp::Nchwc(cv) = &mut lib
+        && let Some((post, out)) = super::post::Post::of(f, &kd.ops[1..], r, &kd.outputs)
+    {
+        cv.post = post;
+        cv.y = out;
+        return Some((lib, None));
+    }
     let (epi, dst) = epilogue(f, kd, r)?;
     lib.set_dst(dst);
     Some((lib, Some((epi, r))))

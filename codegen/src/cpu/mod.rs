@@ -15,7 +15,8 @@
 //! - `lower.rs`: the step each kernel runs as (JIT loop, library call, native kernel, reference);
 //! - `jit.rs`, `render.rs`, `target.rs`: Cranelift loops around kernel bodies (from
 //!   [`crate::kernel`]), the bodies' instructions, and the ISA they target;
-//! - `matmul.rs` and `sgemm/`, `conv/`, `native/`: library and hand-written kernels;
+//! - `matmul.rs` and `sgemm/`, `conv/`, `native/`: library and hand-written kernels; `post.rs`:
+//!   epilogues a kernel applies in registers as it stores;
 //! - `runtime.rs`: running the steps on a pooled arena, and the profile;
 //! - `bytes.rs`: aligned buffers and tensors as bytes; `send_ptr.rs`: pointers across threads;
 //!   `simd.rs`: AVX2 pieces several kernels share.
@@ -27,6 +28,7 @@ mod jit;
 mod lower;
 mod matmul;
 mod native;
+mod post;
 mod render;
 mod runtime;
 mod send_ptr;

@@ -658,6 +658,18 @@ pub(crate) fn eval(kind: &OpKind, args: &[&Val], tys: &[TensorType]) -> R<Vec<Va
             );
             Buf::F(res)
         }
+        OpKind::MaxPool2d(_) | OpKind::AvgPool2d { .. } if args[0].dims().len() == 5 => {
+            // Channel blocks: every lane pooled as a channel of its own.
+            let (xd, yd) = (args[0].dims(), out.dims());
+            let lanes = |d: &[u64]| [d[0], d[1] * d[4], d[2], d[3]];
+            let plain = |d: &[u64]| TensorType::new(out.dtype(), lanes(d).to_vec());
+            let x = Val {
+                ty: plain(xd).map_err(|e| e.to_string())?,
+                buf: from_nchwc(&args[0].buf, &lanes(xd), xd[4]),
+            };
+            let y = eval(kind, &[&x], &[plain(yd).map_err(|e| e.to_string())?])?.remove(0);
+            to_nchwc(&y.buf, &lanes(yd), yd[4])
+        }
         OpKind::MaxPool2d(p) | OpKind::AvgPool2d { pool: p, .. } => {
             let x = args[0];
             let [nb, ch, h, wd] = [0, 1, 2, 3].map(|i| x.dims()[i] as usize);

@@ -318,6 +318,23 @@ impl Rules<'_> {
                     out[1] = Some(self.b.conv2d(a[0], ddw, conv.clone())?);
                 }
             }
+            OpKind::MaxPool2d(_) | OpKind::AvgPool2d { .. } if self.dims(a[0]).len() == 5 => {
+                // Channel blocks: the plain op's gradient with every lane a channel.
+                let d = self.dims(a[0]);
+                let (channels, block) = (d[1] * d[4], d[4]);
+                let x = self.b.op1(OpKind::FromNchwc { channels }, &[a[0]])?;
+                let y = self.b.op1(g.kind.clone(), &[x])?;
+                let dy = self.b.op1(OpKind::FromNchwc { channels }, &[dyv()])?;
+                let grads = self.rule_inner(&OpGrad {
+                    kind: g.kind,
+                    args: &[x],
+                    results: &[y],
+                    dys: &[Some(dy)],
+                    needs: &[true],
+                })?;
+                let dx = grads[0].expect("pooling has a gradient");
+                out[0] = Some(self.b.op1(OpKind::ToNchwc { block }, &[dx])?);
+            }
             OpKind::MaxPool2d(p) => {
                 out[0] = Some(
                     self.b

@@ -28,6 +28,7 @@
 #[cfg(target_arch = "x86_64")]
 use super::depthwise::pixels;
 use super::{Finish, SendPtr};
+use crate::cpu::post::{Bound, Post};
 #[cfg(target_arch = "x86_64")]
 use crate::cpu::simd::first;
 use rayon::prelude::*;
@@ -62,6 +63,8 @@ pub(in crate::cpu) struct NchwcConv {
     depthwise: bool,
     /// The filter packed for the kernel, when it is a constant.
     packed: Option<Filter>,
+    /// The epilogue applied as the output is stored (bias, residual, clamps).
+    pub post: Post,
 }
 
 /// A filter laid out for the kernels.
@@ -117,6 +120,7 @@ impl NchwcConv {
             blocked: xv.len() == 5,
             depthwise,
             packed: None,
+            post: Post::default(),
         };
         if let Some(OpKind::Const { ty, value }) = f.def_op(w).map(|op| &f.op(op).kind)
             && let Ok(t) = Tensor::from_literal(ty, value)
@@ -203,6 +207,8 @@ impl NchwcConv {
                 &packed
             }
         };
+        let mut ptrs = Vec::new();
+        let post = self.post.bind(addr, &mut ptrs);
         // SAFETY: x is only read and y written in disjoint pieces (one per work item).
         let (x, y) = unsafe {
             (
@@ -216,19 +222,12 @@ impl NchwcConv {
             return;
         }
         let ob = o.div_ceil(B);
-        let band = self.band_rows();
-        let bands = oh.div_ceil(band);
-        // Few bands: split the output blocks too, so every thread has work.
-        let threads = rayon::current_num_threads();
         let units = match filter {
             Filter::Direct { groups, .. } => groups.len(),
             Filter::Depthwise(_) => ob,
         };
-        let splits = if self.depthwise {
-            units
-        } else {
-            (2 * threads).div_ceil(n * bands).clamp(1, units)
-        };
+        let (band, splits) = self.split(rayon::current_num_threads(), units);
+        let bands = oh.div_ceil(band);
         let items = n * bands * splits;
         let one = |i: usize| {
             let (img, rest) = (i / (bands * splits), i % (bands * splits));
@@ -242,6 +241,7 @@ impl NchwcConv {
                 unsafe {
                     self.item(
                         filter,
+                        post,
                         x.get(),
                         y.get(),
                         img,
@@ -271,6 +271,54 @@ impl NchwcConv {
         } else {
             (0..items).into_par_iter().for_each(one);
         }
+    }
+
+    /// How the work is cut for `threads` threads: output rows per band, and how many ranges
+    /// of its `units` (groups of output blocks; each block, for depthwise) each band is split
+    /// into. Every band of every range is one piece of work; there should be about four per
+    /// thread, so that threads that finish early take more.
+    ///
+    /// A small cost model chooses between more bands and more ranges: each piece reads its
+    /// range's filter and its band's input, so `b` bands and `s` ranges read the filter `b`
+    /// times and the input `s` times; and a band's pixels go in tiles of six, so short bands
+    /// of small planes waste part of their last tile. Bytes count three FLOPs (about what one
+    /// core computes per byte it streams from L2 or L3). Bands are no taller than
+    /// [`Self::band_rows`] (the cache) allows.
+    fn split(&self, threads: usize, units: usize) -> (usize, usize) {
+        let [n, c, h, w] = self.xd;
+        let [_, o, oh, ow] = self.yd;
+        let [_, cg, kh, kw] = self.wd;
+        let want = if threads > 1 { 4 * threads } else { 1 };
+        let cache = self.band_rows();
+        if self.depthwise {
+            // The filter is tiny: bands only, as many as make `want` pieces with the blocks.
+            let band = oh.div_ceil(want.div_ceil(n * units)).clamp(1, cache);
+            return (oh.div_ceil(oh.div_ceil(band)), units);
+        }
+        let filter = (o.next_multiple_of(B) * cg * kh * kw * 4) as f64;
+        let input = (c.next_multiple_of(self.lanes()) * h * w * 4) as f64;
+        let flops = (2 * o * cg * kh * kw * oh * ow) as f64;
+        let mut best = (f64::INFINITY, oh, 1);
+        for bands in 1..=oh.min(want) {
+            let rows = oh.div_ceil(bands);
+            if rows > cache && bands < oh.min(want) {
+                continue;
+            }
+            let bands = oh.div_ceil(rows);
+            let pixels = rows * ow;
+            let used = pixels as f64 / pixels.next_multiple_of(P) as f64;
+            for splits in 1..=units.min(want) {
+                if n * bands * splits < want && splits < units.min(want) {
+                    continue;
+                }
+                let bytes = bands as f64 * filter + splits as f64 * input;
+                let cost = 3.0 * bytes + flops / used;
+                if cost < best.0 {
+                    best = (cost, rows, splits);
+                }
+            }
+        }
+        (best.1, best.2)
     }
 
     /// Output rows per band: as many as keep the band's padded input within [`BAND_BYTES`].
@@ -313,6 +361,7 @@ impl NchwcConv {
     unsafe fn item(
         &self,
         filter: &Filter,
+        post: Bound,
         x: *const f32,
         y: *mut f32,
         img: usize,
@@ -327,14 +376,19 @@ impl NchwcConv {
         // SAFETY: the caller's contract: image img of the input and output.
         unsafe {
             let ximg = std::slice::from_raw_parts(x.add(img * ximg_len), ximg_len);
-            let yimg = y.add(img * o.div_ceil(B) * oh * ow * B);
+            let yoff = img * o.div_ceil(B) * oh * ow * B;
+            let out = Out {
+                y: y.add(yoff),
+                at: yoff,
+                post,
+            };
             match filter {
                 Filter::Direct { groups, data } => {
-                    self.direct(&groups[units], data, ximg, yimg, rows, buf)
+                    self.direct(&groups[units], data, ximg, out, rows, buf)
                 }
                 Filter::Depthwise(f) => {
                     for b in units {
-                        self.depthwise(f, b, ximg, yimg, rows.clone(), buf)
+                        self.depthwise(f, b, ximg, out, rows.clone(), buf)
                     }
                 }
             }
@@ -350,7 +404,7 @@ impl NchwcConv {
         groups: &[Group],
         data: &[f32],
         ximg: &[f32],
-        yimg: *mut f32,
+        out: Out,
         rows: std::ops::Range<usize>,
         buf: &mut Vec<f32>,
     ) {
@@ -393,15 +447,26 @@ impl NchwcConv {
                 let px: [*const f32; P] =
                     std::array::from_fn(|p| src[pixel(q0 + p.min(n - 1))..].as_ptr());
                 // SAFETY: every pixel's taps lie in `src` (the band covers the rows and columns
-                // the outputs read); `yimg` holds blocks g.start.. of the output.
+                // the outputs read); the image's output holds blocks g.start.. .
                 unsafe {
-                    let out = yimg.add((g.start * oh * ow + q0) * B);
-                    let stride = oh * ow * B;
+                    let at = (g.start * oh * ow + q0) * B;
+                    let out = Out {
+                        y: out.y.add(at),
+                        at: out.at + at,
+                        post: out.post,
+                    };
+                    let t = Tile {
+                        stride: oh * ow * B,
+                        block: g.start,
+                        n,
+                        last,
+                    };
+                    let w = wg.as_ptr();
                     match (g.nb, lanes) {
-                        (2, B) => tile::<2, B>(&px, &taps, wg.as_ptr(), out, stride, [n, last]),
-                        (1, B) => tile::<1, B>(&px, &taps, wg.as_ptr(), out, stride, [n, last]),
-                        (2, _) => tile::<2, 1>(&px, &taps, wg.as_ptr(), out, stride, [n, last]),
-                        _ => tile::<1, 1>(&px, &taps, wg.as_ptr(), out, stride, [n, last]),
+                        (2, B) => tile::<2, B>(&px, &taps, w, out, t),
+                        (1, B) => tile::<1, B>(&px, &taps, w, out, t),
+                        (2, _) => tile::<2, 1>(&px, &taps, w, out, t),
+                        _ => tile::<1, 1>(&px, &taps, w, out, t),
                     }
                 }
             }
@@ -462,7 +527,7 @@ impl NchwcConv {
         f: &[[f32; B]],
         b: usize,
         ximg: &[f32],
-        yimg: *mut f32,
+        out: Out,
         rows: std::ops::Range<usize>,
         buf: &mut Vec<f32>,
     ) {
@@ -504,11 +569,16 @@ impl NchwcConv {
         let taps = &f[b * kh * kw..(b + 1) * kh * kw];
         for oy in rows.clone() {
             let base = (oy - rows.start) * sh * row;
+            let at = ((b * oh + oy) * ow) * B;
             // SAFETY: the output block's row oy holds ow pixels of eight floats.
-            let yrow = unsafe { yimg.add(((b * oh + oy) * ow) * B) };
+            let yrow = Out {
+                y: unsafe { out.y.add(at) },
+                at: out.at + at,
+                post: out.post,
+            };
             // SAFETY: as for `direct`; the buffer covers every tap of every (rounded-up)
             // output column.
-            unsafe { depthwise_row(buf, base, row, taps, [kh, kw], [sw, dh, dw], yrow, ow) };
+            unsafe { depthwise_row(buf, base, row, taps, [kh, kw], [sw, dh, dw], yrow, [b, ow]) };
         }
     }
 }
@@ -518,11 +588,30 @@ thread_local! {
     static BUFFER: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Where a kernel stores: `y` at element offset `at` of the whole output, and the epilogue it
+/// applies on the way.
+#[derive(Clone, Copy)]
+struct Out<'a> {
+    y: *mut f32,
+    at: usize,
+    post: Bound<'a>,
+}
+
+/// A tile's shape: `n` valid pixels, the first of its blocks (`block`, within the image) and
+/// the floats between blocks (`stride`), and the valid lanes of its last block (`last`).
+#[derive(Clone, Copy)]
+struct Tile {
+    stride: usize,
+    block: usize,
+    n: usize,
+    last: usize,
+}
+
 /// One tile of the direct kernel: pixels `px[..n]` (the rest repeat the last) by `NB` output
 /// blocks. Step `s` of the reduction reads lane `s % L` at offset `taps[s / L]` from each
 /// pixel and the `8 * NB` weights at `w + 8 * NB * s`; the sums go to output block `b` at
-/// `out + b * stride`, pixel `p` at `p * 8` on, with lanes from `last` on of the last block
-/// zero (past the output's channels).
+/// `out.y + b * stride`, pixel `p` at `p * 8` on, with lanes from `last` on of the last block
+/// zero (past the output's channels), through the epilogue.
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA; every read lies inside its buffer; `out` holds `n` pixels of each
@@ -533,9 +622,8 @@ unsafe fn tile<const NB: usize, const L: usize>(
     px: &[*const f32; P],
     taps: &[usize],
     w: *const f32,
-    out: *mut f32,
-    stride: usize,
-    [n, last]: [usize; 2],
+    out: Out,
+    t: Tile,
 ) {
     let mut acc = [[_mm256_setzero_ps(); NB]; P];
     let mut wp = w;
@@ -554,16 +642,24 @@ unsafe fn tile<const NB: usize, const L: usize>(
             }
         }
     }
-    let keep = _mm256_castsi256_ps(first(last));
-    for (p, a) in acc.iter().enumerate().take(n) {
+    let keep = _mm256_castsi256_ps(first(t.last));
+    for (p, a) in acc.iter().enumerate().take(t.n) {
         for (b, v) in a.iter().enumerate() {
             let v = if b + 1 == NB {
                 _mm256_and_ps(*v, keep)
             } else {
                 *v
             };
-            // SAFETY: pixel p < n of block b.
-            unsafe { _mm256_storeu_ps(out.add(b * stride + p * B), v) };
+            let at = b * t.stride + p * B;
+            // SAFETY: pixel p < n of block b; the epilogue's operands cover the output.
+            unsafe {
+                let v = if out.post.is_empty() {
+                    v
+                } else {
+                    out.post.apply(v, t.block + b, out.at + at)
+                };
+                _mm256_storeu_ps(out.y.add(at), v)
+            };
         }
     }
 }
@@ -574,17 +670,16 @@ unsafe fn tile<const NB: usize, const L: usize>(
     _: &[*const f32; P],
     _: &[usize],
     _: *const f32,
-    _: *mut f32,
-    _: usize,
-    _: [usize; 2],
+    _: Out,
+    _: Tile,
 ) {
     unreachable!("no AVX2 off x86-64")
 }
 
-/// One output row of a depthwise block: `ow` pixels at `yrow`, eight at a time, each the sum
-/// over taps of the padded buffer's pixel times the tap's weights. The row's taps start at
-/// `base` in `buf`, rows `row` floats apart; `[sw, dh, dw]` are the column stride and the
-/// dilations.
+/// One output row of block `b` of a depthwise convolution: `ow` pixels at `yrow`, eight at a
+/// time, each the sum over taps of the padded buffer's pixel times the tap's weights, through
+/// the epilogue. The row's taps start at `base` in `buf`, rows `row` floats apart; `[sw, dh,
+/// dw]` are the column stride and the dilations.
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA; `buf` covers every tap of `ow` rounded up to eight outputs;
@@ -599,8 +694,8 @@ unsafe fn depthwise_row(
     taps: &[[f32; B]],
     [kh, kw]: [usize; 2],
     [sw, dh, dw]: [usize; 3],
-    yrow: *mut f32,
-    ow: usize,
+    yrow: Out,
+    [b, ow]: [usize; 2],
 ) {
     for ox in (0..ow).step_by(B) {
         let mut acc = [_mm256_setzero_ps(); B];
@@ -618,8 +713,16 @@ unsafe fn depthwise_row(
             }
         }
         for (j, a) in acc.iter().enumerate().take(B.min(ow - ox)) {
-            // SAFETY: pixel ox + j < ow of the row.
-            unsafe { _mm256_storeu_ps(yrow.add((ox + j) * B), *a) };
+            let at = (ox + j) * B;
+            // SAFETY: pixel ox + j < ow of the row; the epilogue's operands cover the output.
+            unsafe {
+                let v = if yrow.post.is_empty() {
+                    *a
+                } else {
+                    yrow.post.apply(*a, b, yrow.at + at)
+                };
+                _mm256_storeu_ps(yrow.y.add(at), v)
+            };
         }
     }
 }
@@ -634,8 +737,8 @@ unsafe fn depthwise_row(
     _: &[[f32; B]],
     _: [usize; 2],
     _: [usize; 3],
-    _: *mut f32,
-    _: usize,
+    _: Out,
+    _: [usize; 2],
 ) {
     unreachable!("no AVX2 off x86-64")
 }

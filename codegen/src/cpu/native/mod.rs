@@ -112,6 +112,13 @@ enum Kind {
     },
     /// `to_nchwc` or `from_nchwc`.
     Reorder(layout::Reorder),
+    /// Max (`avg` none) or average pooling over channel blocks.
+    PoolBlocked {
+        p: Pool2d,
+        avg: Option<bool>,
+        xd: [usize; 5],
+        yd: [usize; 5],
+    },
     /// Concatenation: each of `outer` rows of the result is the operands' rows side by side,
     /// operand `i`'s row `row_bytes[i]` long (any dtype).
     Concat {
@@ -265,6 +272,20 @@ impl Native {
                     op: *op,
                     dims: dims_m,
                     reduced,
+                }
+            }
+            OpKind::MaxPool2d(p) | OpKind::AvgPool2d { pool: p, .. } if f.ty(x).rank() == 5 => {
+                let dims5 = |v: Value| std::array::from_fn(|i| f.ty(v).dims()[i] as usize);
+                Kind::PoolBlocked {
+                    p: p.clone(),
+                    avg: match d.kind {
+                        OpKind::AvgPool2d {
+                            count_include_pad, ..
+                        } => Some(count_include_pad),
+                        _ => None,
+                    },
+                    xd: dims5(x),
+                    yd: dims5(d.results[0]),
                 }
             }
             OpKind::MaxPool2d(p) => Kind::MaxPool {
@@ -450,6 +471,9 @@ impl Native {
                     *block_bytes,
                 )?,
                 Kind::Reorder(r) => r.run(addr(self.args[0]), addr(self.results[0])),
+                Kind::PoolBlocked { p, avg, xd, yd } => {
+                    pool::pool_blocked(p, *avg, *xd, *yd, input(0), output(0))
+                }
                 Kind::Concat { outer, row_bytes } => {
                     let srcs: Vec<*const u8> =
                         self.args.iter().map(|&v| addr(v) as *const u8).collect();

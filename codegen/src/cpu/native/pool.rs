@@ -1,4 +1,5 @@
-//! Max and average pooling and their gradients over NCHW planes, in f32.
+//! Max and average pooling and their gradients over NCHW planes, and pooling over channel
+//! blocks (NCHWc), in f32.
 
 use super::for_planes;
 use tcc_ir::Pool2d;
@@ -326,4 +327,54 @@ fn pool_backward(
         }
     };
     for_planes(dx, xs, work);
+}
+
+/// `max_pool2d` (`avg` is `None`) or `avg_pool2d` (`Some(count_include_pad)`) over channel
+/// blocks `[N, Cb, H, W, b]`: every lane pooled as a channel of its own, a window's lanes
+/// together at each tap. NaN wins a max, as in [`max_pool_rows`].
+pub(super) fn pool_blocked(
+    p: &Pool2d,
+    avg: Option<bool>,
+    xd: [usize; 5],
+    yd: [usize; 5],
+    x: &[f32],
+    y: &mut [f32],
+) {
+    let [_, _, h, w, b] = xd;
+    let [_, _, oh, ow, _] = yd;
+    let full = (p.kernel[0] * p.kernel[1]) as f32;
+    let work = |(plane, out): (usize, &mut [f32])| {
+        let xp = &x[plane * h * w * b..(plane + 1) * h * w * b];
+        for oy in 0..oh {
+            for ox in 0..ow {
+                let win = window(p, h, w, oy, ox);
+                let o = &mut out[(oy * ow + ox) * b..(oy * ow + ox + 1) * b];
+                match avg {
+                    None => {
+                        o.fill(f32::NEG_INFINITY);
+                        win.each(|i| {
+                            for (m, &v) in o.iter_mut().zip(&xp[i * b..(i + 1) * b]) {
+                                *m = if v > *m || v.is_nan() { v } else { *m };
+                            }
+                        });
+                    }
+                    Some(include_pad) => {
+                        o.fill(0.0);
+                        win.each(|i| {
+                            for (s, &v) in o.iter_mut().zip(&xp[i * b..(i + 1) * b]) {
+                                *s += v;
+                            }
+                        });
+                        let n = if include_pad {
+                            full
+                        } else {
+                            win.count() as f32
+                        };
+                        o.iter_mut().for_each(|s| *s /= n);
+                    }
+                }
+            }
+        }
+    };
+    for_planes(y, oh * ow * b, work);
 }

@@ -1,0 +1,264 @@
+//! Epilogues a kernel applies in registers as it stores its output, instead of a second pass
+//! over it: the bias add, scale, residual add and clamps (relu, relu6) that follow a
+//! convolution in CNNs. A library kernel's epilogue that is such a chain ([`Post::of`]) runs
+//! this way; any other runs as a compiled elementwise loop on the finished pieces.
+//!
+//! The output is channel-blocked (`[N, Cb, ..., 8]`): a kernel stores one vector of eight
+//! channels at a time and hands it to [`Bound::apply`] with its block and its element offset.
+
+use super::send_ptr::SendPtr;
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+use tcc_ir::{BinaryOp, Function, Op, OpKind, UnaryOp, Value};
+
+/// Channels per block: the lanes of one vector.
+const B: usize = 8;
+
+/// One step of an epilogue, applied to each stored vector.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum PostOp {
+    /// Plus (or times, with `mul`) operand `operand`, constant over the batch and the spatial
+    /// axes: one vector per block, `[1, Cb, 1, .., 8]`.
+    Channel {
+        mul: bool,
+        operand: usize,
+    },
+    /// Plus operand `operand`, of the output's type (a residual).
+    Tensor {
+        operand: usize,
+    },
+    /// `max(x, c)`, `min(x, c)` with NaN winning, as the interpreter's `max` and `min`.
+    Max(f32),
+    Min(f32),
+    /// `relu`: NaN stays NaN.
+    Relu,
+}
+
+/// An epilogue as post-ops, with the values its steps read and the value it produces.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Post {
+    pub ops: Vec<PostOp>,
+    pub operands: Vec<Value>,
+}
+
+impl Post {
+    /// The epilogue `ops` of a library kernel whose call produces the f32 blocked `r` (blocks of
+    /// eight channels), as post-ops, if every op is one and `outputs` (what the kernel stores)
+    /// is the chain's last value alone; that value is returned with it.
+    pub(crate) fn of(
+        f: &Function,
+        ops: &[Op],
+        r: Value,
+        outputs: &[Value],
+    ) -> Option<(Post, Value)> {
+        let ty = f.ty(r);
+        let d = ty.dims();
+        if d.len() < 3 || d[d.len() - 1] != B as u64 || ty.dtype() != tcc_ir::DType::F32 {
+            return None;
+        }
+        let per_channel = |v: Value| {
+            let vd = f.ty(v).dims();
+            vd.len() <= d.len()
+                && vd.len() >= 2
+                && vd[vd.len() - 1] == B as u64
+                && vd[..vd.len() - 1].iter().rev().enumerate().all(|(i, &n)| {
+                    // From the end: spatial axes 1, the block axis Cb, the batch axis 1.
+                    let axis = d.len() - 2 - i;
+                    n == if axis == 1 { d[1] } else { 1 }
+                })
+        };
+        let scalar = |v: Value| -> Option<f32> {
+            let op = f.def_op(v)?;
+            (f.ty(v).numel() == 1).then_some(())?;
+            let c = f.op(op).kind.splat_value()?.to_f64() as f32;
+            // A NaN bound would take `maxps`' other operand; the interpreter gives NaN.
+            (!c.is_nan()).then_some(c)
+        };
+        let mut post = Post::default();
+        let mut cur = r;
+        for &op in ops {
+            let od = f.op(op);
+            if f.ty(od.results[0]) != ty || !od.deps.is_empty() {
+                return None;
+            }
+            let other = match od.args.as_slice() {
+                &[a] if a == cur => None,
+                &[a, b] if a == cur && b != cur => Some(b),
+                &[a, b] if b == cur && a != cur => Some(a),
+                _ => return None,
+            };
+            let mut operand = |v: Value| {
+                post.operands.push(v);
+                post.operands.len() - 1
+            };
+            let step = match (&od.kind, other) {
+                (OpKind::Unary(UnaryOp::Relu), None) => PostOp::Relu,
+                (OpKind::Binary(BinaryOp::Max), Some(o)) => PostOp::Max(scalar(o)?),
+                (OpKind::Binary(BinaryOp::Min), Some(o)) => PostOp::Min(scalar(o)?),
+                (OpKind::Binary(BinaryOp::Add), Some(o)) if f.ty(o) == ty => PostOp::Tensor {
+                    operand: operand(o),
+                },
+                (OpKind::Binary(op @ (BinaryOp::Add | BinaryOp::Mul)), Some(o))
+                    if per_channel(o) =>
+                {
+                    PostOp::Channel {
+                        mul: *op == BinaryOp::Mul,
+                        operand: operand(o),
+                    }
+                }
+                _ => return None,
+            };
+            post.ops.push(step);
+            cur = od.results[0];
+        }
+        (outputs == [cur]).then_some((post, cur))
+    }
+
+    /// The epilogue with its operands' addresses for one run.
+    pub(crate) fn bind<'a>(
+        &'a self,
+        addr: &dyn Fn(Value) -> *mut u8,
+        ptrs: &'a mut Vec<*const f32>,
+    ) -> Bound<'a> {
+        ptrs.clear();
+        ptrs.extend(self.operands.iter().map(|&v| addr(v) as *const f32));
+        Bound {
+            ops: &self.ops,
+            // SAFETY: the operands are only read while the kernel runs.
+            ptrs: unsafe { SendPtr::new(ptrs.as_ptr()) },
+        }
+    }
+}
+
+/// An epilogue bound to one run's operands: what the kernels' threads share.
+#[derive(Clone, Copy)]
+pub(crate) struct Bound<'a> {
+    ops: &'a [PostOp],
+    ptrs: SendPtr<*const *const f32>,
+}
+
+impl Bound<'_> {
+    /// Whether there is nothing to apply.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// `v` after the epilogue, for the vector of block `block` (counted within its image) at
+    /// element offset `at` of the output.
+    ///
+    /// # Safety
+    /// The CPU has AVX2; the operands hold what [`Post::of`] checked; `at` is the offset of a
+    /// whole vector of the output and `block` its block.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub(crate) unsafe fn apply(&self, mut v: __m256, block: usize, at: usize) -> __m256 {
+        for &op in self.ops {
+            // SAFETY: the caller's contract: a per-channel operand holds a vector per block, a
+            // tensor operand the output's elements.
+            v = unsafe {
+                match op {
+                    PostOp::Channel { mul, operand } => {
+                        let c = _mm256_loadu_ps((*self.ptrs.get().add(operand)).add(block * B));
+                        if mul {
+                            _mm256_mul_ps(v, c)
+                        } else {
+                            _mm256_add_ps(v, c)
+                        }
+                    }
+                    PostOp::Tensor { operand } => {
+                        _mm256_add_ps(v, _mm256_loadu_ps((*self.ptrs.get().add(operand)).add(at)))
+                    }
+                    // `maxps`/`minps` give their second operand when either is NaN.
+                    PostOp::Max(c) => _mm256_max_ps(_mm256_set1_ps(c), v),
+                    PostOp::Min(c) => _mm256_min_ps(_mm256_set1_ps(c), v),
+                    PostOp::Relu => _mm256_max_ps(_mm256_setzero_ps(), v),
+                }
+            };
+        }
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Post, PostOp};
+    use tcc_ir::{Function, Value, parse_function};
+
+    /// `Post::of` on the ops after the convolution of `src` (constants aside: the planner
+    /// keeps them out of kernels), with the function's results as what the kernel stores.
+    fn post(src: &str) -> Option<(Post, Value)> {
+        let f: Function = parse_function(src).unwrap();
+        let ops = f.schedule();
+        let start = ops
+            .iter()
+            .position(|&op| f.op(op).kind.mnemonic() == "conv2d_nchwc")
+            .unwrap();
+        let r = f.op(ops[start]).results[0];
+        let epilogue: Vec<_> = (ops[start + 1..].iter().copied())
+            .filter(|&op| f.op(op).kind.mnemonic() != "const")
+            .collect();
+        Post::of(&f, &epilogue, r, f.results())
+    }
+
+    #[test]
+    fn bias_scale_residual_and_clamps_are_post_ops() {
+        let (p, _) = post(
+            "func @f(%x: f32[1,2,4,4,8], %w: f32[16,16,1,1], %b: f32[1,2,1,1,8], %s: f32[2,1,1,8], %r: f32[1,2,4,4,8]) -> (f32[1,2,4,4,8]) {
+  %c = conv2d_nchwc %x, %w {block=8} : f32[1,2,4,4,8]
+  %m = mul %s, %c : f32[1,2,4,4,8]
+  %z = add %m, %b : f32[1,2,4,4,8]
+  %t = add %r, %z : f32[1,2,4,4,8]
+  %lo = const {value=0.0} : f32[]
+  %hi = const {value=6.0} : f32[]
+  %a = max %t, %lo : f32[1,2,4,4,8]
+  %y = min %hi, %a : f32[1,2,4,4,8]
+  %q = relu %y : f32[1,2,4,4,8]
+  return %q
+}",
+        )
+        .expect("every op is a post-op");
+        assert_eq!(
+            p.ops,
+            vec![
+                PostOp::Channel {
+                    mul: true,
+                    operand: 0
+                },
+                PostOp::Channel {
+                    mul: false,
+                    operand: 1
+                },
+                PostOp::Tensor { operand: 2 },
+                PostOp::Max(0.0),
+                PostOp::Min(6.0),
+                PostOp::Relu,
+            ]
+        );
+    }
+
+    #[test]
+    fn other_epilogues_are_not() {
+        // A sigmoid; a value of the chain read elsewhere; a per-pixel operand.
+        for src in [
+            "func @f(%x: f32[1,2,4,4,8], %w: f32[16,16,1,1]) -> (f32[1,2,4,4,8]) {
+  %c = conv2d_nchwc %x, %w {block=8} : f32[1,2,4,4,8]
+  %y = sigmoid %c : f32[1,2,4,4,8]
+  return %y
+}",
+            "func @f(%x: f32[1,2,4,4,8], %w: f32[16,16,1,1], %b: f32[1,2,1,1,8]) -> (f32[1,2,4,4,8], f32[1,2,4,4,8]) {
+  %c = conv2d_nchwc %x, %w {block=8} : f32[1,2,4,4,8]
+  %z = add %c, %b : f32[1,2,4,4,8]
+  %y = relu %z : f32[1,2,4,4,8]
+  return %z, %y
+}",
+            "func @f(%x: f32[1,2,4,4,8], %w: f32[16,16,1,1], %g: f32[1,1,4,4,1]) -> (f32[1,2,4,4,8]) {
+  %c = conv2d_nchwc %x, %w {block=8} : f32[1,2,4,4,8]
+  %y = mul %c, %g : f32[1,2,4,4,8]
+  return %y
+}",
+        ] {
+            assert!(post(src).is_none(), "{src}");
+        }
+    }
+}
