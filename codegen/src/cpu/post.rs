@@ -81,10 +81,10 @@ impl Post {
             if f.ty(od.results[0]) != ty || !od.deps.is_empty() {
                 return None;
             }
-            let other = match od.args.as_slice() {
-                &[a] if a == cur => None,
-                &[a, b] if a == cur && b != cur => Some(b),
-                &[a, b] if b == cur && a != cur => Some(a),
+            let other = match *od.args.as_slice() {
+                [a] if a == cur => None,
+                [a, b] if a == cur && b != cur => Some(b),
+                [a, b] if b == cur && a != cur => Some(a),
                 _ => return None,
             };
             let mut operand = |v: Value| {
