@@ -301,6 +301,27 @@ fn data_movement() {
         "f32[4,2,3]",
         30,
     );
+    // Transposes: unit axes dropped and neighbours merged (runs, tiles), every element size,
+    // a 2-D one whose outermost output axis is the input's innermost, and one large enough
+    // to split across threads.
+    for (dt, dims, perm, out) in [
+        ("f32", "[3,128,1,1,20]", "[3,1,2,0,4]", "[1,128,1,3,20]"),
+        ("f32", "[4,33,17]", "[1,0,2]", "[33,4,17]"),
+        ("f32", "[33,40]", "[1,0]", "[40,33]"),
+        ("i64", "[2,5,3,7]", "[3,1,0,2]", "[7,5,2,3]"),
+        ("u8", "[6,1,35,3]", "[2,1,0,3]", "[35,1,6,3]"),
+        ("bool", "[5,19,2]", "[2,0,1]", "[2,5,19]"),
+        ("f64", "[3,4,5,6]", "[0,2,1,3]", "[3,5,4,6]"),
+        ("f32", "[300,257]", "[1,0]", "[257,300]"),
+        ("f32", "[64,3,500]", "[2,0,1]", "[500,64,3]"),
+    ] {
+        case_native(
+            &format!("%x: {dt}{dims}"),
+            &format!("  %out = transpose %x {{perm={perm}}} : {dt}{out}"),
+            &format!("{dt}{out}"),
+            35,
+        );
+    }
     case(
         "%x: f32[2,3], %y: f32[2,5]",
         "  %out = concat %x, %y, %x {axis=1} : f32[2,11]",

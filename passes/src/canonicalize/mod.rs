@@ -7,7 +7,7 @@
 //! - `x*1`, `1*x`, `x/1`, `x+0`, `0+x`, `x-0` become `x` when that does not change the result
 //!   type (zeros' signs are not significant: `-0.0 + 0.0` folds to `-0.0`);
 //! - `neg(neg x)`, `identity x`, and `reshape`, `transpose`, `broadcast_to` and `cast` that change
-//!   nothing become `x`;
+//!   nothing become `x`; a `transpose` that moves only axes of size 1 becomes a `reshape`;
 //! - `transpose(transpose x)` becomes one transpose, `reshape(reshape x)` one reshape.
 //!
 //! Replaced ops and anything left dead are removed (the pass ends with [`crate::dce`]).
@@ -124,6 +124,15 @@ fn rewrite(f: &Function, op: Op, limit: u64) -> Rewrite {
         OpKind::Transpose { perm } => {
             if perm.iter().enumerate().all(|(i, &p)| p as usize == i) {
                 return Rewrite::Replace(args[0]);
+            }
+            // Moving only axes of size 1 reorders no element: a reshape, which moves no data.
+            let dims = f.ty(args[0]).dims();
+            let moved: Vec<u64> = (perm.iter().copied())
+                .filter(|&p| dims[p as usize] != 1)
+                .collect();
+            if moved.windows(2).all(|w| w[0] < w[1]) {
+                let shape = out.dims().to_vec();
+                return Rewrite::Become(OpKind::Reshape { shape }, vec![args[0]]);
             }
             match producer(f, args[0]) {
                 Some((OpKind::Transpose { perm: inner_perm }, inner)) => {

@@ -1,6 +1,7 @@
 //! Data movement of any dtype, as byte copies of contiguous runs: transposes, slices,
 //! concatenations and gathers.
 
+use crate::cpu::send_ptr::SendPtr;
 use tcc_ir::DType;
 
 /// A strided slice as copies of contiguous runs: the trailing axes the slice takes whole merge
@@ -111,6 +112,12 @@ impl SliceCopy {
 
 /// Copies a `dims` tensor of `size`-byte elements into its transpose by `perm`.
 ///
+/// Axes of size 1 are dropped and axes that stay next to each other in the same order are
+/// merged, so a transpose is reduced to the few axes that really move. If the innermost axis
+/// stays innermost, the copy is of contiguous runs; otherwise the innermost input and output
+/// axes are copied in square tiles, so that reads and writes both stay within a few cache
+/// lines. Large transposes split their outermost axis across threads.
+///
 /// # Safety
 /// `src` and `dst` hold the tensor and its transpose and do not overlap.
 pub(super) unsafe fn transpose(
@@ -120,33 +127,175 @@ pub(super) unsafe fn transpose(
     perm: &[usize],
     size: usize,
 ) {
-    let r = dims.len();
-    let mut st = vec![1usize; r];
-    for i in (0..r.saturating_sub(1)).rev() {
-        st[i] = st[i + 1] * dims[i + 1];
-    }
-    // Output axis i walks input axis perm[i].
-    let od: Vec<usize> = perm.iter().map(|&p| dims[p]).collect();
-    let os: Vec<usize> = perm.iter().map(|&p| st[p]).collect();
     let total: usize = dims.iter().product();
     if total == 0 {
         return;
     }
-    let mut idx = vec![0usize; r];
-    let mut src_off = 0usize;
-    for o in 0..total {
-        // SAFETY: src_off < total and o < total index elements of the two buffers.
-        unsafe {
-            std::ptr::copy_nonoverlapping(src.add(src_off * size), dst.add(o * size), size);
-        }
-        for ax in (0..r).rev() {
-            idx[ax] += 1;
-            src_off += os[ax];
-            if idx[ax] < od[ax] {
-                break;
+    let (dims, perm) = simplify(dims, perm);
+    let r = dims.len();
+    if r <= 1 {
+        // SAFETY: the caller's contract; nothing moves.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, total * size) };
+        return;
+    }
+    let mut st = vec![1usize; r];
+    for i in (0..r - 1).rev() {
+        st[i] = st[i + 1] * dims[i + 1];
+    }
+    // Output axis i walks input axis perm[i], with input stride os[i] (elements); the output's
+    // own strides are ost.
+    let od: Vec<usize> = perm.iter().map(|&p| dims[p]).collect();
+    let os: Vec<usize> = perm.iter().map(|&p| st[p]).collect();
+    let mut ost = vec![1usize; r];
+    for i in (0..r - 1).rev() {
+        ost[i] = ost[i + 1] * od[i + 1];
+    }
+    let t = Transpose {
+        od,
+        os,
+        ost,
+        inner_in: perm
+            .iter()
+            .position(|&p| p == r - 1)
+            .expect("a permutation"),
+        size,
+    };
+    // SAFETY (both): the caller's contract.
+    let (src, dst) = unsafe { (SendPtr::new(src), SendPtr::new(dst)) };
+    // SAFETY: jobs cover disjoint ranges of the output's outermost axis.
+    let job = |lo: usize, hi: usize| unsafe { t.copy(src.get(), dst.get(), lo..hi) };
+    let rows = t.od[0];
+    let threads = rayon::current_num_threads();
+    if total * size >= 1 << 18 && threads > 1 && rows > 1 {
+        let chunk = rows.div_ceil(threads * 2);
+        rayon::scope(|sc| {
+            for lo in (0..rows).step_by(chunk) {
+                let job = &job;
+                sc.spawn(move |_| job(lo, (lo + chunk).min(rows)));
             }
-            src_off -= os[ax] * od[ax];
-            idx[ax] = 0;
+        });
+    } else {
+        job(0, rows);
+    }
+}
+
+/// `dims` and `perm` without axes of size 1 and with neighbouring axes that stay neighbours
+/// merged.
+fn simplify(dims: &[usize], perm: &[usize]) -> (Vec<usize>, Vec<usize>) {
+    // Keep the axes of size > 1, renumbered.
+    let keep: Vec<usize> = (0..dims.len()).filter(|&a| dims[a] != 1).collect();
+    let renum = |a: usize| keep.iter().position(|&k| k == a);
+    let perm: Vec<usize> = perm.iter().filter_map(|&p| renum(p)).collect();
+    let dims: Vec<usize> = keep.iter().map(|&a| dims[a]).collect();
+    // Merge output-consecutive axes that are input-consecutive too: groups of input axes.
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for &p in &perm {
+        match groups.last_mut() {
+            Some(g) if *g.last().expect("non-empty") + 1 == p => g.push(p),
+            _ => groups.push(vec![p]),
+        }
+    }
+    // Each group becomes one input axis; number them in input order.
+    let mut order: Vec<usize> = (0..groups.len()).collect();
+    order.sort_by_key(|&g| groups[g][0]);
+    let new_dims: Vec<usize> = order
+        .iter()
+        .map(|&g| groups[g].iter().map(|&a| dims[a]).product())
+        .collect();
+    let new_perm: Vec<usize> = (0..groups.len())
+        .map(|g| order.iter().position(|&o| o == g).expect("a group"))
+        .collect();
+    (new_dims, new_perm)
+}
+
+/// A simplified transpose of two or more axes, by output axis: sizes `od`, input strides `os`,
+/// output strides `ost` (elements); `inner_in` is the output axis that reads the input's
+/// innermost one.
+struct Transpose {
+    od: Vec<usize>,
+    os: Vec<usize>,
+    ost: Vec<usize>,
+    inner_in: usize,
+    size: usize,
+}
+
+impl Transpose {
+    /// Copies the output elements whose outermost index lies in `outer`. If the innermost axis
+    /// stays innermost, as contiguous runs; otherwise the output's innermost axis and the one
+    /// reading the input's innermost are copied in square tiles, the other axes one after
+    /// another.
+    ///
+    /// # Safety
+    /// As for [`transpose`].
+    unsafe fn copy(&self, src: *const u8, dst: *mut u8, outer: std::ops::Range<usize>) {
+        const T: usize = 16;
+        let (od, os, ost, size) = (&self.od, &self.os, &self.ost, self.size);
+        let r = od.len();
+        let range = |a: usize| if a == 0 { outer.clone() } else { 0..od[a] };
+        let (inner_out, inner_in) = (r - 1, self.inner_in);
+        // The axes walked one element at a time (all but the innermost for runs).
+        let others: Vec<usize> = (0..r)
+            .filter(|&a| a != inner_out && (inner_in == inner_out || a != inner_in))
+            .collect();
+        let count: usize = others.iter().map(|&a| range(a).len()).product();
+        let mut idx: Vec<usize> = others.iter().map(|&a| range(a).start).collect();
+        for _ in 0..count {
+            let from: usize = others.iter().zip(&idx).map(|(&a, &i)| i * os[a]).sum();
+            let to: usize = others.iter().zip(&idx).map(|(&a, &i)| i * ost[a]).sum();
+            if inner_in == inner_out {
+                let run = od[r - 1] * size;
+                // SAFETY: the caller's contract; one contiguous run of each.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(src.add(from * size), dst.add(to * size), run)
+                };
+            } else {
+                // Element (a, b), a along `inner_in` and b along the output's innermost axis:
+                // input at from + a * os[inner_in] (= a, the input's innermost) + b * os[b's],
+                // output at to + a * ost[inner_in] + b.
+                let (ra, rb) = (range(inner_in), range(inner_out));
+                let (sa_in, sb_in, sa_out) = (os[inner_in], os[inner_out], ost[inner_in]);
+                for a0 in ra.clone().step_by(T) {
+                    for b0 in rb.clone().step_by(T) {
+                        for a in a0..(a0 + T).min(ra.end) {
+                            for b in b0..(b0 + T).min(rb.end) {
+                                let i = from + a * sa_in + b * sb_in;
+                                let o = to + a * sa_out + b;
+                                // SAFETY: both lie inside their tensors (the caller's
+                                // contract).
+                                unsafe { copy_elem(src, dst, i, o, size) };
+                            }
+                        }
+                    }
+                }
+            }
+            for k in (0..idx.len()).rev() {
+                idx[k] += 1;
+                if idx[k] < range(others[k]).end {
+                    break;
+                }
+                idx[k] = range(others[k]).start;
+            }
+        }
+    }
+}
+
+/// Copies element `i` of `src` to element `o` of `dst`, `size` bytes each.
+///
+/// # Safety
+/// Both elements lie inside their buffers.
+#[inline(always)]
+unsafe fn copy_elem(src: *const u8, dst: *mut u8, i: usize, o: usize, size: usize) {
+    // SAFETY: the caller's contract; unaligned reads and writes of the element's width.
+    unsafe {
+        match size {
+            4 => (dst as *mut u32)
+                .add(o)
+                .write_unaligned((src as *const u32).add(i).read_unaligned()),
+            8 => (dst as *mut u64)
+                .add(o)
+                .write_unaligned((src as *const u64).add(i).read_unaligned()),
+            1 => *dst.add(o) = *src.add(i),
+            _ => std::ptr::copy_nonoverlapping(src.add(i * size), dst.add(o * size), size),
         }
     }
 }
