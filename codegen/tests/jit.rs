@@ -395,6 +395,51 @@ fn matmuls_through_gemm_with_epilogues() {
         assert_eq!(exe.stats().reference, 0, "{src}");
         check(&got, &want, 1e-5, 1e-5).unwrap_or_else(|e| panic!("{src}\n{e}"));
     }
+    // Constant weights, packed at compile time: with an epilogue, batched rows, transposed;
+    // one also read by a row vector (the GEMV, which reads it unpacked) and one returned, so
+    // both must still be materialised.
+    let w = |n: usize| -> String {
+        let v: Vec<String> = (0..n)
+            .map(|i| format!("{}", ((i * 7 % 13) as f32 - 6.0) / 8.0))
+            .collect();
+        v.join(", ")
+    };
+    let cases = [
+        format!(
+            "func @f(%x: f32[33,70], %b: f32[17]) -> (f32[33,17]) {{
+  %w = const {{value=[{}]}} : f32[70,17]
+  %h = matmul %x, %w : f32[33,17]
+  %z = add %h, %b : f32[33,17]
+  %y = gelu %z : f32[33,17]
+  return %y
+}}",
+            w(70 * 17)
+        ),
+        format!(
+            "func @f(%a: f32[37,1,50]) -> (f32[37,1,40]) {{
+  %wt = const {{value=[{}]}} : f32[40,50]
+  %w = transpose %wt {{perm=[1,0]}} : f32[50,40]
+  %c = matmul %a, %w : f32[37,1,40]
+  return %c
+}}",
+            w(40 * 50)
+        ),
+        format!(
+            "func @f(%x: f32[20,30], %v: f32[1,30]) -> (f32[20,25], f32[1,25], f32[30,25]) {{
+  %w = const {{value=[{}]}} : f32[30,25]
+  %h = matmul %x, %w : f32[20,25]
+  %g = matmul %v, %w : f32[1,25]
+  return %h, %g, %w
+}}",
+            w(30 * 25)
+        ),
+    ];
+    for src in &cases {
+        let f = parse_function(src).unwrap();
+        let (got, want, exe) = both(&f, &randoms(&f, 22));
+        assert_eq!(exe.stats().reference, 0, "{src}");
+        check(&got, &want, 1e-5, 1e-5).unwrap_or_else(|e| panic!("{src}\n{e}"));
+    }
 }
 
 #[test]

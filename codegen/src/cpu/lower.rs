@@ -137,11 +137,38 @@ pub(super) fn compile(
         };
         steps.push((k, step));
     }
+    // Constants that library steps packed at compile time and nothing else reads are not
+    // materialised again (a transformer's weights would otherwise be held twice).
+    let mut packed: HashMap<Value, usize> = HashMap::new();
+    for v in (steps.iter()).filter_map(|(_, s)| match s {
+        Step::Library {
+            op: LibOp::MatMul(m),
+            ..
+        } => m.packed(),
+        Step::Library {
+            op: LibOp::Nchwc(c),
+            ..
+        } => c.packed(),
+        _ => None,
+    }) {
+        *packed.entry(v).or_default() += 1;
+    }
+    let users = tcc_ir::edit::Users::new(f);
+    // Every reader packed it (each reads it once, as its right operand or filter).
+    let only_packed = |v: Value| {
+        let uses = users.uses(v);
+        packed.get(&v) == Some(&uses.len())
+            && !users.is_returned(v)
+            && uses.iter().all(|&(_, i)| i == 1)
+    };
     let mut consts = HashMap::new();
     for &op in &plan.constants {
         let OpKind::Const { ty, value } = &f.op(op).kind else {
             unreachable!("planned as a constant")
         };
+        if only_packed(f.op(op).results[0]) {
+            continue;
+        }
         if ty.size_bytes() > MAX_CONST_BYTES {
             return Err(CompileError(format!(
                 "constant %{} of type {ty} is larger than the 1 GiB the runtime materialises",

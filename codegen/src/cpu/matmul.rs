@@ -6,7 +6,7 @@ use super::lower::Finish;
 use super::send_ptr::SendPtr;
 use super::sgemm;
 use crate::plan::Plan;
-use tcc_ir::{DType, Function, Value};
+use tcc_ir::{DType, Function, OpKind, Tensor, Value};
 
 /// A matrix product through `gemm`, batch by batch, into the storage of `dst`.
 pub(super) struct MatMul {
@@ -25,6 +25,8 @@ pub(super) struct MatMul {
     batches: Vec<(usize, usize)>,
     /// Our kernel for f32 products, if the target has one ([`own_gemm`]).
     own: Option<sgemm::Isa>,
+    /// B packed for our kernel at compile time, when it is a constant the batches share.
+    packed_b: Option<sgemm::PackedB>,
 }
 
 /// For each element of the broadcast batch shape `out`, the flat batch index into `from`.
@@ -79,11 +81,31 @@ pub(super) fn matmul_step(
         m *= batches.len();
         batches = vec![(0, 0)];
     }
+    let (b, tb) = (sb.unwrap_or(b), sb.is_some());
+    // A constant right side of an f32 product with rows to share it (a weight matrix) is
+    // packed once, here.
+    let packed_b = match (own, f.def_op(b).map(|op| &f.op(op).kind)) {
+        (Some(isa), Some(OpKind::Const { ty, value }))
+            if dtype == DType::F32 && m > 1 && batches.iter().all(|&(_, bb)| bb == 0) =>
+        {
+            Tensor::from_literal(ty, value).ok().map(|t| {
+                let data = t.as_f32().expect("an f32 constant");
+                let mb = if tb {
+                    Mat::transposed(data.as_ptr(), k)
+                } else {
+                    Mat::rows(data.as_ptr(), n)
+                };
+                // SAFETY: the constant holds the k x n matrix B (or its transpose).
+                unsafe { sgemm::PackedB::new(isa, k, n, mb) }
+            })
+        }
+        _ => None,
+    };
     MatMul {
         a: sa.unwrap_or(a),
-        b: sb.unwrap_or(b),
+        b,
         ta: sa.is_some(),
-        tb: sb.is_some(),
+        tb,
         dst: r,
         dtype,
         m,
@@ -91,6 +113,14 @@ pub(super) fn matmul_step(
         k,
         batches,
         own,
+        packed_b,
+    }
+}
+
+impl MatMul {
+    /// The constant this step packed at compile time and no longer reads, if any.
+    pub(super) fn packed(&self) -> Option<Value> {
+        self.packed_b.as_ref().map(|_| self.b)
     }
 }
 
@@ -220,7 +250,12 @@ pub(super) unsafe fn gemm<T: Copy + Default + 'static>(
 
 /// Runs the product, telling `finish` of its output's elements as they become final.
 pub(super) fn run_matmul(mm: &MatMul, addr: &dyn Fn(Value) -> *mut u8, finish: Finish) {
-    let (a, b, dst) = (addr(mm.a), addr(mm.b), addr(mm.dst));
+    // A packed B is not materialised (see `MatMul::packed`): its address is never asked for.
+    let b = match mm.packed_b {
+        Some(_) => std::ptr::null_mut(),
+        None => addr(mm.b),
+    };
+    let (a, dst) = (addr(mm.a), addr(mm.dst));
     // SAFETY: a, b and dst hold tensors of the dims recorded at compile time, of `dtype`.
     unsafe {
         match mm.dtype {
@@ -341,7 +376,25 @@ unsafe fn matmul_batches<T: Copy + Default + 'static>(
             }
             None => None,
         };
-        // SAFETY: as above.
-        unsafe { gemm::<T>(m, n, k, ma, mb, pd, n, false, one, true, mm.own, done) };
+        match (&mm.packed_b, mm.own) {
+            // SAFETY: as above; T is f32 (B is packed only for f32 products).
+            (Some(pb), Some(isa)) => unsafe {
+                sgemm::product(
+                    isa,
+                    m,
+                    n,
+                    k,
+                    sgemm::A::Mat(ma.cast()),
+                    sgemm::B::Packed(pb),
+                    pd as *mut f32,
+                    n,
+                    false,
+                    rayon::current_num_threads(),
+                    done,
+                )
+            },
+            // SAFETY: as above.
+            _ => unsafe { gemm::<T>(m, n, k, ma, mb, pd, n, false, one, true, mm.own, done) },
+        }
     }
 }

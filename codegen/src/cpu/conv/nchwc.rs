@@ -131,6 +131,11 @@ impl NchwcConv {
         Some(cv)
     }
 
+    /// The constant filter this step packed at compile time and no longer reads, if any.
+    pub(in crate::cpu) fn packed(&self) -> Option<Value> {
+        self.packed.as_ref().map(|_| self.w)
+    }
+
     /// Lanes of the input per step of the direct kernel: a blocked input's eight channels of a
     /// pixel, or a plain input's one.
     fn lanes(&self) -> usize {

@@ -172,6 +172,64 @@ impl PackedA {
     }
 }
 
+/// B, packed once into one kernel's panels: for each block of [`depth_block`] along k, the
+/// panels of `NR` columns in order (zero-padded), so the panel of columns `j..` in block `pc`
+/// starts at `pc * npad + j * kc`. A constant weight matrix is packed this way at compile time,
+/// so runs neither pack it nor split their threads around packing it.
+pub(crate) struct PackedB {
+    data: Vec<Line>,
+    isa: Isa,
+    k: usize,
+    n: usize,
+    npad: usize,
+}
+
+impl PackedB {
+    /// Packs the `k×n` matrix `b` for `isa`'s kernel.
+    ///
+    /// # Safety
+    /// `b` addresses a `k×n` matrix with its strides.
+    pub(crate) unsafe fn new(isa: Isa, k: usize, n: usize, b: Mat) -> PackedB {
+        // SAFETY: the caller's contract.
+        unsafe {
+            match isa {
+                Isa::Avx512 => PackedB::with::<avx512::Avx512>(isa, k, n, b),
+                Isa::Avx2 => PackedB::with::<avx2::Avx2>(isa, k, n, b),
+            }
+        }
+    }
+
+    /// # Safety
+    /// As for `new`; `K` is `isa`'s kernel.
+    unsafe fn with<K: Kernel>(isa: Isa, k: usize, n: usize, b: Mat) -> PackedB {
+        let npad = n.div_ceil(K::NR) * K::NR;
+        let mut data = aligned(npad * k);
+        let buf = &mut line_floats(&mut data)[..npad * k];
+        let kb = depth_block::<K>(k);
+        for pc in (0..k).step_by(kb) {
+            let kc = kb.min(k - pc);
+            let block = &mut buf[pc * npad..pc * npad + kc * npad];
+            // SAFETY: the caller's contract.
+            unsafe { pack_b_block::<K>(b, pc, kc, 0, n, block) };
+        }
+        PackedB {
+            data,
+            isa,
+            k,
+            n,
+            npad,
+        }
+    }
+
+    /// The packed panels of columns `j..` (a multiple of NR) in the depth block at `pc`, `kc`
+    /// deep.
+    fn panels(&self, pc: usize, kc: usize, j: usize) -> *const f32 {
+        // SAFETY (a pointer computation): block pc starts at pc * npad and its panels hold
+        // kc floats per column.
+        (self.data.as_ptr() as *const f32).wrapping_add(pc * self.npad + j * kc)
+    }
+}
+
 /// The left operand: a matrix to pack as it is used, or one packed ahead of time.
 #[derive(Clone, Copy)]
 pub(crate) enum A<'a> {
@@ -206,10 +264,11 @@ pub(crate) struct Im2col {
 /// runs there). Every element of C is reported exactly once.
 pub(crate) type Done<'a> = Option<&'a (dyn Fn(usize, std::ops::Range<usize>) + Sync)>;
 
-/// The right operand: a matrix, or the columns of a convolution.
+/// The right operand: a matrix, one packed ahead of time, or the columns of a convolution.
 #[derive(Clone, Copy)]
-pub(crate) enum B {
+pub(crate) enum B<'a> {
     Mat(Mat),
+    Packed(&'a PackedB),
     Im2col(Im2col),
 }
 
@@ -264,6 +323,12 @@ pub(crate) unsafe fn product(
             "a packed A of the product's shape, for its kernel"
         );
     }
+    if let B::Packed(p) = b {
+        assert!(
+            p.k == k && p.n == n && p.isa == isa,
+            "a packed B of the product's shape, for its kernel"
+        );
+    }
     // SAFETY: the caller's contract.
     unsafe {
         match isa {
@@ -314,10 +379,12 @@ unsafe fn product_with<K: Kernel>(
     } else {
         1
     };
-    // Threads take rows when A is packed (nothing to pack twice) and there are too few column
-    // panels to go round; otherwise columns, in multiples of NR.
-    let by_rows =
-        matches!(a, A::Packed(_)) && n.div_ceil(K::NR) < 2 * threads && m >= K::MR * threads;
+    // Threads take rows when B is packed (each packs only its own rows of A), or when A is
+    // packed and there are too few column panels to go round; otherwise columns, in multiples
+    // of NR (each packs its own columns of B).
+    let by_rows = m >= K::MR * threads
+        && (matches!(b, B::Packed(_))
+            || matches!(a, A::Packed(_)) && n.div_ceil(K::NR) < 2 * threads);
     let (parts, chunk) = if by_rows {
         let parts = threads.min(m.div_ceil(K::MR));
         (parts, m.div_ceil(parts).div_ceil(K::MR) * K::MR)
@@ -397,10 +464,10 @@ unsafe fn block<K: Kernel>(
     }
     let kc_max = depth_block::<K>(k);
     let (nb, na) = (
-        if m <= K::MC {
-            kc_max * GROUP
-        } else {
-            kc_max * K::NC.min(n.div_ceil(K::NR) * K::NR)
+        match b {
+            B::Packed(_) => 0,
+            _ if m <= K::MC => kc_max * GROUP,
+            _ => kc_max * K::NC.min(n.div_ceil(K::NR) * K::NR),
         },
         match a {
             A::Mat(_) => kc_max * K::MC.min(m.div_ceil(K::MR) * K::MR),
@@ -459,12 +526,14 @@ unsafe fn block_in<K: Kernel>(
         let nc = K::NC.min(n - jc);
         for pc in (0..k).step_by(kb) {
             let kc = kb.min(k - pc);
-            // Packs columns `j0..j0 + w` of the block into `bp` (panel by panel).
-            let pack_b = |j0: usize, w: usize, bp: &mut [f32]| {
+            // Packs columns `j0..j0 + w` of the block into `bp` (panel by panel), or finds
+            // them packed; returns where their panels are.
+            let pack_b = |j0: usize, w: usize, bp: &mut [f32]| -> *const f32 {
                 // SAFETY: the caller's contract.
                 unsafe {
                     match &b {
                         B::Mat(b) => pack_b_block::<K>(*b, pc, kc, c0 + jc + j0, w, bp),
+                        B::Packed(p) => return p.panels(pc, kc, c0 + jc + j0),
                         B::Im2col(v) => {
                             for (jp, jj) in (0..w).step_by(nr).enumerate() {
                                 let panel = &mut bp[jp * kc * nr..(jp + 1) * kc * nr];
@@ -473,6 +542,7 @@ unsafe fn block_in<K: Kernel>(
                         }
                     }
                 }
+                bp.as_ptr()
             };
             // Packs rows `ic..ic + mc` into `ap` (or finds them packed) and returns the block.
             let mut pack_a = |ic: usize, mc: usize| match a {
@@ -493,7 +563,7 @@ unsafe fn block_in<K: Kernel>(
             // each group's rows are reported done while they are in cache.
             let last = pc + kc == k;
             let tiles =
-                |a_block: *const f32, (ic, mc): (usize, usize), w: usize, j0, bp: &[f32]| {
+                |a_block: *const f32, (ic, mc): (usize, usize), w: usize, j0, bp: *const f32| {
                     for g0 in (0..w).step_by(GROUP) {
                         let g1 = (g0 + GROUP).min(w);
                         for jj in (g0..g1).step_by(nr) {
@@ -506,7 +576,7 @@ unsafe fn block_in<K: Kernel>(
                                     K::micro(
                                         kc,
                                         a_block.add(ip * kc * mr),
-                                        bp.as_ptr().add(jj / nr * kc * nr),
+                                        bp.add(jj / nr * kc * nr),
                                         cp,
                                         ldc,
                                         accumulate || pc > 0,
@@ -530,15 +600,15 @@ unsafe fn block_in<K: Kernel>(
                 let a_block = pack_a(0, m);
                 for j0 in (0..nc).step_by(GROUP) {
                     let w = GROUP.min(nc - j0);
-                    pack_b(j0, w, bp);
-                    tiles(a_block, (0, m), w, j0, bp);
+                    let panels = pack_b(j0, w, bp);
+                    tiles(a_block, (0, m), w, j0, panels);
                 }
             } else {
-                pack_b(0, nc, bp);
+                let panels = pack_b(0, nc, bp);
                 for ic in (0..m).step_by(K::MC) {
                     let mc = K::MC.min(m - ic);
                     let a_block = pack_a(ic, mc);
-                    tiles(a_block, (ic, mc), nc, 0, bp);
+                    tiles(a_block, (ic, mc), nc, 0, panels);
                 }
             }
         }

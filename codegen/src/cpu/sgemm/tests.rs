@@ -261,3 +261,82 @@ fn matches_a_plain_product() {
         }
     }
 }
+
+/// B packed ahead of time (row-major and transposed), with threads taking rows: every shape
+/// of `matches_a_plain_product`, plus one with several column groups and depth blocks.
+#[test]
+fn packed_b_matches_a_plain_product() {
+    let shapes = [
+        (1, 1, 1),
+        (12, 32, 5),
+        (13, 33, 385),
+        (70, 100, 30),
+        (130, 65, 400),
+        (200, 40, 300),
+        (37, 600, 520),
+    ];
+    for (isa, (m, n, k)) in kernels()
+        .into_iter()
+        .flat_map(|isa| shapes.map(|shape| (isa, shape)))
+    {
+        let a: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 7 % 13) as f32 - 6.0) / 8.0)
+            .collect();
+        let b: Vec<f32> = (0..k * n)
+            .map(|i| ((i * 5 % 11) as f32 - 5.0) / 4.0)
+            .collect();
+        let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
+        let forms = [
+            Mat {
+                ptr: b.as_ptr(),
+                rs: n,
+                cs: 1,
+            },
+            Mat {
+                ptr: bt.as_ptr(),
+                rs: 1,
+                cs: k,
+            },
+        ];
+        for (form, mb) in forms.into_iter().enumerate() {
+            // SAFETY: mb addresses the k x n matrix B.
+            let pb = unsafe { PackedB::new(isa, k, n, mb) };
+            let ma = Mat {
+                ptr: a.as_ptr(),
+                rs: k,
+                cs: 1,
+            };
+            for threads in [1, 2, 3] {
+                let mut c = vec![f32::NAN; m * n];
+                // SAFETY: a and c address m x k and m x n floats of live vectors; pb is k x n.
+                unsafe {
+                    product(
+                        isa,
+                        m,
+                        n,
+                        k,
+                        A::Mat(ma),
+                        B::Packed(&pb),
+                        c.as_mut_ptr(),
+                        n,
+                        false,
+                        threads,
+                        None,
+                    )
+                };
+                for i in 0..m {
+                    for j in 0..n {
+                        let want: f64 = (0..k)
+                            .map(|p| a[i * k + p] as f64 * b[p * n + j] as f64)
+                            .sum();
+                        let got = c[i * n + j] as f64;
+                        assert!(
+                            (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                            "{isa:?} {m}x{n}x{k}, form {form}, {threads} threads, at ({i},{j}): {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
