@@ -188,11 +188,7 @@ pub(super) unsafe fn gemm<T: Copy + Default + 'static>(
         std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>(),
         own,
     ) {
-        let threads = if parallel {
-            rayon::current_num_threads()
-        } else {
-            1
-        };
+        let threads = if parallel { super::pool::threads() } else { 1 };
         // SAFETY: T is f32 here; the caller's contract is sgemm's.
         unsafe {
             sgemm::sgemm(
@@ -279,7 +275,7 @@ unsafe fn gemv(mm: &MatMul, a: *const f32, b: *const f32, dst: *mut f32, finish:
     // SAFETY: the jobs only read `a` and `b`, and each writes its own outputs j0..j1 of `dst`.
     let (pa, pb, pd) = unsafe { (SendPtr::new(a), SendPtr::new(b), SendPtr::new(dst)) };
     for (i, &(ab, bb)) in mm.batches.iter().enumerate() {
-        let chunk = n.div_ceil(rayon::current_num_threads()).max(64);
+        let chunk = n.div_ceil(super::pool::threads()).max(64);
         let job = move |j0: usize| {
             let j1 = (j0 + chunk).min(n);
             // SAFETY: the batch's operands are in bounds (the caller's contract); each job
@@ -311,11 +307,7 @@ unsafe fn gemv(mm: &MatMul, a: *const f32, b: *const f32, dst: *mut f32, finish:
             (0..n).step_by(chunk).for_each(job);
             continue;
         }
-        rayon::scope(|s| {
-            for j0 in (0..n).step_by(chunk) {
-                s.spawn(move |_| job(j0));
-            }
-        });
+        super::pool::for_each(n.div_ceil(chunk), &|i| job(i * chunk));
     }
 }
 
@@ -389,7 +381,7 @@ unsafe fn matmul_batches<T: Copy + Default + 'static>(
                     pd as *mut f32,
                     n,
                     false,
-                    rayon::current_num_threads(),
+                    super::pool::threads(),
                     done,
                 )
             },

@@ -17,7 +17,8 @@
 //!   [`crate::kernel`]), the bodies' instructions, and the ISA they target;
 //! - `matmul.rs` and `sgemm/`, `conv/`, `native/`: library and hand-written kernels; `post.rs`:
 //!   epilogues a kernel applies in registers as it stores;
-//! - `runtime.rs`: running the steps on a pooled arena, and the profile;
+//! - `runtime.rs`: running the steps on a pooled arena, and the profile; `pool.rs`: the threads
+//!   parallel steps run on, which spin between steps;
 //! - `bytes.rs`: aligned buffers and tensors as bytes; `send_ptr.rs`: pointers across threads;
 //!   `simd.rs`: AVX2 pieces several kernels share.
 
@@ -28,6 +29,7 @@ mod jit;
 mod lower;
 mod matmul;
 mod native;
+mod pool;
 mod post;
 mod render;
 mod runtime;

@@ -9,6 +9,7 @@ use super::bytes::{
 use super::conv::run_conv;
 use super::lower::{Finish, LibOp, Loop, Step};
 use super::matmul::run_matmul;
+use super::pool;
 use super::send_ptr::SendPtr;
 use crate::backend::RunError;
 use crate::memory::Storage;
@@ -27,7 +28,7 @@ const PARALLEL_ELEMENTS: u64 = 1 << 16;
 fn run_loop(l: &Loop, addr: &dyn Fn(Value) -> *mut u8) {
     let (n, unit) = (l.space.n, l.space.unit);
     let ptrs: Vec<*mut u8> = l.args.iter().map(|&v| addr(v)).collect();
-    let threads = rayon::current_num_threads() as u64;
+    let threads = pool::threads() as u64;
     if n * unit < PARALLEL_ELEMENTS || threads < 2 || n < 2 {
         // SAFETY: each pointer addresses storage of its value's type (inputs are checked, the
         // arena is sized by the memory plan), and the kernel touches elements 0..n only.
@@ -41,12 +42,11 @@ fn run_loop(l: &Loop, addr: &dyn Fn(Value) -> *mut u8) {
     // SAFETY: the pieces of one loop write disjoint element ranges of its outputs and only read
     // its inputs; `ptrs` outlives the scope.
     let table = unsafe { SendPtr::new(ptrs.as_ptr()) };
-    rayon::scope(|s| {
-        for start in (0..n).step_by(piece as usize) {
-            let end = (start + piece).min(n);
-            // SAFETY: as above; pieces cover disjoint ranges of an elementwise loop.
-            s.spawn(move |_| unsafe { (l.code)(table.get(), start, end) });
-        }
+    pool::for_each(n.div_ceil(piece) as usize, &|i| {
+        let start = i as u64 * piece;
+        let end = (start + piece).min(n);
+        // SAFETY: as above; pieces cover disjoint ranges of an elementwise loop.
+        unsafe { (l.code)(table.get(), start, end) }
     });
 }
 
@@ -77,15 +77,12 @@ unsafe fn run_piece(l: &Loop, table: *const *mut u8, range: std::ops::Range<usiz
 impl Executable {
     /// Runs on `inputs` (one per parameter, of its type) and returns the results.
     ///
-    /// The steps run on a thread of the current rayon pool (the global one when the caller is
-    /// outside any): the caller's thread hands the run over once, rather than each parallel
-    /// step waking the pool from outside it.
+    /// The steps run on the calling thread, their parallel parts also on the workers of
+    /// `cpu::pool` (as many threads in all as the caller's rayon pool has: one per core outside
+    /// any), which spin between steps while the run lasts.
     pub fn run(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, RunError> {
-        if rayon::current_thread_index().is_some() {
-            self.run_here(inputs)
-        } else {
-            rayon::scope(|_| self.run_here(inputs))
-        }
+        let _run = pool::Run::start();
+        self.run_here(inputs)
     }
 
     /// [`Executable::run`] on this thread.

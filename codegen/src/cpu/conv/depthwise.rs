@@ -45,7 +45,6 @@ where
     let f32_fma = std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() && cv.fma;
     // SAFETY: x and w are only read; each call writes only its own output planes.
     let (px, pw, py) = unsafe { (SendPtr::new(x), SendPtr::new(w), SendPtr::new(y)) };
-    use rayon::prelude::*;
     if f32_fma {
         let blocks = c.div_ceil(LANES);
         let taps = kh * kw;
@@ -82,7 +81,7 @@ where
                 finish(ch * oh * ow..(ch + cn) * oh * ow);
             }
         };
-        (0..nb * blocks).into_par_iter().for_each(one);
+        crate::cpu::pool::for_each(nb * blocks, &one);
         return;
     }
     let one = |ch: usize| {
@@ -98,7 +97,11 @@ where
             finish(ch * oh * ow..(ch + 1) * oh * ow);
         }
     };
-    (0..nb * c).into_par_iter().with_min_len(4).for_each(one);
+    // Four planes at a time: a plane of a small image is little work.
+    let n = nb * c;
+    crate::cpu::pool::for_each(n.div_ceil(4), &|i| {
+        (4 * i..(4 * i + 4).min(n)).for_each(one)
+    });
 }
 
 /// What every channel of a depthwise convolution shares: the taps, the filter and output sizes,

@@ -410,7 +410,7 @@ unsafe fn conv_gemm<
         unsafe { depthwise::depthwise(cv, x, w, y, finish) };
         return;
     }
-    let parts = rayon::current_num_threads().min(nb).max(1);
+    let parts = super::pool::threads().min(nb).max(1);
     let per = nb.div_ceil(parts);
     if cv.mode == ConvMode::GradInput {
         // SAFETY: dx holds nb * C * H * W elements.
@@ -464,27 +464,24 @@ unsafe fn conv_gemm<
             (t + 1, cols, w)
         }))
         .collect();
-    rayon::scope(|s| {
-        for &(t, cols, wt) in &jobs {
-            let images = t * per..((t + 1) * per).min(nb);
-            s.spawn(move |_| {
-                let (x, w, y) = (px.get(), wt.get(), py.get());
-                // SAFETY: as for the `SendPtr`s: disjoint images, own columns and partial sums.
-                unsafe {
-                    conv_images(
-                        cv,
-                        images,
-                        x,
-                        w,
-                        y,
-                        cols.map(|c| c.get()),
-                        one,
-                        false,
-                        finish,
-                    )
-                };
-            });
-        }
+    super::pool::for_each(jobs.len(), &|j| {
+        let (t, cols, wt) = jobs[j];
+        let images = t * per..((t + 1) * per).min(nb);
+        let (x, w, y) = (px.get(), wt.get(), py.get());
+        // SAFETY: as for the `SendPtr`s: disjoint images, own columns and partial sums.
+        unsafe {
+            conv_images(
+                cv,
+                images,
+                x,
+                w,
+                y,
+                cols.map(|c| c.get()),
+                one,
+                false,
+                finish,
+            )
+        };
     });
     if cv.mode == ConvMode::GradFilter {
         // SAFETY: dw holds wlen elements; the partial sums are separate buffers.
@@ -583,11 +580,7 @@ unsafe fn conv_images<T: Copy + Default + std::ops::AddAssign + 'static>(
                             cs: 1,
                         }),
                     };
-                    let threads = if parallel {
-                        rayon::current_num_threads()
-                    } else {
-                        1
-                    };
+                    let threads = if parallel { super::pool::threads() } else { 1 };
                     let b_op = match scratch {
                         Some(_) => sgemm::B::Im2col(view),
                         None => sgemm::B::Mat(Mat {

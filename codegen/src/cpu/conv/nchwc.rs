@@ -31,7 +31,6 @@ use super::{Finish, SendPtr};
 use crate::cpu::post::{Bound, Post};
 #[cfg(target_arch = "x86_64")]
 use crate::cpu::simd::first;
-use rayon::prelude::*;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -231,7 +230,7 @@ impl NchwcConv {
             Filter::Direct { groups, .. } => groups.len(),
             Filter::Depthwise(_) => ob,
         };
-        let (band, splits) = self.split(rayon::current_num_threads(), units);
+        let (band, splits) = self.split(crate::cpu::pool::threads(), units);
         let bands = oh.div_ceil(band);
         let items = n * bands * splits;
         let one = |i: usize| {
@@ -274,7 +273,7 @@ impl NchwcConv {
         if items == 1 {
             one(0);
         } else {
-            (0..items).into_par_iter().for_each(one);
+            crate::cpu::pool::for_each(items, &one);
         }
     }
 

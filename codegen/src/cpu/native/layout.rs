@@ -6,7 +6,6 @@
 use crate::cpu::send_ptr::SendPtr;
 #[cfg(target_arch = "x86_64")]
 use crate::cpu::simd::{first, transpose};
-use rayon::prelude::*;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
@@ -67,7 +66,7 @@ impl Reorder {
                 let _ = (img, cn, blocked, plain);
             };
             if self.n * cb * plane >= 1 << 14 {
-                (0..self.n * cb).into_par_iter().for_each(work);
+                crate::cpu::pool::for_each(self.n * cb, &work);
             } else {
                 (0..self.n * cb).for_each(work);
             }

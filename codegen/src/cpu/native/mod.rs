@@ -17,7 +17,6 @@ mod movement;
 mod pool;
 
 use movement::{SliceCopy, transpose};
-use rayon::prelude::*;
 use tcc_ir::ops::normalize_axis;
 use tcc_ir::{DType, Function, Op, OpKind, Pool2d, ReduceOp, Value};
 
@@ -492,9 +491,20 @@ pub(super) fn for_planes(
     plane: usize,
     work: impl Fn((usize, &mut [f32])) + Sync + Send,
 ) {
+    let plane = plane.max(1);
     if out.len() >= 1 << 14 {
-        out.par_chunks_mut(plane.max(1)).enumerate().for_each(work);
+        let len = out.len();
+        // SAFETY: each job takes its own chunk of `out`.
+        let base = unsafe { crate::cpu::send_ptr::SendPtr::new(out.as_mut_ptr()) };
+        crate::cpu::pool::for_each(len.div_ceil(plane), &|i| {
+            let end = ((i + 1) * plane).min(len);
+            // SAFETY: chunk i of `out`, touched by this job only.
+            let chunk = unsafe {
+                std::slice::from_raw_parts_mut(base.get().add(i * plane), end - i * plane)
+            };
+            work((i, chunk))
+        });
     } else {
-        out.chunks_mut(plane.max(1)).enumerate().for_each(work);
+        out.chunks_mut(plane).enumerate().for_each(work);
     }
 }

@@ -165,14 +165,11 @@ pub(super) unsafe fn transpose(
     // SAFETY: jobs cover disjoint ranges of the output's outermost axis.
     let job = |lo: usize, hi: usize| unsafe { t.copy(src.get(), dst.get(), lo..hi) };
     let rows = t.od[0];
-    let threads = rayon::current_num_threads();
+    let threads = crate::cpu::pool::threads();
     if total * size >= 1 << 18 && threads > 1 && rows > 1 {
         let chunk = rows.div_ceil(threads * 2);
-        rayon::scope(|sc| {
-            for lo in (0..rows).step_by(chunk) {
-                let job = &job;
-                sc.spawn(move |_| job(lo, (lo + chunk).min(rows)));
-            }
+        crate::cpu::pool::for_each(rows.div_ceil(chunk), &|i| {
+            job(i * chunk, ((i + 1) * chunk).min(rows))
         });
     } else {
         job(0, rows);

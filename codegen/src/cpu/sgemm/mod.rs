@@ -421,11 +421,7 @@ unsafe fn product_with<K: Kernel>(
         run(0);
     } else {
         let total = if by_rows { m } else { n };
-        rayon::scope(|s| {
-            for start in (0..total).step_by(chunk) {
-                s.spawn(move |_| run(start));
-            }
-        });
+        super::pool::for_each(total.div_ceil(chunk), &|i| run(i * chunk));
     }
 }
 
