@@ -209,7 +209,13 @@ fn block_avx2(
                     let at = c * oh * ow + oy * ow + ox;
                     let dst = &mut y[at..at + n];
                     // SAFETY: `dst` holds n floats, all the mask covers.
-                    unsafe { _mm256_maskstore_ps(dst.as_mut_ptr(), first(n), *a) };
+                    unsafe {
+                        if n == LANES {
+                            _mm256_storeu_ps(dst.as_mut_ptr(), *a)
+                        } else {
+                            _mm256_maskstore_ps(dst.as_mut_ptr(), first(n), *a)
+                        }
+                    };
                 }
             }
         }

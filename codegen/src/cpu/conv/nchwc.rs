@@ -436,10 +436,11 @@ impl NchwcConv {
             .collect();
         let first = rows.start * ow;
         let end = rows.end * ow;
-        let pixel = |q: usize| {
-            let (oy, ox) = (q / ow - rows.start, q % ow);
-            oy * sh * row + ox * sw * lanes
-        };
+        // Where each output pixel of the band reads its first tap, computed once for all the
+        // groups (no division per tile).
+        let pixels: Vec<usize> = (0..rows.len())
+            .flat_map(|oy| (0..ow).map(move |ox| oy * sh * row + ox * sw * lanes))
+            .collect();
         let steps = self.taps() * lanes;
         let o = self.yd[1];
         for g in groups {
@@ -448,8 +449,10 @@ impl NchwcConv {
             let wg = &data[g.at..g.at + steps * g.nb * B];
             for q0 in (first..end).step_by(P) {
                 let n = P.min(end - q0);
-                let px: [*const f32; P] =
-                    std::array::from_fn(|p| src[pixel(q0 + p.min(n - 1))..].as_ptr());
+                let px: [*const f32; P] = std::array::from_fn(|p| {
+                    // SAFETY (a pointer computation): the pixel's first tap lies in `src`.
+                    unsafe { src.as_ptr().add(pixels[q0 - first + p.min(n - 1)]) }
+                });
                 // SAFETY: every pixel's taps lie in `src` (the band covers the rows and columns
                 // the outputs read); the image's output holds blocks g.start.. .
                 unsafe {
@@ -497,25 +500,32 @@ impl NchwcConv {
         let n_rows = (rows.end - rows.start - 1) * sh + (kh - 1) * dh + 1;
         let planes = c.div_ceil(lanes);
         let (row, plane) = (cols * lanes, n_rows * cols * lanes);
-        buf.clear();
-        buf.resize(planes * plane, 0.0);
+        // Every float of the band is written below (copied or zeroed), so what the buffer
+        // held before need not be cleared.
+        if buf.len() < planes * plane {
+            buf.resize(planes * plane, 0.0);
+        }
         // Input columns that land in the buffer, at column `pl` on.
         let wn = w.min(cols.saturating_sub(pl));
         for p in 0..planes {
             for r in 0..n_rows {
+                let dst = &mut buf[p * plane + r * row..][..row];
                 // Padded rows above the image wrap around to large numbers: outside too.
                 let ir = (rows.start * sh + r).wrapping_sub(pt);
                 if ir >= h || wn == 0 {
+                    dst.fill(0.0);
                     continue;
                 }
+                dst[..pl * lanes].fill(0.0);
+                dst[(pl + wn) * lanes..].fill(0.0);
                 let src = &ximg[(p * h + ir) * w * lanes..][..wn * lanes];
-                buf[p * plane + r * row + pl * lanes..][..wn * lanes].copy_from_slice(src);
+                dst[pl * lanes..(pl + wn) * lanes].copy_from_slice(src);
             }
         }
         if lanes == B && c % B != 0 {
             // Whatever the padding lanes of the last block hold (an elementwise op may have
             // left NaN there), the filter's zeros must not meet it.
-            for px in buf[(planes - 1) * plane..].chunks_exact_mut(B) {
+            for px in buf[(planes - 1) * plane..planes * plane].chunks_exact_mut(B) {
                 px[c % B..].fill(0.0);
             }
         }
@@ -544,17 +554,22 @@ impl NchwcConv {
         let cols = self.cols(ow);
         let row = cols * B;
         let n_rows = (rows.end - rows.start - 1) * sh + (kh - 1) * dh + 1;
-        buf.clear();
-        buf.resize(n_rows * row, 0.0);
+        // Every float of the band is written below, so the buffer need not be cleared.
+        if buf.len() < n_rows * row {
+            buf.resize(n_rows * row, 0.0);
+        }
         let wn = w.min(cols.saturating_sub(pl));
         let cn = B.min(c - b * B);
         for r in 0..n_rows {
+            let dst = &mut buf[r * row..(r + 1) * row];
             let ir = (rows.start * sh + r).wrapping_sub(pt);
             if ir >= h || wn == 0 {
+                dst.fill(0.0);
                 continue;
             }
-            let dst = &mut buf[r * row..(r + 1) * row];
             if self.blocked {
+                dst[..pl * B].fill(0.0);
+                dst[(pl + wn) * B..].fill(0.0);
                 let src = &ximg[((b * h + ir) * w) * B..][..wn * B];
                 dst[pl * B..(pl + wn) * B].copy_from_slice(src);
                 if cn < B {

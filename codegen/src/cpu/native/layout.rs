@@ -115,8 +115,14 @@ unsafe fn block8(rows: *const f32, s: usize, cn: usize, out: *mut f32) {
         let m = 8.min(s - p0);
         let mut v = [_mm256_setzero_ps(); 8];
         for (l, v) in v.iter_mut().enumerate().take(cn) {
-            // SAFETY: the mask covers floats p0..p0+m of row l.
-            *v = unsafe { _mm256_maskload_ps(rows.add(l * s + p0), first(m)) };
+            // SAFETY: floats p0..p0+m of row l (masked only for a partial last vector).
+            *v = unsafe {
+                if m == 8 {
+                    _mm256_loadu_ps(rows.add(l * s + p0))
+                } else {
+                    _mm256_maskload_ps(rows.add(l * s + p0), first(m))
+                }
+            };
         }
         transpose(&mut v);
         for (j, v) in v.iter().enumerate().take(m) {
@@ -144,8 +150,15 @@ unsafe fn unblock8(plane: *const f32, s: usize, cn: usize, rows: *mut f32) {
         }
         transpose(&mut v);
         for (l, v) in v.iter().enumerate().take(cn) {
-            // SAFETY: the mask covers floats p0..p0+m of row l.
-            unsafe { _mm256_maskstore_ps(rows.add(l * s + p0), first(m), *v) };
+            // SAFETY: floats p0..p0+m of row l (a masked store, slow on some CPUs, only for a
+            // partial last vector).
+            unsafe {
+                if m == 8 {
+                    _mm256_storeu_ps(rows.add(l * s + p0), *v)
+                } else {
+                    _mm256_maskstore_ps(rows.add(l * s + p0), first(m), *v)
+                }
+            };
         }
     }
 }
