@@ -1,12 +1,14 @@
 //! Epilogues a kernel applies in registers as it stores its output, instead of a second pass
-//! over it: the bias add, scale, residual add and clamps (relu, relu6) that follow a
-//! convolution in CNNs. A library kernel's epilogue that is such a chain ([`Post::of`]) runs
+//! over it: the bias add, scale, residual add, clamps (relu, relu6), sigmoid and SiLU that
+//! follow a convolution in CNNs. A library kernel's epilogue that is such a chain ([`Post::of`]) runs
 //! this way; any other runs as a compiled elementwise loop on the finished pieces.
 //!
 //! The output is channel-blocked (`[N, Cb, ..., 8]`): a kernel stores one vector of eight
 //! channels at a time and hands it to [`Bound::apply`] with its block and its element offset.
 
 use super::send_ptr::SendPtr;
+#[cfg(target_arch = "x86_64")]
+use super::simd::sigmoid;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 use tcc_ir::{BinaryOp, Function, Op, OpKind, UnaryOp, Value};
@@ -32,6 +34,10 @@ pub(crate) enum PostOp {
     Min(f32),
     /// `relu`: NaN stays NaN.
     Relu,
+    /// `sigmoid`, as the compiled kernels compute it ([`crate::cpu::simd::sigmoid`]).
+    Sigmoid,
+    /// `x * sigmoid(x)` (SiLU).
+    Silu,
 }
 
 /// An epilogue as post-ops, with the values its steps read and the value it produces.
@@ -75,16 +81,20 @@ impl Post {
             (!c.is_nan()).then_some(c)
         };
         let mut post = Post::default();
+        // The values the chain computes: never an operand read from memory (they are not
+        // stored).
+        let mut chain = vec![r];
         let mut cur = r;
-        for &op in ops {
-            let od = f.op(op);
+        let mut i = 0;
+        while i < ops.len() {
+            let od = f.op(ops[i]);
             if f.ty(od.results[0]) != ty || !od.deps.is_empty() {
                 return None;
             }
             let other = match *od.args.as_slice() {
                 [a] if a == cur => None,
-                [a, b] if a == cur && b != cur => Some(b),
-                [a, b] if b == cur && a != cur => Some(a),
+                [a, b] if a == cur && !chain.contains(&b) => Some(b),
+                [a, b] if b == cur && !chain.contains(&a) => Some(a),
                 _ => return None,
             };
             let mut operand = |v: Value| {
@@ -93,6 +103,27 @@ impl Post {
             };
             let step = match (&od.kind, other) {
                 (OpKind::Unary(UnaryOp::Relu), None) => PostOp::Relu,
+                (OpKind::Unary(UnaryOp::Sigmoid), None) => {
+                    // x * sigmoid(x) (SiLU, swish) when the next op multiplies the two.
+                    let s = od.results[0];
+                    let silu = ops.get(i + 1).map(|&n| f.op(n)).filter(|n| {
+                        matches!(n.kind, OpKind::Binary(BinaryOp::Mul))
+                            && n.deps.is_empty()
+                            && (n.args == [cur, s] || n.args == [s, cur])
+                    });
+                    match silu {
+                        Some(n) => {
+                            chain.push(s);
+                            i += 1;
+                            post.ops.push(PostOp::Silu);
+                            cur = n.results[0];
+                            chain.push(cur);
+                            i += 1;
+                            continue;
+                        }
+                        None => PostOp::Sigmoid,
+                    }
+                }
                 (OpKind::Binary(BinaryOp::Max), Some(o)) => PostOp::Max(scalar(o)?),
                 (OpKind::Binary(BinaryOp::Min), Some(o)) => PostOp::Min(scalar(o)?),
                 (OpKind::Binary(BinaryOp::Add), Some(o)) if f.ty(o) == ty => PostOp::Tensor {
@@ -110,6 +141,8 @@ impl Post {
             };
             post.ops.push(step);
             cur = od.results[0];
+            chain.push(cur);
+            i += 1;
         }
         (outputs == [cur]).then_some((post, cur))
     }
@@ -143,40 +176,62 @@ impl Bound<'_> {
         self.ops.is_empty()
     }
 
-    /// `v` after the epilogue, for the vector of block `block` (counted within its image) at
-    /// element offset `at` of the output.
+    /// Applies the epilogue to vectors `vs`: vector `i` is of block `block(i)` (counted within
+    /// its image) at element offset `at(i)` of the output. One step at a time over all of
+    /// them, so the dispatch on the step is paid once per step, not once per vector.
     ///
     /// # Safety
-    /// The CPU has AVX2; the operands hold what [`Post::of`] checked; `at` is the offset of a
-    /// whole vector of the output and `block` its block.
+    /// The CPU has AVX2 and FMA; the operands hold what [`Post::of`] checked; `at(i)` is the
+    /// offset of a whole vector of the output and `block(i)` its block.
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,fma")]
     #[inline]
-    pub(crate) unsafe fn apply(&self, mut v: __m256, block: usize, at: usize) -> __m256 {
+    pub(crate) unsafe fn apply(
+        &self,
+        vs: &mut [__m256],
+        block: impl Fn(usize) -> usize,
+        at: impl Fn(usize) -> usize,
+    ) {
         for &op in self.ops {
-            // SAFETY: the caller's contract: a per-channel operand holds a vector per block, a
-            // tensor operand the output's elements.
-            v = unsafe {
-                match op {
-                    PostOp::Channel { mul, operand } => {
-                        let c = _mm256_loadu_ps((*self.ptrs.get().add(operand)).add(block * B));
-                        if mul {
-                            _mm256_mul_ps(v, c)
+            // SAFETY (every arm): the caller's contract: a per-channel operand holds a vector
+            // per block, a tensor operand the output's elements.
+            match op {
+                PostOp::Channel { mul, operand } => {
+                    let base = unsafe { *self.ptrs.get().add(operand) };
+                    for (i, v) in vs.iter_mut().enumerate() {
+                        let c = unsafe { _mm256_loadu_ps(base.add(block(i) * B)) };
+                        *v = if mul {
+                            _mm256_mul_ps(*v, c)
                         } else {
-                            _mm256_add_ps(v, c)
-                        }
+                            _mm256_add_ps(*v, c)
+                        };
                     }
-                    PostOp::Tensor { operand } => {
-                        _mm256_add_ps(v, _mm256_loadu_ps((*self.ptrs.get().add(operand)).add(at)))
-                    }
-                    // `maxps`/`minps` give their second operand when either is NaN.
-                    PostOp::Max(c) => _mm256_max_ps(_mm256_set1_ps(c), v),
-                    PostOp::Min(c) => _mm256_min_ps(_mm256_set1_ps(c), v),
-                    PostOp::Relu => _mm256_max_ps(_mm256_setzero_ps(), v),
                 }
-            };
+                PostOp::Tensor { operand } => {
+                    let base = unsafe { *self.ptrs.get().add(operand) };
+                    for (i, v) in vs.iter_mut().enumerate() {
+                        *v = _mm256_add_ps(*v, unsafe { _mm256_loadu_ps(base.add(at(i))) });
+                    }
+                }
+                // `maxps`/`minps` give their second operand when either is NaN.
+                PostOp::Max(c) => {
+                    let c = _mm256_set1_ps(c);
+                    vs.iter_mut().for_each(|v| *v = _mm256_max_ps(c, *v));
+                }
+                PostOp::Min(c) => {
+                    let c = _mm256_set1_ps(c);
+                    vs.iter_mut().for_each(|v| *v = _mm256_min_ps(c, *v));
+                }
+                PostOp::Relu => {
+                    let z = _mm256_setzero_ps();
+                    vs.iter_mut().for_each(|v| *v = _mm256_max_ps(z, *v));
+                }
+                PostOp::Sigmoid => vs.iter_mut().for_each(|v| *v = sigmoid(*v)),
+                PostOp::Silu => vs
+                    .iter_mut()
+                    .for_each(|v| *v = _mm256_mul_ps(*v, sigmoid(*v))),
+            }
         }
-        v
     }
 }
 
@@ -214,7 +269,10 @@ mod tests {
   %a = max %t, %lo : f32[1,2,4,4,8]
   %y = min %hi, %a : f32[1,2,4,4,8]
   %q = relu %y : f32[1,2,4,4,8]
-  return %q
+  %sg = sigmoid %q : f32[1,2,4,4,8]
+  %u = mul %q, %sg : f32[1,2,4,4,8]
+  %g = sigmoid %u : f32[1,2,4,4,8]
+  return %g
 }",
         )
         .expect("every op is a post-op");
@@ -233,17 +291,26 @@ mod tests {
                 PostOp::Max(0.0),
                 PostOp::Min(6.0),
                 PostOp::Relu,
+                PostOp::Silu,
+                PostOp::Sigmoid,
             ]
         );
     }
 
     #[test]
     fn other_epilogues_are_not() {
-        // A sigmoid; a value of the chain read elsewhere; a per-pixel operand.
+        // A tanh; the chain's own value as a later operand (not stored, so not readable);
+        // a value of the chain read elsewhere; a per-pixel operand.
         for src in [
             "func @f(%x: f32[1,2,4,4,8], %w: f32[16,16,1,1]) -> (f32[1,2,4,4,8]) {
   %c = conv2d_nchwc %x, %w {block=8} : f32[1,2,4,4,8]
-  %y = sigmoid %c : f32[1,2,4,4,8]
+  %y = tanh %c : f32[1,2,4,4,8]
+  return %y
+}",
+            "func @f(%x: f32[1,2,4,4,8], %w: f32[16,16,1,1], %b: f32[1,2,1,1,8]) -> (f32[1,2,4,4,8]) {
+  %c = conv2d_nchwc %x, %w {block=8} : f32[1,2,4,4,8]
+  %z = add %c, %b : f32[1,2,4,4,8]
+  %y = add %z, %c : f32[1,2,4,4,8]
   return %y
 }",
             "func @f(%x: f32[1,2,4,4,8], %w: f32[16,16,1,1], %b: f32[1,2,1,1,8]) -> (f32[1,2,4,4,8], f32[1,2,4,4,8]) {

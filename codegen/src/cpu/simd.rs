@@ -1,5 +1,5 @@
-//! Small AVX2 pieces several kernels share: an 8x8 transpose of floats in registers and a
-//! mask of the first lanes of a vector.
+//! Small AVX2 pieces several kernels share: an 8x8 transpose of floats in registers, a mask
+//! of the first lanes of a vector, and `exp` and `sigmoid` for epilogues applied in registers.
 
 #![cfg(target_arch = "x86_64")]
 
@@ -47,4 +47,112 @@ pub(crate) fn transpose(v: &mut [__m256; 8]) {
 pub(crate) fn first(n: usize) -> __m256i {
     let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), lane)
+}
+
+/// `e^x` on eight lanes: [`crate::kernel::math::exp`] step for step (the same clamp,
+/// constants, rounding and multiply-adds), so that an epilogue applied in a kernel's registers
+/// gives the compiled elementwise kernels' bits (checked by a test below).
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn exp(x: __m256) -> __m256 {
+    // clamp(x, -104, 89) as compare-and-select: NaN passes through.
+    let lo = _mm256_set1_ps(-104.0);
+    let hi = _mm256_set1_ps(89.0);
+    let x = _mm256_blendv_ps(x, lo, _mm256_cmp_ps::<_CMP_LT_OQ>(x, lo));
+    let x = _mm256_blendv_ps(x, hi, _mm256_cmp_ps::<_CMP_LT_OQ>(hi, x));
+    let t = _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E));
+    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
+    let r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693_359_4)));
+    let r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(-2.121_944_4e-4)));
+    let c = [
+        1.987_569_1e-4,
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        1.666_666_5e-1,
+        0.5,
+    ];
+    let mut p = _mm256_set1_ps(c[0]);
+    for &k in &c[1..] {
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(k));
+    }
+    let y = _mm256_mul_ps(_mm256_mul_ps(r, r), p);
+    let y = _mm256_add_ps(_mm256_add_ps(y, r), _mm256_set1_ps(1.0));
+    // 2^n as 2^(n>>1) * 2^(n - (n>>1)).
+    let ni = _mm256_cvttps_epi32(n);
+    let n1 = _mm256_srai_epi32::<1>(ni);
+    let n2 = _mm256_sub_epi32(ni, n1);
+    let bias = _mm256_set1_epi32(127);
+    let mut out = y;
+    for e in [n1, n2] {
+        let s = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(e, bias)));
+        out = _mm256_mul_ps(out, s);
+    }
+    out
+}
+
+/// `1 / (1 + e^-x)` on eight lanes, as the compiled kernels compute `sigmoid`.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn sigmoid(x: __m256) -> __m256 {
+    let one = _mm256_set1_ps(1.0);
+    let e = exp(_mm256_xor_ps(x, _mm256_set1_ps(-0.0)));
+    _mm256_div_ps(one, _mm256_add_ps(one, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The compiled elementwise kernels and these give the same bits, over the whole range
+    /// and at the edges (overflow, underflow through the subnormals, NaN, infinities).
+    #[test]
+    fn exp_and_sigmoid_match_the_compiled_kernels_bit_for_bit() {
+        let host = crate::cpu::Features::of(None).unwrap();
+        assert!(
+            host.avx2 && host.fma,
+            "these kernels need AVX2 and FMA, which every machine this project runs on has"
+        );
+        let mut xs: Vec<f32> = (0..200_000).map(|i| -120.0 + i as f32 * 0.0012).collect();
+        xs.extend([
+            0.0,
+            -0.0,
+            88.7,
+            88.8,
+            -103.9,
+            -104.5,
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+        ]);
+        xs.resize(xs.len().next_multiple_of(8), 1.0);
+        let n = xs.len();
+        for (op, f) in [
+            ("exp", exp as unsafe fn(__m256) -> __m256),
+            ("sigmoid", sigmoid),
+        ] {
+            let src = format!(
+                "func @f(%x: f32[{n}]) -> (f32[{n}]) {{\n  %y = {op} %x : f32[{n}]\n  return %y\n}}"
+            );
+            let func = tcc_ir::parse_function(&src).unwrap();
+            let exe = crate::cpu::Executable::compile(&func).unwrap();
+            let x = tcc_ir::Tensor::from_f32(&[n as u64], xs.clone()).unwrap();
+            let want = exe.run(&[x]).unwrap().remove(0);
+            let want = want.as_f32().unwrap();
+            for (i, chunk) in xs.chunks_exact(8).enumerate() {
+                let mut got = [0f32; 8];
+                // SAFETY: the host has AVX2 and FMA; `chunk` and `got` hold eight floats.
+                unsafe {
+                    let v = f(_mm256_loadu_ps(chunk.as_ptr()));
+                    _mm256_storeu_ps(got.as_mut_ptr(), v);
+                }
+                for (j, g) in got.iter().enumerate() {
+                    let w = want[i * 8 + j];
+                    assert!(
+                        g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+                        "{op}({}): {g} vs compiled {w}",
+                        chunk[j]
+                    );
+                }
+            }
+        }
+    }
 }

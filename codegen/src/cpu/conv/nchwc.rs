@@ -644,6 +644,7 @@ unsafe fn tile<const NB: usize, const L: usize>(
     out: Out,
     t: Tile,
 ) {
+    debug_assert!(P * NB <= 12);
     let mut acc = [[_mm256_setzero_ps(); NB]; P];
     let mut wp = w;
     for &off in taps {
@@ -661,25 +662,29 @@ unsafe fn tile<const NB: usize, const L: usize>(
             }
         }
     }
+    // Lane masks of the last block: the padding lanes of the output are zero.
     let keep = _mm256_castsi256_ps(first(t.last));
-    for (p, a) in acc.iter().enumerate().take(t.n) {
-        for (b, v) in a.iter().enumerate() {
-            let v = if b + 1 == NB {
-                _mm256_and_ps(*v, keep)
-            } else {
-                *v
-            };
-            let at = b * t.stride + p * B;
-            // SAFETY: pixel p < n of block b; the epilogue's operands cover the output.
-            unsafe {
-                let v = if out.post.is_empty() {
-                    v
-                } else {
-                    out.post.apply(v, t.block + b, out.at + at)
-                };
-                _mm256_storeu_ps(out.y.add(at), v)
-            };
-        }
+    let mut vs = [_mm256_setzero_ps(); 12];
+    let count = t.n * NB;
+    for (i, v) in vs.iter_mut().enumerate().take(count) {
+        let (p, b) = (i / NB, i % NB);
+        *v = if b + 1 == NB {
+            _mm256_and_ps(acc[p][b], keep)
+        } else {
+            acc[p][b]
+        };
+    }
+    let at = |i: usize| (i % NB) * t.stride + (i / NB) * B;
+    if !out.post.is_empty() {
+        // SAFETY: the pixels and blocks of the tile; the epilogue's operands cover the output.
+        unsafe {
+            out.post
+                .apply(&mut vs[..count], |i| t.block + i % NB, |i| out.at + at(i))
+        };
+    }
+    for (i, v) in vs.iter().enumerate().take(count) {
+        // SAFETY: pixel i / NB < n of block i % NB.
+        unsafe { _mm256_storeu_ps(out.y.add(at(i)), *v) };
     }
 }
 
@@ -731,17 +736,17 @@ unsafe fn depthwise_row(
                 }
             }
         }
-        for (j, a) in acc.iter().enumerate().take(B.min(ow - ox)) {
-            let at = (ox + j) * B;
-            // SAFETY: pixel ox + j < ow of the row; the epilogue's operands cover the output.
+        let n = B.min(ow - ox);
+        if !yrow.post.is_empty() {
+            // SAFETY: pixels ox.. of the row; the epilogue's operands cover the output.
             unsafe {
-                let v = if yrow.post.is_empty() {
-                    *a
-                } else {
-                    yrow.post.apply(*a, b, yrow.at + at)
-                };
-                _mm256_storeu_ps(yrow.y.add(at), v)
+                yrow.post
+                    .apply(&mut acc[..n], |_| b, |j| yrow.at + (ox + j) * B)
             };
+        }
+        for (j, a) in acc.iter().enumerate().take(n) {
+            // SAFETY: pixel ox + j < ow of the row.
+            unsafe { _mm256_storeu_ps(yrow.y.add((ox + j) * B), *a) };
         }
     }
 }
