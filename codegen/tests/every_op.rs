@@ -628,6 +628,35 @@ fn matmul_reading_transposes() {
     );
 }
 
+/// Max pooling over channel blocks: NaN wins its window in every lane it is in, on the AVX2
+/// kernel (f32 blocks of eight) and the lane-by-lane one (blocks of four).
+#[test]
+fn blocked_max_pooling_with_nan() {
+    for b in [8usize, 4] {
+        let src = format!(
+            "func @f(%x: f32[1,1,3,3,{b}]) -> (f32[1,1,2,2,{b}]) {{\n  %y = max_pool2d %x {{kernel=[2,2], strides=[1,1]}} : f32[1,1,2,2,{b}]\n  return %y\n}}"
+        );
+        let f = parse_function(&src).unwrap();
+        let mut v: Vec<f32> = (0..9 * b).map(|i| ((i * 5) % 7) as f32 - 3.0).collect();
+        // Lane 1 of pixel (1,1) (in every window) and lane 0 of pixel (0,0) (in the first).
+        v[4 * b + 1] = f32::NAN;
+        v[0] = f32::NAN;
+        let x = Tensor::from_f32(&[1, 1, 3, 3, b as u64], v).unwrap();
+        let want = tcc_ir::interp::run(&f, std::slice::from_ref(&x)).unwrap();
+        let got = Executable::compile(&f).unwrap().run(&[x]).unwrap();
+        let (Data::F32(g), Data::F32(w)) = (got[0].data(), want[0].data()) else {
+            unreachable!()
+        };
+        assert!(
+            g.iter()
+                .zip(w)
+                .all(|(a, b)| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())),
+            "block {b}: {g:?} vs {w:?}"
+        );
+        assert!(g[0].is_nan() && !g[b].is_nan() && (0..4).all(|p| g[p * b + 1].is_nan()));
+    }
+}
+
 #[test]
 fn max_pooling_with_nan_and_ties() {
     // One plane holds a NaN (it wins its window, and its gradient goes there); another has ties

@@ -284,17 +284,23 @@ unsafe fn gemv(mm: &MatMul, a: *const f32, b: *const f32, dst: *mut f32, finish:
                 let x = std::slice::from_raw_parts(pa.get().add(ab * k), k);
                 let y = std::slice::from_raw_parts_mut(pd.get().add(i * n + j0), j1 - j0);
                 let w = pb.get().add(bb * k * n);
+                // Our GEMM's kernels need AVX2 and FMA: so do these.
+                let wide = cfg!(target_arch = "x86_64") && mm.own.is_some();
                 if mm.tb {
                     for (j, y) in (j0..j1).zip(y.iter_mut()) {
                         let row = std::slice::from_raw_parts(w.add(j * k), k);
-                        *y = dot(x, row);
+                        *y = if wide { wide_dot(x, row) } else { dot(x, row) };
                     }
                 } else {
                     y.fill(0.0);
                     for (p, &xp) in x.iter().enumerate() {
                         let row = std::slice::from_raw_parts(w.add(p * n + j0), j1 - j0);
-                        for (y, &v) in y.iter_mut().zip(row) {
-                            *y += xp * v;
+                        if wide {
+                            wide_axpy(xp, row, y);
+                        } else {
+                            for (y, &v) in y.iter_mut().zip(row) {
+                                *y += xp * v;
+                            }
                         }
                     }
                 }
@@ -308,6 +314,28 @@ unsafe fn gemv(mm: &MatMul, a: *const f32, b: *const f32, dst: *mut f32, finish:
             continue;
         }
         super::pool::for_each(n.div_ceil(chunk), &|i| job(i * chunk));
+    }
+}
+
+/// [`super::simd::dot`], on a CPU with AVX2 and FMA (the caller checked).
+fn wide_dot(x: &[f32], y: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the caller checked that the target (a subset of the host) has AVX2 and FMA.
+    return unsafe { super::simd::dot(x, y) };
+    #[cfg(not(target_arch = "x86_64"))]
+    dot(x, y)
+}
+
+/// [`super::simd::axpy`], on a CPU with AVX2 and FMA (the caller checked).
+fn wide_axpy(a: f32, x: &[f32], y: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: as for `wide_dot`.
+    unsafe {
+        super::simd::axpy(a, x, y)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y += a * x;
     }
 }
 

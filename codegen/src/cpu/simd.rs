@@ -1,5 +1,6 @@
 //! Small AVX2 pieces several kernels share: an 8x8 transpose of floats in registers, a mask
-//! of the first lanes of a vector, and `exp` and `sigmoid` for epilogues applied in registers.
+//! of the first lanes of a vector, `exp` and `sigmoid` for epilogues applied in registers,
+//! dot products and `axpy` for row vectors, and the maximum that pooling takes.
 
 #![cfg(target_arch = "x86_64")]
 
@@ -96,6 +97,81 @@ pub(crate) fn sigmoid(x: __m256) -> __m256 {
     let one = _mm256_set1_ps(1.0);
     let e = exp(_mm256_xor_ps(x, _mm256_set1_ps(-0.0)));
     _mm256_div_ps(one, _mm256_add_ps(one, e))
+}
+
+/// The dot product of `x` and `y` (the same length) in four vectors of partial sums.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn dot(x: &[f32], y: &[f32]) -> f32 {
+    debug_assert_eq!(x.len(), y.len());
+    let n = x.len().min(y.len());
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    // SAFETY (loads): every index is below n, the length of both slices.
+    while i + 32 <= n {
+        for (j, a) in acc.iter_mut().enumerate() {
+            let (u, v) = unsafe {
+                (
+                    _mm256_loadu_ps(x.as_ptr().add(i + 8 * j)),
+                    _mm256_loadu_ps(y.as_ptr().add(i + 8 * j)),
+                )
+            };
+            *a = _mm256_fmadd_ps(u, v, *a);
+        }
+        i += 32;
+    }
+    while i + 8 <= n {
+        let (u, v) = unsafe {
+            (
+                _mm256_loadu_ps(x.as_ptr().add(i)),
+                _mm256_loadu_ps(y.as_ptr().add(i)),
+            )
+        };
+        acc[0] = _mm256_fmadd_ps(u, v, acc[0]);
+        i += 8;
+    }
+    let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    let mut lanes = [0f32; 8];
+    // SAFETY: `lanes` holds eight floats.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), s) };
+    lanes.iter().sum::<f32>()
+        + x[i..n]
+            .iter()
+            .zip(&y[i..n])
+            .map(|(a, b)| a * b)
+            .sum::<f32>()
+}
+
+/// `y += a * x` (the same length).
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+    let n = x.len().min(y.len());
+    let av = _mm256_set1_ps(a);
+    let mut i = 0;
+    // SAFETY (loads and stores): every index is below n, the length of both slices.
+    while i + 8 <= n {
+        unsafe {
+            let v = _mm256_fmadd_ps(
+                av,
+                _mm256_loadu_ps(x.as_ptr().add(i)),
+                _mm256_loadu_ps(y.as_ptr().add(i)),
+            );
+            _mm256_storeu_ps(y.as_mut_ptr().add(i), v);
+        }
+        i += 8;
+    }
+    for (y, &x) in y[i..n].iter_mut().zip(&x[i..n]) {
+        *y = a.mul_add(x, *y);
+    }
+}
+
+/// The maximum of `m` and `v` per lane, NaN winning (as `max_pool2d` takes it).
+#[target_feature(enable = "avx2")]
+pub(crate) fn max_nan(m: __m256, v: __m256) -> __m256 {
+    let take = _mm256_or_ps(
+        _mm256_cmp_ps::<_CMP_GT_OQ>(v, m),
+        _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v),
+    );
+    _mm256_blendv_ps(m, v, take)
 }
 
 #[cfg(test)]

@@ -111,12 +111,14 @@ enum Kind {
     },
     /// `to_nchwc` or `from_nchwc`.
     Reorder(layout::Reorder),
-    /// Max (`avg` none) or average pooling over channel blocks.
+    /// Max (`avg` none) or average pooling over channel blocks; `wide`: f32 blocks of eight
+    /// and AVX2.
     PoolBlocked {
         p: Pool2d,
         avg: Option<bool>,
         xd: [usize; 5],
         yd: [usize; 5],
+        wide: bool,
     },
     /// Concatenation: each of `outer` rows of the result is the operands' rows side by side,
     /// operand `i`'s row `row_bytes[i]` long (any dtype).
@@ -285,6 +287,7 @@ impl Native {
                     },
                     xd: dims5(x),
                     yd: dims5(d.results[0]),
+                    wide: cfg!(target_arch = "x86_64") && f.ty(x).dims()[4] == 8 && features.avx2,
                 }
             }
             OpKind::MaxPool2d(p) => Kind::MaxPool {
@@ -470,9 +473,13 @@ impl Native {
                     *block_bytes,
                 )?,
                 Kind::Reorder(r) => r.run(addr(self.args[0]), addr(self.results[0])),
-                Kind::PoolBlocked { p, avg, xd, yd } => {
-                    pool::pool_blocked(p, *avg, *xd, *yd, input(0), output(0))
-                }
+                Kind::PoolBlocked {
+                    p,
+                    avg,
+                    xd,
+                    yd,
+                    wide,
+                } => pool::pool_blocked(p, *avg, [*xd, *yd], *wide, input(0), output(0)),
                 Kind::Concat { outer, row_bytes } => {
                     let srcs: Vec<*const u8> =
                         self.args.iter().map(|&v| addr(v) as *const u8).collect();

@@ -330,13 +330,14 @@ fn pool_backward(
 }
 
 /// `max_pool2d` (`avg` is `None`) or `avg_pool2d` (`Some(count_include_pad)`) over channel
-/// blocks `[N, Cb, H, W, b]`: every lane pooled as a channel of its own, a window's lanes
-/// together at each tap. NaN wins a max, as in [`max_pool_rows`].
+/// blocks `[N, Cb, H, W, b]` (`xd`) into `yd`: every lane pooled as a channel of its own, a
+/// window's lanes together at each tap (one AVX2 vector with `wide`, for blocks of eight).
+/// NaN wins a max, as in [`max_pool_rows`].
 pub(super) fn pool_blocked(
     p: &Pool2d,
     avg: Option<bool>,
-    xd: [usize; 5],
-    yd: [usize; 5],
+    [xd, yd]: [[usize; 5]; 2],
+    wide: bool,
     x: &[f32],
     y: &mut [f32],
 ) {
@@ -349,6 +350,12 @@ pub(super) fn pool_blocked(
             for ox in 0..ow {
                 let win = window(p, h, w, oy, ox);
                 let o = &mut out[(oy * ow + ox) * b..(oy * ow + ox + 1) * b];
+                #[cfg(target_arch = "x86_64")]
+                if wide && avg.is_none() {
+                    // SAFETY: `wide` means b = 8 and AVX2.
+                    unsafe { max8(xp, &win, o) };
+                    continue;
+                }
                 match avg {
                     None => {
                         o.fill(f32::NEG_INFINITY);
@@ -377,4 +384,25 @@ pub(super) fn pool_blocked(
         }
     };
     for_planes(y, oh * ow * b, work);
+}
+
+/// The maximum of a window over a plane of eight-float pixels into `o`, NaN winning.
+///
+/// # Safety
+/// The CPU has AVX2; the window's pixels lie in `xp`; `o` holds eight floats.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn max8(xp: &[f32], win: &Window, o: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let mut m = _mm256_set1_ps(f32::NEG_INFINITY);
+    for iy in win.y.clone() {
+        for ix in win.x.clone() {
+            let i = iy * win.w + ix;
+            // SAFETY: pixel i of the plane.
+            let v = unsafe { _mm256_loadu_ps(xp.as_ptr().add(i * 8)) };
+            m = crate::cpu::simd::max_nan(m, v);
+        }
+    }
+    // SAFETY: `o` holds eight floats.
+    unsafe { _mm256_storeu_ps(o.as_mut_ptr(), m) };
 }
