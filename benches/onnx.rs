@@ -3,11 +3,13 @@
 //! weights, the CNNs with batch norm folded by the exporter and kept (`_bn`, which tcc's
 //! inference pipeline then folds), and a 2-layer BERT-like encoder, exported by
 //! `benches/onnx_peer.py` into `target/onnx-bench/` (once), at batch 1 and some at batch 8
-//! (`_b8`). The function after the pipeline must also match the one without it (within 1e-5 of
-//! the largest output), and no batch norm may be left. A model that fails to import, compile or
-//! match is reported as FAILED with the reason, and the others still run. onnxruntime gets as
-//! many intra-op threads as tcc's thread pool has. tcc's result must match onnxruntime's before it is timed. This VM's speed
-//! drifts over seconds, so the two are timed in alternating rounds (onnxruntime, then tcc, three
+//! (`_b8`). tcc's result must match onnxruntime's before it is timed; the function after the
+//! pipeline must match the one without it (within 1e-5 of the largest output), and the same
+//! function compiled in the other layout (NCHWc or plain) too; no batch norm may be left. A
+//! model that fails to import, compile or match is reported as FAILED with the reason, and
+//! the others still run. The compile time (import, pipeline, code generation) is printed.
+//! onnxruntime gets as many intra-op threads as tcc's thread pool has. This VM's speed drifts
+//! over seconds, so the two are timed in alternating rounds (onnxruntime, then tcc, three
 //! times) and each keeps its best.
 //!
 //! ```text
@@ -117,8 +119,15 @@ fn main() {
         features.names().join(" ")
     );
     println!(
-        "{:<22} {:>10} {:>10} {:>9} {:>12} {:>12}",
-        "model", "tcc ms", "ort ms", "tcc/ort", "err vs ort", "err vs -O0"
+        "{:<22} {:>10} {:>10} {:>9} {:>11} {:>12} {:>12} {:>12}",
+        "model",
+        "tcc ms",
+        "ort ms",
+        "tcc/ort",
+        "compile ms",
+        "err vs ort",
+        "err vs -O0",
+        "vs plain"
     );
     for name in models {
         let runs_for = |once: std::time::Duration| {
@@ -152,12 +161,14 @@ fn main() {
             t = t.min(timing::best(run, 2, runs_for(once)));
         }
         println!(
-            "{name:<22} {:>10.2} {:>10.2} {:>9.2} {:>12.1e} {:>12.1e}",
+            "{name:<22} {:>10.2} {:>10.2} {:>9.2} {:>11.0} {:>12.1e} {:>12.1e} {:>12.1e}",
             t.as_secs_f64() * 1e3,
             ort * 1e3,
             t.as_secs_f64() / ort,
+            model.compile.as_secs_f64() * 1e3,
             model.err,
-            model.fold_err
+            model.fold_err,
+            model.layout_err
         );
         if let Some(p) = model.exe.profile() {
             eprint!("{p}");
@@ -166,17 +177,23 @@ fn main() {
 }
 
 /// A model compiled with the inference pipeline and checked: against onnxruntime's output
-/// (`err`, relative to its largest magnitude, below 1e-4) and against itself without the
-/// pipeline (`fold_err`, below 1e-5), with no batch norm left.
+/// (`err`, relative to its largest magnitude, below 1e-4), against itself without the
+/// pipeline (`fold_err`, below 1e-5) and compiled with every tensor in its own layout
+/// (`layout_err`: the convolutions as im2col and GEMM rather than on channel blocks, below
+/// 1e-5), with no batch norm left. `compile` is the time from reading the file to a compiled
+/// executable (import, pipeline, code generation), as `tcc bench` reports it.
 struct Model {
     exe: tcc::codegen::Executable,
     x: Tensor,
+    compile: std::time::Duration,
     err: f32,
     fold_err: f32,
+    layout_err: f32,
 }
 
 impl Model {
     fn new(dir: &Path, name: &str) -> Result<Model, String> {
+        let t0 = std::time::Instant::now();
         let mut m = tcc::onnx::import_file(&dir.join(format!("{name}.onnx")), &Default::default())
             .map_err(|e| e.to_string())?;
         let unoptimized = m.clone();
@@ -201,6 +218,7 @@ impl Model {
             plain_layout: std::env::var("TCC_LAYOUT").is_ok_and(|l| l == "plain"),
         };
         let exe = tcc::codegen::compile(&cpu, &m.functions[0]).map_err(|e| e.to_string())?;
+        let compile = t0.elapsed();
         let x = load_npy(&dir.join(format!("{name}_input.npy")));
         let want = load_npy(&dir.join(format!("{name}_output.npy")));
         let got = exe
@@ -223,11 +241,29 @@ impl Model {
                 "the pipeline changed the output by {fold_err:e} of the largest"
             ));
         }
+        // Nor must the layout: the same function with its convolutions on its own tensors.
+        let plain = tcc::codegen::Cpu {
+            plain_layout: !cpu.plain_layout,
+            profile: false,
+            ..cpu
+        };
+        let other = tcc::codegen::compile(&plain, &m.functions[0])
+            .map_err(|e| e.to_string())?
+            .run(std::slice::from_ref(&x))
+            .map_err(|e| e.to_string())?;
+        let layout_err = rel_err(&got[0], &other[0]);
+        if layout_err.is_nan() || layout_err >= 1e-5 {
+            return Err(format!(
+                "the layouts differ by {layout_err:e} of the largest output"
+            ));
+        }
         Ok(Model {
             exe,
             x,
+            compile,
             err,
             fold_err,
+            layout_err,
         })
     }
 }
