@@ -444,6 +444,19 @@ fn channel_blocked_layout() {
             "{pads=[4,4,4,4], dilations=[2,2], groups=16}",
             "[2,2,12,12,8]",
         ),
+        // Depthwise on wider planes with whole blocks: strided, dilated, unevenly padded.
+        (
+            "[1,16,20,37]",
+            "[16,1,3,3]",
+            "{strides=[2,1], pads=[1,0,2,2], dilations=[1,2], groups=16}",
+            "[1,2,11,35,8]",
+        ),
+        (
+            "[2,16,19,24]",
+            "[16,1,5,5]",
+            "{pads=[2,2,2,2], groups=16}",
+            "[2,2,19,24,8]",
+        ),
     ];
     for (i, (x, w, attrs, y)) in convs.iter().enumerate() {
         let attrs = if attrs.is_empty() {

@@ -684,6 +684,34 @@ fn library_epilogues_run_on_finished_pieces() {
     }
 }
 
+/// MobileNet's expand and depthwise pair: the depthwise reads the 1x1's blocked output, with
+/// its scale, bias and relu6 applied as it stores; in both layouts and for every target.
+#[test]
+fn depthwise_after_a_blocked_convolution() {
+    let src = "func @f(%x: f32[1,8,30,33], %w1: f32[24,8,1,1], %w: f32[24,1,3,3], %s: f32[1,24,1,1], %b: f32[24,1,1]) -> (f32[1,24,15,17]) {
+  %e = conv2d %x, %w1 : f32[1,24,30,33]
+  %c = conv2d %e, %w {strides=[2,2], pads=[1,1,1,1], groups=24} : f32[1,24,15,17]
+  %m = mul %c, %s : f32[1,24,15,17]
+  %z = add %m, %b : f32[1,24,15,17]
+  %lo = const {value=0.0} : f32[]
+  %hi = const {value=6.0} : f32[]
+  %r = max %z, %lo : f32[1,24,15,17]
+  %y = min %hi, %r : f32[1,24,15,17]
+  return %y
+}";
+    let f = parse_function(src).unwrap();
+    let inputs = randoms(&f, 54);
+    let want = tcc_ir::interp::run(&f, &inputs).unwrap();
+    for target in [None, Some("host,-avx512f"), Some("host,-avx512f,-fma")] {
+        for plain in LAYOUTS {
+            let exe = compile(&f, target, plain);
+            assert_eq!(exe.stats().reference, 0);
+            check(&exe.run(&inputs).unwrap(), &want, 1e-5, 1e-5)
+                .unwrap_or_else(|e| panic!("{target:?}, plain {plain}: {e}"));
+        }
+    }
+}
+
 #[test]
 fn polynomial_accuracy() {
     let sigmoid = |x: f64| 1.0 / (1.0 + (-x).exp());
