@@ -16,6 +16,7 @@
 //! cargo bench --bench onnx            # needs torch, torchvision, onnx and onnxruntime:
 //! TCC_TARGET=host,-avx512f cargo bench --bench onnx   # tcc as on a CPU without AVX-512
 //! TCC_LAYOUT=plain cargo bench --bench onnx  # convolutions as im2col + GEMM on NCHW
+//! TCC_LAYOUT=blocked cargo bench --bench onnx  # NCHWc also where AVX-512 is on
 //! TCC_MODELS=resnet18,bert2 cargo bench --bench onnx  # only these
 //! benches/run.sh onnx                 # installs them into target/torch-venv first
 //! ```
@@ -211,11 +212,16 @@ impl Model {
         }
         // TCC_PROFILE=1 prints where tcc's time went, step by step, after the timing.
         // TCC_TARGET=host,-avx512f compiles as for a CPU without AVX-512 (its GEMM included).
-        // TCC_LAYOUT=plain keeps the model's NCHW tensors (convolutions as im2col and GEMM).
+        // TCC_LAYOUT=plain keeps the model's NCHW tensors (convolutions as im2col and GEMM),
+        // TCC_LAYOUT=blocked blocks them wherever the target has the kernels.
+        let layout = match std::env::var("TCC_LAYOUT") {
+            Ok(l) => l.parse().map_err(|e: String| e)?,
+            Err(_) => tcc::codegen::Layout::Auto,
+        };
         let cpu = tcc::codegen::Cpu {
             profile: std::env::var_os("TCC_PROFILE").is_some(),
             target: std::env::var("TCC_TARGET").ok(),
-            plain_layout: std::env::var("TCC_LAYOUT").is_ok_and(|l| l == "plain"),
+            layout,
         };
         let exe = tcc::codegen::compile(&cpu, &m.functions[0]).map_err(|e| e.to_string())?;
         let compile = t0.elapsed();
@@ -243,7 +249,10 @@ impl Model {
         }
         // Nor must the layout: the same function with its convolutions on its own tensors.
         let plain = tcc::codegen::Cpu {
-            plain_layout: !cpu.plain_layout,
+            layout: match layout {
+                tcc::codegen::Layout::Plain => tcc::codegen::Layout::Blocked,
+                _ => tcc::codegen::Layout::Plain,
+            },
             profile: false,
             ..cpu
         };

@@ -34,11 +34,12 @@ fn case(params: &str, body: &str, out_ty: &str, seed: u64) {
     // Each also in the function's own layout and in the one the backend chooses (convolutions
     // on channel-blocked tensors).
     let targets = [None, Some("host,-avx512f"), Some("host,-avx512f,-fma")];
-    for (target, plain_layout) in targets.into_iter().flat_map(|t| [(t, false), (t, true)]) {
+    let layouts = [tcc_codegen::Layout::Blocked, tcc_codegen::Layout::Plain];
+    for (target, layout) in targets.into_iter().flat_map(|t| layouts.map(|l| (t, l))) {
         let cpu = tcc_codegen::Cpu {
             target: target.map(str::to_string),
             profile: false,
-            plain_layout,
+            layout,
         };
         let exe = tcc_codegen::compile(&cpu, &f).unwrap_or_else(|e| panic!("{src}\n{e}"));
         let got = exe.run(&inputs).unwrap_or_else(|e| panic!("{src}\n{e}"));
@@ -51,7 +52,7 @@ fn case(params: &str, body: &str, out_ty: &str, seed: u64) {
         };
         assert!(
             ok && got[0].ty() == want[0].ty(),
-            "{src}\ntarget {target:?}, plain layout {plain_layout}: compiled and interpreted results differ"
+            "{src}\ntarget {target:?}, layout {layout:?}: compiled and interpreted results differ"
         );
     }
 }

@@ -62,13 +62,17 @@ fn both(f: &Function, inputs: &[Tensor]) -> (Vec<Tensor>, Vec<Tensor>, Executabl
     (got, want, exe)
 }
 
-/// Compiles `f` for `target`, in the function's own layout (`plain`) or in the one the backend
-/// chooses (convolutions on channel-blocked tensors where it has kernels for them).
+/// Compiles `f` for `target`, in the function's own layout (`plain`) or with convolutions on
+/// channel-blocked tensors wherever the target has the kernels for them.
 fn compile(f: &Function, target: Option<&str>, plain: bool) -> Executable {
     let cpu = tcc_codegen::Cpu {
         target: target.map(str::to_string),
         profile: false,
-        plain_layout: plain,
+        layout: if plain {
+            tcc_codegen::Layout::Plain
+        } else {
+            tcc_codegen::Layout::Blocked
+        },
     };
     tcc_codegen::compile(&cpu, f).unwrap_or_else(|e| panic!("{f}\n{e}"))
 }

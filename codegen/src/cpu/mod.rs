@@ -60,19 +60,47 @@ pub struct Cpu {
     pub target: Option<String>,
     /// Whether runs time each step, for [`Executable::profile`].
     pub profile: bool,
-    /// Keep every tensor in the function's own layout: no rewrite of convolutions to
-    /// channel-blocked tensors (see [`Backend::prepare`] for this backend), so convolutions run
-    /// as im2col and GEMM.
-    pub plain_layout: bool,
+    /// The layout convolutions' tensors are kept in (see [`Backend::prepare`] for this
+    /// backend).
+    pub layout: Layout,
+}
+
+/// The layout the CPU backend keeps convolutions' tensors in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Layout {
+    /// Channel-blocked (NCHWc) where the blocked kernels are the target's fastest: with AVX2
+    /// and FMA but not AVX-512, whose im2col GEMM has twice their vector width (the blocked
+    /// kernels have eight lanes; with AVX-512 they are not measured yet, so `Plain` stays).
+    #[default]
+    Auto,
+    /// Channel-blocked wherever the target has the blocked kernels (AVX2 and FMA).
+    Blocked,
+    /// The function's own tensors: convolutions as im2col and GEMM.
+    Plain,
+}
+
+impl std::str::FromStr for Layout {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Layout, String> {
+        match s {
+            "auto" => Ok(Layout::Auto),
+            "blocked" => Ok(Layout::Blocked),
+            "plain" => Ok(Layout::Plain),
+            _ => Err(format!(
+                "unknown layout `{s}`; the layouts are auto, blocked and plain"
+            )),
+        }
+    }
 }
 
 impl Backend for Cpu {
     type Compiled = Executable;
 
     /// Inference functions with `f32` convolutions are rewritten to channel-blocked tensors
-    /// (`tcc_passes::layout`, blocks of eight channels) when the target has the kernels for
-    /// them (AVX2 and FMA), unless [`Cpu::plain_layout`] is set. Training functions (with a
-    /// backward part) are left as they are.
+    /// (`tcc_passes::layout`, blocks of eight channels) as [`Cpu::layout`] asks: by default
+    /// when the target has AVX2 and FMA and not AVX-512. Training functions (with a backward
+    /// part) are left as they are.
     fn prepare<'f>(&self, f: &'f Function) -> Result<Cow<'f, Function>, CompileError> {
         let features = Features::of(self.target.as_deref()).map_err(CompileError)?;
         let has_conv = (f.schedule().iter()).any(|&op| {
@@ -80,7 +108,13 @@ impl Backend for Cpu {
             matches!(d.kind, tcc_ir::OpKind::Conv2d(_))
                 && f.ty(d.results[0]).dtype() == tcc_ir::DType::F32
         });
-        if self.plain_layout || !(features.avx2 && features.fma) || !has_conv {
+        let kernels = features.avx2 && features.fma;
+        let blocked = match self.layout {
+            Layout::Auto => kernels && !features.avx512f,
+            Layout::Blocked => kernels,
+            Layout::Plain => false,
+        };
+        if !blocked || !has_conv {
             return Ok(Cow::Borrowed(f));
         }
         let mut g = f.clone();

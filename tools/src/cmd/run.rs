@@ -30,10 +30,11 @@ pub(crate) struct Model {
     /// Run no passes before compiling (the same as --passes='').
     #[arg(short = 'O', value_name = "LEVEL", value_parser = ["0"])]
     pub opt_level: Option<String>,
-    /// The layout the CPU backend keeps tensors in: `auto` (convolutions on channel-blocked
-    /// tensors where the target has kernels for them) or `plain` (as the function has them;
-    /// convolutions as im2col and GEMM).
-    #[arg(long, value_name = "LAYOUT", default_value = "auto", value_parser = ["auto", "plain"])]
+    /// The layout the CPU backend keeps convolutions' tensors in: `auto` (channel-blocked
+    /// where those kernels are the target's fastest: AVX2 without AVX-512), `blocked`
+    /// (wherever the target has them) or `plain` (as the function has them; convolutions as
+    /// im2col and GEMM).
+    #[arg(long, value_name = "LAYOUT", default_value = "auto", value_parser = ["auto", "blocked", "plain"])]
     pub layout: String,
 }
 
@@ -43,7 +44,7 @@ impl Model {
         tcc_codegen::Cpu {
             target: self.target.clone(),
             profile,
-            plain_layout: self.layout == "plain",
+            layout: self.layout.parse().unwrap_or_default(),
         }
     }
 }
