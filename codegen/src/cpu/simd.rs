@@ -55,25 +55,18 @@ pub(crate) fn first(n: usize) -> __m256i {
 /// gives the compiled elementwise kernels' bits (checked by a test below).
 #[target_feature(enable = "avx2,fma")]
 pub(crate) fn exp(x: __m256) -> __m256 {
-    // clamp(x, -104, 89) as compare-and-select: NaN passes through.
-    let lo = _mm256_set1_ps(-104.0);
-    let hi = _mm256_set1_ps(89.0);
+    use crate::kernel::math::{EXP_CLAMP, EXP_LN2, EXP_POLY};
+    // The clamp as compare-and-select: NaN passes through.
+    let lo = _mm256_set1_ps(EXP_CLAMP.0);
+    let hi = _mm256_set1_ps(EXP_CLAMP.1);
     let x = _mm256_blendv_ps(x, lo, _mm256_cmp_ps::<_CMP_LT_OQ>(x, lo));
     let x = _mm256_blendv_ps(x, hi, _mm256_cmp_ps::<_CMP_LT_OQ>(hi, x));
     let t = _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E));
     let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
-    let r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693_359_4)));
-    let r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(-2.121_944_4e-4)));
-    let c = [
-        1.987_569_1e-4,
-        1.398_199_9e-3,
-        8.333_452e-3,
-        4.166_579_6e-2,
-        1.666_666_5e-1,
-        0.5,
-    ];
-    let mut p = _mm256_set1_ps(c[0]);
-    for &k in &c[1..] {
+    let r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(EXP_LN2.0)));
+    let r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(EXP_LN2.1)));
+    let mut p = _mm256_set1_ps(EXP_POLY[0]);
+    for &k in &EXP_POLY[1..] {
         p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(k));
     }
     let y = _mm256_mul_ps(_mm256_mul_ps(r, r), p);

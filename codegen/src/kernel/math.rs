@@ -16,33 +16,38 @@ fn c32(b: &mut Body, x: f32) -> E {
     b.c(x as f64)
 }
 
+/// `exp`'s constants: the input's clamp, `ln 2` in two parts (high, low), and the
+/// polynomial's coefficients, highest degree first. Hand-written kernels that apply `exp` in
+/// their registers (`cpu/simd.rs`) use the same ones, step for step.
+pub const EXP_CLAMP: (f32, f32) = (-104.0, 89.0);
+/// See [`EXP_CLAMP`].
+pub const EXP_LN2: (f32, f32) = (0.693_359_4, -2.121_944_4e-4);
+/// See [`EXP_CLAMP`].
+pub const EXP_POLY: [f32; 6] = [
+    1.987_569_1e-4,
+    1.398_199_9e-3,
+    8.333_452e-3,
+    4.166_579_6e-2,
+    1.666_666_5e-1,
+    0.5,
+];
+
 /// `e^x` (Cephes' `expf`): range reduction by `ln 2` (a two-part constant), a degree-6
 /// polynomial, and scaling by `2^n` split in two factors so that results overflow to `inf` and
 /// underflow through the subnormals as they should.
 pub fn exp(b: &mut Body, x: E) -> E {
     debug_assert_eq!(b.lane, Lane::F32);
-    let x = b.clamp(x, -104.0, 89.0);
+    let x = b.clamp(x, EXP_CLAMP.0 as f64, EXP_CLAMP.1 as f64);
     let log2e = c32(b, std::f32::consts::LOG2_E);
     let t = b.mul(x, log2e);
     let n = b.un(Un::Nearest, t);
-    let c1 = c32(b, 0.693_359_4);
-    let c2 = c32(b, -2.121_944_4e-4);
+    let c1 = c32(b, EXP_LN2.0);
+    let c2 = c32(b, EXP_LN2.1);
     let r = b.mul(n, c1);
     let r = b.sub(x, r);
     let r2 = b.mul(n, c2);
     let r = b.sub(r, r2);
-    let p = coeffs(
-        b,
-        r,
-        &[
-            1.987_569_1e-4,
-            1.398_199_9e-3,
-            8.333_452e-3,
-            4.166_579_6e-2,
-            1.666_666_5e-1,
-            0.5,
-        ],
-    );
+    let p = coeffs(b, r, &EXP_POLY);
     let rr = b.mul(r, r);
     let y = b.mul(rr, p);
     let y = b.add(y, r);
