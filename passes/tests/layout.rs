@@ -1,0 +1,94 @@
+//! `nchwc` on CNN-shaped functions: the reference interpreter gives bit-identical results
+//! before and after (the blocked ops compute the same sums, and padding lanes never reach a
+//! plain value), at blocks of 8 and of 3 (partial last blocks everywhere); every convolution
+//! with one group or depthwise is rewritten, and a blocked value never goes back and forth
+//! (no `to_nchwc` of a `from_nchwc`).
+
+use tcc_ir::random::{Rng, random_tensor};
+use tcc_ir::{Function, OpKind, Tensor, interp, parse_function, verify_function};
+use tcc_passes::layout::nchwc;
+
+/// Rewrites `src` with `block`, checks it verifies, gives the same bits, converts every
+/// convertible convolution and never converts a value back and forth; returns the stats'
+/// count of blocked convolutions.
+fn check(src: &str, block: u64) -> usize {
+    let f = parse_function(src).unwrap_or_else(|d| panic!("{src}\n{d}"));
+    let mut g = f.clone();
+    let stats = nchwc(&mut g, block).unwrap();
+    verify_function(&g).unwrap_or_else(|d| panic!("{d}\n{g}"));
+    let mut rng = Rng::new(11);
+    let inputs: Vec<Tensor> = (f.params().iter())
+        .map(|&p| random_tensor(f.ty(p), &mut rng))
+        .collect();
+    let want = interp::run(&f, &inputs).unwrap();
+    let got = interp::run(&g, &inputs).unwrap();
+    assert_eq!(got, want, "block {block}\n{g}");
+    let left = |g: &Function| {
+        (g.schedule().iter())
+            .filter(|&&op| matches!(g.op(op).kind, OpKind::Conv2d(_)))
+            .count()
+    };
+    let grouped = src.matches("groups=2}").count();
+    assert_eq!(left(&g), grouped, "only grouped convolutions stay\n{g}");
+    for &op in g.schedule() {
+        let d = g.op(op);
+        if let OpKind::ToNchwc { .. } = d.kind {
+            let src = g.def_op(d.args[0]).map(|p| &g.op(p).kind);
+            assert!(
+                !matches!(src, Some(OpKind::FromNchwc { .. })),
+                "a value converted back and forth\n{g}"
+            );
+        }
+    }
+    stats.convs
+}
+
+#[test]
+fn cnn_blocks_give_the_same_bits() {
+    let cases = [
+        // A ResNet block: stem, pooling, two 3x3 convolutions with a residual and relus.
+        "func @f(%x: f32[2,3,16,16], %w0: f32[12,3,3,3], %w1: f32[12,12,3,3], %w2: f32[12,12,3,3], %b: f32[12,1,1]) -> (f32[2,12]) {
+  %c0 = conv2d %x, %w0 {strides=[2,2], pads=[1,1,1,1]} : f32[2,12,8,8]
+  %a0 = add %c0, %b : f32[2,12,8,8]
+  %r0 = relu %a0 : f32[2,12,8,8]
+  %p = max_pool2d %r0 {kernel=[3,3], strides=[1,1], pads=[1,1,1,1]} : f32[2,12,8,8]
+  %c1 = conv2d %p, %w1 {pads=[1,1,1,1]} : f32[2,12,8,8]
+  %r1 = relu %c1 : f32[2,12,8,8]
+  %c2 = conv2d %r1, %w2 {pads=[1,1,1,1]} : f32[2,12,8,8]
+  %s = add %c2, %p : f32[2,12,8,8]
+  %r2 = relu %s : f32[2,12,8,8]
+  %g = global_avg_pool %r2 : f32[2,12,1,1]
+  %y = reshape %g {shape=[2,12]} : f32[2,12]
+  return %y
+}",
+        // An inverted residual with squeeze-and-excitation and SiLU, as in EfficientNet.
+        "func @f(%x: f32[1,10,9,9], %we: f32[20,10,1,1], %wd: f32[20,1,3,3], %ws1: f32[5,20,1,1], %ws2: f32[20,5,1,1], %wp: f32[10,20,1,1]) -> (f32[1,10,9,9]) {
+  %e = conv2d %x, %we : f32[1,20,9,9]
+  %es = sigmoid %e : f32[1,20,9,9]
+  %ea = mul %e, %es : f32[1,20,9,9]
+  %d = conv2d %ea, %wd {pads=[1,1,1,1], groups=20} : f32[1,20,9,9]
+  %m = reduce_mean %d {axes=[2,3], keepdims=true} : f32[1,20,1,1]
+  %s1 = conv2d %m, %ws1 : f32[1,5,1,1]
+  %s1r = relu %s1 : f32[1,5,1,1]
+  %s2 = conv2d %s1r, %ws2 : f32[1,20,1,1]
+  %gate = sigmoid %s2 : f32[1,20,1,1]
+  %scaled = mul %d, %gate : f32[1,20,9,9]
+  %p = conv2d %scaled, %wp : f32[1,10,9,9]
+  %y = add %p, %x : f32[1,10,9,9]
+  return %y
+}",
+        // A grouped convolution (kept plain) between blocked ones, and an average pool.
+        "func @f(%x: f32[1,4,8,8], %w1: f32[4,4,3,3], %wg: f32[4,2,3,3], %w2: f32[6,4,1,1]) -> (f32[1,6,3,3]) {
+  %c1 = conv2d %x, %w1 {pads=[1,1,1,1]} : f32[1,4,8,8]
+  %g = conv2d %c1, %wg {pads=[1,1,1,1], groups=2} : f32[1,4,8,8]
+  %c2 = conv2d %g, %w2 : f32[1,6,8,8]
+  %a = avg_pool2d %c2 {kernel=[3,3], strides=[2,2]} : f32[1,6,3,3]
+  return %a
+}",
+    ];
+    for src in cases {
+        for block in [8, 3] {
+            assert!(check(src, block) > 0);
+        }
+    }
+}
