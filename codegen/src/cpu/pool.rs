@@ -160,7 +160,9 @@ fn worker(s: &'static Shared) {
         if !p.is_null() && s.epoch.load(SeqCst) == seen {
             // SAFETY: the job stays alive until `entered` drops to zero (see `for_each`).
             let job = unsafe { &*p };
-            if job.seats.fetch_sub(1, SeqCst) > 0 {
+            // A seat, if one is left (never below zero, so later workers see none either).
+            let seated = (job.seats).fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1));
+            if seated.is_ok() {
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.work()));
                 if r.is_err() {
                     job.panicked.store(true, SeqCst);
@@ -250,6 +252,34 @@ impl Drop for Run {
 mod tests {
     use super::for_each;
     use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+
+    /// A job takes no more threads than its caller's pool has, even when more workers were
+    /// started for an earlier, wider job.
+    #[test]
+    fn a_job_takes_at_most_its_threads() {
+        let wide = rayon::ThreadPoolBuilder::new()
+            .num_threads(4)
+            .build()
+            .unwrap();
+        wide.install(|| {
+            for_each(8, &|_| {
+                std::thread::sleep(std::time::Duration::from_millis(2))
+            })
+        });
+        let narrow = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let ids = std::sync::Mutex::new(std::collections::HashSet::new());
+        narrow.install(|| {
+            for_each(40, &|_| {
+                ids.lock().unwrap().insert(std::thread::current().id());
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            })
+        });
+        let n = ids.lock().unwrap().len();
+        assert!(n <= 2, "{n} threads ran a job for two");
+    }
 
     #[test]
     fn every_item_runs_once_also_nested_and_from_several_threads() {
