@@ -179,13 +179,16 @@ pub(crate) fn for_each(n: usize, f: &(dyn Fn(usize) + Sync)) {
     let threads = threads().min(n);
     let inline = threads <= 1 || BUSY.with(|b| b.get());
     let s = shared();
-    let guard = match s.publish.try_lock() {
-        _ if inline => None,
-        Ok(g) => Some(g),
-        // A kernel panicked while holding it (a bug, reported where it happened): the lock
-        // guards no data, so it is still good.
-        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
-        Err(std::sync::TryLockError::WouldBlock) => None,
+    let guard = if inline {
+        None
+    } else {
+        match s.publish.try_lock() {
+            Ok(g) => Some(g),
+            // A kernel panicked while holding it (a bug, reported where it happened): the
+            // lock guards no data, so it is still good.
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
     };
     if guard.is_none() {
         (0..n).for_each(f);
