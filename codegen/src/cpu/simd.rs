@@ -56,11 +56,10 @@ pub(crate) fn first(n: usize) -> __m256i {
 #[target_feature(enable = "avx2,fma")]
 pub(crate) fn exp(x: __m256) -> __m256 {
     use crate::kernel::math::{EXP_CLAMP, EXP_LN2, EXP_POLY};
-    // The clamp as compare-and-select: NaN passes through.
-    let lo = _mm256_set1_ps(EXP_CLAMP.0);
-    let hi = _mm256_set1_ps(EXP_CLAMP.1);
-    let x = _mm256_blendv_ps(x, lo, _mm256_cmp_ps::<_CMP_LT_OQ>(x, lo));
-    let x = _mm256_blendv_ps(x, hi, _mm256_cmp_ps::<_CMP_LT_OQ>(hi, x));
+    // The clamp: `maxps(lo, x)` is `lo > x ? lo : x`, the kernel layer's `x < lo ? lo : x`
+    // (NaN passes through), and `minps(hi, x)` likewise.
+    let x = _mm256_max_ps(_mm256_set1_ps(EXP_CLAMP.0), x);
+    let x = _mm256_min_ps(_mm256_set1_ps(EXP_CLAMP.1), x);
     let t = _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E));
     let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
     let r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(EXP_LN2.0)));
