@@ -292,6 +292,17 @@ fn native_step(
 /// The largest constant the runtime materialises (1 GiB).
 const MAX_CONST_BYTES: u64 = 1 << 30;
 
+/// `v`'s value when it is an f32 constant, for steps that pack their weights at compile time.
+pub(super) fn f32_constant(f: &Function, v: Value) -> Option<Tensor> {
+    let OpKind::Const { ty, value } = &f.op(f.def_op(v)?).kind else {
+        return None;
+    };
+    if ty.dtype() != DType::F32 {
+        return None;
+    }
+    Tensor::from_literal(ty, value).ok()
+}
+
 /// The arena offset of the scratch space the memory plan set aside for kernel `k`.
 fn scratch_offset(mem: &MemoryPlan, k: Kernel) -> Option<u64> {
     mem.slots

@@ -6,7 +6,7 @@ use super::lower::Finish;
 use super::send_ptr::SendPtr;
 use super::sgemm;
 use crate::plan::Plan;
-use tcc_ir::{DType, Function, OpKind, Tensor, Value};
+use tcc_ir::{DType, Function, Value};
 
 /// A matrix product through `gemm`, batch by batch, into the storage of `dst`.
 pub(super) struct MatMul {
@@ -84,11 +84,9 @@ pub(super) fn matmul_step(
     let (b, tb) = (sb.unwrap_or(b), sb.is_some());
     // A constant right side of an f32 product with rows to share it (a weight matrix) is
     // packed once, here.
-    let packed_b = match (own, f.def_op(b).map(|op| &f.op(op).kind)) {
-        (Some(isa), Some(OpKind::Const { ty, value }))
-            if dtype == DType::F32 && m > 1 && batches.iter().all(|&(_, bb)| bb == 0) =>
-        {
-            Tensor::from_literal(ty, value).ok().map(|t| {
+    let packed_b = match own {
+        Some(isa) if m > 1 && batches.iter().all(|&(_, bb)| bb == 0) => {
+            super::lower::f32_constant(f, b).map(|t| {
                 let data = t.as_f32().expect("an f32 constant");
                 let mb = if tb {
                     Mat::transposed(data.as_ptr(), k)

@@ -16,7 +16,7 @@ use super::matmul::{Mat, gemm};
 use super::send_ptr::SendPtr;
 use super::sgemm;
 use crate::plan::{KernelData, KernelKind};
-use tcc_ir::{DType, Function, OpKind, Tensor, Value};
+use tcc_ir::{DType, Function, OpKind, Value};
 
 /// Which product a convolution step computes.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -146,18 +146,11 @@ pub(super) fn conv_scratch_elements(c: &tcc_ir::Conv2d, x: &[u64], w: &[u64], y:
 /// A constant f32 filter `[O, C/g, kH, kW]` packed for our GEMM on `isa`, one `[O/g, C/g·kH·kW]`
 /// matrix per group; empty when the filter is not an f32 constant.
 fn pack_filter(f: &Function, w: Value, groups: usize, isa: sgemm::Isa) -> Vec<sgemm::PackedA> {
-    let ty = f.ty(w);
-    if ty.dtype() != DType::F32 {
-        return Vec::new();
-    }
-    let Some(OpKind::Const { ty, value }) = f.def_op(w).map(|op| &f.op(op).kind) else {
-        return Vec::new();
-    };
-    let Ok(t) = Tensor::from_literal(ty, value) else {
+    let Some(t) = super::lower::f32_constant(f, w) else {
         return Vec::new();
     };
     let data = t.as_f32().expect("an f32 constant");
-    let d = ty.dims();
+    let d = f.ty(w).dims();
     let (og, kk) = (d[0] as usize / groups, (d[1] * d[2] * d[3]) as usize);
     (0..groups)
         .map(|g| {

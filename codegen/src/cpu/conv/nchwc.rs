@@ -34,7 +34,7 @@ use crate::cpu::simd::first;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 use std::cell::RefCell;
-use tcc_ir::{Conv2d, DType, Function, OpKind, Tensor, Value};
+use tcc_ir::{Conv2d, DType, Function, Value};
 
 /// Channels per block, the f32 lanes of a `ymm` register.
 const B: usize = 8;
@@ -121,11 +121,8 @@ impl NchwcConv {
             packed: None,
             post: Post::default(),
         };
-        if let Some(OpKind::Const { ty, value }) = f.def_op(w).map(|op| &f.op(op).kind)
-            && let Ok(t) = Tensor::from_literal(ty, value)
-            && let Some(data) = t.as_f32()
-        {
-            cv.packed = Some(cv.pack(data));
+        if let Some(t) = crate::cpu::lower::f32_constant(f, w) {
+            cv.packed = Some(cv.pack(t.as_f32().expect("an f32 constant")));
         }
         Some(cv)
     }
