@@ -10,8 +10,9 @@
 //!   (`reduce_*`, `softmax_cross_entropy`), and an elementwise epilogue over the output shape.
 //! - **row**: `softmax` or `log_softmax` with an elementwise prologue and epilogue of the same
 //!   shape: a pass over each row for its max and sum, then the row itself.
-//! - **library**: `matmul`, `conv2d` (or `conv2d_nchwc`) or a convolution gradient (a tuned GEMM call) with a fused
-//!   elementwise epilogue over the output shape, such as a bias add and an activation.
+//! - **library**: `matmul`, `conv2d` (or `conv2d_nchwc`) or a convolution gradient (a tuned
+//!   GEMM call) with a fused elementwise epilogue over the output shape, such as a bias add and
+//!   an activation.
 //! - **view**: `reshape`, which moves no data, and a transpose of the last two axes that only
 //!   matmuls read (they read its source with swapped strides; see [`folded_transpose`]).
 //! - **generic**: any other op, alone (transpose, slice, concat, gather, pooling, batch norm...).

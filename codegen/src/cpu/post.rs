@@ -1,7 +1,8 @@
 //! Epilogues a kernel applies in registers as it stores its output, instead of a second pass
 //! over it: the bias add, scale, residual add, clamps (relu, relu6), sigmoid and SiLU that
-//! follow a convolution in CNNs. A library kernel's epilogue that is such a chain ([`Post::of`]) runs
-//! this way; any other runs as a compiled elementwise loop on the finished pieces.
+//! follow a convolution in CNNs. A library kernel's epilogue that is such a chain
+//! ([`Post::of`]) runs this way; any other runs as a compiled elementwise loop on the finished
+//! pieces.
 //!
 //! The output is channel-blocked (`[N, Cb, ..., 8]`): a kernel stores one vector of eight
 //! channels at a time and hands it to [`Bound::apply`] with its block and its element offset.
