@@ -51,12 +51,7 @@ pub(in crate::cpu) struct NchwcConv {
     w: Value,
     /// The output.
     pub y: Value,
-    attrs: Conv2d,
-    /// Plain dims of the input `[N, C, H, W]`, of the filter `[O, C/g, kH, kW]` and of the
-    /// output `[N, O, oH, oW]`.
-    xd: [usize; 4],
-    wd: [usize; 4],
-    yd: [usize; 4],
+    g: Geom,
     /// Whether the input is blocked (else plain NCHW).
     blocked: bool,
     depthwise: bool,
@@ -64,6 +59,30 @@ pub(in crate::cpu) struct NchwcConv {
     packed: Option<Filter>,
     /// The epilogue applied as the output is stored (bias, residual, clamps).
     pub post: Post,
+}
+
+/// A convolution's sizes: the plain dims of the input `[n, c, h, w]`, of the filter
+/// `[o, cg, kh, kw]` and of the output `[n, o, oh, ow]`, the strides, the dilations, the top and
+/// left padding, and whether there is any padding.
+#[derive(Clone, Copy)]
+struct Geom {
+    n: usize,
+    c: usize,
+    h: usize,
+    w: usize,
+    o: usize,
+    cg: usize,
+    kh: usize,
+    kw: usize,
+    oh: usize,
+    ow: usize,
+    sh: usize,
+    sw: usize,
+    dh: usize,
+    dw: usize,
+    pt: usize,
+    pl: usize,
+    padded: bool,
 }
 
 /// A filter laid out for the kernels.
@@ -100,22 +119,38 @@ impl NchwcConv {
         let dims =
             |v: Value| -> Vec<usize> { f.ty(v).dims().iter().map(|&d| d as usize).collect() };
         let (xv, wd, yv) = (dims(x), dims(w), dims(y));
-        let wd: [usize; 4] = wd.try_into().ok()?;
-        let c = wd[1] * attrs.groups as usize;
-        let xd = [xv[0], c, xv[2], xv[3]];
-        let yd = [yv[0], wd[0], yv[2], yv[3]];
-        let depthwise = attrs.groups as usize == c && wd[0] == c && wd[1] == 1;
+        let [o, cg, kh, kw]: [usize; 4] = wd.try_into().ok()?;
+        let c = cg * attrs.groups as usize;
+        let depthwise = attrs.groups as usize == c && o == c && cg == 1;
         if attrs.groups != 1 && !depthwise {
             return None;
         }
+        let [sh, sw] = attrs.strides.map(|v| v as usize);
+        let [dh, dw] = attrs.dilations.map(|v| v as usize);
+        let g = Geom {
+            n: xv[0],
+            c,
+            h: xv[2],
+            w: xv[3],
+            o,
+            cg,
+            kh,
+            kw,
+            oh: yv[2],
+            ow: yv[3],
+            sh,
+            sw,
+            dh,
+            dw,
+            pt: attrs.pads[0] as usize,
+            pl: attrs.pads[1] as usize,
+            padded: attrs.pads != [0; 4],
+        };
         let mut cv = NchwcConv {
             x,
             w,
             y,
-            attrs: attrs.clone(),
-            xd,
-            wd,
-            yd,
+            g,
             blocked: xv.len() == 5,
             depthwise,
             packed: None,
@@ -141,14 +176,13 @@ impl NchwcConv {
     /// Steps of the reduction, each `lanes()` channels at one tap: input blocks (or channels)
     /// by taps.
     fn taps(&self) -> usize {
-        let [_, c, _, _] = self.xd;
-        let [_, _, kh, kw] = self.wd;
+        let Geom { c, kh, kw, .. } = self.g;
         c.div_ceil(self.lanes()) * kh * kw
     }
 
     /// Packs filter `w` (`[O, C/g, kH, kW]`) for the kernels.
     fn pack(&self, w: &[f32]) -> Filter {
-        let [o, cg, kh, kw] = self.wd;
+        let Geom { o, cg, kh, kw, .. } = self.g;
         let ob = o.div_ceil(B);
         if self.depthwise {
             let taps = kh * kw;
@@ -199,7 +233,7 @@ impl NchwcConv {
         let filter = match &self.packed {
             Some(p) => p,
             None => {
-                let [o, cg, kh, kw] = self.wd;
+                let Geom { o, cg, kh, kw, .. } = self.g;
                 // SAFETY: the filter holds o * cg * kh * kw f32.
                 let w = unsafe {
                     std::slice::from_raw_parts(addr(self.w) as *const f32, o * cg * kh * kw)
@@ -217,8 +251,7 @@ impl NchwcConv {
                 SendPtr::new(addr(self.y) as *mut f32),
             )
         };
-        let [n, _, _, _] = self.xd;
-        let [_, o, oh, ow] = self.yd;
+        let Geom { n, o, oh, ow, .. } = self.g;
         if n * o * oh * ow == 0 {
             return;
         }
@@ -253,7 +286,6 @@ impl NchwcConv {
                 };
             });
             if let Some(finish) = finish {
-                let [_, _, oh, ow] = self.yd;
                 let blocks = match filter {
                     Filter::Direct { groups, .. } => {
                         let g = &groups[units.start..units.end];
@@ -286,9 +318,19 @@ impl NchwcConv {
     /// core computes per byte it streams from L2 or L3). Bands are no taller than
     /// [`Self::band_rows`] (the cache) allows.
     fn split(&self, threads: usize, units: usize) -> (usize, usize) {
-        let [n, c, h, w] = self.xd;
-        let [_, o, oh, ow] = self.yd;
-        let [_, cg, kh, kw] = self.wd;
+        let Geom {
+            n,
+            c,
+            h,
+            w,
+            o,
+            cg,
+            kh,
+            kw,
+            oh,
+            ow,
+            ..
+        } = self.g;
         let want = if threads > 1 { 4 * threads } else { 1 };
         let cache = self.band_rows();
         if self.depthwise {
@@ -324,11 +366,15 @@ impl NchwcConv {
 
     /// Output rows per band: as many as keep the band's padded input within [`BAND_BYTES`].
     fn band_rows(&self) -> usize {
-        let [_, c, _, _] = self.xd;
-        let [_, _, oh, ow] = self.yd;
-        let [_, _, kh, _] = self.wd;
-        let [sh, _] = self.attrs.strides.map(|v| v as usize);
-        let dh = self.attrs.dilations[0] as usize;
+        let Geom {
+            c,
+            kh,
+            oh,
+            ow,
+            sh,
+            dh,
+            ..
+        } = self.g;
         let channels = if self.depthwise {
             B
         } else {
@@ -342,9 +388,7 @@ impl NchwcConv {
     /// Padded input columns the outputs of a row read (rounded up to eight outputs for the
     /// depthwise kernel, whose loads of a partial last vector must stay in the buffer).
     fn cols(&self, ow: usize) -> usize {
-        let [_, _, _, kw] = self.wd;
-        let sw = self.attrs.strides[1] as usize;
-        let dw = self.attrs.dilations[1] as usize;
+        let Geom { kw, sw, dw, .. } = self.g;
         let ow = if self.depthwise {
             ow.next_multiple_of(B)
         } else {
@@ -370,8 +414,9 @@ impl NchwcConv {
         units: std::ops::Range<usize>,
         buf: &mut Vec<f32>,
     ) {
-        let [_, c, h, w] = self.xd;
-        let [_, o, oh, ow] = self.yd;
+        let Geom {
+            c, h, w, o, oh, ow, ..
+        } = self.g;
         let cb = c.div_ceil(B);
         let ximg_len = if self.blocked { cb * B } else { c } * h * w;
         // SAFETY: the caller's contract: image img of the input and output.
@@ -409,13 +454,23 @@ impl NchwcConv {
         rows: std::ops::Range<usize>,
         buf: &mut Vec<f32>,
     ) {
-        let [_, c, h, w] = self.xd;
-        let [_, _, kh, kw] = self.wd;
-        let [_, _, oh, ow] = self.yd;
-        let [sh, sw] = self.attrs.strides.map(|v| v as usize);
-        let [dh, dw] = self.attrs.dilations.map(|v| v as usize);
+        let Geom {
+            c,
+            h,
+            w,
+            o,
+            kh,
+            kw,
+            oh,
+            ow,
+            sh,
+            sw,
+            dh,
+            dw,
+            ..
+        } = self.g;
         let lanes = self.lanes();
-        let padded = self.attrs.pads != [0; 4] || (self.blocked && c % B != 0);
+        let padded = self.g.padded || (self.blocked && c % B != 0);
         // The input the kernel reads: `src` with `planes` floats between blocks (or channels),
         // `row` floats between rows, row 0 being the padded row of output row `rows.start`.
         let (src, plane, row): (&[f32], usize, usize) = if padded {
@@ -439,7 +494,6 @@ impl NchwcConv {
             .flat_map(|oy| (0..ow).map(move |ox| oy * sh * row + ox * sw * lanes))
             .collect();
         let steps = self.taps() * lanes;
-        let o = self.yd[1];
         for g in groups {
             // Valid lanes of the group's last block: the padding lanes of the output are zero.
             let last = o - (g.start + g.nb - 1) * B;
@@ -486,12 +540,18 @@ impl NchwcConv {
         rows: std::ops::Range<usize>,
         buf: &mut Vec<f32>,
     ) -> (usize, usize) {
-        let [_, c, h, w] = self.xd;
-        let [_, _, kh, _] = self.wd;
-        let [_, _, _, ow] = self.yd;
-        let sh = self.attrs.strides[0] as usize;
-        let dh = self.attrs.dilations[0] as usize;
-        let [pt, pl] = [self.attrs.pads[0] as usize, self.attrs.pads[1] as usize];
+        let Geom {
+            c,
+            h,
+            w,
+            kh,
+            ow,
+            sh,
+            dh,
+            pt,
+            pl,
+            ..
+        } = self.g;
         let lanes = self.lanes();
         let cols = self.cols(ow);
         let n_rows = (rows.end - rows.start - 1) * sh + (kh - 1) * dh + 1;
@@ -542,12 +602,20 @@ impl NchwcConv {
         rows: std::ops::Range<usize>,
         buf: &mut Vec<f32>,
     ) {
-        let [_, c, h, w] = self.xd;
-        let [_, _, kh, kw] = self.wd;
-        let [_, _, oh, ow] = self.yd;
-        let [sh, sw] = self.attrs.strides.map(|v| v as usize);
-        let [dh, dw] = self.attrs.dilations.map(|v| v as usize);
-        let [pt, pl] = [self.attrs.pads[0] as usize, self.attrs.pads[1] as usize];
+        let Geom {
+            c,
+            h,
+            w,
+            kh,
+            kw,
+            oh,
+            ow,
+            sh,
+            dh,
+            pt,
+            pl,
+            ..
+        } = self.g;
         let cols = self.cols(ow);
         let row = cols * B;
         let n_rows = (rows.end - rows.start - 1) * sh + (kh - 1) * dh + 1;
@@ -594,7 +662,7 @@ impl NchwcConv {
             };
             // SAFETY: as for `direct`; the buffer covers every tap of every (rounded-up)
             // output column.
-            unsafe { depthwise_row(buf, base, row, taps, [kh, kw], [sw, dh, dw], yrow, [b, ow]) };
+            unsafe { depthwise_row(buf, base, row, taps, &self.g, yrow, b) };
         }
     }
 }
@@ -699,25 +767,31 @@ unsafe fn tile<const NB: usize, const L: usize>(
 
 /// One output row of block `b` of a depthwise convolution: `ow` pixels at `yrow`, eight at a
 /// time, each the sum over taps of the padded buffer's pixel times the tap's weights, through
-/// the epilogue. The row's taps start at `base` in `buf`, rows `row` floats apart; `[sw, dh,
-/// dw]` are the column stride and the dilations.
+/// the epilogue. The row's taps start at `base` in `buf`, rows `row` floats apart.
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA; `buf` covers every tap of `ow` rounded up to eight outputs;
 /// `yrow` holds `ow` pixels.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
 unsafe fn depthwise_row(
     buf: &[f32],
     base: usize,
     row: usize,
     taps: &[[f32; B]],
-    [kh, kw]: [usize; 2],
-    [sw, dh, dw]: [usize; 3],
+    g: &Geom,
     yrow: Out,
-    [b, ow]: [usize; 2],
+    b: usize,
 ) {
+    let Geom {
+        kh,
+        kw,
+        ow,
+        sw,
+        dh,
+        dw,
+        ..
+    } = *g;
     for ox in (0..ow).step_by(B) {
         let mut acc = [_mm256_setzero_ps(); B];
         for ky in 0..kh {
@@ -750,16 +824,6 @@ unsafe fn depthwise_row(
 
 /// Never called: `NchwcConv::new` declines off x86-64.
 #[cfg(not(target_arch = "x86_64"))]
-#[allow(clippy::too_many_arguments)]
-unsafe fn depthwise_row(
-    _: &[f32],
-    _: usize,
-    _: usize,
-    _: &[[f32; B]],
-    _: [usize; 2],
-    _: [usize; 3],
-    _: Out,
-    _: [usize; 2],
-) {
+unsafe fn depthwise_row(_: &[f32], _: usize, _: usize, _: &[[f32; B]], _: &Geom, _: Out, _: usize) {
     unreachable!("no AVX2 off x86-64")
 }
