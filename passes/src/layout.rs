@@ -37,7 +37,7 @@
 use crate::manager::{OptionInfo, Options, Pass};
 use std::collections::HashMap;
 use tcc_ir::edit::Users;
-use tcc_ir::interp::{ConstArg, fold};
+use tcc_ir::interp::fold;
 use tcc_ir::typing::infer;
 use tcc_ir::{DType, Function, Op, OpKind, TensorType, Value};
 
@@ -129,14 +129,7 @@ impl Rewrite<'_> {
     ) -> Result<Value, String> {
         let tys: Vec<&TensorType> = args.iter().map(|&a| self.f.ty(a)).collect();
         let out = infer(&kind, &tys).map_err(|e| format!("internal error in nchwc: {e}"))?;
-        let consts: Option<Vec<ConstArg>> = args
-            .iter()
-            .map(|&a| match self.f.def_op(a).map(|op| &self.f.op(op).kind) {
-                Some(OpKind::Const { ty, value }) => Some(ConstArg { ty, value }),
-                _ => None,
-            })
-            .collect();
-        let folded = match consts {
+        let folded = match crate::canonicalize::fold::const_args(self.f, args) {
             Some(c) if !args.is_empty() => match fold(&kind, &c, &out, FOLD_LIMIT) {
                 Some(Ok(mut lits)) => Some(lits.remove(0)),
                 _ => None,

@@ -2,7 +2,17 @@
 //! running the op would produce (`tcc_ir::interp::fold` defines the semantics).
 
 use tcc_ir::interp::ConstArg;
-use tcc_ir::{Literal, OpKind, TensorType};
+use tcc_ir::{Function, Literal, OpKind, TensorType, Value};
+
+/// The operands `args` as constants, if constants define them all.
+pub fn const_args<'f>(f: &'f Function, args: &[Value]) -> Option<Vec<ConstArg<'f>>> {
+    (args.iter())
+        .map(|&a| match &f.op(f.def_op(a)?).kind {
+            OpKind::Const { ty, value } => Some(ConstArg { ty, value }),
+            _ => None,
+        })
+        .collect()
+}
 
 /// Evaluates `kind` on constant operands to produce a value of type `out`. Only elementwise ops,
 /// `broadcast_to`, `reshape` and `transpose` fold. Returns `None` when the op does not fold,

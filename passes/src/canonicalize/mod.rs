@@ -62,27 +62,18 @@ fn rewrite(f: &Function, op: Op, limit: u64) -> Rewrite {
     let args = &d.args;
 
     // Constant folding.
-    if !args.is_empty() && !matches!(d.kind, OpKind::Const { .. }) {
-        let consts: Option<Vec<tcc_ir::interp::ConstArg<'_>>> = args
-            .iter()
-            .map(|&a| match producer(f, a) {
-                Some((OpKind::Const { ty, value }, _)) => {
-                    Some(tcc_ir::interp::ConstArg { ty, value })
-                }
-                _ => None,
-            })
-            .collect();
-        if let Some(consts) = consts
-            && let Some(value) = fold::fold(&d.kind, &consts, out, limit)
-        {
-            return Rewrite::Become(
-                OpKind::Const {
-                    ty: out.clone(),
-                    value,
-                },
-                Vec::new(),
-            );
-        }
+    if !args.is_empty()
+        && !matches!(d.kind, OpKind::Const { .. })
+        && let Some(consts) = fold::const_args(f, args)
+        && let Some(value) = fold::fold(&d.kind, &consts, out, limit)
+    {
+        return Rewrite::Become(
+            OpKind::Const {
+                ty: out.clone(),
+                value,
+            },
+            Vec::new(),
+        );
     }
 
     match &d.kind {
