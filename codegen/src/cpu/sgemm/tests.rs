@@ -187,6 +187,41 @@ fn reports_each_row_piece_once_when_final() {
     }
 }
 
+/// The operands of the product tests: A (`m x k`) and B (`k x n`), row-major.
+fn operands(m: usize, n: usize, k: usize) -> (Vec<f32>, Vec<f32>) {
+    let a = (0..m * k)
+        .map(|i| ((i * 7 % 13) as f32 - 6.0) / 8.0)
+        .collect();
+    let b = (0..k * n)
+        .map(|i| ((i * 5 % 11) as f32 - 5.0) / 4.0)
+        .collect();
+    (a, b)
+}
+
+/// Checks `c` (`m x n`, row-major) against `scale` times `a b` summed in f64; `what` names the
+/// case in a failure.
+fn check_product(
+    c: &[f32],
+    (a, b): (&[f32], &[f32]),
+    [m, n, k]: [usize; 3],
+    scale: f64,
+    what: &str,
+) {
+    for i in 0..m {
+        for j in 0..n {
+            let want: f64 = scale
+                * (0..k)
+                    .map(|p| a[i * k + p] as f64 * b[p * n + j] as f64)
+                    .sum::<f64>();
+            let got = c[i * n + j] as f64;
+            assert!(
+                (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                "{what} at ({i},{j}): {got} vs {want}"
+            );
+        }
+    }
+}
+
 #[test]
 fn matches_a_plain_product() {
     let shapes = [
@@ -203,12 +238,7 @@ fn matches_a_plain_product() {
         .into_iter()
         .flat_map(|isa| shapes.map(|shape| (isa, shape)))
     {
-        let a: Vec<f32> = (0..m * k)
-            .map(|i| ((i * 7 % 13) as f32 - 6.0) / 8.0)
-            .collect();
-        let b: Vec<f32> = (0..k * n)
-            .map(|i| ((i * 5 % 11) as f32 - 5.0) / 4.0)
-            .collect();
+        let (a, b) = operands(m, n, k);
         // Plain, then with A read transposed from its transpose and B likewise, then
         // accumulating onto the first product.
         let at: Vec<f32> = (0..k * m).map(|i| a[(i % m) * k + i / m]).collect();
@@ -245,19 +275,8 @@ fn matches_a_plain_product() {
         ] {
             // SAFETY: ma, mb and c address m x k, k x n and m x n floats of live vectors.
             unsafe { sgemm(isa, m, n, k, ma, mb, c.as_mut_ptr(), n, acc, 2, None) };
-            for i in 0..m {
-                for j in 0..n {
-                    let want: f64 = pass
-                        * (0..k)
-                            .map(|p| a[i * k + p] as f64 * b[p * n + j] as f64)
-                            .sum::<f64>();
-                    let got = c[i * n + j] as f64;
-                    assert!(
-                        (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
-                        "{isa:?} {m}x{n}x{k} at ({i},{j}), pass {pass}: {got} vs {want}"
-                    );
-                }
-            }
+            let what = format!("{isa:?} {m}x{n}x{k}, pass {pass}");
+            check_product(&c, (&a, &b), [m, n, k], pass, &what);
         }
     }
 }
@@ -279,12 +298,7 @@ fn packed_b_matches_a_plain_product() {
         .into_iter()
         .flat_map(|isa| shapes.map(|shape| (isa, shape)))
     {
-        let a: Vec<f32> = (0..m * k)
-            .map(|i| ((i * 7 % 13) as f32 - 6.0) / 8.0)
-            .collect();
-        let b: Vec<f32> = (0..k * n)
-            .map(|i| ((i * 5 % 11) as f32 - 5.0) / 4.0)
-            .collect();
+        let (a, b) = operands(m, n, k);
         let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
         let forms = [
             Mat {
@@ -324,18 +338,8 @@ fn packed_b_matches_a_plain_product() {
                         None,
                     )
                 };
-                for i in 0..m {
-                    for j in 0..n {
-                        let want: f64 = (0..k)
-                            .map(|p| a[i * k + p] as f64 * b[p * n + j] as f64)
-                            .sum();
-                        let got = c[i * n + j] as f64;
-                        assert!(
-                            (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
-                            "{isa:?} {m}x{n}x{k}, form {form}, {threads} threads, at ({i},{j}): {got} vs {want}"
-                        );
-                    }
-                }
+                let what = format!("{isa:?} {m}x{n}x{k}, form {form}, {threads} threads");
+                check_product(&c, (&a, &b), [m, n, k], 1.0, &what);
             }
         }
     }
