@@ -612,27 +612,24 @@ pub(crate) fn eval(kind: &OpKind, args: &[&Val], tys: &[TensorType]) -> R<Vec<Va
             Buf::F(res)
         }
         OpKind::Conv2dNchwc { conv, block } => {
+            // `conv2d` on the plain input, then blocked.
             let (x, w) = (args[0], args[1]);
-            let wd = w.dims();
-            let d = x.dims();
+            let (d, wd) = (x.dims(), w.dims());
             let xd = [d[0], wd[1] * conv.groups, d[2], d[3]];
-            let plain = if d.len() == 5 {
-                from_nchwc(&x.buf, &xd, *block)
-            } else {
-                x.buf.clone()
+            let yd = [out.dims()[0], wd[0], out.dims()[2], out.dims()[3]];
+            let plain = |dims: [u64; 4]| {
+                TensorType::new(out.dtype(), dims.to_vec()).map_err(|e| e.to_string())
             };
-            let yd = [out.dims()[0], wd[0], 0, 0];
-            let yd = [yd[0], yd[1], out.dims()[2], out.dims()[3]];
-            let (xs, ws) = (
-                match &plain {
-                    Buf::F(v) => v,
-                    _ => unreachable!("type rules: a float input"),
+            let x = Val {
+                ty: plain(xd)?,
+                buf: if d.len() == 5 {
+                    from_nchwc(&x.buf, &xd, *block)
+                } else {
+                    x.buf.clone()
                 },
-                w.f(),
-            );
-            let mut res = vec![0.0; numel(&yd)];
-            conv_taps(conv, &xd, wd, &yd, |xi, wi, yi| res[yi] += xs[xi] * ws[wi]);
-            to_nchwc(&Buf::F(res), &yd, *block)
+            };
+            let y = eval(&OpKind::Conv2d(conv.clone()), &[&x, w], &[plain(yd)?])?.remove(0);
+            to_nchwc(&y.buf, &yd, *block)
         }
         OpKind::Conv2dGradInput { conv, .. } => {
             let (dy, w) = (args[0].f(), args[1].f());
