@@ -458,6 +458,15 @@ fn channel_blocked_layout() {
             "{pads=[2,2,2,2], groups=16}",
             "[2,2,19,24,8]",
         ),
+        // The 3x3 kernel at column stride 1 (each input pixel loaded once per filter row),
+        // with a partial block and a row of thirteen (one full and one partial vector of
+        // outputs), taller stride 2.
+        (
+            "[1,13,10,13]",
+            "[13,1,3,3]",
+            "{strides=[2,1], pads=[1,1,1,1], groups=13}",
+            "[1,2,5,13,8]",
+        ),
     ];
     for (i, (x, w, attrs, y)) in convs.iter().enumerate() {
         let attrs = if attrs.is_empty() {
