@@ -50,45 +50,48 @@ pub(crate) fn first(n: usize) -> __m256i {
     _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), lane)
 }
 
-/// `e^x` on eight lanes: [`crate::kernel::math::exp`] step for step (the same clamp,
-/// constants, rounding and multiply-adds), so that an epilogue applied in a kernel's registers
-/// gives the compiled elementwise kernels' bits (checked by a test below).
+/// `1 / (1 + e^-x)` on eight lanes, as [`crate::kernel::math::sigmoid`] computes it.
 #[target_feature(enable = "avx2,fma")]
-pub(crate) fn exp(x: __m256) -> __m256 {
-    use crate::kernel::math::{EXP_CLAMP, EXP_LN2, EXP_POLY};
+pub(crate) fn sigmoid(x: __m256) -> __m256 {
+    use crate::kernel::math::SIGMOID_CLAMP;
+    let one = _mm256_set1_ps(1.0);
+    let e = exp_clamped::<1>(_mm256_xor_ps(x, _mm256_set1_ps(-0.0)), SIGMOID_CLAMP);
+    _mm256_div_ps(one, _mm256_add_ps(one, e))
+}
+
+/// The kernel layer's `exp_clamped` on eight lanes, step for step (the same clamp, constants,
+/// rounding and multiply-adds), so that an epilogue applied in a kernel's registers gives the
+/// compiled elementwise kernels' bits (checked by a test below): `e^x` for `x` clamped to
+/// `clamp`, scaled by `2^n` in `FACTORS` (1 or 2) factors.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn exp_clamped<const FACTORS: usize>(x: __m256, clamp: (f32, f32)) -> __m256 {
+    use crate::kernel::math::{EXP_LN2, EXP_POLY};
     // The clamp: `maxps(lo, x)` is `lo > x ? lo : x`, the kernel layer's `x < lo ? lo : x`
     // (NaN passes through), and `minps(hi, x)` likewise.
-    let x = _mm256_max_ps(_mm256_set1_ps(EXP_CLAMP.0), x);
-    let x = _mm256_min_ps(_mm256_set1_ps(EXP_CLAMP.1), x);
+    let x = _mm256_max_ps(_mm256_set1_ps(clamp.0), x);
+    let x = _mm256_min_ps(_mm256_set1_ps(clamp.1), x);
     let t = _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E));
     let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
-    let r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(EXP_LN2.0)));
-    let r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(EXP_LN2.1)));
+    let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-EXP_LN2.0), x);
+    let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-EXP_LN2.1), r);
     let mut p = _mm256_set1_ps(EXP_POLY[0]);
     for &k in &EXP_POLY[1..] {
         p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(k));
     }
-    let y = _mm256_mul_ps(_mm256_mul_ps(r, r), p);
-    let y = _mm256_add_ps(_mm256_add_ps(y, r), _mm256_set1_ps(1.0));
-    // 2^n as 2^(n>>1) * 2^(n - (n>>1)).
+    let y = _mm256_fmadd_ps(_mm256_mul_ps(r, r), p, r);
+    let y = _mm256_add_ps(y, _mm256_set1_ps(1.0));
     let ni = _mm256_cvttps_epi32(n);
+    let bias = _mm256_set1_epi32(127);
+    let scale =
+        |e: __m256i| _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(e, bias)));
+    if FACTORS == 1 {
+        return _mm256_mul_ps(y, scale(ni));
+    }
+    // 2^n as 2^(n>>1) * 2^(n - (n>>1)).
     let n1 = _mm256_srai_epi32::<1>(ni);
     let n2 = _mm256_sub_epi32(ni, n1);
-    let bias = _mm256_set1_epi32(127);
-    let mut out = y;
-    for e in [n1, n2] {
-        let s = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(e, bias)));
-        out = _mm256_mul_ps(out, s);
-    }
-    out
-}
-
-/// `1 / (1 + e^-x)` on eight lanes, as the compiled kernels compute `sigmoid`.
-#[target_feature(enable = "avx2,fma")]
-pub(crate) fn sigmoid(x: __m256) -> __m256 {
-    let one = _mm256_set1_ps(1.0);
-    let e = exp(_mm256_xor_ps(x, _mm256_set1_ps(-0.0)));
-    _mm256_div_ps(one, _mm256_add_ps(one, e))
+    _mm256_mul_ps(_mm256_mul_ps(y, scale(n1)), scale(n2))
 }
 
 /// The dot product of `x` and `y` (the same length) in four vectors of partial sums.
@@ -170,6 +173,12 @@ pub(crate) fn max_nan(m: __m256, v: __m256) -> __m256 {
 mod tests {
     use super::*;
 
+    /// `e^x` as the compiled `exp` computes it.
+    #[target_feature(enable = "avx2,fma")]
+    fn exp(x: __m256) -> __m256 {
+        exp_clamped::<2>(x, crate::kernel::math::EXP_CLAMP)
+    }
+
     /// The compiled elementwise kernels and these give the same bits, over the whole range
     /// and at the edges (overflow, underflow through the subnormals, NaN, infinities).
     #[test]
@@ -187,6 +196,10 @@ mod tests {
             88.8,
             -103.9,
             -104.5,
+            87.9,
+            88.1,
+            -87.9,
+            -88.1,
             f32::NAN,
             f32::INFINITY,
             f32::NEG_INFINITY,

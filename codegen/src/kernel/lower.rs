@@ -1,7 +1,7 @@
 //! Kernel ops to body nodes: the one translation of elementwise IR ops into the expression form.
 
 use super::expr::{Bin, Body, Cmp, E, Lane, Un};
-use super::math::{erf, exp, gelu, log, tanh};
+use super::math::{erf, exp, gelu, log, sigmoid, tanh};
 use std::collections::HashMap;
 use tcc_ir::{BinaryOp, CmpOp, DType, Function, Op, OpKind, UnaryOp, Value};
 
@@ -187,12 +187,6 @@ fn unary(b: &mut Body, u: UnaryOp, x: E) -> E {
         UnaryOp::Floor => b.un(Un::Floor, x),
         UnaryOp::Ceil => b.un(Un::Ceil, x),
         UnaryOp::Round => b.un(Un::Nearest, x),
-        UnaryOp::Sigmoid => {
-            let nx = b.un(Un::Neg, x);
-            let e = exp(b, nx);
-            let one = b.c(1.0);
-            let d = b.add(one, e);
-            b.div(one, d)
-        }
+        UnaryOp::Sigmoid => sigmoid(b, x),
     }
 }

@@ -20,6 +20,9 @@ fn c32(b: &mut Body, x: f32) -> E {
 /// polynomial's coefficients, highest degree first. Hand-written kernels that apply `exp` in
 /// their registers (`cpu/simd.rs`) use the same ones, step for step.
 pub const EXP_CLAMP: (f32, f32) = (-104.0, 89.0);
+/// The clamp of `e^-x` inside `sigmoid`: `2^n` of the rounded `n` stays a normal float, so one
+/// factor scales it (`sigmoid` is 1 in f32 above 17, and below -88 it would be subnormal).
+pub const SIGMOID_CLAMP: (f32, f32) = (-88.0, 88.0);
 /// See [`EXP_CLAMP`].
 pub const EXP_LN2: (f32, f32) = (0.693_359_4, -2.121_944_4e-4);
 /// See [`EXP_CLAMP`].
@@ -32,39 +35,59 @@ pub const EXP_POLY: [f32; 6] = [
     0.5,
 ];
 
-/// `e^x` (Cephes' `expf`): range reduction by `ln 2` (a two-part constant), a degree-6
-/// polynomial, and scaling by `2^n` split in two factors so that results overflow to `inf` and
-/// underflow through the subnormals as they should.
+/// `e^x` (Cephes' `expf`): range reduction by `ln 2` (a two-part constant, each part a
+/// multiply-add), a degree-6 polynomial, and scaling by `2^n` split in two factors so that
+/// results overflow to `inf` and underflow through the subnormals as they should.
 pub fn exp(b: &mut Body, x: E) -> E {
+    exp_clamped(b, x, EXP_CLAMP, 2)
+}
+
+/// `1 / (1 + e^-x)`, with `e^-x` clamped to [`SIGMOID_CLAMP`] and scaled by one factor: the
+/// same polynomial as [`exp`] in fewer steps.
+pub fn sigmoid(b: &mut Body, x: E) -> E {
+    let nx = b.un(Un::Neg, x);
+    let e = exp_clamped(b, nx, SIGMOID_CLAMP, 1);
+    let one = b.c(1.0);
+    let d = b.add(one, e);
+    b.div(one, d)
+}
+
+/// `e^x` for `x` clamped to `clamp`, scaled by `2^n` in `factors` (1 or 2) factors; one
+/// suffices where every rounded `n` of the clamp is a normal exponent.
+fn exp_clamped(b: &mut Body, x: E, clamp: (f32, f32), factors: i32) -> E {
     debug_assert_eq!(b.lane, Lane::F32);
-    let x = b.clamp(x, EXP_CLAMP.0 as f64, EXP_CLAMP.1 as f64);
+    let x = b.clamp(x, clamp.0 as f64, clamp.1 as f64);
     let log2e = c32(b, std::f32::consts::LOG2_E);
     let t = b.mul(x, log2e);
     let n = b.un(Un::Nearest, t);
-    let c1 = c32(b, EXP_LN2.0);
-    let c2 = c32(b, EXP_LN2.1);
-    let r = b.mul(n, c1);
-    let r = b.sub(x, r);
-    let r2 = b.mul(n, c2);
-    let r = b.sub(r, r2);
+    let c1 = c32(b, -EXP_LN2.0);
+    let c2 = c32(b, -EXP_LN2.1);
+    let r = b.mul_add(n, c1, x);
+    let r = b.mul_add(n, c2, r);
     let p = coeffs(b, r, &EXP_POLY);
     let rr = b.mul(r, r);
-    let y = b.mul(rr, p);
-    let y = b.add(y, r);
+    let y = b.mul_add(rr, p, r);
     let one = b.c(1.0);
     let y = b.add(y, one);
-    // 2^n as 2^(n>>1) * 2^(n - (n>>1)): each factor's exponent stays in the normal range.
     // n is integral and within [-150, 129], so truncation is exact (for NaN the scales are
     // garbage, but y is NaN and so is the product).
     let ni = b.to_int(n);
-    let n1 = b.sshr(ni, 1);
-    let n2 = b.ibin(IBin::Sub, ni, n1);
     let bias = b.ic(127);
-    let mut out = y;
-    for e in [n1, n2] {
+    let scale = |b: &mut Body, e: E| {
         let e = b.ibin(IBin::Add, e, bias);
         let e = b.shl(e, 23);
-        let s = b.from_bits(e);
+        b.from_bits(e)
+    };
+    if factors == 1 {
+        let s = scale(b, ni);
+        return b.mul(y, s);
+    }
+    // 2^n as 2^(n>>1) * 2^(n - (n>>1)): each factor's exponent stays in the normal range.
+    let n1 = b.sshr(ni, 1);
+    let n2 = b.ibin(IBin::Sub, ni, n1);
+    let mut out = y;
+    for e in [n1, n2] {
+        let s = scale(b, e);
         out = b.mul(out, s);
     }
     out
