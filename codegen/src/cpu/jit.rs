@@ -600,7 +600,8 @@ fn compile_row(
 /// Compiles reduction kernel `k` of layout `red`. For each `a` in
 /// `start..end` and each output `b`, accumulates the prologue's values over `l` in `f32`; rows
 /// (`b == 1`) use two `f32x4` accumulators along `l`, other layouts compute four neighbouring
-/// outputs at once. Then the mean's division and the epilogue, and the stores.
+/// outputs at once, in four accumulators that take turns along `l`. Then the mean's division
+/// and the epilogue, and the stores.
 fn compile_reduce(
     module: &mut JITModule,
     tg: Target,
@@ -712,6 +713,18 @@ fn compile_reduce(
             b.declare_var(types::F32X4),
             b.declare_var(types::F32X4),
         );
+        let accs4 = [
+            acc4a,
+            acc4b,
+            b.declare_var(types::F32X4),
+            b.declare_var(types::F32X4),
+        ];
+        let accs1 = [
+            acc,
+            b.declare_var(types::F32),
+            b.declare_var(types::F32),
+            b.declare_var(types::F32),
+        ];
         let zero = b.ins().iconst(types::I64, 0);
         let l_v = b.ins().iconst(types::I64, l as i64);
         emit_for(b, av, start, end, 1, |b, a| {
@@ -757,27 +770,48 @@ fn compile_reduce(
                 .ins()
                 .iconst(types::I64, if cols { (bext & !3) as i64 } else { 0 });
             let b_v = b.ins().iconst(types::I64, bext as i64);
-            for (lane, from, to, step, var) in [
-                (types::F32X4, zero, b4, 4, acc4a),
-                (types::F32, b4, b_v, 1, acc),
+            // Along l, four accumulators take turns (then the tail goes to the first), so that
+            // the combining steps of neighbouring elements do not wait for each other.
+            let l4 = b.ins().iconst(types::I64, (l & !3) as i64);
+            for (lane, from, to, step, vars) in [
+                (types::F32X4, zero, b4, 4, &accs4),
+                (types::F32, b4, b_v, 1, &accs1),
             ] {
                 emit_for(b, bv, from, to, step, |b, o_b| {
                     let i = num_const(b, lane, init as f64);
-                    b.def_var(var, i);
-                    emit_for(b, lv, zero, l_v, 1, |b, j| {
-                        // e = (a * l + j) * b + o_b
+                    for &var in vars {
+                        b.def_var(var, i);
+                    }
+                    // Element j of this output: (a * l + j) * b + o_b.
+                    let at = |b: &mut FunctionBuilder, j: CValue| {
                         let al = b.ins().imul_imm(a, l as i64);
                         let alj = b.ins().iadd(al, j);
                         let row = b.ins().imul_imm(alj, bext as i64);
-                        let e = b.ins().iadd(row, o_b);
-                        let x = value_at(b, lane, e);
-                        let cur = b.use_var(var);
-                        let n = combine(b, lane, cur, x);
-                        b.def_var(var, n);
+                        b.ins().iadd(row, o_b)
+                    };
+                    emit_for(b, lv, zero, l4, 4, |b, j| {
+                        let e = at(b, j);
+                        for (u, &var) in vars.iter().enumerate() {
+                            let e = b.ins().iadd_imm(e, (u as u64 * bext) as i64);
+                            let x = value_at(b, lane, e);
+                            let cur = b.use_var(var);
+                            let n = combine(b, lane, cur, x);
+                            b.def_var(var, n);
+                        }
                     });
+                    emit_for(b, lv, l4, l_v, 1, |b, j| {
+                        let e = at(b, j);
+                        let x = value_at(b, lane, e);
+                        let cur = b.use_var(vars[0]);
+                        let n = combine(b, lane, cur, x);
+                        b.def_var(vars[0], n);
+                    });
+                    let v: Vec<CValue> = vars.iter().map(|&var| b.use_var(var)).collect();
+                    let p = combine(b, lane, v[0], v[1]);
+                    let q = combine(b, lane, v[2], v[3]);
+                    let total = combine(b, lane, p, q);
                     let ab = b.ins().imul_imm(a, bext as i64);
                     let o = b.ins().iadd(ab, o_b);
-                    let total = b.use_var(var);
                     finish(b, lane, o, total);
                 });
             }
