@@ -242,3 +242,101 @@ fn bad_options_are_named() {
         tcc_passes::Pipeline::parse("fold-bn{training=true,freeze-delay=200,decay=0.99}").is_ok()
     );
 }
+
+/// A squeeze-and-excitation gate: the per-channel scale of a convolution's input (one factor
+/// per channel, the same for every image) goes into the filter when the filter is small
+/// against the activation, in either operand order; it stays where the activation is small, the
+/// product has another reader, or the scale differs per image.
+#[test]
+fn input_scales_fold_into_the_next_convolution() {
+    let gate = |x: &str, s: &str, w: &str, y: &str, mul: &str, also_returned: bool| {
+        let (types, values) = if also_returned {
+            (format!("f32{y}, f32{x}"), "%y, %m")
+        } else {
+            (format!("f32{y}"), "%y")
+        };
+        format!(
+            "func @f(%a: f32{x}, %g: f32{s}, %w: f32{w}) -> ({types}) {{
+  %x = relu %a : f32{x}
+  %s = sigmoid %g : f32{s}
+  %m = {mul} : f32{x}
+  %y = conv2d %m, %w {{pads=[1,0,1,0]}} : f32{y}
+  return {values}
+}}"
+        )
+    };
+    // (input, scale, filter, output, the multiply, another reader?, folds?)
+    let cases = [
+        (
+            "[1,6,12,10]",
+            "[1,6,1,1]",
+            "[5,6,3,1]",
+            "[1,5,12,10]",
+            "mul %x, %s",
+            false,
+            true,
+        ),
+        (
+            "[1,6,12,10]",
+            "[6,1,1]",
+            "[5,6,3,1]",
+            "[1,5,12,10]",
+            "mul %s, %x",
+            false,
+            true,
+        ),
+        // The same factors for both images.
+        (
+            "[2,6,8,8]",
+            "[1,6,1,1]",
+            "[5,6,3,1]",
+            "[2,5,8,8]",
+            "mul %x, %s",
+            false,
+            true,
+        ),
+        // A filter larger than a quarter of the activation per channel (4 * 5 * 3 > 4 * 4).
+        (
+            "[1,6,4,4]",
+            "[1,6,1,1]",
+            "[5,6,3,1]",
+            "[1,5,4,4]",
+            "mul %x, %s",
+            false,
+            false,
+        ),
+        // Per-image factors.
+        (
+            "[2,6,8,8]",
+            "[2,6,1,1]",
+            "[5,6,3,1]",
+            "[2,5,8,8]",
+            "mul %x, %s",
+            false,
+            false,
+        ),
+        // The product is also a result.
+        (
+            "[1,6,12,10]",
+            "[1,6,1,1]",
+            "[5,6,3,1]",
+            "[1,5,12,10]",
+            "mul %x, %s",
+            true,
+            false,
+        ),
+    ];
+    for (x, s, w, y, mul, returned, folds) in cases {
+        let src = gate(x, s, w, y, mul, returned);
+        let (stats, _, g) = check(&src);
+        assert_eq!(stats.input_scales, usize::from(folds), "{src}\n{g}");
+        let activation_muls = (g.schedule().iter())
+            .filter(|&&op| {
+                let d = g.op(op);
+                matches!(d.kind, OpKind::Binary(tcc_ir::BinaryOp::Mul))
+                    && g.ty(d.results[0]).dims() == g.ty(g.params()[0]).dims()
+            })
+            .count();
+        assert_eq!(activation_muls, usize::from(!folds), "{src}\n{g}");
+    }
+}
