@@ -467,6 +467,13 @@ fn channel_blocked_layout() {
             "{strides=[2,1], pads=[1,1,1,1], groups=13}",
             "[1,2,5,13,8]",
         ),
+        // The 5x5 kernel at column stride 2 (taps in two phases), eleven outputs a row.
+        (
+            "[1,16,13,21]",
+            "[16,1,5,5]",
+            "{strides=[2,2], pads=[2,2,2,2], groups=16}",
+            "[1,2,7,11,8]",
+        ),
     ];
     for (i, (x, w, attrs, y)) in convs.iter().enumerate() {
         let attrs = if attrs.is_empty() {

@@ -778,11 +778,11 @@ unsafe fn tile<const NB: usize, const L: usize>(
 /// time, each the sum over taps of the padded buffer's pixel times the tap's weights, through
 /// the epilogue. The row's taps start at `base` in `buf`, rows `row` floats apart.
 ///
-/// 3x3 and 5x5 filters at column stride 1, undilated (most depthwise layers of MobileNet and
-/// EfficientNet), have a kernel of their own that loads each input pixel of a filter row once
-/// and multiplies it into every output it feeds: a 3x3 row of eight outputs takes 30 loads
-/// instead of 72 (1.3-1.5x faster on MobileNet's and EfficientNet's layers). The same kernel
-/// at stride 2 was slower than one load per tap and output, so strided rows take that path.
+/// 3x3 and 5x5 filters at column strides 1 and 2, undilated (the depthwise layers of MobileNet
+/// and EfficientNet), have a kernel of their own that loads each input pixel of a filter row
+/// once and multiplies it into every output it feeds: a 3x3 row of eight outputs takes 30 loads
+/// instead of 72 at stride 1 (1.3-1.5x faster on those networks' layers), 51 at stride 2 (up to
+/// 1.1x; strided layers are bound by reading their input).
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA; `buf` covers every tap of `ow` rounded up to eight outputs;
@@ -801,21 +801,25 @@ unsafe fn depthwise_row(
     // SAFETY (every arm): the caller's contract.
     unsafe {
         match (g.kw, g.sw, g.dw) {
-            (3, 1, 1) => depthwise_fixed::<3>(buf, base, row, taps, g, yrow, b),
-            (5, 1, 1) => depthwise_fixed::<5>(buf, base, row, taps, g, yrow, b),
+            (3, 1, 1) => depthwise_fixed::<3, 1>(buf, base, row, taps, g, yrow, b),
+            (5, 1, 1) => depthwise_fixed::<5, 1>(buf, base, row, taps, g, yrow, b),
+            (3, 2, 1) => depthwise_fixed::<3, 2>(buf, base, row, taps, g, yrow, b),
+            (5, 2, 1) => depthwise_fixed::<5, 2>(buf, base, row, taps, g, yrow, b),
             _ => depthwise_any(buf, base, row, taps, g, yrow, b),
         }
     }
 }
 
-/// [`depthwise_row`] for filters `KW` wide at column stride 1, undilated: per filter row, the
-/// `7 + KW` input pixels that eight outputs read are each loaded once.
+/// [`depthwise_row`] for filters `KW` wide at column stride `SW`, undilated. The taps go in
+/// `SW` phases (the taps `kx` with `kx % SW == phase` read input columns `j * SW + phase + t *
+/// SW` for output `j`); within a phase each input pixel eight outputs read is loaded once and
+/// multiplied into every output it feeds.
 ///
 /// # Safety
-/// As for [`depthwise_row`], with `g.kw == KW`, `g.sw == 1` and `g.dw == 1`.
+/// As for [`depthwise_row`], with `g.kw == KW`, `g.sw == SW` and `g.dw == 1`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn depthwise_fixed<const KW: usize>(
+unsafe fn depthwise_fixed<const KW: usize, const SW: usize>(
     buf: &[f32],
     base: usize,
     row: usize,
@@ -824,7 +828,7 @@ unsafe fn depthwise_fixed<const KW: usize>(
     yrow: Out,
     b: usize,
 ) {
-    debug_assert!(g.kw == KW && g.sw == 1 && g.dw == 1);
+    debug_assert!(g.kw == KW && g.sw == SW && g.dw == 1);
     let Geom { kh, ow, dh, .. } = *g;
     for ox in (0..ow).step_by(B) {
         let mut acc = [_mm256_setzero_ps(); B];
@@ -832,14 +836,19 @@ unsafe fn depthwise_fixed<const KW: usize>(
             // SAFETY: the filter row's KW taps of eight floats each.
             let wv: [__m256; KW] =
                 std::array::from_fn(|kx| unsafe { _mm256_loadu_ps(taps[ky * KW + kx].as_ptr()) });
-            let at = base + ky * dh * row + ox * B;
-            for i in 0..B - 1 + KW {
-                // SAFETY: input pixel ox + i of the buffer's row (the caller's contract).
-                let v = unsafe { _mm256_loadu_ps(buf.as_ptr().add(at + i * B)) };
-                // Output j reads pixel i through tap i - j.
-                for (kx, w) in wv.iter().enumerate() {
-                    if i >= kx && i - kx < B {
-                        acc[i - kx] = _mm256_fmadd_ps(v, *w, acc[i - kx]);
+            let at = base + ky * dh * row + ox * SW * B;
+            for phase in 0..SW {
+                // Taps phase, phase + SW, ...: input column (i * SW + phase) feeds output i - t
+                // through tap t * SW + phase.
+                let kp = (KW - phase).div_ceil(SW);
+                for i in 0..B + kp - 1 {
+                    // SAFETY: input pixel (ox + i) * SW + phase of the buffer's row, at most
+                    // (ox + 7) * SW + KW - 1 (the caller's contract).
+                    let v = unsafe { _mm256_loadu_ps(buf.as_ptr().add(at + (i * SW + phase) * B)) };
+                    for t in 0..kp {
+                        if i >= t && i - t < B {
+                            acc[i - t] = _mm256_fmadd_ps(v, wv[t * SW + phase], acc[i - t]);
+                        }
                     }
                 }
             }
