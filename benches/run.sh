@@ -6,6 +6,8 @@
 #   benches/run.sh onnx    torchvision CNNs, ViT-B/16 and a small transformer encoder through tcc
 #                          against onnxruntime (see benches/onnx.rs)
 #                          (installs torch, torchvision, onnx and onnxruntime into target/torch-venv)
+# Per layer, one model against onnxruntime's own profiler (after `run.sh onnx` wrote the models):
+#   target/torch-venv/bin/python benches/layers.py target/onnx-bench/MODEL.onnx
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-cpu}" in
