@@ -10,7 +10,11 @@
 //! or run wakes them.
 //!
 //! [`for_each`]`(n, f)` runs `f(0)`..`f(n - 1)` on the calling thread and up to `threads() - 1`
-//! workers, each taking the next item from a shared counter, and returns when all are done.
+//! workers, and returns when all are done. The items are cut into one contiguous share per
+//! thread; each thread takes the items of its own share in order, then helps with what is
+//! left of the others'. So consecutive steps whose items are ordered alike (images, then
+//! rows) give a thread the same part of the data each time, which it wrote into its own
+//! cache, while an early finisher still takes work from a late one.
 //! One job is published at a time: a call made while another thread's job is out (two runs
 //! of one executable at once), or from inside an item, runs its items on its own thread.
 //! [`threads`] is the number of threads a parallel step may use: the size of the rayon pool the
@@ -33,9 +37,8 @@ pub(crate) fn threads() -> usize {
 /// One parallel loop, published to the workers.
 struct Job<'a> {
     f: &'a (dyn Fn(usize) + Sync),
-    n: usize,
-    /// The next item to take.
-    next: AtomicUsize,
+    /// Seat `t`'s share of the items: the next one to take, and the end.
+    shares: Vec<(AtomicUsize, usize)>,
     /// Workers that may still join (the caller's thread count less one).
     seats: AtomicUsize,
     /// Whether an item panicked on a worker.
@@ -43,14 +46,26 @@ struct Job<'a> {
 }
 
 impl Job<'_> {
-    /// Takes and runs items until none are left.
-    fn work(&self) {
-        loop {
-            let i = self.next.fetch_add(1, SeqCst);
-            if i >= self.n {
-                return;
+    /// Items `0..n` in `threads` contiguous shares.
+    fn shares(n: usize, threads: usize) -> Vec<(AtomicUsize, usize)> {
+        (0..threads)
+            .map(|t| (AtomicUsize::new(t * n / threads), (t + 1) * n / threads))
+            .collect()
+    }
+
+    /// Takes and runs items until none are left: first seat `seat`'s share in order, then
+    /// what is left of the others'.
+    fn work(&self, seat: usize) {
+        let k = self.shares.len();
+        for t in (seat..k).chain(0..seat) {
+            let (next, end) = &self.shares[t];
+            loop {
+                let i = next.fetch_add(1, SeqCst);
+                if i >= *end {
+                    break;
+                }
+                (self.f)(i);
             }
-            (self.f)(i);
         }
     }
 }
@@ -162,8 +177,10 @@ fn worker(s: &'static Shared) {
             let job = unsafe { &*p };
             // A seat, if one is left (never below zero, so later workers see none either).
             let seated = (job.seats).fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1));
-            if seated.is_ok() {
-                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.work()));
+            // The seats left before this one took its own: threads - 1 down to 1 (the caller
+            // has seat 0).
+            if let Ok(seat) = seated {
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.work(seat)));
                 if r.is_err() {
                     job.panicked.store(true, SeqCst);
                 }
@@ -197,8 +214,7 @@ pub(crate) fn for_each(n: usize, f: &(dyn Fn(usize) + Sync)) {
     ensure_workers(s, threads - 1);
     let job = Job {
         f,
-        n,
-        next: AtomicUsize::new(0),
+        shares: Job::shares(n, threads),
         seats: AtomicUsize::new(threads - 1),
         panicked: AtomicBool::new(false),
     };
@@ -223,7 +239,7 @@ pub(crate) fn for_each(n: usize, f: &(dyn Fn(usize) + Sync)) {
     {
         let _withdraw = Withdraw(s);
         BUSY.with(|b| b.set(true));
-        job.work();
+        job.work(0);
     }
     drop(guard);
     assert!(
@@ -285,6 +301,45 @@ mod tests {
         });
         let n = ids.lock().unwrap().len();
         assert!(n <= 2, "{n} threads ran a job for two");
+    }
+
+    /// A worker starts with its own share (the second half, of two threads), not with the
+    /// item after the caller's first: the caller's first item waits until another has started,
+    /// so nothing but the worker's share rule decides which item that is.
+    #[test]
+    fn a_worker_starts_with_its_own_share() {
+        let pair = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        // Another test's job may be out (then this one runs inline, on the caller): retry.
+        for _ in 0..50 {
+            let started = AtomicUsize::new(0);
+            let firsts = std::sync::Mutex::new(std::collections::HashMap::new());
+            // `install` runs the closure on one of the pair's threads: that is the caller.
+            let caller = pair.install(|| {
+                let caller = std::thread::current().id();
+                for_each(8, &|i| {
+                    let me = std::thread::current().id();
+                    firsts.lock().unwrap().entry(me).or_insert(i);
+                    if me != caller {
+                        started.fetch_add(1, SeqCst);
+                    } else if i == 0 {
+                        let t = std::time::Instant::now();
+                        while started.load(SeqCst) == 0 && t.elapsed().as_secs() < 1 {
+                            std::hint::spin_loop();
+                        }
+                    }
+                });
+                caller
+            });
+            let firsts = firsts.into_inner().unwrap();
+            if let Some((_, &first)) = firsts.iter().find(|(id, _)| **id != caller) {
+                assert_eq!(first, 4, "a worker's first item: {firsts:?}");
+                return;
+            }
+        }
+        panic!("no worker joined a two-thread job in 50 tries");
     }
 
     #[test]
