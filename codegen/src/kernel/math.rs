@@ -20,8 +20,10 @@ fn c32(b: &mut Body, x: f32) -> E {
 /// polynomial's coefficients, highest degree first. Hand-written kernels that apply `exp` in
 /// their registers (`cpu/simd.rs`) use the same ones, step for step.
 pub const EXP_CLAMP: (f32, f32) = (-104.0, 89.0);
-/// The clamp of `e^-x` inside `sigmoid`: `2^n` of the rounded `n` stays a normal float, so one
-/// factor scales it (`sigmoid` is 1 in f32 above 17, and below -88 it would be subnormal).
+/// The clamp of `e^-x` inside `sigmoid`: the rounded `n` stays within [-127, 127], so one
+/// factor of `2^n` scales it (at -127 that factor's bits are 0 rather than the subnormal
+/// `2^-127`, which changes only an `e^-x` too small to change `1 + e^-x`). `sigmoid` is 1 in
+/// f32 above 17, and below -88 it would be subnormal.
 pub const SIGMOID_CLAMP: (f32, f32) = (-88.0, 88.0);
 /// See [`EXP_CLAMP`].
 pub const EXP_LN2: (f32, f32) = (0.693_359_4, -2.121_944_4e-4);
