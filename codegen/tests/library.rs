@@ -306,6 +306,58 @@ fn library_epilogues_run_on_finished_pieces() {
   %y = relu %s : f32[1,12,13,11]
   return %y
 }",
+        // The epilogues blocked kernels store in one loop each (`post::Fast`): a bias and a
+        // clamp whose ceiling random sums cross; a bias and SiLU; a bias alone; each after a
+        // direct and a depthwise convolution.
+        "func @f(%x: f32[1,16,9,14], %w: f32[24,16,1,1], %b: f32[24,1,1]) -> (f32[1,24,9,14]) {
+  %c = conv2d %x, %w : f32[1,24,9,14]
+  %z = add %c, %b : f32[1,24,9,14]
+  %lo = const {value=0.0} : f32[]
+  %hi = const {value=0.5} : f32[]
+  %r = max %z, %lo : f32[1,24,9,14]
+  %y = min %r, %hi : f32[1,24,9,14]
+  return %y
+}",
+        "func @f(%x: f32[1,16,9,14], %w: f32[16,1,3,3], %b: f32[16,1,1]) -> (f32[1,16,9,14]) {
+  %c = conv2d %x, %w {pads=[1,1,1,1], groups=16} : f32[1,16,9,14]
+  %z = add %c, %b : f32[1,16,9,14]
+  %lo = const {value=0.0} : f32[]
+  %hi = const {value=0.5} : f32[]
+  %r = max %z, %lo : f32[1,16,9,14]
+  %y = min %r, %hi : f32[1,16,9,14]
+  return %y
+}",
+        "func @f(%x: f32[2,8,10,10], %w: f32[20,8,3,3], %b: f32[20,1,1]) -> (f32[2,20,10,10]) {
+  %c = conv2d %x, %w {pads=[1,1,1,1]} : f32[2,20,10,10]
+  %z = add %c, %b : f32[2,20,10,10]
+  %s = sigmoid %z : f32[2,20,10,10]
+  %y = mul %z, %s : f32[2,20,10,10]
+  return %y
+}",
+        "func @f(%x: f32[1,12,11,10], %w: f32[12,1,5,5], %b: f32[12,1,1]) -> (f32[1,12,11,10]) {
+  %c = conv2d %x, %w {pads=[2,2,2,2], groups=12} : f32[1,12,11,10]
+  %z = add %c, %b : f32[1,12,11,10]
+  %s = sigmoid %z : f32[1,12,11,10]
+  %y = mul %s, %z : f32[1,12,11,10]
+  return %y
+}",
+        "func @f(%x: f32[1,24,7,9], %w: f32[16,24,1,1], %b: f32[16,1,1]) -> (f32[1,16,7,9]) {
+  %c = conv2d %x, %w : f32[1,16,7,9]
+  %y = add %c, %b : f32[1,16,7,9]
+  return %y
+}",
+        "func @f(%x: f32[1,16,7,9], %w: f32[16,1,3,3], %b: f32[16,1,1]) -> (f32[1,16,4,5]) {
+  %c = conv2d %x, %w {strides=[2,2], pads=[1,1,1,1], groups=16} : f32[1,16,4,5]
+  %y = add %c, %b : f32[1,16,4,5]
+  return %y
+}",
+        "func @f(%x: f32[1,16,7,9], %w: f32[16,1,3,3], %b: f32[16,1,1], %r: f32[1,16,7,9]) -> (f32[1,16,7,9]) {
+  %c = conv2d %x, %w {pads=[1,1,1,1], groups=16} : f32[1,16,7,9]
+  %z = add %c, %b : f32[1,16,7,9]
+  %s = add %z, %r : f32[1,16,7,9]
+  %y = relu %s : f32[1,16,7,9]
+  return %y
+}",
         // More rows than a block of the GEMM, columns in several groups.
         "func @f(%x: f32[203,150], %w: f32[150,601], %b: f32[601]) -> (f32[203,601]) {
   %h = matmul %x, %w : f32[203,601]

@@ -158,9 +158,81 @@ impl Post {
         ptrs.extend(self.operands.iter().map(|&v| addr(v) as *const f32));
         Bound {
             ops: &self.ops,
+            fast: Fast::of(&self.ops),
             // SAFETY: the operands are only read while the kernel runs.
             ptrs: unsafe { SendPtr::new(ptrs.as_ptr()) },
         }
+    }
+}
+
+/// The commonest epilogues, each with a loop of its own: per vector one load of the sum, the
+/// steps, one store, where [`Bound::apply`] loads and stores every vector once per step and
+/// dispatches on the step (that took a quarter of a 1x1 convolution with a short reduction).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Fast {
+    /// Nothing: the sums as they are.
+    Plain,
+    /// A per-channel bias (operand index).
+    Bias(usize),
+    /// A bias, then relu.
+    BiasRelu(usize),
+    /// A bias, then `max(lo, x)` and `min(hi, x)` (relu6).
+    BiasClamp(usize, f32, f32),
+    /// A bias, then SiLU.
+    BiasSilu(usize),
+    /// A bias, then a residual (operand indices), then relu if `relu`.
+    BiasResidual(usize, usize, bool),
+}
+
+impl Fast {
+    fn of(ops: &[PostOp]) -> Option<Fast> {
+        Some(match *ops {
+            [] => Fast::Plain,
+            [
+                PostOp::Channel {
+                    mul: false,
+                    operand,
+                },
+            ] => Fast::Bias(operand),
+            [
+                PostOp::Channel {
+                    mul: false,
+                    operand,
+                },
+                PostOp::Relu,
+            ] => Fast::BiasRelu(operand),
+            [
+                PostOp::Channel {
+                    mul: false,
+                    operand,
+                },
+                PostOp::Max(lo),
+                PostOp::Min(hi),
+            ] => Fast::BiasClamp(operand, lo, hi),
+            [
+                PostOp::Channel {
+                    mul: false,
+                    operand,
+                },
+                PostOp::Silu,
+            ] => Fast::BiasSilu(operand),
+            [
+                PostOp::Channel {
+                    mul: false,
+                    operand,
+                },
+                PostOp::Tensor { operand: r },
+            ] => Fast::BiasResidual(operand, r, false),
+            [
+                PostOp::Channel {
+                    mul: false,
+                    operand,
+                },
+                PostOp::Tensor { operand: r },
+                PostOp::Relu,
+            ] => Fast::BiasResidual(operand, r, true),
+            _ => return None,
+        })
     }
 }
 
@@ -168,6 +240,8 @@ impl Post {
 #[derive(Clone, Copy)]
 pub(crate) struct Bound<'a> {
     ops: &'a [PostOp],
+    /// The epilogue as one of the common forms, if it is one.
+    fast: Option<Fast>,
     ptrs: SendPtr<*const *const f32>,
 }
 
@@ -175,6 +249,76 @@ impl Bound<'_> {
     /// Whether there is nothing to apply.
     pub(crate) fn is_empty(&self) -> bool {
         self.ops.is_empty()
+    }
+
+    /// Applies the epilogue to `vs` and stores vector `i` (of block `block(i)`, element
+    /// `base + at(i)` of the output) at `y + at(i)`, if the epilogue is one of the [`Fast`] forms: the same steps as [`Bound::apply`], so the
+    /// same bits. Returns false, having done nothing, otherwise.
+    ///
+    /// # Safety
+    /// As for [`Bound::apply`]; `y + at(i)` holds a vector for each `i`.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    pub(crate) unsafe fn store_fast(
+        &self,
+        vs: &[__m256],
+        block: impl Fn(usize) -> usize,
+        at: impl Fn(usize) -> usize,
+        y: *mut f32,
+        base: usize,
+    ) -> bool {
+        let Some(fast) = self.fast else {
+            return false;
+        };
+        // SAFETY (every load and store): the caller's contract: a per-channel operand holds a
+        // vector per block, a residual the output's elements.
+        let channel = |o: usize, i: usize| unsafe {
+            _mm256_loadu_ps((*self.ptrs.get().add(o)).add(block(i) * B))
+        };
+        let tensor = |o: usize, i: usize| unsafe {
+            _mm256_loadu_ps((*self.ptrs.get().add(o)).add(base + at(i)))
+        };
+        let store = |i: usize, v: __m256| unsafe { _mm256_storeu_ps(y.add(at(i)), v) };
+        match fast {
+            Fast::Plain => {
+                for (i, &v) in vs.iter().enumerate() {
+                    store(i, v);
+                }
+            }
+            Fast::Bias(o) => {
+                for (i, &v) in vs.iter().enumerate() {
+                    store(i, _mm256_add_ps(v, channel(o, i)));
+                }
+            }
+            Fast::BiasRelu(o) => {
+                let z = _mm256_setzero_ps();
+                for (i, &v) in vs.iter().enumerate() {
+                    store(i, _mm256_max_ps(z, _mm256_add_ps(v, channel(o, i))));
+                }
+            }
+            Fast::BiasClamp(o, lo, hi) => {
+                let (lo, hi) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
+                for (i, &v) in vs.iter().enumerate() {
+                    let v = _mm256_max_ps(lo, _mm256_add_ps(v, channel(o, i)));
+                    store(i, _mm256_min_ps(hi, v));
+                }
+            }
+            Fast::BiasSilu(o) => {
+                for (i, &v) in vs.iter().enumerate() {
+                    let v = _mm256_add_ps(v, channel(o, i));
+                    store(i, _mm256_mul_ps(v, sigmoid(v)));
+                }
+            }
+            Fast::BiasResidual(o, r, relu) => {
+                let z = _mm256_setzero_ps();
+                for (i, &v) in vs.iter().enumerate() {
+                    let v = _mm256_add_ps(_mm256_add_ps(v, channel(o, i)), tensor(r, i));
+                    store(i, if relu { _mm256_max_ps(z, v) } else { v });
+                }
+            }
+        }
+        true
     }
 
     /// Applies the epilogue to vectors `vs`: vector `i` is of block `block(i)` (counted within
@@ -238,7 +382,7 @@ impl Bound<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Post, PostOp};
+    use super::{Fast, Post, PostOp};
     use tcc_ir::{Function, Value, parse_function};
 
     /// `Post::of` on the ops after the convolution of `src` (constants aside: the planner
@@ -255,6 +399,43 @@ mod tests {
             .filter(|&op| f.op(op).kind.mnemonic() != "const")
             .collect();
         Post::of(&f, &epilogue, r, f.results())
+    }
+
+    /// The forms with a loop of their own, and chains that keep the general one.
+    #[test]
+    fn common_epilogues_have_fast_forms() {
+        let bias = PostOp::Channel {
+            mul: false,
+            operand: 0,
+        };
+        let residual = PostOp::Tensor { operand: 1 };
+        let scale = PostOp::Channel {
+            mul: true,
+            operand: 0,
+        };
+        let cases = [
+            (vec![], Some(Fast::Plain)),
+            (vec![bias], Some(Fast::Bias(0))),
+            (vec![bias, PostOp::Relu], Some(Fast::BiasRelu(0))),
+            (
+                vec![bias, PostOp::Max(0.0), PostOp::Min(6.0)],
+                Some(Fast::BiasClamp(0, 0.0, 6.0)),
+            ),
+            (vec![bias, PostOp::Silu], Some(Fast::BiasSilu(0))),
+            (vec![bias, residual], Some(Fast::BiasResidual(0, 1, false))),
+            (
+                vec![bias, residual, PostOp::Relu],
+                Some(Fast::BiasResidual(0, 1, true)),
+            ),
+            // The clamps the other way round, a scale, an activation first: general.
+            (vec![bias, PostOp::Min(6.0), PostOp::Max(0.0)], None),
+            (vec![scale, bias, PostOp::Relu], None),
+            (vec![PostOp::Relu, bias], None),
+            (vec![bias, PostOp::Sigmoid], None),
+        ];
+        for (ops, want) in cases {
+            assert_eq!(Fast::of(&ops), want, "{ops:?}");
+        }
     }
 
     #[test]

@@ -749,6 +749,10 @@ unsafe fn tile<const NB: usize, const L: usize>(
         };
     }
     let at = |i: usize| (i % NB) * t.stride + (i / NB) * B;
+    // SAFETY: the pixels and blocks of the tile; the epilogue's operands cover the output.
+    if unsafe { (out.post).store_fast(&vs[..count], |i| t.block + i % NB, at, out.y, out.at) } {
+        return;
+    }
     if !out.post.is_empty() {
         // SAFETY: the pixels and blocks of the tile; the epilogue's operands cover the output.
         unsafe {
@@ -912,6 +916,10 @@ unsafe fn depthwise_any(
 #[inline]
 unsafe fn depthwise_store(acc: &mut [__m256; B], ox: usize, ow: usize, yrow: Out, b: usize) {
     let n = B.min(ow - ox);
+    // SAFETY: pixels ox.. of the row; the epilogue's operands cover the output.
+    if unsafe { (yrow.post).store_fast(&acc[..n], |_| b, |j| (ox + j) * B, yrow.y, yrow.at) } {
+        return;
+    }
     if !yrow.post.is_empty() {
         // SAFETY: pixels ox.. of the row; the epilogue's operands cover the output.
         unsafe {
