@@ -5,7 +5,9 @@
 //! pieces.
 //!
 //! The output is channel-blocked (`[N, Cb, ..., 8]`): a kernel stores one vector of eight
-//! channels at a time and hands it to [`Bound::apply`] with its block and its element offset.
+//! channels at a time. The commonest chains ([`Fast`]) each have a store loop of their own
+//! ([`Bound::store_fast`]); any other goes through [`Bound::apply`], step by step over the
+//! kernel's vectors, with their blocks and element offsets.
 
 use super::send_ptr::SendPtr;
 #[cfg(target_arch = "x86_64")]
