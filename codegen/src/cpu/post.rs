@@ -187,52 +187,26 @@ pub(crate) enum Fast {
 }
 
 impl Fast {
+    /// The form of epilogue `ops`, if it has one.
     fn of(ops: &[PostOp]) -> Option<Fast> {
-        Some(match *ops {
-            [] => Fast::Plain,
+        let (bias, rest) = match *ops {
+            [] => return Some(Fast::Plain),
             [
                 PostOp::Channel {
                     mul: false,
                     operand,
                 },
-            ] => Fast::Bias(operand),
-            [
-                PostOp::Channel {
-                    mul: false,
-                    operand,
-                },
-                PostOp::Relu,
-            ] => Fast::BiasRelu(operand),
-            [
-                PostOp::Channel {
-                    mul: false,
-                    operand,
-                },
-                PostOp::Max(lo),
-                PostOp::Min(hi),
-            ] => Fast::BiasClamp(operand, lo, hi),
-            [
-                PostOp::Channel {
-                    mul: false,
-                    operand,
-                },
-                PostOp::Silu,
-            ] => Fast::BiasSilu(operand),
-            [
-                PostOp::Channel {
-                    mul: false,
-                    operand,
-                },
-                PostOp::Tensor { operand: r },
-            ] => Fast::BiasResidual(operand, r, false),
-            [
-                PostOp::Channel {
-                    mul: false,
-                    operand,
-                },
-                PostOp::Tensor { operand: r },
-                PostOp::Relu,
-            ] => Fast::BiasResidual(operand, r, true),
+                ref rest @ ..,
+            ] => (operand, rest),
+            _ => return None,
+        };
+        Some(match *rest {
+            [] => Fast::Bias(bias),
+            [PostOp::Relu] => Fast::BiasRelu(bias),
+            [PostOp::Max(lo), PostOp::Min(hi)] => Fast::BiasClamp(bias, lo, hi),
+            [PostOp::Silu] => Fast::BiasSilu(bias),
+            [PostOp::Tensor { operand }] => Fast::BiasResidual(bias, operand, false),
+            [PostOp::Tensor { operand }, PostOp::Relu] => Fast::BiasResidual(bias, operand, true),
             _ => return None,
         })
     }
