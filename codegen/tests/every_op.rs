@@ -467,6 +467,13 @@ fn channel_blocked_layout() {
             "{strides=[2,1], pads=[1,1,1,1], groups=13}",
             "[1,2,5,13,8]",
         ),
+        // ConvNeXt's 7x7 at stride 1.
+        (
+            "[1,16,9,12]",
+            "[16,1,7,7]",
+            "{pads=[3,3,3,3], groups=16}",
+            "[1,2,9,12,8]",
+        ),
         // The 5x5 kernel at column stride 2 (taps in two phases), eleven outputs a row.
         (
             "[1,16,13,21]",

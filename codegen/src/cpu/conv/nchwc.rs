@@ -783,10 +783,12 @@ unsafe fn tile<const NB: usize, const L: usize>(
 /// the epilogue. The row's taps start at `base` in `buf`, rows `row` floats apart.
 ///
 /// 3x3 and 5x5 filters at column strides 1 and 2, undilated (the depthwise layers of MobileNet
-/// and EfficientNet), have a kernel of their own that loads each input pixel of a filter row
-/// once and multiplies it into every output it feeds: a 3x3 row of eight outputs takes 30 loads
-/// instead of 72 at stride 1 (1.3-1.5x faster on those networks' layers), 51 at stride 2 (up to
-/// 1.1x; strided layers are bound by reading their input).
+/// and EfficientNet), and 7x7 at stride 1 (ConvNeXt's) have a kernel of their own that loads
+/// each input pixel of a filter row once and multiplies it into every output it feeds: a 3x3
+/// row of eight outputs takes 30 loads instead of 72 at stride 1 (1.3-1.5x faster on those
+/// networks' layers), 51 at stride 2 (up to 1.1x; strided layers are bound by reading their
+/// input); 7x7, 98 instead of 392 (1.07x: its seven weight vectors and eight sums fill the
+/// registers).
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA; `buf` covers every tap of `ow` rounded up to eight outputs;
@@ -807,6 +809,7 @@ unsafe fn depthwise_row(
         match (g.kw, g.sw, g.dw) {
             (3, 1, 1) => depthwise_fixed::<3, 1>(buf, base, row, taps, g, yrow, b),
             (5, 1, 1) => depthwise_fixed::<5, 1>(buf, base, row, taps, g, yrow, b),
+            (7, 1, 1) => depthwise_fixed::<7, 1>(buf, base, row, taps, g, yrow, b),
             (3, 2, 1) => depthwise_fixed::<3, 2>(buf, base, row, taps, g, yrow, b),
             (5, 2, 1) => depthwise_fixed::<5, 2>(buf, base, row, taps, g, yrow, b),
             _ => depthwise_any(buf, base, row, taps, g, yrow, b),
