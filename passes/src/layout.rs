@@ -290,6 +290,10 @@ pub fn nchwc(f: &mut Function, block: u64) -> Result<NchwcStats, String> {
     if f.backward_start().is_some() {
         return Ok(NchwcStats::default());
     }
+    // Dead ops go first: a dead op ordered after a convolution must not keep it plain in this
+    // run when the clean-up below removes that op (a second run would block it: not a fixed
+    // point).
+    crate::dce::dce(f);
     let users = Users::new(f);
     let schedule = f.schedule().to_vec();
     let mut rw = Rewrite {
