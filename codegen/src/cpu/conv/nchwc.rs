@@ -385,6 +385,20 @@ impl NchwcConv {
         ((fit - (kh - 1) * dh - 1) / sh + 1).clamp(1, oh.max(1))
     }
 
+    /// Padded input rows that output rows `rows` read.
+    fn band_input_rows(&self, rows: &std::ops::Range<usize>) -> usize {
+        let Geom { kh, sh, dh, .. } = self.g;
+        (rows.end - rows.start - 1) * sh + (kh - 1) * dh + 1
+    }
+
+    /// The image row behind padded input row `r`, if it lies in the image (and `wn`, the
+    /// columns that land in the buffer, is not zero).
+    fn input_row(&self, r: usize, wn: usize) -> Option<usize> {
+        // Padded rows above the image wrap around to large numbers: outside too.
+        let ir = r.wrapping_sub(self.g.pt);
+        (ir < self.g.h && wn > 0).then_some(ir)
+    }
+
     /// Padded input columns the outputs of a row read (rounded up to eight outputs for the
     /// depthwise kernel, whose loads of a partial last vector must stay in the buffer).
     fn cols(&self, ow: usize) -> usize {
@@ -544,17 +558,14 @@ impl NchwcConv {
             c,
             h,
             w,
-            kh,
             ow,
             sh,
-            dh,
-            pt,
             pl,
             ..
         } = self.g;
         let lanes = self.lanes();
         let cols = self.cols(ow);
-        let n_rows = (rows.end - rows.start - 1) * sh + (kh - 1) * dh + 1;
+        let n_rows = self.band_input_rows(&rows);
         let planes = c.div_ceil(lanes);
         let (row, plane) = (cols * lanes, n_rows * cols * lanes);
         // Every float of the band is written below (copied or zeroed), so what the buffer
@@ -567,16 +578,10 @@ impl NchwcConv {
         for p in 0..planes {
             for r in 0..n_rows {
                 let dst = &mut buf[p * plane + r * row..][..row];
-                // Padded rows above the image wrap around to large numbers: outside too.
-                let ir = (rows.start * sh + r).wrapping_sub(pt);
-                if ir >= h || wn == 0 {
-                    dst.fill(0.0);
-                    continue;
-                }
-                dst[..pl * lanes].fill(0.0);
-                dst[(pl + wn) * lanes..].fill(0.0);
-                let src = &ximg[(p * h + ir) * w * lanes..][..wn * lanes];
-                dst[pl * lanes..(pl + wn) * lanes].copy_from_slice(src);
+                let src = self
+                    .input_row(rows.start * sh + r, wn)
+                    .map(|ir| &ximg[(p * h + ir) * w * lanes..][..wn * lanes]);
+                padded_row(dst, src, pl * lanes);
             }
         }
         if lanes == B && c % B != 0 {
@@ -611,14 +616,12 @@ impl NchwcConv {
             oh,
             ow,
             sh,
-            dh,
-            pt,
             pl,
             ..
         } = self.g;
         let cols = self.cols(ow);
         let row = cols * B;
-        let n_rows = (rows.end - rows.start - 1) * sh + (kh - 1) * dh + 1;
+        let n_rows = self.band_input_rows(&rows);
         // Every float of the band is written below, so the buffer need not be cleared.
         if buf.len() < n_rows * row {
             buf.resize(n_rows * row, 0.0);
@@ -628,16 +631,12 @@ impl NchwcConv {
         // Copies row r of the band (zero outside the image).
         let copy = |r: usize, buf: &mut [f32]| {
             let dst = &mut buf[r * row..(r + 1) * row];
-            let ir = (rows.start * sh + r).wrapping_sub(pt);
-            if ir >= h || wn == 0 {
+            let Some(ir) = self.input_row(rows.start * sh + r, wn) else {
                 dst.fill(0.0);
                 return;
-            }
+            };
             if self.blocked {
-                dst[..pl * B].fill(0.0);
-                dst[(pl + wn) * B..].fill(0.0);
-                let src = &ximg[((b * h + ir) * w) * B..][..wn * B];
-                dst[pl * B..(pl + wn) * B].copy_from_slice(src);
+                padded_row(dst, Some(&ximg[((b * h + ir) * w) * B..][..wn * B]), pl * B);
                 if cn < B {
                     for px in dst.chunks_exact_mut(B) {
                         px[cn..].fill(0.0);
@@ -657,7 +656,7 @@ impl NchwcConv {
         let mut copied = 0;
         for oy in rows.clone() {
             let base = (oy - rows.start) * sh * row;
-            let need = base / row + (kh - 1) * dh + 1;
+            let need = self.band_input_rows(&(rows.start..oy + 1));
             while copied < need {
                 copy(copied, buf);
                 copied += 1;
@@ -674,6 +673,18 @@ impl NchwcConv {
             unsafe { depthwise_row(buf, base, row, taps, &self.g, yrow, b) };
         }
     }
+}
+
+/// One row of a padded band: `src` (the image row's pixels that land in the buffer) at float
+/// `at` of `dst`, zeros before and after it; all zeros for a row outside the image (`None`).
+fn padded_row(dst: &mut [f32], src: Option<&[f32]>, at: usize) {
+    let Some(src) = src else {
+        dst.fill(0.0);
+        return;
+    };
+    dst[..at].fill(0.0);
+    dst[at + src.len()..].fill(0.0);
+    dst[at..at + src.len()].copy_from_slice(src);
 }
 
 thread_local! {
