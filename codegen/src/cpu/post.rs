@@ -4,10 +4,10 @@
 //! ([`Post::of`]) runs this way; any other runs as a compiled elementwise loop on the finished
 //! pieces.
 //!
-//! The output is channel-blocked (`[N, Cb, ..., 8]`): a kernel stores one vector of eight
-//! channels at a time. The commonest chains ([`Fast`]) each have a store loop of their own
-//! ([`Bound::store_fast`]); any other goes through [`Bound::apply`], step by step over the
-//! kernel's vectors, with their blocks and element offsets.
+//! The output is channel-blocked (`[N, Cb, ..., 8]`): a kernel hands its vectors of eight
+//! channels, with their blocks and element offsets, to [`Bound::store`]. The commonest chains
+//! ([`Fast`]) each have a store loop of their own; any other goes through [`Bound::apply`],
+//! step by step over the vectors, before they are stored.
 
 use super::send_ptr::SendPtr;
 #[cfg(target_arch = "x86_64")]
@@ -222,32 +222,35 @@ pub(crate) struct Bound<'a> {
 }
 
 impl Bound<'_> {
-    /// Whether there is nothing to apply.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.ops.is_empty()
-    }
-
     /// Applies the epilogue to `vs` and stores vector `i` (of block `block(i)`, element
-    /// `base + at(i)` of the output) at `y + at(i)`, if the epilogue is one of the [`Fast`] forms: the same steps as [`Bound::apply`], so the
-    /// same bits. Returns false, having done nothing, otherwise.
+    /// `base + at(i)` of the output) at `y + at(i)`. A [`Fast`] form goes through its own loop
+    /// (the same steps as [`Bound::apply`], so the same bits); any other chain through `apply`,
+    /// then the stores.
     ///
     /// # Safety
     /// As for [`Bound::apply`]; `y + at(i)` holds a vector for each `i`.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
     #[inline]
-    pub(crate) unsafe fn store_fast(
+    pub(crate) unsafe fn store(
         &self,
-        vs: &[__m256],
-        block: impl Fn(usize) -> usize,
-        at: impl Fn(usize) -> usize,
+        vs: &mut [__m256],
+        block: impl Fn(usize) -> usize + Copy,
+        at: impl Fn(usize) -> usize + Copy,
         y: *mut f32,
         base: usize,
-    ) -> bool {
+    ) {
+        // SAFETY (every store): the caller's contract.
+        let store = |i: usize, v: __m256| unsafe { _mm256_storeu_ps(y.add(at(i)), v) };
         let Some(fast) = self.fast else {
-            return false;
+            // SAFETY: the caller's contract.
+            unsafe { self.apply(vs, block, |i| base + at(i)) };
+            for (i, &v) in vs.iter().enumerate() {
+                store(i, v);
+            }
+            return;
         };
-        // SAFETY (every load and store): the caller's contract: a per-channel operand holds a
+        // SAFETY (every load): the caller's contract: a per-channel operand holds a
         // vector per block, a residual the output's elements.
         let channel = |o: usize, i: usize| unsafe {
             _mm256_loadu_ps((*self.ptrs.get().add(o)).add(block(i) * B))
@@ -255,7 +258,6 @@ impl Bound<'_> {
         let tensor = |o: usize, i: usize| unsafe {
             _mm256_loadu_ps((*self.ptrs.get().add(o)).add(base + at(i)))
         };
-        let store = |i: usize, v: __m256| unsafe { _mm256_storeu_ps(y.add(at(i)), v) };
         match fast {
             Fast::Plain => {
                 for (i, &v) in vs.iter().enumerate() {
@@ -294,7 +296,6 @@ impl Bound<'_> {
                 }
             }
         }
-        true
     }
 
     /// Applies the epilogue to vectors `vs`: vector `i` is of block `block(i)` (counted within

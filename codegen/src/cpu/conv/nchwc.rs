@@ -760,21 +760,9 @@ unsafe fn tile<const NB: usize, const L: usize>(
         };
     }
     let at = |i: usize| (i % NB) * t.stride + (i / NB) * B;
-    // SAFETY: the pixels and blocks of the tile; the epilogue's operands cover the output.
-    if unsafe { (out.post).store_fast(&vs[..count], |i| t.block + i % NB, at, out.y, out.at) } {
-        return;
-    }
-    if !out.post.is_empty() {
-        // SAFETY: the pixels and blocks of the tile; the epilogue's operands cover the output.
-        unsafe {
-            out.post
-                .apply(&mut vs[..count], |i| t.block + i % NB, |i| out.at + at(i))
-        };
-    }
-    for (i, v) in vs.iter().enumerate().take(count) {
-        // SAFETY: pixel i / NB < n of block i % NB.
-        unsafe { _mm256_storeu_ps(out.y.add(at(i)), *v) };
-    }
+    // SAFETY: pixel i / NB < n of block i % NB for every i < count; the epilogue's operands
+    // cover the output.
+    unsafe { (out.post).store(&mut vs[..count], |i| t.block + i % NB, at, out.y, out.at) };
 }
 
 /// Never called: `NchwcConv::new` declines off x86-64.
@@ -930,21 +918,8 @@ unsafe fn depthwise_any(
 #[inline]
 unsafe fn depthwise_store(acc: &mut [__m256; B], ox: usize, ow: usize, yrow: Out, b: usize) {
     let n = B.min(ow - ox);
-    // SAFETY: pixels ox.. of the row; the epilogue's operands cover the output.
-    if unsafe { (yrow.post).store_fast(&acc[..n], |_| b, |j| (ox + j) * B, yrow.y, yrow.at) } {
-        return;
-    }
-    if !yrow.post.is_empty() {
-        // SAFETY: pixels ox.. of the row; the epilogue's operands cover the output.
-        unsafe {
-            yrow.post
-                .apply(&mut acc[..n], |_| b, |j| yrow.at + (ox + j) * B)
-        };
-    }
-    for (j, a) in acc.iter().enumerate().take(n) {
-        // SAFETY: pixel ox + j < ow of the row.
-        unsafe { _mm256_storeu_ps(yrow.y.add((ox + j) * B), *a) };
-    }
+    // SAFETY: pixels ox..ox + n of the row; the epilogue's operands cover the output.
+    unsafe { (yrow.post).store(&mut acc[..n], |_| b, |j| (ox + j) * B, yrow.y, yrow.at) };
 }
 
 /// Never called: `NchwcConv::new` declines off x86-64.
