@@ -400,6 +400,73 @@ fn library_epilogues_run_on_finished_pieces() {
     }
 }
 
+/// A matmul applies the epilogues it recognises (`post.rs`, in the rows layout) to its
+/// product's rows in registers as they finish; any other runs as a compiled loop. The two give
+/// the same bits: each chain below runs both ways, once alone (in registers) and once with the
+/// product returned too (which keeps the chain in the compiled loop), on rows whose length is
+/// not a multiple of eight (masked last vectors), a GEMV split among threads at odd columns,
+/// batched rows, and for every target (without FMA neither runs: the `gemm` crate and no
+/// kernel of ours).
+#[test]
+fn matmul_epilogues_in_registers_match_the_compiled_loop_bit_for_bit() {
+    let chains = [
+        // A fully connected layer with GELU as PyTorch exports it.
+        "  %z = add %h, %b : T
+  %c = const {value=[1.4142135]} : f32[]
+  %d = div %z, %c : T
+  %e = erf %d : T
+  %one = const {value=[1.0]} : f32[]
+  %a = add %one, %e : T
+  %m = mul %a, %z : T
+  %half = const {value=[0.5]} : f32[]
+  %y = mul %m, %half : T",
+        "  %z = add %b, %h : T\n  %y = relu %z : T",
+        "  %z = add %h, %b : T\n  %y = gelu %z : T",
+        "  %z = add %h, %b : T\n  %s = add %z, %r : T\n  %y = relu %s : T",
+        "  %z = mul %h, %b : T\n  %s = sigmoid %z : T\n  %y = mul %z, %s : T",
+        "  %z = add %h, %r : T\n  %lo = const {value=-0.5} : f32[]\n  %hi = const {value=0.5} : f32[]\n  %c = max %z, %lo : T\n  %y = min %c, %hi : T",
+    ];
+    // (input, weight, bias, product)
+    let shapes = [
+        ("[33,70]", "[70,37]", "[37]", "[33,37]"),
+        ("[1,400]", "[400,301]", "[1,301]", "[1,301]"),
+        ("[2,9,40]", "[40,24]", "[24]", "[2,9,24]"),
+        ("[203,150]", "[150,601]", "[601]", "[203,601]"),
+    ];
+    for chain in chains {
+        for (x, w, b, t) in shapes {
+            let chain = chain.replace(" T", &format!(" f32{t}"));
+            let src = |also: &str, extra: &str| {
+                format!(
+                    "func @f(%x: f32{x}, %w: f32{w}, %b: f32{b}, %r: f32{t}) -> (f32{t}{extra}) {{
+  %h = matmul %x, %w : f32{t}
+{chain}
+  return %y{also}
+}}"
+                )
+            };
+            let alone = parse_function(&src("", "")).unwrap_or_else(|e| panic!("{e}"));
+            let with = parse_function(&src(", %h", &format!(", f32{t}"))).unwrap();
+            let inputs = randoms(&alone, 61);
+            let want = tcc_ir::interp::run(&alone, &inputs).unwrap();
+            for target in [None, Some("host,-avx512f"), Some("host,-avx512f,-fma")] {
+                let got = compile(&alone, target, true).run(&inputs).unwrap();
+                let looped = compile(&with, target, true).run(&inputs).unwrap();
+                let (g, l) = (got[0].as_f32().unwrap(), looped[0].as_f32().unwrap());
+                for (i, (g, l)) in g.iter().zip(l).enumerate() {
+                    assert!(
+                        g.to_bits() == l.to_bits(),
+                        "{target:?}, element {i}: {g} in registers, {l} in the loop\n{}",
+                        src("", "")
+                    );
+                }
+                check(&got, &want, 1e-5, 1e-5)
+                    .unwrap_or_else(|e| panic!("{target:?}\n{}\n{e}", src("", "")));
+            }
+        }
+    }
+}
+
 /// MobileNet's expand and depthwise pair: the depthwise reads the 1x1's blocked output, with
 /// its scale, bias and relu6 applied as it stores; in both layouts and for every target.
 #[test]

@@ -9,6 +9,7 @@ use super::bytes::{lines, write_data};
 use super::conv::{Conv, ConvMode, NchwcConv};
 use super::jit::{self, Jit};
 use super::matmul::{MatMul, matmul_step, own_gemm};
+use super::post::{Layout, Post};
 use super::{Cpu, Executable, native};
 use crate::backend::CompileError;
 use crate::memory::MemoryPlan;
@@ -230,12 +231,24 @@ fn library_step(
     if kd.ops.len() == 1 {
         return Some((lib, None));
     }
-    // A blocked convolution applies a bias, scale, residual and clamps itself as it stores.
+    // A blocked convolution applies a bias, scale, residual, clamps and activations itself as
+    // it stores.
     if let LibOp::Nchwc(cv) = &mut lib
-        && let Some((post, out)) = super::post::Post::of(f, &kd.ops[1..], r, &kd.outputs)
+        && let Some((post, out)) = Post::of(f, Layout::Blocked, &kd.ops[1..], r, &kd.outputs)
     {
         cv.post = post;
         cv.y = out;
+        return Some((lib, None));
+    }
+    // So does an f32 matmul, on the rows of its product as they become final.
+    if let LibOp::MatMul(mm) = &mut lib
+        && dtype == DType::F32
+        && features.avx2
+        && features.fma
+        && let Some((post, out)) = Post::of(f, Layout::Rows, &kd.ops[1..], r, &kd.outputs)
+    {
+        mm.post = Some(post);
+        mm.dst = out;
         return Some((lib, None));
     }
     let (epi, dst) = epilogue(f, kd, r)?;

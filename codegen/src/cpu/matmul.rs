@@ -3,6 +3,7 @@
 //! broadcast batch dims and folded transposes, and a GEMV for single rows.
 
 use super::lower::Finish;
+use super::post::Post;
 use super::send_ptr::SendPtr;
 use super::sgemm;
 use crate::plan::Plan;
@@ -27,6 +28,9 @@ pub(super) struct MatMul {
     own: Option<sgemm::Isa>,
     /// B packed for our kernel at compile time, when it is a constant the batches share.
     packed_b: Option<sgemm::PackedB>,
+    /// The epilogue applied in registers to the product's rows as they become final (f32, on
+    /// a CPU with AVX2 and FMA), in place in `dst`.
+    pub post: Option<Post>,
 }
 
 /// For each element of the broadcast batch shape `out`, the flat batch index into `from`.
@@ -112,6 +116,7 @@ pub(super) fn matmul_step(
         batches,
         own,
         packed_b,
+        post: None,
     }
 }
 
@@ -242,8 +247,30 @@ pub(super) unsafe fn gemm<T: Copy + Default + 'static>(
     }
 }
 
-/// Runs the product, telling `finish` of its output's elements as they become final.
+/// Runs the product, telling `finish` of its output's elements as they become final (after
+/// its own epilogue, if it has one).
 pub(super) fn run_matmul(mm: &MatMul, addr: &dyn Fn(Value) -> *mut u8, finish: Finish) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(post) = &mm.post {
+        let mut ptrs = Vec::new();
+        let bound = post.bind(addr, &mut ptrs);
+        // SAFETY: each piece of the output is transformed by the thread that wrote it, once.
+        let y = unsafe { SendPtr::new(addr(mm.dst) as *mut f32) };
+        let piece = |r: std::ops::Range<usize>| {
+            // SAFETY: the step was built with a post only for an f32 product on a CPU with
+            // AVX2 and FMA; `r` lies in the output.
+            unsafe { bound.rows(y.get(), r.clone(), mm.n) };
+            if let Some(finish) = finish {
+                finish(r);
+            }
+        };
+        return product(mm, addr, Some(&piece));
+    }
+    product(mm, addr, finish)
+}
+
+/// The product itself, telling `finish` of its output's elements as they become final.
+fn product(mm: &MatMul, addr: &dyn Fn(Value) -> *mut u8, finish: Finish) {
     // A packed B is not materialised (see `MatMul::packed`): its address is never asked for.
     let b = match mm.packed_b {
         Some(_) => std::ptr::null_mut(),

@@ -1,6 +1,6 @@
 //! Small AVX2 pieces several kernels share: an 8x8 transpose of floats in registers, a mask
-//! of the first lanes of a vector, `exp` and `sigmoid` for epilogues applied in registers,
-//! dot products and `axpy` for row vectors, and the maximum that pooling takes.
+//! of the first lanes of a vector, `exp`, `sigmoid`, `erf` and `gelu` for epilogues applied in
+//! registers, dot products and `axpy` for row vectors, and the maximum that pooling takes.
 
 #![cfg(target_arch = "x86_64")]
 
@@ -59,6 +59,47 @@ pub(crate) fn sigmoid(x: __m256) -> __m256 {
     _mm256_div_ps(one, _mm256_add_ps(one, e))
 }
 
+/// `erf(x)` on eight lanes, as [`crate::kernel::math::erf`] computes it: `x p(x²) / q(x²)` on
+/// `x` clamped to ±4.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn erf(x: __m256) -> __m256 {
+    use crate::kernel::math::{ERF_LIM, ERF_P, ERF_Q};
+    let x = _mm256_max_ps(_mm256_set1_ps(-ERF_LIM), x);
+    let x = _mm256_min_ps(_mm256_set1_ps(ERF_LIM), x);
+    let x2 = _mm256_mul_ps(x, x);
+    let p = _mm256_mul_ps(x, horner(x2, &ERF_P));
+    _mm256_div_ps(p, horner(x2, &ERF_Q))
+}
+
+/// `gelu(x) = x Φ(x)` on eight lanes, as [`crate::kernel::math::gelu`] computes it.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn gelu(x: __m256) -> __m256 {
+    use crate::kernel::math::{EXP_CLAMP, GELU_P};
+    let one = _mm256_set1_ps(1.0);
+    let half = _mm256_set1_ps(0.5);
+    let a = _mm256_andnot_ps(_mm256_set1_ps(-0.0), x);
+    let z = _mm256_mul_ps(a, _mm256_set1_ps(std::f32::consts::FRAC_1_SQRT_2));
+    let t = _mm256_div_ps(one, _mm256_fmadd_ps(z, half, one));
+    let arg = _mm256_sub_ps(horner(t, &GELU_P), _mm256_mul_ps(z, z));
+    let e = exp_clamped::<2>(arg, EXP_CLAMP);
+    let small = _mm256_mul_ps(_mm256_mul_ps(t, half), e);
+    let large = _mm256_sub_ps(one, small);
+    let negative = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_setzero_ps());
+    _mm256_mul_ps(x, _mm256_blendv_ps(large, small, negative))
+}
+
+/// The polynomial with coefficients `c` (highest degree first) at `x` by Horner's rule, a
+/// multiply-add per step, as the kernel layer's `horner`.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn horner(x: __m256, c: &[f32]) -> __m256 {
+    let mut p = _mm256_set1_ps(c[0]);
+    for &k in &c[1..] {
+        p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(k));
+    }
+    p
+}
+
 /// The kernel layer's `exp_clamped` on eight lanes, step for step (the same clamp, constants,
 /// rounding and multiply-adds), so that an epilogue applied in a kernel's registers gives the
 /// compiled elementwise kernels' bits (checked by a test below): `e^x` for `x` clamped to
@@ -75,10 +116,7 @@ fn exp_clamped<const FACTORS: usize>(x: __m256, clamp: (f32, f32)) -> __m256 {
     let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
     let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-EXP_LN2.0), x);
     let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-EXP_LN2.1), r);
-    let mut p = _mm256_set1_ps(EXP_POLY[0]);
-    for &k in &EXP_POLY[1..] {
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(k));
-    }
+    let p = horner(r, &EXP_POLY);
     let y = _mm256_fmadd_ps(_mm256_mul_ps(r, r), p, r);
     let y = _mm256_add_ps(y, _mm256_set1_ps(1.0));
     let ni = _mm256_cvttps_epi32(n);
@@ -182,7 +220,7 @@ mod tests {
     /// The compiled elementwise kernels and these give the same bits, over the whole range
     /// and at the edges (overflow, underflow through the subnormals, NaN, infinities).
     #[test]
-    fn exp_and_sigmoid_match_the_compiled_kernels_bit_for_bit() {
+    fn transcendentals_match_the_compiled_kernels_bit_for_bit() {
         let host = crate::cpu::Features::of(None).unwrap();
         assert!(
             host.avx2 && host.fma,
@@ -209,6 +247,8 @@ mod tests {
         for (op, f) in [
             ("exp", exp as unsafe fn(__m256) -> __m256),
             ("sigmoid", sigmoid),
+            ("erf", erf),
+            ("gelu", gelu),
         ] {
             let src = format!(
                 "func @f(%x: f32[{n}]) -> (f32[{n}]) {{\n  %y = {op} %x : f32[{n}]\n  return %y\n}}"

@@ -173,45 +173,55 @@ fn odd_rational(b: &mut Body, x: E, lim: f32, p: &[f32], q: &[f32]) -> E {
     b.div(p, q)
 }
 
+/// `erf`'s constants: the input's clamp and the numerator's and denominator's coefficients
+/// (polynomials in `x²`, highest degree first). `cpu/simd.rs` applies `erf` in registers with
+/// the same ones, step for step.
+pub const ERF_LIM: f32 = 4.0;
+/// See [`ERF_LIM`].
+pub const ERF_P: [f32; 7] = [
+    -2.726_142_3e-10,
+    2.770_681_4e-8,
+    -2.101_024e-6,
+    -5.692_506_4e-5,
+    -7.349_906_3e-4,
+    -2.954_6e-3,
+    -1.609_603_3e-2,
+];
+/// See [`ERF_LIM`].
+pub const ERF_Q: [f32; 5] = [
+    -1.456_607_2e-5,
+    -2.133_740_6e-4,
+    -1.682_827e-3,
+    -7.373_329e-3,
+    -1.426_474e-2,
+];
+
 /// The error function: a rational function, odd degree 13 over even degree 8, on the input
 /// clamped to +-4 (beyond which erf rounds to +-1 in f32).
 pub fn erf(b: &mut Body, x: E) -> E {
-    const P: [f32; 7] = [
-        -2.726_142_3e-10,
-        2.770_681_4e-8,
-        -2.101_024e-6,
-        -5.692_506_4e-5,
-        -7.349_906_3e-4,
-        -2.954_6e-3,
-        -1.609_603_3e-2,
-    ];
-    const Q: [f32; 5] = [
-        -1.456_607_2e-5,
-        -2.133_740_6e-4,
-        -1.682_827e-3,
-        -7.373_329e-3,
-        -1.426_474e-2,
-    ];
-    odd_rational(b, x, 4.0, &P, &Q)
+    odd_rational(b, x, ERF_LIM, &ERF_P, &ERF_Q)
 }
+
+/// The coefficients of `gelu`'s `erfc` fit (a polynomial in `t`, highest degree first), shared
+/// with `cpu/simd.rs` as [`ERF_P`] is.
+pub const GELU_P: [f32; 10] = [
+    0.170_872_77,
+    -0.822_152_23,
+    1.488_515_9,
+    -1.135_204,
+    0.278_868_07,
+    -0.186_288_06,
+    0.096_784_18,
+    0.374_091_96,
+    1.000_023_7,
+    -1.265_512_2,
+];
 
 /// `gelu(x) = x Φ(x)` with `Φ(x) = erfc(-x/√2) / 2` and erfc from a Chebyshev fit (the one
 /// Numerical Recipes calls `erfcc`: `t e^(-z² + p(t))`, `t = 1 / (1 + z/2)`, fractional error
 /// below 1.2e-7 for every `z >= 0`). Through `1 + erf(x/√2)` the negative tail cancels: at
 /// x = -6 that gave -3.6e-7 for -5.9e-9.
 pub fn gelu(b: &mut Body, x: E) -> E {
-    const P: [f32; 10] = [
-        0.170_872_77,
-        -0.822_152_23,
-        1.488_515_9,
-        -1.135_204,
-        0.278_868_07,
-        -0.186_288_06,
-        0.096_784_18,
-        0.374_091_96,
-        1.000_023_7,
-        -1.265_512_2,
-    ];
     let k = c32(b, std::f32::consts::FRAC_1_SQRT_2);
     let a = b.un(Un::Abs, x);
     let z = b.mul(a, k);
@@ -219,7 +229,7 @@ pub fn gelu(b: &mut Body, x: E) -> E {
     let one = b.c(1.0);
     let d = b.mul_add(z, half, one);
     let t = b.div(one, d);
-    let p = coeffs(b, t, &P);
+    let p = coeffs(b, t, &GELU_P);
     let zz = b.mul(z, z);
     let arg = b.sub(p, zz);
     let e = exp(b, arg);

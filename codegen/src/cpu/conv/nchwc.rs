@@ -783,7 +783,10 @@ unsafe fn tile<const NB: usize, const L: usize, const PX: usize>(
     let at = |i: usize| (i % NB) * t.stride + (i / NB) * B;
     // SAFETY: pixel i / NB < n of block i % NB for every i < count; the epilogue's operands
     // cover the output.
-    unsafe { (out.post).store(&mut vs[..count], |i| t.block + i % NB, at, out.y, out.at) };
+    unsafe {
+        let chan = |i: usize| (t.block + i % NB) * B;
+        (out.post).store(&mut vs[..count], chan, at, out.y, out.at)
+    };
 }
 
 /// Never called: `NchwcConv::new` declines off x86-64.
@@ -940,7 +943,7 @@ unsafe fn depthwise_any(
 unsafe fn depthwise_store(acc: &mut [__m256; B], ox: usize, ow: usize, yrow: Out, b: usize) {
     let n = B.min(ow - ox);
     // SAFETY: pixels ox..ox + n of the row; the epilogue's operands cover the output.
-    unsafe { (yrow.post).store(&mut acc[..n], |_| b, |j| (ox + j) * B, yrow.y, yrow.at) };
+    unsafe { (yrow.post).store(&mut acc[..n], |_| b * B, |j| (ox + j) * B, yrow.y, yrow.at) };
 }
 
 /// Never called: `NchwcConv::new` declines off x86-64.
