@@ -420,6 +420,15 @@ fn matmul_epilogues_in_registers_match_the_compiled_loop_bit_for_bit() {
   %m = mul %a, %z : T
   %half = const {value=[0.5]} : f32[]
   %y = mul %m, %half : T",
+        // ... and without a bias (ConvNeXt's, zero at initialisation, are folded away).
+        "  %c = const {value=[1.4142135]} : f32[]
+  %d = div %h, %c : T
+  %e = erf %d : T
+  %one = const {value=[1.0]} : f32[]
+  %a = add %e, %one : T
+  %m = mul %h, %a : T
+  %half = const {value=[0.5]} : f32[]
+  %y = mul %m, %half : T",
         "  %z = add %b, %h : T\n  %y = relu %z : T",
         "  %z = add %h, %b : T\n  %y = gelu %z : T",
         "  %z = add %h, %b : T\n  %s = add %z, %r : T\n  %y = relu %s : T",

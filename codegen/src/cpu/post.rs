@@ -271,8 +271,10 @@ pub(crate) enum Fast {
     BiasSilu(usize),
     /// A bias, then a residual (operand indices), then relu if `relu`.
     BiasResidual(usize, usize, bool),
-    /// A bias, then GELU in PyTorch's form ([`PostOp::GeluErf`]: its constants).
-    BiasGeluErf(usize, f32, f32, f32),
+    /// GELU in PyTorch's form ([`PostOp::GeluErf`]: its constants), after a bias if there
+    /// is one (a transformer's dense layer has one; ConvNeXt's, zero at initialisation, are
+    /// folded away).
+    GeluErf(Option<usize>, f32, f32, f32),
 }
 
 impl Fast {
@@ -280,6 +282,9 @@ impl Fast {
     fn of(ops: &[PostOp]) -> Option<Fast> {
         let (bias, rest) = match *ops {
             [] => return Some(Fast::Plain),
+            [PostOp::GeluErf { div, one, half }] => {
+                return Some(Fast::GeluErf(None, div, one, half));
+            }
             [
                 PostOp::Channel {
                     mul: false,
@@ -296,7 +301,7 @@ impl Fast {
             [PostOp::Silu] => Fast::BiasSilu(bias),
             [PostOp::Tensor { operand }] => Fast::BiasResidual(bias, operand, false),
             [PostOp::Tensor { operand }, PostOp::Relu] => Fast::BiasResidual(bias, operand, true),
-            [PostOp::GeluErf { div, one, half }] => Fast::BiasGeluErf(bias, div, one, half),
+            [PostOp::GeluErf { div, one, half }] => Fast::GeluErf(Some(bias), div, one, half),
             _ => return None,
         })
     }
@@ -386,11 +391,17 @@ impl Bound<'_> {
                     store(i, if relu { _mm256_max_ps(z, v) } else { v });
                 }
             }
-            Fast::BiasGeluErf(o, div, one, half) => {
+            Fast::GeluErf(o, div, one, half) => {
                 // Two vectors at a time: each is one long dependent chain (two divisions, two
                 // polynomials), and side by side they run 1.25x faster than one after the
                 // other.
-                let g = |i: usize| gelu_erf(_mm256_add_ps(vs[i], channel(o, i)), div, one, half);
+                let g = |i: usize| {
+                    let v = match o {
+                        Some(o) => _mm256_add_ps(vs[i], channel(o, i)),
+                        None => vs[i],
+                    };
+                    gelu_erf(v, div, one, half)
+                };
                 let pairs = vs.len() / 2 * 2;
                 for i in (0..pairs).step_by(2) {
                     let (a, b) = (g(i), g(i + 1));
@@ -565,6 +576,14 @@ mod tests {
                 Some(Fast::BiasClamp(0, 0.0, 6.0)),
             ),
             (vec![bias, PostOp::Silu], Some(Fast::BiasSilu(0))),
+            (
+                vec![PostOp::GeluErf {
+                    div: 2.0,
+                    one: 1.0,
+                    half: 0.5,
+                }],
+                Some(Fast::GeluErf(None, 2.0, 1.0, 0.5)),
+            ),
             (vec![bias, residual], Some(Fast::BiasResidual(0, 1, false))),
             (
                 vec![bias, residual, PostOp::Relu],
@@ -674,7 +693,7 @@ mod tests {
         );
         assert_eq!(
             Fast::of(&p.ops),
-            Some(Fast::BiasGeluErf(0, std::f32::consts::SQRT_2, 1.0, 0.5))
+            Some(Fast::GeluErf(Some(0), std::f32::consts::SQRT_2, 1.0, 0.5))
         );
         assert!(of(&src("%o"), Layout::Rows).is_none());
         // Blocked outputs end in a block of eight channels: not this one.
