@@ -558,38 +558,47 @@ unsafe fn block_in<K: Kernel>(
             // packed rows and columns, GROUP columns at a time; in the last block of depth,
             // each group's rows are reported done while they are in cache.
             let last = pc + kc == k;
-            let tiles =
-                |a_block: *const f32, (ic, mc): (usize, usize), w: usize, j0, bp: *const f32| {
-                    for g0 in (0..w).step_by(GROUP) {
-                        let g1 = (g0 + GROUP).min(w);
-                        for jj in (g0..g1).step_by(nr) {
-                            for (ip, i0) in (0..mc).step_by(mr).enumerate() {
-                                // SAFETY: the tile's first element is inside this thread's rows and
-                                // columns of C, and the packed panels hold kc * MR and kc * NR
-                                // floats; micro writes only the h x w valid part.
-                                unsafe {
-                                    let cp = c.add((r0 + ic + i0) * ldc + c0 + jc + j0 + jj);
-                                    K::micro(
-                                        kc,
-                                        a_block.add(ip * kc * mr),
-                                        bp.add(jj / nr * kc * nr),
-                                        cp,
-                                        ldc,
-                                        accumulate || pc > 0,
-                                        mr.min(mc - i0),
-                                        nr.min(w - jj),
-                                    )
-                                };
-                            }
-                        }
-                        if let (true, Some(done)) = (last, done) {
-                            let cols = c0 + jc + j0;
-                            for i in r0 + ic..r0 + ic + mc {
-                                done(i, cols + g0..cols + g1);
-                            }
+            // The rows of B to fetch into cache while the tiles run, spread over their panels
+            // (`fetch(i, of)` before panel i of `of`): none by default.
+            let no_fetch = |_: usize, _: usize| {};
+            let tiles = |a_block: *const f32,
+                         (ic, mc): (usize, usize),
+                         w: usize,
+                         j0,
+                         bp: *const f32,
+                         fetch: &dyn Fn(usize, usize)| {
+                let panels = w.div_ceil(nr);
+                for g0 in (0..w).step_by(GROUP) {
+                    let g1 = (g0 + GROUP).min(w);
+                    for jj in (g0..g1).step_by(nr) {
+                        fetch(jj / nr, panels);
+                        for (ip, i0) in (0..mc).step_by(mr).enumerate() {
+                            // SAFETY: the tile's first element is inside this thread's rows and
+                            // columns of C, and the packed panels hold kc * MR and kc * NR
+                            // floats; micro writes only the h x w valid part.
+                            unsafe {
+                                let cp = c.add((r0 + ic + i0) * ldc + c0 + jc + j0 + jj);
+                                K::micro(
+                                    kc,
+                                    a_block.add(ip * kc * mr),
+                                    bp.add(jj / nr * kc * nr),
+                                    cp,
+                                    ldc,
+                                    accumulate || pc > 0,
+                                    mr.min(mc - i0),
+                                    nr.min(w - jj),
+                                )
+                            };
                         }
                     }
-                };
+                    if let (true, Some(done)) = (last, done) {
+                        let cols = c0 + jc + j0;
+                        for i in r0 + ic..r0 + ic + mc {
+                            done(i, cols + g0..cols + g1);
+                        }
+                    }
+                }
+            };
             if m <= K::MC {
                 // One block of rows: each column of B serves it once, so B is packed a group of
                 // panels at a time and read back from L2 while still there.
@@ -597,15 +606,60 @@ unsafe fn block_in<K: Kernel>(
                 for j0 in (0..nc).step_by(GROUP) {
                     let w = GROUP.min(nc - j0);
                     let panels = pack_b(j0, w, bp);
-                    tiles(a_block, (0, m), w, j0, panels);
+                    // B read in place streams from memory, a row segment at a time: the next
+                    // group's columns (or, after the last, the next block of depth's first
+                    // group) are fetched while these tiles compute, so that packing them
+                    // finds them in cache (a skinny product's B is read once, and waiting for
+                    // it took a third of the time).
+                    let next = if j0 + w < nc {
+                        Some((pc..pc + kc, j0 + w..(j0 + w + GROUP).min(nc)))
+                    } else if pc + kc < k {
+                        Some((pc + kc..(pc + kc + kb).min(k), 0..GROUP.min(nc)))
+                    } else {
+                        None
+                    };
+                    match (&b, next) {
+                        (B::Mat(bm), Some((rows, cols))) if bm.cs == 1 => {
+                            let cols = c0 + jc + cols.start..c0 + jc + cols.end;
+                            // SAFETY: those rows and columns lie in B (the caller's contract).
+                            let fetch = |i: usize, of: usize| unsafe {
+                                let (r0, r1) = (rows.len() * i / of, rows.len() * (i + 1) / of);
+                                prefetch_rows(*bm, rows.start + r0..rows.start + r1, &cols)
+                            };
+                            tiles(a_block, (0, m), w, j0, panels, &fetch);
+                        }
+                        _ => tiles(a_block, (0, m), w, j0, panels, &no_fetch),
+                    }
                 }
             } else {
                 let panels = pack_b(0, nc, bp);
                 for ic in (0..m).step_by(K::MC) {
                     let mc = K::MC.min(m - ic);
                     let a_block = pack_a(ic, mc);
-                    tiles(a_block, (ic, mc), nc, 0, panels);
+                    tiles(a_block, (ic, mc), nc, 0, panels, &no_fetch);
                 }
+            }
+        }
+    }
+}
+
+/// Asks for rows `rows`, columns `cols` of row-major `b` to be brought into cache (L2), a
+/// cache line at a time.
+///
+/// # Safety
+/// `b` addresses those elements, with a column stride of one.
+unsafe fn prefetch_rows(b: Mat, rows: std::ops::Range<usize>, cols: &std::ops::Range<usize>) {
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (b, rows, cols);
+    #[cfg(target_arch = "x86_64")]
+    for r in rows {
+        for j in (cols.start..cols.end).step_by(16) {
+            // SAFETY: the element is in B (the caller's contract); a prefetch never faults.
+            unsafe {
+                let p = b.ptr.add(r * b.rs + j);
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
+                    p as *const i8,
+                );
             }
         }
     }
