@@ -476,6 +476,52 @@ fn matmul_epilogues_in_registers_match_the_compiled_loop_bit_for_bit() {
     }
 }
 
+/// A ConvNeXt block: the depthwise convolution's output goes to channels-last for a dense
+/// layer with GELU and comes back for the scale and the residual add, which the `nchwc` pass
+/// turns into transposes of whole blocks (`layout.rs`); and a block whose channels are not
+/// whole blocks (12), which keeps the plain transposes. Every layout and target, against the
+/// reference interpreter.
+#[test]
+fn convnext_blocks_through_channels_last() {
+    for c in [16, 12] {
+        let src = format!(
+            "func @f(%x: f32[1,{c},9,7], %wd: f32[{c},1,7,7], %w1: f32[{c},32], %w2: f32[32,{c}], %gamma: f32[{c},1,1], %wd2: f32[{c},1,7,7]) -> (f32[1,{c},9,7]) {{
+  %d = conv2d %x, %wd {{pads=[3,3,3,3], groups={c}}} : f32[1,{c},9,7]
+  %t = transpose %d {{perm=[0,2,3,1]}} : f32[1,9,7,{c}]
+  %h = matmul %t, %w1 : f32[1,9,7,32]
+  %k = const {{value=[1.4142135]}} : f32[]
+  %q = div %h, %k : f32[1,9,7,32]
+  %e = erf %q : f32[1,9,7,32]
+  %one = const {{value=[1.0]}} : f32[]
+  %a = add %e, %one : f32[1,9,7,32]
+  %m = mul %h, %a : f32[1,9,7,32]
+  %half = const {{value=[0.5]}} : f32[]
+  %g = mul %m, %half : f32[1,9,7,32]
+  %o = matmul %g, %w2 : f32[1,9,7,{c}]
+  %b = transpose %o {{perm=[0,3,1,2]}} : f32[1,{c},9,7]
+  %s = mul %gamma, %b : f32[1,{c},9,7]
+  %r = add %s, %x : f32[1,{c},9,7]
+  %y = conv2d %r, %wd2 {{pads=[3,3,3,3], groups={c}}} : f32[1,{c},9,7]
+  return %y
+}}"
+        );
+        let f = parse_function(&src).unwrap();
+        let inputs = randoms(&f, 71);
+        let want = tcc_ir::interp::run(&f, &inputs).unwrap();
+        for target in [None, Some("host,-avx512f"), Some("host,-avx512f,-fma")] {
+            for plain in LAYOUTS {
+                let exe = compile(&f, target, plain);
+                assert_eq!(exe.stats().reference, 0, "{src}");
+                let got = exe.run(&inputs).unwrap();
+                // Two 49-tap depthwise sums and two products deep: without FMA, `erf`'s
+                // polynomials round at every step (4e-5 relative seen).
+                check(&got, &want, 1e-4, 1e-4)
+                    .unwrap_or_else(|e| panic!("{target:?}, plain {plain}\n{src}\n{e}"));
+            }
+        }
+    }
+}
+
 /// MobileNet's expand and depthwise pair: the depthwise reads the 1x1's blocked output, with
 /// its scale, bias and relu6 applied as it stores; in both layouts and for every target.
 #[test]

@@ -20,6 +20,10 @@
 //! - pooling windows of a blocked value pool it blocked; `global_avg_pool`, and `reduce_*` over
 //!   spatial axes with `keepdims`, become the same reduction over the blocked tensor's spatial
 //!   axes;
+//! - a transpose that moves the channels of a blocked value last (`[N, C, H, W]` to
+//!   `[N, H, W, C]`) with whole blocks of channels transposes the blocked form, its blocks
+//!   kept whole, and reshapes it; its inverse (`[N, H, W, C]` to `[N, C, H, W]`) gives the
+//!   blocked form directly, a transpose of whole blocks;
 //! - every other reader of a rewritten value reads a `from_nchwc` of it, placed just before its
 //!   first such reader. A layout change and its inverse never meet: a blocked value is
 //!   recorded and reused, so consecutive convolutions pass blocked tensors to each other.
@@ -113,6 +117,9 @@ struct Rewrite<'f> {
     /// definition (those of parameters first), so that they never split a chain of ops the
     /// backend fuses.
     after: HashMap<Option<Op>, Vec<Op>>,
+    /// Ops whose result replaces an old value, and the name each gets back once the old one is
+    /// gone (as for `plain`).
+    renamed: Vec<(Op, String)>,
     stats: NchwcStats,
 }
 
@@ -205,6 +212,74 @@ impl Rewrite<'_> {
         };
         self.brought.insert((a, r), b);
         Ok(Some(b))
+    }
+
+    /// For `op` a transpose moving the channels of a value with a blocked form to the last
+    /// axis (`[N, C, H, W]` to `[N, H, W, C]`, as ConvNeXt's blocks do after their depthwise
+    /// convolution) with whole blocks of channels: the same transpose of the blocked form,
+    /// whose blocks stay contiguous (`[N, C/b, H, W, b]` to `[N, H, W, C/b, b]`), reshaped to
+    /// the result. One pass of contiguous runs instead of a `from_nchwc` and a transpose
+    /// element by element.
+    fn channels_last(&mut self, op: Op) -> Result<Option<Value>, String> {
+        let d = self.f.op(op);
+        let OpKind::Transpose { perm } = &d.kind else {
+            return Ok(None);
+        };
+        let (x, r) = (d.args[0], d.results[0]);
+        let Some(&xb) = self.blocked.get(&x) else {
+            return Ok(None);
+        };
+        let dims = self.f.ty(x).dims();
+        let rank = dims.len();
+        let last: Vec<u64> = (0..rank as u64).filter(|&a| a != 1).chain([1]).collect();
+        if rank < 3 || *perm != last || !dims[1].is_multiple_of(self.block) {
+            return Ok(None);
+        }
+        let out = self.f.ty(r).dims().to_vec();
+        let name = self.f.name(r).to_string();
+        let mut perm = perm.clone();
+        perm.push(rank as u64);
+        let t = self.emit(OpKind::Transpose { perm }, &[xb], &format!("{name}/nchwc"))?;
+        self.stats.others += 1;
+        self.emit(OpKind::Reshape { shape: out }, &[t], &name)
+            .map(Some)
+    }
+
+    /// For `op` the inverse transpose (`[N, H, W, C]` to `[N, C, H, W]`, whole blocks of
+    /// channels): the blocked form of its result, as a transpose of blocks kept whole
+    /// (`[N, H, W, C/b, b]` to `[N, C/b, H, W, b]`), so that what follows (ConvNeXt's scale,
+    /// residual add and next depthwise convolution) runs blocked.
+    fn channels_first(&mut self, op: Op) -> Result<Option<Value>, String> {
+        let d = self.f.op(op);
+        let OpKind::Transpose { perm } = &d.kind else {
+            return Ok(None);
+        };
+        let (perm, z, r) = (perm.clone(), d.args[0], d.results[0]);
+        let dims = self.f.ty(z).dims().to_vec();
+        let rank = dims.len() as u64;
+        let first: Vec<u64> = [0, rank - 1].into_iter().chain(1..rank - 1).collect();
+        let c = dims[dims.len() - 1];
+        if rank < 3
+            || perm != first
+            || !c.is_multiple_of(self.block)
+            || self.f.ty(z).dtype() != DType::F32
+        {
+            return Ok(None);
+        }
+        let name = self.f.name(r).to_string();
+        let mut split = dims;
+        split.pop();
+        split.extend([c / self.block, self.block]);
+        let zb = self.emit(
+            OpKind::Reshape { shape: split },
+            &[z],
+            &format!("{name}/blocks"),
+        )?;
+        let mut perm = perm;
+        perm.push(rank);
+        self.stats.others += 1;
+        self.emit(OpKind::Transpose { perm }, &[zb], &format!("{name}/nchwc"))
+            .map(Some)
     }
 
     /// The blocked op (kind and operands) that computes `op`'s result, if `op` is rewritten.
@@ -305,6 +380,7 @@ pub fn nchwc(f: &mut Function, block: u64) -> Result<NchwcStats, String> {
         subst: HashMap::new(),
         plain: Vec::new(),
         after: HashMap::new(),
+        renamed: Vec::new(),
         stats: NchwcStats::default(),
     };
     for op in schedule {
@@ -320,12 +396,25 @@ pub fn nchwc(f: &mut Function, block: u64) -> Result<NchwcStats, String> {
         if !d.deps.is_empty() || !users.control_dependents(op).is_empty() || d.results.len() != 1 {
             continue;
         }
-        let Some((kind, args)) = rw.blocked_op(op)? else {
+        if let Some(y) = rw.channels_last(op)? {
+            let r = rw.f.op(op).results[0];
+            let name = rw.f.name(r).to_string();
+            rw.subst.insert(r, y);
+            rw.renamed
+                .push((rw.f.def_op(y).expect("an op result"), name));
             continue;
-        };
+        }
         let r = rw.f.op(op).results[0];
         let name = rw.f.name(r).to_string();
-        let yb = rw.emit(kind, &args, &format!("{name}/nchwc"))?;
+        let yb = match rw.channels_first(op)? {
+            Some(yb) => yb,
+            None => {
+                let Some((kind, args)) = rw.blocked_op(op)? else {
+                    continue;
+                };
+                rw.emit(kind, &args, &format!("{name}/nchwc"))?
+            }
+        };
         let channels = rw.f.ty(r).dims()[1];
         let from = rw.emit(OpKind::FromNchwc { channels }, &[yb], &name)?;
         let from_op = rw.f.def_op(from).expect("an op result");
@@ -336,7 +425,7 @@ pub fn nchwc(f: &mut Function, block: u64) -> Result<NchwcStats, String> {
     let results: Vec<Value> = (rw.f.results().iter())
         .map(|r| rw.subst.get(r).copied().unwrap_or(*r))
         .collect();
-    let (mut after, plain, stats) = (rw.after, rw.plain, rw.stats);
+    let (mut after, plain, renamed, stats) = (rw.after, rw.plain, rw.renamed, rw.stats);
     let mut order = after.remove(&None).unwrap_or_default();
     for op in rw.order {
         order.push(op);
@@ -349,7 +438,7 @@ pub fn nchwc(f: &mut Function, block: u64) -> Result<NchwcStats, String> {
         to_plain: sink_to_plain(f, &plain),
         ..stats
     };
-    for (op, name) in plain {
+    for (op, name) in plain.into_iter().chain(renamed) {
         let v = f.op(op).results[0];
         if !f.name(v).is_empty() {
             f.rename(v, &name);

@@ -85,12 +85,33 @@ fn cnn_blocks_give_the_same_bits() {
   %a = avg_pool2d %c2 {kernel=[3,3], strides=[2,2]} : f32[1,6,3,3]
   return %a
 }",
+        // A ConvNeXt block: channels-last for a dense layer and back, then the scale and the
+        // residual add. 24 channels are whole blocks of 8 and of 3: the transposes move whole
+        // blocks (checked below).
+        "func @f(%x: f32[1,24,5,6], %wd: f32[24,1,3,3], %w1: f32[24,24], %gamma: f32[24,1,1], %wd2: f32[24,1,3,3]) -> (f32[1,24,5,6]) {
+  %d = conv2d %x, %wd {pads=[1,1,1,1], groups=24} : f32[1,24,5,6]
+  %t = transpose %d {perm=[0,2,3,1]} : f32[1,5,6,24]
+  %h = matmul %t, %w1 : f32[1,5,6,24]
+  %b = transpose %h {perm=[0,3,1,2]} : f32[1,24,5,6]
+  %s = mul %gamma, %b : f32[1,24,5,6]
+  %r = add %s, %x : f32[1,24,5,6]
+  %y = conv2d %r, %wd2 {pads=[1,1,1,1], groups=24} : f32[1,24,5,6]
+  return %y
+}",
     ];
     for src in cases {
         for block in [8, 3] {
             assert!(check(src, block) > 0);
         }
     }
+    // In the ConvNeXt block, no value goes through the plain layout: the transposes read and
+    // give blocked forms, and the only `from_nchwc` is of the result.
+    let mut g = parse_function(cases[3]).unwrap();
+    nchwc(&mut g, 8).unwrap();
+    let froms = (g.schedule().iter())
+        .filter(|&&op| matches!(g.op(op).kind, OpKind::FromNchwc { .. }))
+        .count();
+    assert_eq!(froms, 1, "{g}");
 }
 
 /// A convolution whose only control dependent is dead is blocked in the first run, so a second

@@ -230,21 +230,41 @@ impl Transpose {
         let r = od.len();
         let range = |a: usize| if a == 0 { outer.clone() } else { 0..od[a] };
         let (inner_out, inner_in) = (r - 1, self.inner_in);
-        // The axes walked one element at a time (all but the innermost for runs).
+        let runs = inner_in == inner_out;
+        // The axes walked one element at a time: all but the innermost two for runs (the
+        // second innermost is the tight loop over runs below), else all but the two tiled.
         let others: Vec<usize> = (0..r)
-            .filter(|&a| a != inner_out && (inner_in == inner_out || a != inner_in))
+            .filter(|&a| {
+                if runs {
+                    a < r - 2
+                } else {
+                    a != inner_out && a != inner_in
+                }
+            })
             .collect();
         let count: usize = others.iter().map(|&a| range(a).len()).product();
         let mut idx: Vec<usize> = others.iter().map(|&a| range(a).start).collect();
         for _ in 0..count {
             let from: usize = others.iter().zip(&idx).map(|(&a, &i)| i * os[a]).sum();
             let to: usize = others.iter().zip(&idx).map(|(&a, &i)| i * ost[a]).sum();
-            if inner_in == inner_out {
+            if runs {
+                // Runs along the second innermost output axis: contiguous in the output, a
+                // stride apart in the input (a blocked tensor's blocks, 32 bytes each, as
+                // channels-last pixels: a call to `memcpy` per run took most of the time).
                 let run = od[r - 1] * size;
-                // SAFETY: the caller's contract; one contiguous run of each.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(src.add(from * size), dst.add(to * size), run)
+                let (s_in, s_out) = (os[r - 2] * size, ost[r - 2] * size);
+                // SAFETY (every copy): the caller's contract; each run lies in its tensor.
+                let (src, dst) = unsafe { (src.add(from * size), dst.add(to * size)) };
+                let copy = |j: usize| unsafe {
+                    let (s, d) = (src.add(j * s_in), dst.add(j * s_out));
+                    match run {
+                        16 => (d as *mut [u8; 16]).write_unaligned(*(s as *const [u8; 16])),
+                        32 => (d as *mut [u8; 32]).write_unaligned(*(s as *const [u8; 32])),
+                        64 => (d as *mut [u8; 64]).write_unaligned(*(s as *const [u8; 64])),
+                        _ => std::ptr::copy_nonoverlapping(s, d, run),
+                    }
                 };
+                range(r - 2).for_each(copy);
             } else {
                 // Element (a, b), a along `inner_in` and b along the output's innermost axis:
                 // input at from + a * os[inner_in] (= a, the input's innermost) + b * os[b's],
