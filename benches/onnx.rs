@@ -10,7 +10,7 @@
 //! the others still run. The compile time (import, pipeline, code generation) is printed.
 //! onnxruntime gets as many intra-op threads as tcc's thread pool has. This VM's speed drifts
 //! over seconds, so the two are timed in alternating rounds (onnxruntime, then tcc, three
-//! times) and each keeps its best.
+//! times, or `TCC_ROUNDS`) and each keeps its best.
 //!
 //! ```text
 //! cargo bench --bench onnx            # needs torch, torchvision, onnx and onnxruntime:
@@ -18,6 +18,7 @@
 //! TCC_LAYOUT=plain cargo bench --bench onnx  # convolutions as im2col + GEMM on NCHW
 //! TCC_LAYOUT=blocked cargo bench --bench onnx  # NCHWc also where AVX-512 is on
 //! TCC_MODELS=resnet18,bert2 cargo bench --bench onnx  # only these
+//! TCC_ROUNDS=6 cargo bench --bench onnx  # more rounds, for a VM whose speed drifts more
 //! benches/run.sh onnx                 # installs them into target/torch-venv first
 //! ```
 
@@ -30,6 +31,7 @@ use std::path::Path;
 use tcc::ir::{Data, Tensor};
 
 const RUNS: usize = 30;
+/// Alternating rounds per model, unless `TCC_ROUNDS` says otherwise.
 const ROUNDS: usize = 3;
 
 fn load_npy(path: &Path) -> Tensor {
@@ -112,11 +114,19 @@ fn main() {
                 .is_none_or(|o| o.split(',').any(|x| x == *m))
         })
         .collect();
+    let rounds = match std::env::var("TCC_ROUNDS") {
+        Ok(r) => r
+            .parse::<usize>()
+            .ok()
+            .filter(|&r| r > 0)
+            .unwrap_or_else(|| panic!("TCC_ROUNDS must be a positive number, found `{r}`")),
+        Err(_) => ROUNDS,
+    };
     let first = peer_round(&models);
     let target = std::env::var("TCC_TARGET").ok();
     let features = tcc::codegen::Features::of(target.as_deref()).unwrap_or_else(|e| panic!("{e}"));
     println!(
-        "ONNX models at batch 1 (`_b8`: 8), {threads} threads, tcc using {}; best of {ROUNDS} alternating rounds of up to {RUNS} runs",
+        "ONNX models at batch 1 (`_b8`: 8), {threads} threads, tcc using {}; best of {rounds} alternating rounds of up to {RUNS} runs",
         features.names().join(" ")
     );
     println!(
@@ -145,7 +155,7 @@ fn main() {
         };
         let mut t = std::time::Duration::MAX;
         let mut ort = f64::INFINITY;
-        for round in 0..ROUNDS {
+        for round in 0..rounds {
             ort = ort.min(if round == 0 {
                 first[name]
             } else {
