@@ -411,3 +411,20 @@ fn empty_tensors() {
     assert_close(&r[1], &[0., 0., 0.]);
     assert!(floats(&r[2]).is_empty());
 }
+
+/// A product over an empty inner dimension is +0.0, as a GEMM's accumulators start (and numpy
+/// and PyTorch give), not the -0.0 that Rust's float `Sum` starts from: through `rsqrt` the
+/// sign is the difference between +inf and -inf (found by the compiled-vs-interpreter
+/// property).
+#[test]
+fn empty_products_are_positive_zero() {
+    let src = "func @f(%a: f32[2,0], %b: f32[0,3]) -> (f32[2,3]) {
+  %c = matmul %a, %b : f32[2,3]
+  return %c
+}";
+    let out = eval(src, vec![f32s(&[2, 0], &[]), f32s(&[0, 3], &[])]).unwrap();
+    let Data::F32(v) = out[0].data() else {
+        panic!("f32 result")
+    };
+    assert!(v.iter().all(|x| x.to_bits() == 0), "{v:?}");
+}

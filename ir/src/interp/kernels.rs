@@ -569,11 +569,11 @@ pub(crate) fn eval(kind: &OpKind, args: &[&Val], tys: &[TensorType]) -> R<Vec<Va
                     for (bi, (&ao, &bo)) in am.iter().zip(&bm).enumerate() {
                         for i in 0..m {
                             for j in 0..nn {
-                                let s: f64 = (0..k)
-                                    .map(|p| {
-                                        x[ao * m * k + i * k + p] * y[bo * k * nn + p * nn + j]
-                                    })
-                                    .sum();
+                                // From +0.0, as a GEMM's accumulators start (and numpy
+                                // and PyTorch give for k = 0): `Sum for f64` starts at -0.0.
+                                let s = (0..k).fold(0.0, |s, p| {
+                                    s + x[ao * m * k + i * k + p] * y[bo * k * nn + p * nn + j]
+                                });
                                 o[(bi * m + i) * nn + j] = s;
                             }
                         }
