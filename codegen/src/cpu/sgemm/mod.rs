@@ -379,12 +379,15 @@ unsafe fn product_with<K: Kernel>(
     } else {
         1
     };
-    // Threads take rows when B is packed (each packs only its own rows of A), or when A is
-    // packed and there are too few column panels to go round; otherwise columns, in multiples
-    // of NR (each packs its own columns of B).
+    // Threads take rows when B is packed (each packs only its own rows of A), when A is
+    // packed and there are too few column panels to go round, or when there are fewer column
+    // panels than threads (a classifier's few outputs: each thread packs the small B itself);
+    // otherwise columns, in multiples of NR (each packs its own columns of B).
+    let panels = n.div_ceil(K::NR);
     let by_rows = m >= K::MR * threads
         && (matches!(b, B::Packed(_))
-            || matches!(a, A::Packed(_)) && n.div_ceil(K::NR) < 2 * threads);
+            || matches!(a, A::Packed(_)) && panels < 2 * threads
+            || panels < threads);
     let (parts, chunk) = if by_rows {
         let parts = threads.min(m.div_ceil(K::MR));
         (parts, m.div_ceil(parts).div_ceil(K::MR) * K::MR)
