@@ -539,20 +539,26 @@ mod tests {
     use super::{Fast, Layout, Post, PostOp};
     use tcc_ir::{Function, Value, parse_function};
 
-    /// `Post::of` on the ops after the convolution of `src` (constants aside: the planner
-    /// keeps them out of kernels), with the function's results as what the kernel stores.
-    fn post(src: &str) -> Option<(Post, Value)> {
+    /// `Post::of` in `layout` on the ops after `src`'s first `library` op (constants aside:
+    /// the planner keeps them out of kernels), with the function's results as what the kernel
+    /// stores.
+    fn post_after(src: &str, library: &str, layout: Layout) -> Option<(Post, Value)> {
         let f: Function = parse_function(src).unwrap();
         let ops = f.schedule();
         let start = ops
             .iter()
-            .position(|&op| f.op(op).kind.mnemonic() == "conv2d_nchwc")
+            .position(|&op| f.op(op).kind.mnemonic() == library)
             .unwrap();
         let r = f.op(ops[start]).results[0];
         let epilogue: Vec<_> = (ops[start + 1..].iter().copied())
             .filter(|&op| f.op(op).kind.mnemonic() != "const")
             .collect();
-        Post::of(&f, Layout::Blocked, &epilogue, r, f.results())
+        Post::of(&f, layout, &epilogue, r, f.results())
+    }
+
+    /// [`post_after`] a blocked convolution.
+    fn post(src: &str) -> Option<(Post, Value)> {
+        post_after(src, "conv2d_nchwc", Layout::Blocked)
     }
 
     /// The forms with a loop of their own, and chains that keep the general one.
@@ -663,19 +669,7 @@ mod tests {
 }}"
             )
         };
-        let of = |src: &str, layout: Layout| {
-            let f: Function = parse_function(src).unwrap();
-            let ops = f.schedule();
-            let start = ops
-                .iter()
-                .position(|&op| f.op(op).kind.mnemonic() == "matmul")
-                .unwrap();
-            let r = f.op(ops[start]).results[0];
-            let epilogue: Vec<_> = (ops[start + 1..].iter().copied())
-                .filter(|&op| f.op(op).kind.mnemonic() != "const")
-                .collect();
-            Post::of(&f, layout, &epilogue, r, f.results())
-        };
+        let of = |src: &str, layout: Layout| post_after(src, "matmul", layout);
         let (p, _) = of(&src("%z"), Layout::Rows).expect("a bias and GELU");
         assert_eq!(
             p.ops,
