@@ -331,6 +331,9 @@ fn softmax_rows_compile() {
         "func @f(%x: f32[1,1]) -> (f32[1,1]) {\n  %p = softmax %x : f32[1,1]\n  return %p\n}",
         // Enough work to split across threads.
         "func @f(%x: f32[512,300]) -> (f32[512,300]) {\n  %p = softmax %x : f32[512,300]\n  return %p\n}",
+        // A softmax alone runs on the hand-written AVX2 kernel where the target has it: whole
+        // vectors and a masked tail (ViT's rows of 197).
+        "func @f(%x: f32[2,12,197]) -> (f32[2,12,197]) {\n  %p = softmax %x {axis=-1} : f32[2,12,197]\n  return %p\n}",
     ];
     for src in cases {
         let f = parse_function(src).unwrap();
@@ -360,6 +363,19 @@ fn softmax_rows_compile() {
     ];
     let (got, want, _) = both(&f, &[Tensor::from_f32(&[3, 5], x).unwrap()]);
     check(&got, &want, 2e-6, 1e-9).unwrap();
+    // Rows longer than a vector: a NaN in the masked tail, a row of -inf (NaN: -inf - -inf),
+    // and a huge logit among ordinary ones.
+    let src =
+        "func @f(%x: f32[3,11]) -> (f32[3,11]) {\n  %p = softmax %x : f32[3,11]\n  return %p\n}";
+    let f = parse_function(src).unwrap();
+    let mut x: Vec<f32> = (0..33).map(|i| (i % 7) as f32 - 3.0).collect();
+    x[9] = f32::NAN;
+    x[11..22].fill(f32::NEG_INFINITY);
+    x[25] = 1e30;
+    let (got, want, _) = both(&f, &[Tensor::from_f32(&[3, 11], x).unwrap()]);
+    check(&got, &want, 2e-6, 1e-9).unwrap();
+    let g = got[0].as_f32().unwrap();
+    assert!(g[..22].iter().all(|v| v.is_nan()) && g[25] == 1.0, "{g:?}");
 }
 
 #[test]

@@ -3,7 +3,8 @@
 //! In order of preference: a loop the JIT compiles (elementwise, row or reduction kernels), a
 //! library call (matmul, convolutions) with its epilogue compiled as an elementwise loop, a
 //! hand-written kernel for a single op (`native.rs`), and otherwise the reference
-//! interpreter's kernels on the same arena, so every function runs.
+//! interpreter's kernels on the same arena, so every function runs. One exception: a softmax
+//! alone over contiguous f32 rows takes its hand-written AVX2 kernel before the JIT.
 
 use super::bytes::{lines, write_data};
 use super::conv::{Conv, ConvMode, NchwcConv};
@@ -80,6 +81,13 @@ pub(super) fn compile(
     for (k, kd) in plan.kernels.iter() {
         let name = format!("{}_{k}", f.name);
         let err = |e: String| CompileError(format!("compiling kernel {k}: {e}"));
+        // A softmax alone over contiguous f32 rows runs faster on its hand-written kernel.
+        if matches!(kd.kind, KernelKind::Row { .. })
+            && let [op] = kd.ops[..]
+            && native::wide_softmax(f, op, &features)
+        {
+            continue;
+        }
         let whole = jit.compile(f, k, kd, &name).map_err(err)?;
         if whole.is_none()
             && let Some(lib) = library_step(f, &plan, kd, scratch_offset(&mem, k), &features)

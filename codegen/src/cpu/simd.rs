@@ -88,6 +88,12 @@ pub(crate) fn gelu(x: __m256) -> __m256 {
     _mm256_mul_ps(x, _mm256_blendv_ps(large, small, negative))
 }
 
+/// `e^x` on eight lanes, as [`crate::kernel::math::exp`] computes it.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn exp(x: __m256) -> __m256 {
+    exp_clamped::<2>(x, crate::kernel::math::EXP_CLAMP)
+}
+
 /// The polynomial with coefficients `c` (highest degree first) at `x` by Horner's rule, a
 /// multiply-add per step, as the kernel layer's `horner`.
 #[target_feature(enable = "avx2,fma")]
@@ -210,12 +216,6 @@ pub(crate) fn max_nan(m: __m256, v: __m256) -> __m256 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// `e^x` as the compiled `exp` computes it.
-    #[target_feature(enable = "avx2,fma")]
-    fn exp(x: __m256) -> __m256 {
-        exp_clamped::<2>(x, crate::kernel::math::EXP_CLAMP)
-    }
 
     /// The compiled elementwise kernels and these give the same bits, over the whole range
     /// and at the edges (overflow, underflow through the subnormals, NaN, infinities).

@@ -96,6 +96,92 @@ pub(super) fn softmax(x: &[f32], y: &mut [f32], len: usize, inner: usize, log: b
     });
 }
 
+/// Softmax of `x` along contiguous rows of `len`, in AVX2 vectors: the row's maximum, then
+/// `e^(x - max)` once (stored) with its sum in eight f32 lanes, then each stored value divided
+/// by the sum. Rows go to threads in chunks of at least 4096 elements. NaN anywhere in a row
+/// makes the row NaN, as in the reference (so does a row of -inf: `-inf - -inf`).
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; `x` and `y` hold whole rows of `len`.
+#[cfg(target_arch = "x86_64")]
+pub(super) unsafe fn softmax_rows(x: &[f32], y: &mut [f32], len: usize) {
+    if len == 0 {
+        return;
+    }
+    let rows = 4096usize.div_ceil(len);
+    for_planes(y, rows * len, |(c, y)| {
+        for (r, y) in y.chunks_exact_mut(len).enumerate() {
+            let at = (c * rows + r) * len;
+            // SAFETY: the caller's contract.
+            unsafe { softmax_row(&x[at..at + len], y) };
+        }
+    });
+}
+
+/// One row of [`softmax_rows`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn softmax_row(x: &[f32], y: &mut [f32]) {
+    use crate::cpu::simd::{exp, first};
+    use std::arch::x86_64::*;
+    let n = x.len();
+    let whole = n / 8 * 8;
+    let tail = first(n - whole);
+    // SAFETY (every load and store): offsets below `whole` hold whole vectors; the tail's are
+    // masked to the row.
+    let load = |i: usize| unsafe { _mm256_loadu_ps(x.as_ptr().add(i)) };
+    let load_tail = || unsafe { _mm256_maskload_ps(x.as_ptr().add(whole), tail) };
+    let tail_lanes = _mm256_castsi256_ps(tail);
+    // The maximum, and whether any element is NaN.
+    let (mut m, mut nan) = (_mm256_set1_ps(f32::NEG_INFINITY), _mm256_setzero_ps());
+    let mut take = |v: __m256, lanes: __m256| {
+        let v = _mm256_blendv_ps(_mm256_set1_ps(f32::NEG_INFINITY), v, lanes);
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+        m = _mm256_max_ps(m, v);
+    };
+    let all = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+    for i in (0..whole).step_by(8) {
+        take(load(i), all);
+    }
+    if whole < n {
+        take(load_tail(), tail_lanes);
+    }
+    if _mm256_movemask_ps(nan) != 0 {
+        y.fill(f32::NAN);
+        return;
+    }
+    let mut lanes = [0f32; 8];
+    // SAFETY: `lanes` holds eight floats.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), m) };
+    let mx = _mm256_set1_ps(lanes.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)));
+    // e^(x - max), stored, and its sum.
+    let mut sum = _mm256_setzero_ps();
+    for i in (0..whole).step_by(8) {
+        let e = exp(_mm256_sub_ps(load(i), mx));
+        sum = _mm256_add_ps(sum, e);
+        unsafe { _mm256_storeu_ps(y.as_mut_ptr().add(i), e) };
+    }
+    if whole < n {
+        let e = exp(_mm256_sub_ps(load_tail(), mx));
+        sum = _mm256_add_ps(sum, _mm256_and_ps(e, tail_lanes));
+        unsafe { _mm256_maskstore_ps(y.as_mut_ptr().add(whole), tail, e) };
+    }
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), sum) };
+    let s = _mm256_set1_ps(lanes.iter().sum::<f32>());
+    for i in (0..whole).step_by(8) {
+        unsafe {
+            let p = y.as_mut_ptr().add(i);
+            _mm256_storeu_ps(p, _mm256_div_ps(_mm256_loadu_ps(p), s));
+        }
+    }
+    if whole < n {
+        unsafe {
+            let p = y.as_mut_ptr().add(whole);
+            _mm256_maskstore_ps(p, tail, _mm256_div_ps(_mm256_maskload_ps(p, tail), s));
+        }
+    }
+}
+
 /// Inference batch norm of `x` viewed as `[N, c, inner]`: `(x - mean) * scale + beta` in f64,
 /// rounded once, as the reference does.
 pub(super) fn batch_norm(
