@@ -186,7 +186,7 @@ fn main() {
         };
         let s = exe.stats();
         println!(
-            "{:<26} {:>10.3} {:>10} {:>9} {:>12} {:>9}  {} compiled, {} reference",
+            "{:<26} {:>10.3} {:>10} {:>9} {:>12} {:>9}  {} compiled, {} native, {} reference",
             c.name,
             t * 1e3,
             np.map_or("-".into(), |x| format!("{:.3}", x * 1e3)),
@@ -194,6 +194,7 @@ fn main() {
             np.map_or("-".into(), gf),
             np.map_or("-".into(), |x| format!("{:.2}x", x / t)),
             s.compiled,
+            s.native,
             s.reference
         );
         if c.name.starts_with("chain") {
