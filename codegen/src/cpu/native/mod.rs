@@ -441,9 +441,14 @@ impl Native {
                     if *wide {
                         // SAFETY: `wide` means AVX2 and FMA, contiguous rows of `len`.
                         lines::softmax_rows(input(0), output(0), *len);
-                        return Ok(());
+                    } else {
+                        lines::softmax(input(0), output(0), *len, *inner, *log)
                     }
-                    lines::softmax(input(0), output(0), *len, *inner, *log)
+                    #[cfg(not(target_arch = "x86_64"))]
+                    {
+                        let _ = wide;
+                        lines::softmax(input(0), output(0), *len, *inner, *log)
+                    }
                 }
                 Kind::TopK {
                     len,
@@ -507,8 +512,6 @@ impl Native {
     }
 }
 
-/// Calls `work((plane, chunk))` for each `plane`-element chunk of `out`, in parallel when `out`
-/// is large enough to pay for it.
 /// Whether softmax op `op` runs on [`lines::softmax_rows`]: `softmax` (not its log) of f32 over
 /// the last axis, on a target with AVX2 and FMA. The compiler prefers that to the JIT's row
 /// kernel for a kernel that is this op alone: the JIT's `exp` in 4-lane vectors, computed in
@@ -528,6 +531,8 @@ pub(in crate::cpu) fn wide_softmax(f: &Function, op: Op, features: &crate::cpu::
         && (axis == -1 || axis == rank - 1)
 }
 
+/// Calls `work((plane, chunk))` for each `plane`-element chunk of `out`, in parallel when `out`
+/// is large enough to pay for it.
 pub(super) fn for_planes(
     out: &mut [f32],
     plane: usize,
