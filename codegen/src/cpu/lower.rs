@@ -4,7 +4,8 @@
 //! library call (matmul, convolutions) with its epilogue compiled as an elementwise loop, a
 //! hand-written kernel for a single op (`native.rs`), and otherwise the reference
 //! interpreter's kernels on the same arena, so every function runs. One exception: a softmax
-//! alone over contiguous f32 rows takes its hand-written AVX2 kernel before the JIT.
+//! or log-softmax alone over contiguous f32 rows takes its hand-written AVX2 kernel before the
+//! JIT.
 
 use super::bytes::{lines, write_data};
 use super::conv::{Conv, ConvMode, NchwcConv};
@@ -81,7 +82,8 @@ pub(super) fn compile(
     for (k, kd) in plan.kernels.iter() {
         let name = format!("{}_{k}", f.name);
         let err = |e: String| CompileError(format!("compiling kernel {k}: {e}"));
-        // A softmax alone over contiguous f32 rows runs faster on its hand-written kernel.
+        // A softmax (or log-softmax) alone over contiguous f32 rows runs faster on its
+        // hand-written kernel.
         if matches!(kd.kind, KernelKind::Row { .. })
             && let [op] = kd.ops[..]
             && native::wide_softmax(f, op, &features)

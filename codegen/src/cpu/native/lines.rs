@@ -96,15 +96,16 @@ pub(super) fn softmax(x: &[f32], y: &mut [f32], len: usize, inner: usize, log: b
     });
 }
 
-/// Softmax of `x` along contiguous rows of `len`, in AVX2 vectors: the row's maximum, then
-/// `e^(x - max)` once (stored) with its sum in eight f32 lanes, then each stored value divided
-/// by the sum. Rows go to threads in chunks of at least 4096 elements. NaN anywhere in a row
-/// makes the row NaN, as in the reference (so does a row of -inf: `-inf - -inf`).
+/// Softmax (or, with `log`, log-softmax) of `x` along contiguous rows of `len`, in AVX2
+/// vectors: the row's maximum, then `e^(x - max)` once (stored, for softmax) with its sum in
+/// eight f32 lanes, then each stored value divided by the sum (or `x - max - ln(sum)`). Rows go
+/// to threads in chunks of at least 4096 elements. NaN anywhere in a row makes the row NaN, as
+/// in the reference (so does a row of -inf: `-inf - -inf`).
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA; `x` and `y` hold whole rows of `len`.
 #[cfg(target_arch = "x86_64")]
-pub(super) unsafe fn softmax_rows(x: &[f32], y: &mut [f32], len: usize) {
+pub(super) unsafe fn softmax_rows(x: &[f32], y: &mut [f32], len: usize, log: bool) {
     if len == 0 {
         return;
     }
@@ -113,7 +114,7 @@ pub(super) unsafe fn softmax_rows(x: &[f32], y: &mut [f32], len: usize) {
         for (r, y) in y.chunks_exact_mut(len).enumerate() {
             let at = (c * rows + r) * len;
             // SAFETY: the caller's contract.
-            unsafe { softmax_row(&x[at..at + len], y) };
+            unsafe { softmax_row(&x[at..at + len], y, log) };
         }
     });
 }
@@ -121,7 +122,7 @@ pub(super) unsafe fn softmax_rows(x: &[f32], y: &mut [f32], len: usize) {
 /// One row of [`softmax_rows`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn softmax_row(x: &[f32], y: &mut [f32]) {
+fn softmax_row(x: &[f32], y: &mut [f32], log: bool) {
     use crate::cpu::simd::{exp, first};
     use std::arch::x86_64::*;
     let n = x.len();
@@ -154,20 +155,37 @@ fn softmax_row(x: &[f32], y: &mut [f32]) {
     // SAFETY: `lanes` holds eight floats.
     unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), m) };
     let mx = _mm256_set1_ps(lanes.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)));
-    // e^(x - max), stored, and its sum.
+    // e^(x - max), stored for softmax, and its sum.
     let mut sum = _mm256_setzero_ps();
     for i in (0..whole).step_by(8) {
         let e = exp(_mm256_sub_ps(load(i), mx));
         sum = _mm256_add_ps(sum, e);
-        unsafe { _mm256_storeu_ps(y.as_mut_ptr().add(i), e) };
+        if !log {
+            unsafe { _mm256_storeu_ps(y.as_mut_ptr().add(i), e) };
+        }
     }
     if whole < n {
         let e = exp(_mm256_sub_ps(load_tail(), mx));
         sum = _mm256_add_ps(sum, _mm256_and_ps(e, tail_lanes));
-        unsafe { _mm256_maskstore_ps(y.as_mut_ptr().add(whole), tail, e) };
+        if !log {
+            unsafe { _mm256_maskstore_ps(y.as_mut_ptr().add(whole), tail, e) };
+        }
     }
     unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), sum) };
-    let s = _mm256_set1_ps(lanes.iter().sum::<f32>());
+    let total = lanes.iter().sum::<f32>();
+    if log {
+        // x - max - ln(sum).
+        let ln = _mm256_set1_ps(total.ln());
+        let out = |v: __m256| _mm256_sub_ps(_mm256_sub_ps(v, mx), ln);
+        for i in (0..whole).step_by(8) {
+            unsafe { _mm256_storeu_ps(y.as_mut_ptr().add(i), out(load(i))) };
+        }
+        if whole < n {
+            unsafe { _mm256_maskstore_ps(y.as_mut_ptr().add(whole), tail, out(load_tail())) };
+        }
+        return;
+    }
+    let s = _mm256_set1_ps(total);
     for i in (0..whole).step_by(8) {
         unsafe {
             let p = y.as_mut_ptr().add(i);

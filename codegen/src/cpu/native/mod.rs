@@ -84,7 +84,7 @@ enum Kind {
         log: bool,
         len: usize,
         inner: usize,
-        /// A softmax over contiguous f32 rows with AVX2 and FMA: [`lines::softmax_rows`].
+        /// Over contiguous f32 rows with AVX2 and FMA: [`lines::softmax_rows`].
         wide: bool,
     },
     /// `top_k` over the middle axis of `[outer, len, inner]`: values and `i64` indices.
@@ -440,7 +440,7 @@ impl Native {
                     #[cfg(target_arch = "x86_64")]
                     if *wide {
                         // SAFETY: `wide` means AVX2 and FMA, contiguous rows of `len`.
-                        lines::softmax_rows(input(0), output(0), *len);
+                        lines::softmax_rows(input(0), output(0), *len, *log);
                     } else {
                         lines::softmax(input(0), output(0), *len, *inner, *log)
                     }
@@ -512,13 +512,13 @@ impl Native {
     }
 }
 
-/// Whether softmax op `op` runs on [`lines::softmax_rows`]: `softmax` (not its log) of f32 over
-/// the last axis, on a target with AVX2 and FMA. The compiler prefers that to the JIT's row
-/// kernel for a kernel that is this op alone: the JIT's `exp` in 4-lane vectors, computed in
-/// two of its three passes, took 4 ns an element.
+/// Whether softmax op `op` runs on [`lines::softmax_rows`]: `softmax` or `log_softmax` of f32
+/// over the last axis, on a target with AVX2 and FMA. The compiler prefers that to the JIT's
+/// row kernel for a kernel that is this op alone: the JIT's `exp` in 4-lane vectors, computed
+/// in two of its three passes, took 4 ns an element.
 pub(in crate::cpu) fn wide_softmax(f: &Function, op: Op, features: &crate::cpu::Features) -> bool {
     let d = f.op(op);
-    let OpKind::Softmax { axis } = d.kind else {
+    let (OpKind::Softmax { axis } | OpKind::LogSoftmax { axis }) = d.kind else {
         return false;
     };
     let ty = f.ty(d.args[0]);
