@@ -257,13 +257,12 @@ impl Rewrite<'_> {
         let (perm, z, r) = (perm.clone(), d.args[0], d.results[0]);
         let dims = self.f.ty(z).dims().to_vec();
         let rank = dims.len() as u64;
+        if rank < 3 {
+            return Ok(None);
+        }
         let first: Vec<u64> = [0, rank - 1].into_iter().chain(1..rank - 1).collect();
         let c = dims[dims.len() - 1];
-        if rank < 3
-            || perm != first
-            || !c.is_multiple_of(self.block)
-            || self.f.ty(z).dtype() != DType::F32
-        {
+        if perm != first || !c.is_multiple_of(self.block) || self.f.ty(z).dtype() != DType::F32 {
             return Ok(None);
         }
         let name = self.f.name(r).to_string();

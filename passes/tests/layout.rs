@@ -114,6 +114,20 @@ fn cnn_blocks_give_the_same_bits() {
     assert_eq!(froms, 1, "{g}");
 }
 
+/// Transposes of every rank beside a convolution: the channels-last and channels-first
+/// rewrites look only at rank 3 and up (a scalar's transpose once underflowed its rank).
+#[test]
+fn transposes_of_low_rank_are_left_alone() {
+    let src = "func @f(%x: f32[1,8,4,4], %w: f32[8,8,3,3], %s: f32[], %v: f32[8], %m: f32[8,4]) -> (f32[1,8,4,4], f32[], f32[8], f32[4,8]) {
+  %c = conv2d %x, %w {pads=[1,1,1,1]} : f32[1,8,4,4]
+  %t = transpose %s {perm=[]} : f32[]
+  %u = transpose %v {perm=[0]} : f32[8]
+  %n = transpose %m {perm=[1,0]} : f32[4,8]
+  return %c, %t, %u, %n
+}";
+    check(src, 8);
+}
+
 /// A convolution whose only control dependent is dead is blocked in the first run, so a second
 /// run changes nothing (found by the fixed-point property: the dead op kept it plain once, and
 /// was gone the second time).
