@@ -169,11 +169,10 @@ impl Post {
                 (OpKind::Unary(UnaryOp::Gelu), None) => PostOp::Gelu,
                 (OpKind::Binary(BinaryOp::Div), Some(c)) if od.args[0] == cur => {
                     let (step, taken) = match_gelu_erf(f, &ops[i..], cur, scalar(c)?, &scalar)?;
-                    // The chain's intermediate values are computed, not stored.
-                    chain.extend(taken[..taken.len() - 1].iter().copied());
+                    // The chain's values are computed, not stored.
+                    chain.extend(taken);
                     post.ops.push(step);
-                    cur = taken[taken.len() - 1];
-                    chain.push(cur);
+                    cur = taken[4];
                     i += taken.len();
                     continue;
                 }
@@ -492,7 +491,6 @@ impl Bound<'_> {
         let mut s = range.start;
         while s < range.end {
             let end = (s - s % n + n).min(range.end);
-            let col = s % n;
             let mut at = s;
             while at + B <= end {
                 let k = ((end - at) / B).min(V);
@@ -503,7 +501,7 @@ impl Bound<'_> {
                     for (j, v) in vs.iter_mut().enumerate().take(k) {
                         *v = _mm256_loadu_ps(y.add(at + j * B));
                     }
-                    let c0 = col + (at - s);
+                    let c0 = at % n;
                     self.store(&mut vs[..k], |j| c0 + j * B, |j| j * B, y.add(at), at);
                 }
                 at += k * B;
@@ -511,7 +509,7 @@ impl Bound<'_> {
             if at < end {
                 // The row's last elements: every load and the store masked to them.
                 let m = first(end - at);
-                let c0 = col + (at - s);
+                let c0 = at % n;
                 // SAFETY: as above; the masked lanes are neither read nor written.
                 unsafe {
                     let mut v = [_mm256_maskload_ps(y.add(at), m)];

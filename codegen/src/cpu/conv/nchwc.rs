@@ -316,8 +316,8 @@ impl NchwcConv {
     /// A small cost model chooses between more bands and more ranges: each piece reads its
     /// range's filter and its band's input, so `b` bands and `s` ranges read the filter `b`
     /// times and the input `s` times; and a band's pixels go in tiles of five or six, so short
-    /// bands of small planes waste part of their last tile. Bytes count three FLOPs (about what one
-    /// core computes per byte it streams from L2 or L3). Bands are no taller than
+    /// bands of small planes waste part of their last tile. Bytes count three FLOPs (about
+    /// what one core computes per byte it streams from L2 or L3). Bands are no taller than
     /// [`Self::band_rows`] (the cache) allows.
     fn split(&self, threads: usize, units: usize) -> (usize, usize) {
         let Geom {

@@ -135,17 +135,20 @@ fn softmax_row(x: &[f32], y: &mut [f32], log: bool) {
     let tail_lanes = _mm256_castsi256_ps(tail);
     // The maximum, and whether any element is NaN.
     let (mut m, mut nan) = (_mm256_set1_ps(f32::NEG_INFINITY), _mm256_setzero_ps());
-    let mut take = |v: __m256, lanes: __m256| {
-        let v = _mm256_blendv_ps(_mm256_set1_ps(f32::NEG_INFINITY), v, lanes);
+    let mut take = |v: __m256| {
         nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
         m = _mm256_max_ps(m, v);
     };
-    let all = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
     for i in (0..whole).step_by(8) {
-        take(load(i), all);
+        take(load(i));
     }
     if whole < n {
-        take(load_tail(), tail_lanes);
+        // Lanes past the row are -inf, which no maximum takes.
+        take(_mm256_blendv_ps(
+            _mm256_set1_ps(f32::NEG_INFINITY),
+            load_tail(),
+            tail_lanes,
+        ));
     }
     if _mm256_movemask_ps(nan) != 0 {
         y.fill(f32::NAN);

@@ -359,17 +359,18 @@ pub(super) fn pool_blocked(
         };
         lo.min(ow)..hi.clamp(lo.min(ow), ow)
     };
+    // Max pooling in AVX2 takes those columns a row at a time.
+    let rowwise = cfg!(target_arch = "x86_64") && wide && avg.is_none() && !inner.is_empty();
     let work = |(plane, out): (usize, &mut [f32])| {
         let xp = &x[plane * h * w * b..(plane + 1) * h * w * b];
         for oy in 0..oh {
             #[cfg(target_arch = "x86_64")]
-            if wide && avg.is_none() && !inner.is_empty() {
+            if rowwise {
                 // SAFETY: `wide` means b = 8 and AVX2; the windows of `inner` lie in the plane.
                 unsafe { max8_row(p, xp, h, w, oy, &inner, &mut out[oy * ow * b..]) };
             }
             for ox in 0..ow {
-                #[cfg(target_arch = "x86_64")]
-                if wide && avg.is_none() && inner.contains(&ox) {
+                if rowwise && inner.contains(&ox) {
                     continue;
                 }
                 let win = window(p, h, w, oy, ox);
