@@ -21,8 +21,9 @@ def key(name):
     m = re.match(r"%?(/[^ ]*?)/(Conv|Clip|Relu|Mul|Sigmoid|Add|Gemm|Flatten|GlobalAveragePool|"
                  r"ReduceMean|MatMul|Softmax|Transpose|Reshape)[^/]*(/.*)?$", name)
     k = m.group(1) if m else name
-    # `conv.0.0` (the convolution) and `conv.0.2` (its activation) are one layer.
-    return re.sub(r"(\.\d+)\.\d+$", r"\1", k)
+    # `conv.0.0` (the convolution) and `conv.0.2` (its activation) are one layer, and so are
+    # `branch1/conv` and a functional relu after it (`branch1/Relu`), as GoogLeNet's are.
+    return re.sub(r"/conv$", "", re.sub(r"(\.\d+)\.\d+$", r"\1", k))
 
 
 def ort_layers(path, x, threads, runs):

@@ -20,6 +20,10 @@
 //! - pooling windows of a blocked value pool it blocked; `global_avg_pool`, and `reduce_*` over
 //!   spatial axes with `keepdims`, become the same reduction over the blocked tensor's spatial
 //!   axes;
+//! - a concatenation along the channels with a blocked operand, every operand but the last
+//!   filling whole blocks, concatenates the blocked forms (an Inception module's or a Fire
+//!   module's branches, a DenseNet block's features), so the pooling and convolutions after it
+//!   stay blocked;
 //! - a transpose that moves the channels of a blocked value last (`[N, C, H, W]` to
 //!   `[N, H, W, C]`) with whole blocks of channels transposes the blocked form, its blocks
 //!   kept whole, and reshapes it; its inverse (`[N, H, W, C]` to `[N, C, H, W]`) gives the
@@ -36,7 +40,8 @@
 //! Not rewritten: functions with a backward part (the training step reads forward values in
 //! the plain layout), ops with control dependencies or that other ops depend on, grouped
 //! convolutions other than depthwise, `f64` convolutions, and every other op kind
-//! (concatenation, reshapes, matmuls), which read a `from_nchwc`.
+//! (reshapes, matmuls, concatenations on other axes or of partial blocks), which read a
+//! `from_nchwc`.
 
 use crate::manager::{OptionInfo, Options, Pass};
 use std::collections::HashMap;
@@ -333,6 +338,29 @@ impl Rewrite<'_> {
                     }
                     _ => None,
                 }
+            }
+            OpKind::Concat { axis }
+                if out.len() >= 3 && (*axis == 1 || *axis == 1 - out.len() as i64) =>
+            {
+                // Blocks line up only if every operand but the last fills its blocks.
+                let whole = |a: &Value| self.f.ty(*a).dims()[1].is_multiple_of(self.block);
+                let init = &d.args[..d.args.len().saturating_sub(1)];
+                if !init.iter().all(whole)
+                    || !d.args.iter().any(|a| self.blocked.contains_key(a))
+                    || d.args.iter().any(|a| self.f.ty(*a).dtype() != DType::F32)
+                {
+                    return Ok(None);
+                }
+                let mut args = Vec::with_capacity(d.args.len());
+                for &a in &d.args {
+                    let own = self.f.ty(a).dims().to_vec();
+                    match self.bring(a, &own)? {
+                        Some(b) => args.push(b),
+                        None => return Ok(None),
+                    }
+                }
+                self.stats.others += 1;
+                Some((OpKind::Concat { axis: 1 }, args))
             }
             k if k.is_elementwise() && out.len() >= 2 => {
                 let full = |a: &Value| self.f.ty(*a).dims() == out.as_slice();

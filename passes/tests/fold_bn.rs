@@ -159,7 +159,15 @@ fn through_a_reshape_that_keeps_the_channels() {
     // is not looked through.
     let moved = "func @f(%x: f32[3,5], %w: f32[5,4]) -> (f32[3,2,2]) {\n  %g = const {value=[0.5, 1.5]} : f32[2]\n  %b = const {value=[0.1, -0.2]} : f32[2]\n  %m = const {value=[0.05, -0.5]} : f32[2]\n  %v = const {value=[1.0, 0.25]} : f32[2]\n  %z = matmul %x, %w : f32[3,4]\n  %r = reshape %z {shape=[3,2,2]} : f32[3,2,2]\n  %n = batch_norm %r, %g, %b, %m, %v : f32[3,2,2]\n  return %n\n}";
     let (stats, left, g) = check(moved);
-    assert_eq!((stats.batch_norms, left), (0, 1), "{g}");
+    assert_eq!((stats.batch_norms, left, stats.affine), (0, 0, 1), "{g}");
+    let layer = (g.schedule().iter())
+        .find(|&&op| matches!(g.op(op).kind, OpKind::MatMul))
+        .map(|&op| g.name(g.op(op).args[1]).to_string());
+    assert_eq!(
+        layer.as_deref(),
+        Some("w"),
+        "the weights are not scaled\n{g}"
+    );
 }
 
 /// Weights or statistics that are parameters fold as ops: the scale stays in the graph and the
@@ -204,7 +212,9 @@ fn per_channel_scales_fold() {
 }
 
 /// A layer something else also reads is not folded (its own output would change), nor is a
-/// batch norm after something that is not a layer; results stay the same.
+/// batch norm after something that is not a layer: with constant statistics each becomes the
+/// per-channel `(y - mean) * s + beta` and the layer keeps its weights; with statistics given
+/// as parameters it is left. Results stay the same.
 #[test]
 fn what_must_not_fold_is_left() {
     let shared = format!(
@@ -219,11 +229,59 @@ fn what_must_not_fold_is_left() {
     for src in [shared, returned, not_a_layer] {
         let (stats, left, g) = check(&src);
         assert_eq!(
-            (stats.batch_norms, left, stats.left.len()),
-            (0, 1, 1),
+            (stats.batch_norms, left, stats.left.len(), stats.affine),
+            (0, 0, 0, 1),
             "{g}"
         );
+        // The three ops, their operands constants shaped to broadcast along the channels.
+        let kinds: Vec<String> = (g.schedule().iter())
+            .map(|&op| g.op(op))
+            .filter_map(|d| match d.kind {
+                OpKind::Binary(b) => Some(format!("{} {:?}", b.mnemonic(), g.ty(d.args[1]).dims())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            ["sub [4, 1, 1]", "mul [4, 1, 1]", "add [4, 1, 1]"],
+            "{g}"
+        );
+        if src.contains("conv2d") {
+            let w = (g.schedule().iter())
+                .find(|&&op| matches!(g.op(op).kind, OpKind::Conv2d(_)))
+                .map(|&op| g.name(g.op(op).args[1]).to_string());
+            assert_eq!(w.as_deref(), Some("w"), "the layer is not folded\n{g}");
+        }
     }
+    let given = "func @f(%x: f32[1,4,3,3], %g: f32[4], %b: f32[4], %m: f32[4], %v: f32[4]) -> (f32[1,4,3,3]) {
+  %y = relu %x : f32[1,4,3,3]
+  %n = batch_norm %y, %g, %b, %m, %v : f32[1,4,3,3]
+  return %n
+}";
+    let (stats, left, g) = check(given);
+    assert_eq!((stats.affine, left, stats.left.len()), (0, 1, 1), "{g}");
+}
+
+/// Where the variance is tiny and the input close to the mean, subtracting the mean first keeps
+/// the standalone form exact: `y * s + (beta - mean * s)` would lose the difference.
+#[test]
+fn standalone_batch_norm_subtracts_the_mean_first() {
+    let src = "func @f(%x: f32[1,2,3,1]) -> (f32[1,2,3,1]) {
+  %g = const {value=[1.0, 2.0]} : f32[2]
+  %b = const {value=[0.0, 0.5]} : f32[2]
+  %m = const {value=[1000.0, -3000.0]} : f32[2]
+  %v = const {value=[1e-10, 4e-10]} : f32[2]
+  %y = relu %x : f32[1,2,3,1]
+  %n = batch_norm %y, %g, %b, %m, %v {eps=0} : f32[1,2,3,1]
+  return %n
+}";
+    let f = parse_function(src).unwrap();
+    let mut g = f.clone();
+    assert_eq!(fold_bn(&mut g).affine, 1);
+    let x = Tensor::from_f32(&[1, 2, 3, 1], [1000.0, 1000.0625, 999.9375, 0.0, 0.0, 0.0]).unwrap();
+    let want = interp::run(&f, std::slice::from_ref(&x)).unwrap();
+    let got = interp::run(&g, &[x]).unwrap();
+    assert_eq!(got, want, "{g}");
 }
 
 /// Options that make no sense are errors naming them.

@@ -98,6 +98,19 @@ fn cnn_blocks_give_the_same_bits() {
   %y = conv2d %r, %wd2 {pads=[1,1,1,1], groups=24} : f32[1,24,5,6]
   return %y
 }",
+        // Inception and Fire modules: branches joined along the channels, blocked operands and a
+        // plain one (the pooled input's branch is a parameter here), the last one partial at
+        // blocks of 8; then a pool and a convolution of the joined tensor.
+        "func @f(%x: f32[1,8,6,6], %w1: f32[8,8,1,1], %w3: f32[16,8,3,3], %w5: f32[4,8,1,1], %q: f32[1,8,6,6], %wo: f32[6,36,1,1]) -> (f32[1,6,3,3], f32[1,36,6,6]) {
+  %b1 = conv2d %x, %w1 : f32[1,8,6,6]
+  %b3 = conv2d %x, %w3 {pads=[1,1,1,1]} : f32[1,16,6,6]
+  %r3 = relu %b3 : f32[1,16,6,6]
+  %b5 = conv2d %x, %w5 : f32[1,4,6,6]
+  %j = concat %b1, %r3, %q, %b5 {axis=1} : f32[1,36,6,6]
+  %p = max_pool2d %j {kernel=[2,2], strides=[2,2]} : f32[1,36,3,3]
+  %y = conv2d %p, %wo : f32[1,6,3,3]
+  return %y, %j
+}",
     ];
     for src in cases {
         for block in [8, 3] {

@@ -14,9 +14,12 @@
 //!
 //! Folding changes the layer's own output, so it applies only when nothing else reads it: the
 //! convolution (and the bias add) must have the batch norm (or scale) as their only reader and
-//! not be results of the function. Otherwise the batch norm is left as it is and runs as its
-//! own kernel; duplicating the layer would cost a second convolution. Ops with control
-//! dependencies are left alone too.
+//! not be results of the function; duplicating the layer would cost a second convolution.
+//! A batch norm no layer takes (after a concatenation or a shared layer, as in DenseNet's
+//! BN-ReLU-conv blocks) becomes `(y - mean) * s + beta` with constant per-channel operands when
+//! its statistics are constants, elementwise ops that fuse with the activation after them;
+//! otherwise it is left as it is and runs as its own kernel. Ops with control dependencies are
+//! left alone too.
 
 use super::Emit;
 use crate::manager::{OptionInfo, Options, Pass};
@@ -60,6 +63,9 @@ pub struct FoldStats {
     /// Per-input-channel scales (a squeeze-and-excitation gate) folded into the convolution
     /// after them.
     pub input_scales: usize,
+    /// Batch norms with constant statistics that no layer takes, rewritten as the per-channel
+    /// `(y - mean) * s + beta`.
+    pub affine: usize,
     /// Batch norms left, each with the reason.
     pub left: Vec<String>,
 }
@@ -194,11 +200,21 @@ fn fold_outputs(f: &mut Function, stats: &mut FoldStats) {
             continue;
         }
         let Some(l) = layer(f, &users, y) else {
-            if matches!(affine, Affine::Norm { .. }) {
-                stats.left.push(format!(
-                    "%{}: its input is not a convolution or dense layer that only it reads",
-                    f.name(out)
-                ));
+            if let Affine::Norm { .. } = affine {
+                let mut e = Emit { f, ops: Vec::new() };
+                match standalone(&mut e, y, &affine) {
+                    Some(Ok(v)) => {
+                        before.entry(op).or_default().extend(e.ops);
+                        replace.push((out, v));
+                        stats.affine += 1;
+                    }
+                    // Nothing was scheduled: the unscheduled ops go with the dead ones.
+                    _ => stats.left.push(format!(
+                        "%{}: its input is not a convolution or dense layer that only it \
+                         reads, and its statistics are not constants",
+                        f.name(out)
+                    )),
+                }
             }
             continue;
         };
@@ -470,6 +486,49 @@ fn shaped(e: &mut Emit, v: Value, dims: &[u64], name: &str) -> Result<Value, Str
         shape: dims.to_vec(),
     };
     e.op(reshape, &[v], name)
+}
+
+/// A batch norm that no layer takes, as `(y - mean) * s + beta` with `s = gamma / sqrt(var +
+/// eps)`: per-channel constants (`s` computed in f64 and rounded once) and three elementwise ops
+/// the backends fuse with what follows (a relu, as in DenseNet's BN-ReLU-conv order) and that
+/// the CPU backend computes on channel-blocked tensors. Subtracting the mean first keeps the
+/// result exact where `y` is close to it and `s` is large (a tiny variance), which `y * s + t`
+/// would not. `None` when the statistics are not all constants.
+fn standalone(e: &mut Emit, y: Value, a: &Affine) -> Option<Result<Value, String>> {
+    let Affine::Norm {
+        gamma,
+        beta,
+        mean,
+        var,
+        eps,
+    } = *a
+    else {
+        return None;
+    };
+    let f = &*e.f;
+    let (g, b, m, v) = (
+        known(f, gamma)?,
+        known(f, beta)?,
+        known(f, mean)?,
+        known(f, var)?,
+    );
+    let (dtype, yd) = (f.ty(y).dtype(), f.ty(y).dims().to_vec());
+    let channels = *yd.get(1)? as usize;
+    if [&g, &b, &m, &v].iter().any(|x| x.len() != channels) {
+        return None;
+    }
+    let s: Vec<f64> = (0..channels).map(|c| g[c] / (v[c] + eps).sqrt()).collect();
+    let mut dims = vec![1u64; yd.len() - 1];
+    dims[0] = channels as u64;
+    let base = f.name(y).to_string();
+    Some((|| {
+        let m = e.constant(dtype, &dims, m, &format!("{base}/mean"))?;
+        let s = e.constant(dtype, &dims, s, &format!("{base}/scale"))?;
+        let b = e.constant(dtype, &dims, b, &format!("{base}/beta"))?;
+        let centred = e.bin(BinaryOp::Sub, y, m, &format!("{base}/centred"))?;
+        let scaled = e.bin(BinaryOp::Mul, centred, s, &format!("{base}/scaled"))?;
+        e.bin(BinaryOp::Add, scaled, b, &format!("{base}/normalized"))
+    })())
 }
 
 /// Builds the folded layer: its new ops go to `e.ops` (in order); the value replacing the
