@@ -360,7 +360,8 @@ fn data_movement() {
 /// blocks of eight, partial last blocks and planes that are not a multiple of eight pixels, and
 /// the element-by-element one), and `conv2d_nchwc` on every path of its kernels: blocked and
 /// plain inputs, one group (pairs of output blocks and a single last one, partial blocks,
-/// padding, strides, dilations, no padding read in place) and depthwise, parameter filters
+/// padding, strides, dilations, no padding read in place), depthwise and groups of whole
+/// blocks, parameter filters
 /// (packed per run) and constant ones (packed at compile time). Blocked results are returned
 /// as they are, so their zero padding lanes are compared too.
 #[test]
@@ -488,6 +489,23 @@ fn channel_blocked_layout() {
             "{strides=[2,2], pads=[2,2,2,2], groups=16}",
             "[1,2,7,11,8]",
         ),
+        // Groups of whole blocks: RegNet's eight channels a group, strided and padded (each
+        // output block reads one input block); sixteen a group (pairs of blocks within a
+        // group); eight in and 24 out a group unpadded (a pair and a single block per group,
+        // read in place).
+        (
+            "[1,24,9,9]",
+            "[24,8,3,3]",
+            "{strides=[2,2], pads=[1,1,1,1], groups=3}",
+            "[1,3,5,5,8]",
+        ),
+        (
+            "[2,32,7,6]",
+            "[32,16,3,3]",
+            "{pads=[1,1,1,1], groups=2}",
+            "[2,4,7,6,8]",
+        ),
+        ("[1,16,6,6]", "[48,8,1,1]", "{groups=2}", "[1,6,6,6,8]"),
     ];
     for (i, (x, w, attrs, y)) in convs.iter().enumerate() {
         let attrs = if attrs.is_empty() {

@@ -9,10 +9,10 @@
 //!
 //! In one walk over the schedule:
 //!
-//! - every `f32` `conv2d` with one group, or depthwise (`groups == C == O`), becomes
-//!   `conv2d_nchwc`, reading its input blocked if a blocked form of it exists and plain
-//!   otherwise (the first layer's three channels stay plain: blocking them would be mostly
-//!   padding);
+//! - every `f32` `conv2d` with one group, depthwise (`groups == C == O`), or with groups whose
+//!   input and output channels fill whole blocks (RegNet, ResNeXt) becomes `conv2d_nchwc`,
+//!   reading its input blocked if a blocked form of it exists and plain otherwise (the first
+//!   layer's three channels stay plain: blocking them would be mostly padding);
 //! - an elementwise op with an operand in blocked form and the same shape as its result is
 //!   computed blocked: its other operands are brought to the blocked layout (per-channel
 //!   constants such as biases are folded here; anything else gets a `to_nchwc`, or a
@@ -39,7 +39,7 @@
 //!
 //! Not rewritten: functions with a backward part (the training step reads forward values in
 //! the plain layout), ops with control dependencies or that other ops depend on, grouped
-//! convolutions other than depthwise, `f64` convolutions, and every other op kind
+//! convolutions whose groups split blocks (other than depthwise), `f64` convolutions, and every other op kind
 //! (reshapes, matmuls, concatenations on other axes or of partial blocks), which read a
 //! `from_nchwc`.
 
@@ -98,11 +98,13 @@ pub fn create(o: &Options) -> Result<Box<dyn Pass>, String> {
     Ok(Box::new(Nchwc { block }))
 }
 
-/// Whether `conv2d` op `d` has a blocked kernel: `f32`, and one group or depthwise.
-fn convertible_conv(f: &Function, d: &tcc_ir::OpData, c: &tcc_ir::Conv2d) -> bool {
+/// Whether `conv2d` op `d` has a blocked kernel: `f32`, and one group, depthwise, or groups
+/// whose input and output channels fill whole blocks.
+fn convertible_conv(f: &Function, d: &tcc_ir::OpData, c: &tcc_ir::Conv2d, block: u64) -> bool {
     let (x, w) = (f.ty(d.args[0]), f.ty(d.args[1]));
     let depthwise = c.groups == x.dims()[1] && w.dims()[0] == c.groups && w.dims()[1] == 1;
-    x.dtype() == DType::F32 && (c.groups == 1 || depthwise)
+    let whole = w.dims()[1].is_multiple_of(block) && (w.dims()[0] / c.groups).is_multiple_of(block);
+    x.dtype() == DType::F32 && (c.groups == 1 || depthwise || whole)
 }
 
 /// The rewrite in progress: the new schedule, and the blocked form of each value that has one.
@@ -291,7 +293,7 @@ impl Rewrite<'_> {
         let d = self.f.op(op).clone();
         let out = self.f.ty(d.results[0]).dims().to_vec();
         Ok(match &d.kind {
-            OpKind::Conv2d(c) if convertible_conv(self.f, &d, c) => {
+            OpKind::Conv2d(c) if convertible_conv(self.f, &d, c, self.block) => {
                 let x = self.blocked.get(&d.args[0]).copied().unwrap_or(d.args[0]);
                 let kind = OpKind::Conv2dNchwc {
                     conv: c.clone(),

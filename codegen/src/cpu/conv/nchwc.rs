@@ -13,6 +13,10 @@
 //! channels and taps). The filter is packed once, at compile time for a constant,
 //! in that order: for each pair of output blocks, sixteen weights per step.
 //!
+//! **Groups of whole blocks** (RegNet's and ResNeXt's grouped layers, whose groups have 8, 16,
+//! 24... input and output channels) run the same kernel: a pair of output blocks never spans
+//! two groups, and its pixels' pointers start at its group's first input block.
+//!
 //! Padding is never tested in the inner loop: a convolution with padding first copies the input
 //! rows a band of output rows reads into a zero-bordered buffer (per thread, reused), so every
 //! tap of every pixel is a plain load. Without padding the kernel reads the input in place.
@@ -64,7 +68,7 @@ pub(in crate::cpu) struct NchwcConv {
 }
 
 /// A convolution's sizes: the plain dims of the input `[n, c, h, w]`, of the filter
-/// `[o, cg, kh, kw]` and of the output `[n, o, oh, ow]`, the strides, the dilations, the top and
+/// `[o, cg, kh, kw]` (`groups` groups) and of the output `[n, o, oh, ow]`, the strides, the dilations, the top and
 /// left padding, and whether there is any padding.
 #[derive(Clone, Copy)]
 struct Geom {
@@ -74,6 +78,7 @@ struct Geom {
     w: usize,
     o: usize,
     cg: usize,
+    groups: usize,
     kh: usize,
     kw: usize,
     oh: usize,
@@ -96,17 +101,20 @@ enum Filter {
     Depthwise(Vec<[f32; B]>),
 }
 
-/// Output blocks `start..start + nb` of a direct convolution and where their weights start.
+/// Output blocks `start..start + nb` of a direct convolution, where their weights start, and
+/// the first input block (or plain channel) their convolution group reads.
 #[derive(Clone, Copy)]
 struct Group {
     start: usize,
     nb: usize,
     at: usize,
+    input: usize,
 }
 
 impl NchwcConv {
     /// The step for `conv2d_nchwc` op with operands `x`, `w` and result `y`, if this backend has
-    /// a kernel for it: f32, blocks of 8, one group or depthwise, and AVX2 with FMA.
+    /// a kernel for it: f32, blocks of 8, AVX2 with FMA, and one group, depthwise, or groups of
+    /// whole blocks of input and output channels (RegNet's and ResNeXt's grouped layers).
     pub(in crate::cpu) fn new(
         f: &Function,
         attrs: &Conv2d,
@@ -123,8 +131,9 @@ impl NchwcConv {
         let (xv, wd, yv) = (dims(x), dims(w), dims(y));
         let [o, cg, kh, kw]: [usize; 4] = wd.try_into().ok()?;
         let c = cg * attrs.groups as usize;
-        let depthwise = attrs.groups as usize == c && o == c && cg == 1;
-        if attrs.groups != 1 && !depthwise {
+        let groups = attrs.groups as usize;
+        let depthwise = groups == c && o == c && cg == 1;
+        if groups != 1 && !depthwise && !(cg.is_multiple_of(B) && (o / groups).is_multiple_of(B)) {
             return None;
         }
         let [sh, sw] = attrs.strides.map(|v| v as usize);
@@ -136,6 +145,7 @@ impl NchwcConv {
             w: xv[3],
             o,
             cg,
+            groups,
             kh,
             kw,
             oh: yv[2],
@@ -175,11 +185,11 @@ impl NchwcConv {
         if self.blocked { B } else { 1 }
     }
 
-    /// Steps of the reduction, each `lanes()` channels at one tap: input blocks (or channels)
-    /// by taps.
+    /// Steps of the reduction, each `lanes()` channels at one tap: a group's input blocks (or
+    /// channels) by taps.
     fn taps(&self) -> usize {
-        let Geom { c, kh, kw, .. } = self.g;
-        c.div_ceil(self.lanes()) * kh * kw
+        let Geom { cg, kh, kw, .. } = self.g;
+        cg.div_ceil(self.lanes()) * kh * kw
     }
 
     /// Packs filter `w` (`[O, C/g, kH, kW]`) for the kernels.
@@ -197,15 +207,20 @@ impl NchwcConv {
             return Filter::Depthwise(grouped);
         }
         let (lanes, steps) = (self.lanes(), self.taps() * self.lanes());
+        // Pairs of output blocks within each convolution group (`new` checked that a group's
+        // channels fill whole blocks when there are several).
+        let per = ob / self.g.groups;
         let mut groups = Vec::new();
         let mut data = Vec::new();
         let mut start = 0;
         while start < ob {
-            let nb = (ob - start).min(2);
+            let end = (start / per + 1) * per;
+            let nb = (end - start).min(2);
             groups.push(Group {
                 start,
                 nb,
                 at: data.len(),
+                input: start / per * cg / lanes,
             });
             let base = data.len();
             data.resize(base + steps * nb * B, 0.0);
@@ -356,7 +371,9 @@ impl NchwcConv {
                 if n * bands * splits < want && splits < units.min(want) {
                     continue;
                 }
-                let bytes = bands as f64 * filter + splits as f64 * input;
+                // With several convolution groups, each range reads its groups' input only.
+                let reads = if self.g.groups > 1 { 1 } else { splits };
+                let bytes = bands as f64 * filter + reads as f64 * input;
                 let cost = 3.0 * bytes + flops / used;
                 if cost < best.0 {
                     best = (cost, rows, splits);
@@ -487,14 +504,19 @@ impl NchwcConv {
         } = self.g;
         let lanes = self.lanes();
         let padded = self.g.padded || (self.blocked && c % B != 0);
-        // The input the kernel reads: `src` with `planes` floats between blocks (or channels),
-        // `row` floats between rows, row 0 being the padded row of output row `rows.start`.
-        let (src, plane, row): (&[f32], usize, usize) = if padded {
-            let n = self.copy_band(ximg, rows.clone(), buf);
-            (&buf[..], n.0, n.1)
+        // The input blocks (or channels) these groups read: all of them with one convolution
+        // group, their groups' with several.
+        let last = groups[groups.len() - 1];
+        let planes = groups[0].input..last.input + self.g.cg.div_ceil(lanes);
+        // The input the kernel reads: `src` with `plane` floats between blocks (or channels),
+        // `row` floats between rows, row 0 being the padded row of output row `rows.start`,
+        // plane 0 being input block `first`.
+        let (src, plane, row, first): (&[f32], usize, usize, usize) = if padded {
+            let n = self.copy_band(ximg, rows.clone(), planes.clone(), buf);
+            (&buf[..], n.0, n.1, planes.start)
         } else {
             let at = rows.start * sh * w * lanes;
-            (&ximg[at..], h * w * lanes, w * lanes)
+            (&ximg[at..], h * w * lanes, w * lanes, 0)
         };
         let taps: Vec<usize> = (0..self.taps())
             .map(|t| {
@@ -502,7 +524,7 @@ impl NchwcConv {
                 blk * plane + (tap / kw) * dh * row + (tap % kw) * dw * lanes
             })
             .collect();
-        let first = rows.start * ow;
+        let start = rows.start * ow;
         let end = rows.end * ow;
         // Where each output pixel of the band reads its first tap, computed once for all the
         // groups (no division per tile).
@@ -510,17 +532,18 @@ impl NchwcConv {
             .flat_map(|oy| (0..ow).map(move |ox| oy * sh * row + ox * sw * lanes))
             .collect();
         let steps = self.taps() * lanes;
-        let pairs = tile_pixels(end - first);
+        let pairs = tile_pixels(end - start);
         for g in groups {
             // Valid lanes of the group's last block: the padding lanes of the output are zero.
-            let last = o - (g.start + g.nb - 1) * B;
+            let valid = o - (g.start + g.nb - 1) * B;
             let wg = &data[g.at..g.at + steps * g.nb * B];
             let pp = if g.nb == 2 { pairs } else { P };
-            for q0 in (first..end).step_by(pp) {
+            let input = (g.input - first) * plane;
+            for q0 in (start..end).step_by(pp) {
                 let n = pp.min(end - q0);
                 let px: [*const f32; P] = std::array::from_fn(|p| {
                     // SAFETY (a pointer computation): the pixel's first tap lies in `src`.
-                    unsafe { src.as_ptr().add(pixels[q0 - first + p.min(n - 1)]) }
+                    unsafe { src.as_ptr().add(input + pixels[q0 - start + p.min(n - 1)]) }
                 });
                 // SAFETY: every pixel's taps lie in `src` (the band covers the rows and columns
                 // the outputs read); the image's output holds blocks g.start.. .
@@ -535,7 +558,7 @@ impl NchwcConv {
                         stride: oh * ow * B,
                         block: g.start,
                         n,
-                        last,
+                        last: valid,
                     };
                     let w = wg.as_ptr();
                     match (g.nb, lanes, pp) {
@@ -552,12 +575,14 @@ impl NchwcConv {
     }
 
     /// Copies the input rows that output rows `rows` read, zero-padded, into `buf`: per input
-    /// block (or plain channel) the band's rows of `cols` columns, each column `lanes()` floats;
-    /// lanes past the last channel are zero. Returns the floats between blocks and between rows.
+    /// block (or plain channel) of `planes` the band's rows of `cols` columns, each column
+    /// `lanes()` floats; lanes past the last channel are zero. Returns the floats between blocks
+    /// and between rows.
     fn copy_band(
         &self,
         ximg: &[f32],
         rows: std::ops::Range<usize>,
+        planes: std::ops::Range<usize>,
         buf: &mut Vec<f32>,
     ) -> (usize, usize) {
         let Geom {
@@ -572,28 +597,28 @@ impl NchwcConv {
         let lanes = self.lanes();
         let cols = self.cols(ow);
         let n_rows = self.band_input_rows(&rows);
-        let planes = c.div_ceil(lanes);
+        let count = planes.len();
         let (row, plane) = (cols * lanes, n_rows * cols * lanes);
         // Every float of the band is written below (copied or zeroed), so what the buffer
         // held before need not be cleared.
-        if buf.len() < planes * plane {
-            buf.resize(planes * plane, 0.0);
+        if buf.len() < count * plane {
+            buf.resize(count * plane, 0.0);
         }
         // Input columns that land in the buffer, at column `pl` on.
         let wn = w.min(cols.saturating_sub(pl));
-        for p in 0..planes {
+        for (i, p) in planes.clone().enumerate() {
             for r in 0..n_rows {
-                let dst = &mut buf[p * plane + r * row..][..row];
+                let dst = &mut buf[i * plane + r * row..][..row];
                 let src = self
                     .input_row(rows.start * sh + r, wn)
                     .map(|ir| &ximg[(p * h + ir) * w * lanes..][..wn * lanes]);
                 padded_row(dst, src, pl * lanes);
             }
         }
-        if lanes == B && c % B != 0 {
+        if lanes == B && c % B != 0 && planes.end == c.div_ceil(B) {
             // Whatever the padding lanes of the last block hold (an elementwise op may have
             // left NaN there), the filter's zeros must not meet it.
-            for px in buf[(planes - 1) * plane..planes * plane].chunks_exact_mut(B) {
+            for px in buf[(count - 1) * plane..count * plane].chunks_exact_mut(B) {
                 px[c % B..].fill(0.0);
             }
         }
