@@ -506,6 +506,29 @@ fn channel_blocked_layout() {
             "[2,4,7,6,8]",
         ),
         ("[1,16,6,6]", "[48,8,1,1]", "{groups=2}", "[1,6,6,6,8]"),
+        // 3x3 at stride 1 with enough channels, which a constant filter runs as Winograd's
+        // F(2x2, 3x3): odd planes (partial tiles at the bottom and right), a partial last
+        // output block, uneven padding; partial input blocks; no padding; and two images of
+        // 256 tiles each (two groups of images, one after the other).
+        (
+            "[2,24,9,7]",
+            "[20,24,3,3]",
+            "{pads=[1,2,0,1]}",
+            "[2,3,8,8,8]",
+        ),
+        (
+            "[1,36,12,11]",
+            "[44,36,3,3]",
+            "{pads=[1,1,1,1]}",
+            "[1,6,12,11,8]",
+        ),
+        ("[1,32,10,9]", "[32,32,3,3]", "", "[1,4,8,7,8]"),
+        (
+            "[2,16,32,32]",
+            "[16,16,3,3]",
+            "{pads=[1,1,1,1]}",
+            "[2,2,32,32,8]",
+        ),
     ];
     for (i, (x, w, attrs, y)) in convs.iter().enumerate() {
         let attrs = if attrs.is_empty() {
@@ -539,21 +562,52 @@ fn channel_blocked_layout() {
                 80 + i as u64,
             );
         }
-        // The filter a constant, packed at compile time.
+        // The filter a constant, packed (or for 3x3 at stride 1, transformed for Winograd's
+        // F(2x2, 3x3)) at compile time.
         let n: usize = (w.trim_matches(['[', ']']).split(','))
             .map(|d| d.parse::<usize>().unwrap())
             .product();
         let values: Vec<String> = (0..n)
             .map(|k| format!("{}", ((k * 7 % 13) as f32 - 6.0) / 8.0))
             .collect();
+        for blocked_input in [true, false] {
+            let (pre, arg) = if blocked_input {
+                (
+                    format!("  %xb = to_nchwc %x {{block=8}} : f32{xb}\n"),
+                    "%xb",
+                )
+            } else {
+                (String::new(), "%x")
+            };
+            case_native(
+                &format!("%x: f32{x}"),
+                &format!(
+                    "{pre}  %w = const {{value=[{}]}} : f32{w}\n  %out = conv2d_nchwc {arg}, %w {attrs} : f32{y}",
+                    values.join(", ")
+                ),
+                &format!("f32{y}"),
+                90 + i as u64,
+            );
+        }
+    }
+    // Padding lanes that hold -inf (the log of a blocked tensor's zero padding) must not
+    // reach the outputs through the filter's zero weights: the direct kernel and the Winograd
+    // input transform clear them.
+    let values: Vec<String> = (0..44 * 36 * 9)
+        .map(|k| format!("{}", ((k * 5 % 11) as f32 - 5.0) / 16.0))
+        .collect();
+    for (attrs, y) in [
+        ("{pads=[1,1,1,1], block=8}", "[1,6,12,11,8]"),
+        ("{strides=[2,2], block=8}", "[1,6,5,5,8]"),
+    ] {
         case_native(
-            &format!("%x: f32{x}"),
+            "%x: f32[1,36,12,11]",
             &format!(
-                "  %w = const {{value=[{}]}} : f32{w}\n  %out = conv2d_nchwc %x, %w {attrs} : f32{y}",
+                "  %xb = to_nchwc %x {{block=8}} : f32[1,5,12,11,8]\n  %a = abs %xb : f32[1,5,12,11,8]\n  %l = log %a : f32[1,5,12,11,8]\n  %w = const {{value=[{}]}} : f32[44,36,3,3]\n  %out = conv2d_nchwc %l, %w {attrs} : f32{y}",
                 values.join(", ")
             ),
             &format!("f32{y}"),
-            90 + i as u64,
+            99,
         );
     }
 }

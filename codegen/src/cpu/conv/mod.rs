@@ -8,6 +8,7 @@
 
 mod depthwise;
 mod nchwc;
+mod winograd;
 
 pub(super) use nchwc::NchwcConv;
 

@@ -32,6 +32,7 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::depthwise::pixels;
+use super::winograd::{Shape, Winograd};
 use super::{Finish, SendPtr};
 use crate::cpu::post::{Bound, Post};
 #[cfg(target_arch = "x86_64")]
@@ -63,6 +64,9 @@ pub(in crate::cpu) struct NchwcConv {
     depthwise: bool,
     /// The filter packed for the kernel, when it is a constant.
     packed: Option<Filter>,
+    /// The convolution as Winograd's F(2x2, 3x3), where that pays (a constant 3x3 filter at
+    /// stride 1 over a blocked input with enough channels).
+    winograd: Option<Winograd>,
     /// The epilogue applied as the output is stored (bias, residual, clamps).
     pub post: Post,
 }
@@ -166,17 +170,47 @@ impl NchwcConv {
             blocked: xv.len() == 5,
             depthwise,
             packed: None,
+            winograd: None,
             post: Post::default(),
         };
         if let Some(t) = crate::cpu::lower::f32_constant(f, w) {
-            cv.packed = Some(cv.pack(t.as_f32().expect("an f32 constant")));
+            let w = t.as_f32().expect("an f32 constant");
+            cv.winograd = cv.winograd_shape().and_then(|s| {
+                let isa = crate::cpu::sgemm::Isa::for_target(features)?;
+                Winograd::pays(&s).then(|| Winograd::new(s, isa, w))
+            });
+            if cv.winograd.is_none() {
+                cv.packed = Some(cv.pack(w));
+            }
         }
         Some(cv)
     }
 
-    /// The constant filter this step packed at compile time and no longer reads, if any.
+    /// The sizes for Winograd's F(2x2, 3x3), if it applies: one group, a 3x3 filter at stride
+    /// and dilation 1, a blocked input.
+    fn winograd_shape(&self) -> Option<Shape> {
+        let g = &self.g;
+        let fits = g.groups == 1
+            && !self.depthwise
+            && self.blocked
+            && [g.kh, g.kw, g.sh, g.sw, g.dh, g.dw] == [3, 3, 1, 1, 1, 1];
+        fits.then_some(Shape {
+            n: g.n,
+            c: g.c,
+            h: g.h,
+            w: g.w,
+            o: g.o,
+            oh: g.oh,
+            ow: g.ow,
+            pt: g.pt,
+            pl: g.pl,
+        })
+    }
+
+    /// The constant filter this step packed (or transformed) at compile time and no longer
+    /// reads, if any.
     pub(in crate::cpu) fn packed(&self) -> Option<Value> {
-        self.packed.as_ref().map(|_| self.w)
+        (self.packed.is_some() || self.winograd.is_some()).then_some(self.w)
     }
 
     /// Lanes of the input per step of the direct kernel: a blocked input's eight channels of a
@@ -246,6 +280,15 @@ impl NchwcConv {
 
     /// Runs the step, telling `finish` of each piece of the output once it is final.
     pub(in crate::cpu) fn run(&self, addr: &dyn Fn(Value) -> *mut u8, finish: Finish) {
+        if let Some(wg) = &self.winograd {
+            let mut ptrs = Vec::new();
+            let post = self.post.bind(addr, &mut ptrs);
+            let (x, y) = (addr(self.x) as *const f32, addr(self.y) as *mut f32);
+            // SAFETY: x and y hold the step's blocked input and output; `new` checked AVX2
+            // and FMA.
+            unsafe { wg.run(x, y, post, finish) };
+            return;
+        }
         let packed;
         let filter = match &self.packed {
             Some(p) => p,

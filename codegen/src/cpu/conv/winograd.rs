@@ -1,0 +1,375 @@
+//! Winograd's F(2x2, 3x3) for blocked 3x3 convolutions at stride 1 (ResNet's, GoogLeNet's,
+//! DenseNet's and most of Inception's and VGG's multiply-adds), in f32 with AVX2 and FMA.
+//!
+//! Each 2x2 tile of outputs of a channel pair is `Aᵀ [(G g Gᵀ) ⊙ (Bᵀ d B)] A`, `d` the 4x4 input
+//! patch under the tile and `g` the 3x3 filter: 16 products per tile and channel pair instead
+//! of 36, 2.25 times fewer multiply-adds than the direct kernel. Summed over input channels,
+//! the 16 elementwise products become 16 independent matrix products: for tile position `ξ`,
+//! `M[ξ] (tiles x O) = V[ξ] (tiles x C) · U[ξ] (C x O)`, which our GEMM runs at its full rate.
+//!
+//! 1. The filter transform `U = G g Gᵀ` is computed at compile time (f64, rounded once) and
+//!    each `U[ξ]` packed for the GEMM.
+//! 2. The input transform `V = Bᵀ d B` reads each 4x4 patch of eight channels (zeros outside
+//!    the image: the convolution's padding) and writes its 16 vectors to the rows of the 16
+//!    matrices `V[ξ]`.
+//! 3. The 16 products, split among the threads.
+//! 4. The output transform `Aᵀ m A` gives the tile's four pixels, stored through the step's
+//!    epilogue (bias, residual, activation) like the direct kernel's tiles.
+//!
+//! The transforms only add and subtract (`B` and `A` hold 0 and ±1; `G`'s halves are in the
+//! constant filter), so the results differ from the direct sum by rounding only: measured
+//! within a few units of the last place of the largest term, like a GEMM's summation order.
+//! Images go through in groups of at least [`MIN_TILES`] tiles, so late layers' few tiles still
+//! make GEMMs worth running; the matrices of a group live in a buffer each calling thread keeps.
+
+use super::{Finish, SendPtr};
+use crate::cpu::post::Bound;
+use crate::cpu::sgemm::{self, Isa, Mat, PackedB};
+#[cfg(target_arch = "x86_64")]
+use crate::cpu::simd::first as lanes;
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+
+/// Channels per block.
+const B: usize = 8;
+
+/// Positions of a 4x4 input tile, one matrix product each.
+const XI: usize = 16;
+
+/// Tiles per group of images, at least (a whole image's when it has more).
+const MIN_TILES: usize = 256;
+
+/// The sizes [`Winograd`] needs: images, input channels and plane, output channels and plane,
+/// top and left padding.
+#[derive(Clone, Copy)]
+pub(super) struct Shape {
+    pub n: usize,
+    pub c: usize,
+    pub h: usize,
+    pub w: usize,
+    pub o: usize,
+    pub oh: usize,
+    pub ow: usize,
+    pub pt: usize,
+    pub pl: usize,
+}
+
+/// A 3x3 convolution at stride 1 with its filter transformed and packed.
+pub(super) struct Winograd {
+    s: Shape,
+    isa: Isa,
+    /// `U[ξ]`, `[C rounded up to blocks, O rounded up to blocks]`, packed for the GEMM.
+    u: Vec<PackedB>,
+    /// Tile rows and columns of an image.
+    th: usize,
+    tw: usize,
+    /// Images per group.
+    group: usize,
+}
+
+impl Winograd {
+    /// Whether F(2x2, 3x3) is worth running for a convolution of `s` rather than the direct
+    /// kernel, by a count of the work: its products (16 per tile and channel pair, against 36
+    /// per 2x2 outputs directly) plus its transforms, each float of `V` and `M` counted as
+    /// four multiply-adds (written, then read back from L2 by the GEMM or the output
+    /// transform). Few channels make the transforms dominate: a 3x3 layer of 16 channels or
+    /// fewer on either side stays direct.
+    pub(super) fn pays(s: &Shape) -> bool {
+        if s.c < 16 || s.o < 16 {
+            return false;
+        }
+        let (cp, op) = (s.c.next_multiple_of(B), s.o.next_multiple_of(B));
+        let tiles = s.n * s.oh.div_ceil(2) * s.ow.div_ceil(2);
+        let direct = 9 * s.c * s.o * s.n * s.oh * s.ow;
+        let winograd = XI * tiles * (cp * op + 4 * (cp + op));
+        4 * winograd < 3 * direct
+    }
+
+    /// Transforms and packs filter `w` (`[O, C, 3, 3]`) for `isa`'s GEMM.
+    pub(super) fn new(s: Shape, isa: Isa, w: &[f32]) -> Winograd {
+        let (cp, op) = (s.c.next_multiple_of(B), s.o.next_multiple_of(B));
+        // U[ξ][ci][oc] = (G g Gᵀ)[ξ] with G = [[1, 0, 0], [½, ½, ½], [½, -½, ½], [0, 0, 1]].
+        let mut u = vec![0f32; XI * cp * op];
+        for oc in 0..s.o {
+            for ci in 0..s.c {
+                let g = &w[(oc * s.c + ci) * 9..][..9];
+                let g = |r: usize, c: usize| g[r * 3 + c] as f64;
+                // G g: 4x3.
+                let gg: [[f64; 3]; 4] = std::array::from_fn(|r| {
+                    std::array::from_fn(|c| match r {
+                        0 => g(0, c),
+                        1 => 0.5 * (g(0, c) + g(1, c) + g(2, c)),
+                        2 => 0.5 * (g(0, c) - g(1, c) + g(2, c)),
+                        _ => g(2, c),
+                    })
+                });
+                for (r, row) in gg.iter().enumerate() {
+                    let t = [
+                        row[0],
+                        0.5 * (row[0] + row[1] + row[2]),
+                        0.5 * (row[0] - row[1] + row[2]),
+                        row[2],
+                    ];
+                    for (c, &v) in t.iter().enumerate() {
+                        u[((r * 4 + c) * cp + ci) * op + oc] = v as f32;
+                    }
+                }
+            }
+        }
+        let packed = (0..XI)
+            .map(|xi| {
+                let m = Mat {
+                    ptr: u[xi * cp * op..].as_ptr(),
+                    rs: op,
+                    cs: 1,
+                };
+                // SAFETY: u[xi] holds a cp x op row-major matrix.
+                unsafe { PackedB::new(isa, cp, op, m) }
+            })
+            .collect();
+        let (th, tw) = (s.oh.div_ceil(2), s.ow.div_ceil(2));
+        let group = MIN_TILES.div_ceil((th * tw).max(1)).clamp(1, s.n.max(1));
+        Winograd {
+            s,
+            isa,
+            u: packed,
+            th,
+            tw,
+            group,
+        }
+    }
+
+    /// Computes the convolution of blocked input `x` into blocked output `y` through `post`,
+    /// telling `finish` of each piece of the output once it is final.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; `x` and `y` hold the step's blocked input and output.
+    pub(super) unsafe fn run(&self, x: *const f32, y: *mut f32, post: Bound, finish: Finish) {
+        let Shape { n, c, o, .. } = self.s;
+        let (cp, op) = (c.next_multiple_of(B), o.next_multiple_of(B));
+        let per = self.th * self.tw;
+        SCRATCH.with(|buf| {
+            let mut buf = buf.borrow_mut();
+            let len = XI * self.group * per * (cp + op);
+            if buf.len() < len {
+                buf.resize(len, 0.0);
+            }
+            // SAFETY: the buffer outlives the calls below; each phase's items write disjoint
+            // parts of it.
+            let scratch = unsafe { SendPtr::new(buf.as_mut_ptr()) };
+            let (x, y) = unsafe { (SendPtr::new(x as *mut f32), SendPtr::new(y)) };
+            for first in (0..n).step_by(self.group) {
+                let images = self.group.min(n - first);
+                let tiles = images * per;
+                let v = scratch;
+                // SAFETY: V takes XI * tiles * cp floats, M the next XI * tiles * op.
+                let m = unsafe { SendPtr::new(v.get().add(XI * tiles * cp)) };
+                let rows = images * self.th;
+                crate::cpu::pool::for_each(rows, &|i| {
+                    // SAFETY: tile row i of the group's images, whose V rows only it writes.
+                    unsafe { self.input_row(x.get(), first, i, tiles, v.get()) }
+                });
+                crate::cpu::pool::for_each(XI, &|xi| {
+                    // SAFETY: V[xi] and M[xi] are tiles x cp and tiles x op row-major.
+                    unsafe {
+                        let a = Mat {
+                            ptr: v.get().add(xi * tiles * cp),
+                            rs: cp,
+                            cs: 1,
+                        };
+                        sgemm::product(
+                            self.isa,
+                            tiles,
+                            op,
+                            cp,
+                            sgemm::A::Mat(a),
+                            sgemm::B::Packed(&self.u[xi]),
+                            m.get().add(xi * tiles * op),
+                            op,
+                            false,
+                            1,
+                            None,
+                        )
+                    }
+                });
+                let blocks = o.div_ceil(B);
+                crate::cpu::pool::for_each(rows * blocks, &|i| {
+                    let (row, b) = (i / blocks, i % blocks);
+                    // SAFETY: tile row `row`'s outputs of block b, which only it writes.
+                    unsafe { self.output_row(m.get(), first, row, b, tiles, y.get(), post) };
+                    if let Some(finish) = finish {
+                        let (img, ty) = (first + row / self.th, row % self.th);
+                        let Shape { oh, ow, .. } = self.s;
+                        let plane = ((img * blocks + b) * oh) * ow * B;
+                        let rows = 2 * ty..(2 * ty + 2).min(oh);
+                        finish(plane + rows.start * ow * B..plane + rows.end * ow * B);
+                    }
+                });
+            }
+        });
+    }
+
+    /// The input transform of tile row `row` (of the group starting at image `first`): for
+    /// each tile and input block, `Bᵀ d B` into row `t` of the 16 matrices `V[ξ]`
+    /// (`tiles x cp`, at `v`).
+    ///
+    /// # Safety
+    /// As for [`Winograd::run`]; `v` holds the group's `V`.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn input_row(&self, x: *const f32, first: usize, row: usize, tiles: usize, v: *mut f32) {
+        let Shape {
+            c, h, w, pt, pl, ..
+        } = self.s;
+        let (cb, cp) = (c.div_ceil(B), c.next_multiple_of(B));
+        let (img, ty) = (first + row / self.th, row % self.th);
+        // Lanes of the last block past the channels may hold anything (NaN from an
+        // elementwise op): zero them, or NaN * 0 would reach every output.
+        let tail = _mm256_castsi256_ps(lanes(c - (cb - 1) * B));
+        let zero = _mm256_setzero_ps();
+        // Input rows and columns under the tile, as offsets, if inside the image.
+        let iy: [Option<usize>; 4] =
+            std::array::from_fn(|r| (2 * ty + r).checked_sub(pt).filter(|&i| i < h));
+        for tx in 0..self.tw {
+            let ix: [Option<usize>; 4] =
+                std::array::from_fn(|k| (2 * tx + k).checked_sub(pl).filter(|&i| i < w));
+            let t = (row / self.th) * self.th * self.tw + ty * self.tw + tx;
+            for b in 0..cb {
+                let plane = ((img * cb + b) * h) * w;
+                let mut d = [[zero; 4]; 4];
+                for (r, yr) in iy.iter().enumerate() {
+                    let Some(yr) = yr else { continue };
+                    for (k, xk) in ix.iter().enumerate() {
+                        if let Some(xk) = xk {
+                            // SAFETY: pixel (yr, xk) of block b of image img lies in x.
+                            d[r][k] = unsafe { _mm256_loadu_ps(x.add((plane + yr * w + xk) * B)) };
+                        }
+                    }
+                }
+                if b + 1 == cb {
+                    for e in d.iter_mut().flatten() {
+                        *e = _mm256_and_ps(*e, tail);
+                    }
+                }
+                // Bᵀ d: rows d0 - d2, d1 + d2, d2 - d1, d1 - d3; then the same on columns.
+                let rows = [
+                    sub4(&d[0], &d[2]),
+                    add4(&d[1], &d[2]),
+                    sub4(&d[2], &d[1]),
+                    sub4(&d[1], &d[3]),
+                ];
+                for (r, q) in rows.iter().enumerate() {
+                    let cols = [
+                        _mm256_sub_ps(q[0], q[2]),
+                        _mm256_add_ps(q[1], q[2]),
+                        _mm256_sub_ps(q[2], q[1]),
+                        _mm256_sub_ps(q[1], q[3]),
+                    ];
+                    for (k, &e) in cols.iter().enumerate() {
+                        let xi = r * 4 + k;
+                        // SAFETY: row t, block b of V[xi] lies in the group's V.
+                        unsafe { _mm256_storeu_ps(v.add((xi * tiles + t) * cp + b * B), e) };
+                    }
+                }
+            }
+        }
+    }
+
+    /// The output transform of tile row `row`, output block `b`: `Aᵀ m A` of each tile's 16
+    /// products (rows `t` of `M[ξ]`, `tiles x op` at `m`) into its (up to) four pixels,
+    /// through the epilogue.
+    ///
+    /// # Safety
+    /// As for [`Winograd::run`]; `m` holds the group's `M`.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn output_row(
+        &self,
+        m: *const f32,
+        first: usize,
+        row: usize,
+        b: usize,
+        tiles: usize,
+        y: *mut f32,
+        post: Bound,
+    ) {
+        let Shape { o, oh, ow, .. } = self.s;
+        let (ob, op) = (o.div_ceil(B), o.next_multiple_of(B));
+        let (img, ty) = (first + row / self.th, row % self.th);
+        let keep = _mm256_castsi256_ps(lanes(o - b * B));
+        let plane = ((img * ob + b) * oh) * ow * B;
+        let rows = (oh - 2 * ty).min(2);
+        for tx in 0..self.tw {
+            let t = (row / self.th) * self.th * self.tw + ty * self.tw + tx;
+            // SAFETY: row t, block b of M[xi] lies in the group's M.
+            let q: [__m256; XI] = std::array::from_fn(|xi| unsafe {
+                _mm256_loadu_ps(m.add((xi * tiles + t) * op + b * B))
+            });
+            // Aᵀ m: rows m0 + m1 + m2 and m1 - m2 - m3 (each a row of four); then columns.
+            let s0: [__m256; 4] =
+                std::array::from_fn(|k| _mm256_add_ps(_mm256_add_ps(q[k], q[4 + k]), q[8 + k]));
+            let s1: [__m256; 4] = std::array::from_fn(|k| {
+                _mm256_sub_ps(_mm256_sub_ps(q[4 + k], q[8 + k]), q[12 + k])
+            });
+            let cols = (ow - 2 * tx).min(2);
+            let mut vs = [_mm256_setzero_ps(); 4];
+            let mut at = [0usize; 4];
+            let mut count = 0;
+            for (r, s) in [s0, s1].iter().enumerate().take(rows) {
+                let pair = [
+                    _mm256_add_ps(_mm256_add_ps(s[0], s[1]), s[2]),
+                    _mm256_sub_ps(_mm256_sub_ps(s[1], s[2]), s[3]),
+                ];
+                for (k, &e) in pair.iter().enumerate().take(cols) {
+                    vs[count] = _mm256_and_ps(e, keep);
+                    at[count] = plane + ((2 * ty + r) * ow + 2 * tx + k) * B;
+                    count += 1;
+                }
+            }
+            // SAFETY: each `at` is a pixel of block b in the output; the epilogue's operands
+            // cover the output.
+            unsafe { post.store(&mut vs[..count], |_| b * B, |i| at[i], y, 0) };
+        }
+    }
+
+    /// Never called: `NchwcConv::new` declines off x86-64.
+    #[cfg(not(target_arch = "x86_64"))]
+    unsafe fn input_row(&self, _: *const f32, _: usize, _: usize, _: usize, _: *mut f32) {
+        unreachable!("no AVX2 off x86-64")
+    }
+
+    /// Never called: `NchwcConv::new` declines off x86-64.
+    #[cfg(not(target_arch = "x86_64"))]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn output_row(
+        &self,
+        _: *const f32,
+        _: usize,
+        _: usize,
+        _: usize,
+        _: usize,
+        _: *mut f32,
+        _: Bound,
+    ) {
+        unreachable!("no AVX2 off x86-64")
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn add4(a: &[__m256; 4], b: &[__m256; 4]) -> [__m256; 4] {
+    std::array::from_fn(|k| _mm256_add_ps(a[k], b[k]))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn sub4(a: &[__m256; 4], b: &[__m256; 4]) -> [__m256; 4] {
+    std::array::from_fn(|k| _mm256_sub_ps(a[k], b[k]))
+}
+
+thread_local! {
+    /// The calling thread's `V` and `M` matrices of one group of images.
+    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
