@@ -70,11 +70,13 @@ pub(super) struct Winograd {
 
 impl Winograd {
     /// Whether F(2x2, 3x3) is worth running for a convolution of `s` rather than the direct
-    /// kernel, by a count of the work: its products (16 per tile and channel pair, against 36
-    /// per 2x2 outputs directly) plus its transforms, each float of `V` and `M` counted as
-    /// four multiply-adds (written, then read back from L2 by the GEMM or the output
-    /// transform). Few channels make the transforms dominate: a 3x3 layer of 16 channels or
-    /// fewer on either side stays direct.
+    /// kernel, by a count of the work in multiply-adds: its products (16 per tile and channel
+    /// pair, against 36 per 2x2 outputs directly) plus its transforms, each float of `V` and `M`
+    /// counted as 25 (they go through memory: written, packed by the GEMM, read back). The
+    /// weight is what ResNet-18's layers measured on a Zen 3 (the transforms took 0.37 of the
+    /// direct kernel's time at 64 channels, 0.16 at 128); Winograd must come out 20% ahead,
+    /// which keeps DenseNet's 3x3 layers of 128 to 32 channels direct (Winograd was 1.2-1.35x
+    /// slower there: few output channels leave the input transform unamortised).
     pub(super) fn pays(s: &Shape) -> bool {
         if s.c < 16 || s.o < 16 {
             return false;
@@ -82,8 +84,8 @@ impl Winograd {
         let (cp, op) = (s.c.next_multiple_of(B), s.o.next_multiple_of(B));
         let tiles = s.n * s.oh.div_ceil(2) * s.ow.div_ceil(2);
         let direct = 9 * s.c * s.o * s.n * s.oh * s.ow;
-        let winograd = XI * tiles * (cp * op + 4 * (cp + op));
-        4 * winograd < 3 * direct
+        let winograd = XI * tiles * (cp * op + 25 * (cp + op));
+        5 * winograd < 4 * direct
     }
 
     /// Transforms and packs filter `w` (`[O, C, 3, 3]`) for `isa`'s GEMM.
@@ -372,4 +374,109 @@ fn sub4(a: &[__m256; 4], b: &[__m256; 4]) -> [__m256; 4] {
 thread_local! {
     /// The calling thread's `V` and `M` matrices of one group of images.
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+    use crate::cpu::post::Post;
+
+    /// The convolution in f64 loops: `x` `[n, c, h, w]`, `w` `[o, c, 3, 3]`, padding `pads`
+    /// (top, left, bottom, right); the output `[n, o, oh, ow]`.
+    fn direct(s: &Shape, x: &[f32], w: &[f32]) -> Vec<f64> {
+        let mut y = vec![0f64; s.n * s.o * s.oh * s.ow];
+        for img in 0..s.n {
+            for oc in 0..s.o {
+                for oy in 0..s.oh {
+                    for ox in 0..s.ow {
+                        let mut acc = 0f64;
+                        for ci in 0..s.c {
+                            for t in 0..9 {
+                                let (iy, ix) = (
+                                    (oy + t / 3).wrapping_sub(s.pt),
+                                    (ox + t % 3).wrapping_sub(s.pl),
+                                );
+                                if iy < s.h && ix < s.w {
+                                    let xv = x[((img * s.c + ci) * s.h + iy) * s.w + ix] as f64;
+                                    acc += xv * w[(oc * s.c + ci) * 9 + t] as f64;
+                                }
+                            }
+                        }
+                        y[((img * s.o + oc) * s.oh + oy) * s.ow + ox] = acc;
+                    }
+                }
+            }
+        }
+        y
+    }
+
+    /// Runs F(2x2, 3x3) on the shapes its paths differ on, whether or not the cost model
+    /// would pick it, against the direct sum: partial input and output blocks (the input's
+    /// padding lanes hold -inf, which must not reach an output), odd planes (partial tiles),
+    /// uneven padding, none, and 65 images of four tiles (groups of 64 images, the last of
+    /// one). Output padding lanes must be zero.
+    #[test]
+    fn matches_the_direct_sum() {
+        assert!(
+            is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
+            "the Winograd kernel needs AVX2 and FMA"
+        );
+        // (n, c, h, w, o, [top, left, bottom, right] padding)
+        let cases = [
+            (1, 20, 9, 7, 12, [1, 2, 0, 1]),
+            (2, 16, 5, 6, 24, [0, 0, 0, 0]),
+            (65, 8, 4, 4, 8, [1, 1, 1, 1]),
+        ];
+        for (n, c, h, w, o, pads) in cases {
+            let s = Shape {
+                n,
+                c,
+                h,
+                w,
+                o,
+                oh: h + pads[0] + pads[2] - 2,
+                ow: w + pads[1] + pads[3] - 2,
+                pt: pads[0],
+                pl: pads[1],
+            };
+            let mut rng = tcc_ir::random::Rng::new(3);
+            let x: Vec<f32> = (0..n * c * h * w)
+                .map(|_| rng.uniform(-1.0, 1.0) as f32)
+                .collect();
+            let f: Vec<f32> = (0..o * c * 9)
+                .map(|_| rng.uniform(-1.0, 1.0) as f32)
+                .collect();
+            let (cb, ob) = (c.div_ceil(B), o.div_ceil(B));
+            let mut xb = vec![f32::NEG_INFINITY; n * cb * h * w * B];
+            for (i, &v) in x.iter().enumerate() {
+                let (img, ch, p) = (i / (c * h * w), (i / (h * w)) % c, i % (h * w));
+                xb[((img * cb + ch / B) * h * w + p) * B + ch % B] = v;
+            }
+            let mut yb = vec![f32::NAN; n * ob * s.oh * s.ow * B];
+            // The AVX2 GEMM, as on an AVX2-only CPU (the kernel works with either).
+            let features = crate::cpu::Features::of(Some("host,-avx512f")).expect("the host");
+            let isa = Isa::for_target(&features).expect("an AVX2 sgemm");
+            let wg = Winograd::new(s, isa, &f);
+            let post = Post::default();
+            let mut ptrs = Vec::new();
+            let bound = post.bind(&|_| unreachable!("no operands"), &mut ptrs);
+            // SAFETY: xb and yb hold the blocked input and output; the CPU has AVX2 and FMA.
+            unsafe { wg.run(xb.as_ptr(), yb.as_mut_ptr(), bound, None) };
+            let want = direct(&s, &x, &f);
+            for (i, &got) in yb.iter().enumerate() {
+                let (lane, p) = (i % B, (i / B) % (s.oh * s.ow));
+                let (blk, img) = ((i / B / (s.oh * s.ow)) % ob, i / B / (s.oh * s.ow) / ob);
+                let oc = blk * B + lane;
+                let expect = if oc < o {
+                    want[(img * o + oc) * s.oh * s.ow + p]
+                } else {
+                    0.0
+                };
+                assert!(
+                    (got as f64 - expect).abs() <= 1e-5 * (1.0 + expect.abs()),
+                    "n={n} c={c} {h}x{w} o={o} pads {pads:?}: output {i} is {got}, not {expect}"
+                );
+            }
+        }
+    }
 }
