@@ -66,7 +66,7 @@ pub(in crate::cpu) struct NchwcConv {
     packed: Option<Filter>,
     /// The convolution as Winograd's F(2x2, 3x3), where that pays (a constant 3x3 filter at
     /// stride 1 over a blocked input with enough channels).
-    winograd: Option<Winograd>,
+    winograd: Option<Box<Winograd>>,
     /// The epilogue applied as the output is stored (bias, residual, clamps).
     pub post: Post,
 }
@@ -177,7 +177,7 @@ impl NchwcConv {
             let w = t.as_f32().expect("an f32 constant");
             cv.winograd = cv.winograd_shape().and_then(|s| {
                 let isa = crate::cpu::sgemm::Isa::for_target(features)?;
-                Winograd::pays(&s).then(|| Winograd::new(s, isa, w))
+                Winograd::pays(&s).then(|| Box::new(Winograd::new(s, isa, w)))
             });
             if cv.winograd.is_none() {
                 cv.packed = Some(cv.pack(w));

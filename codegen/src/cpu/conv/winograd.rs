@@ -40,6 +40,10 @@ const XI: usize = 16;
 /// Tiles per group of images, at least (a whole image's when it has more).
 const MIN_TILES: usize = 256;
 
+/// The L2 cache per core the bands are sized for (Zen 3 and most Intel client cores have
+/// 512 KiB to 2 MiB).
+const L2: usize = 512 << 10;
+
 /// The sizes [`Winograd`] needs: images, input channels and plane, output channels and plane,
 /// top and left padding.
 #[derive(Clone, Copy)]
@@ -64,8 +68,10 @@ pub(super) struct Winograd {
     /// Tile rows and columns of an image.
     th: usize,
     tw: usize,
-    /// Images per group.
+    /// Images per group (when run in groups).
     group: usize,
+    /// Tile rows per band, when run in bands.
+    band: Option<usize>,
 }
 
 impl Winograd {
@@ -132,6 +138,12 @@ impl Winograd {
             .collect();
         let (th, tw) = (s.oh.div_ceil(2), s.ow.div_ceil(2));
         let group = MIN_TILES.div_ceil((th * tw).max(1)).clamp(1, s.n.max(1));
+        // Bands when the 16 U[ξ] fit in half an L2 (64 channels each side: 256 KiB) and a
+        // band's V and M in a quarter, with enough bands for four pieces of work a thread.
+        let fits = XI * cp * op * 4 <= L2 / 2;
+        let rows = (L2 / 4 / (XI * (cp + op) * 4 * tw.max(1))).max(1);
+        let band =
+            (fits && s.n * th.div_ceil(rows) >= 4 * crate::cpu::pool::threads()).then_some(rows);
         Winograd {
             s,
             isa,
@@ -139,6 +151,7 @@ impl Winograd {
             th,
             tw,
             group,
+            band,
         }
     }
 
@@ -148,8 +161,90 @@ impl Winograd {
     /// # Safety
     /// The CPU has AVX2 and FMA; `x` and `y` hold the step's blocked input and output.
     pub(super) unsafe fn run(&self, x: *const f32, y: *mut f32, post: Bound, finish: Finish) {
+        // SAFETY: x is only read, and each piece of work writes its own outputs.
+        let (x, y) = unsafe { (SendPtr::new(x as *mut f32), SendPtr::new(y)) };
+        // SAFETY: the caller's contract.
+        unsafe {
+            match self.band {
+                Some(band) => self.run_bands(band, x, y, post, finish),
+                None => self.run_groups(x, y, post, finish),
+            }
+        }
+    }
+
+    /// [`Winograd::run`] in bands of `band` tile rows of an image, each transformed,
+    /// multiplied and transformed back by one thread in its own buffer, which stays in its L2
+    /// cache (as do the 16 `U[ξ]`, which every band reads).
+    ///
+    /// # Safety
+    /// As for [`Winograd::run`].
+    unsafe fn run_bands(
+        &self,
+        band: usize,
+        x: SendPtr<*mut f32>,
+        y: SendPtr<*mut f32>,
+        post: Bound,
+        finish: Finish,
+    ) {
         let Shape { n, c, o, .. } = self.s;
-        let (cp, op) = (c.next_multiple_of(B), o.next_multiple_of(B));
+        let (cp, op, blocks) = (c.next_multiple_of(B), o.next_multiple_of(B), o.div_ceil(B));
+        let bands = self.th.div_ceil(band);
+        crate::cpu::pool::for_each(n * bands, &|i| {
+            let (img, rows) = (
+                i / bands,
+                (i % bands) * band..((i % bands + 1) * band).min(self.th),
+            );
+            let tiles = rows.len() * self.tw;
+            SCRATCH.with(|buf| {
+                let mut buf = buf.borrow_mut();
+                let len = XI * tiles * (cp + op);
+                if buf.len() < len {
+                    buf.resize(len, 0.0);
+                }
+                let v = buf.as_mut_ptr();
+                // SAFETY: V takes XI * tiles * cp floats of this thread's buffer, M the next
+                // XI * tiles * op; the rows of x and y are image img's.
+                unsafe {
+                    let m = v.add(XI * tiles * cp);
+                    for (k, ty) in rows.clone().enumerate() {
+                        self.input_row(x.get(), img, ty, k * self.tw, tiles, v);
+                    }
+                    for xi in 0..XI {
+                        self.multiply(xi, tiles, v, m);
+                    }
+                    for b in 0..blocks {
+                        for (k, ty) in rows.clone().enumerate() {
+                            self.output_row(m, img, ty, b, k * self.tw, tiles, y.get(), post);
+                        }
+                    }
+                }
+            });
+            if let Some(finish) = finish {
+                let Shape { oh, ow, .. } = self.s;
+                let out = 2 * rows.start..(2 * rows.end).min(oh);
+                for b in 0..blocks {
+                    let plane = ((img * blocks + b) * oh) * ow * B;
+                    finish(plane + out.start * ow * B..plane + out.end * ow * B);
+                }
+            }
+        });
+    }
+
+    /// [`Winograd::run`] in groups of images: the input transform of a group, then its 16
+    /// products split among the threads, then the output transform. For layers whose `U[ξ]`
+    /// are too large to read once per band.
+    ///
+    /// # Safety
+    /// As for [`Winograd::run`].
+    unsafe fn run_groups(
+        &self,
+        x: SendPtr<*mut f32>,
+        y: SendPtr<*mut f32>,
+        post: Bound,
+        finish: Finish,
+    ) {
+        let Shape { n, c, o, .. } = self.s;
+        let (cp, op, blocks) = (c.next_multiple_of(B), o.next_multiple_of(B), o.div_ceil(B));
         let per = self.th * self.tw;
         SCRATCH.with(|buf| {
             let mut buf = buf.borrow_mut();
@@ -159,49 +254,29 @@ impl Winograd {
             }
             // SAFETY: the buffer outlives the calls below; each phase's items write disjoint
             // parts of it.
-            let scratch = unsafe { SendPtr::new(buf.as_mut_ptr()) };
-            let (x, y) = unsafe { (SendPtr::new(x as *mut f32), SendPtr::new(y)) };
+            let v = unsafe { SendPtr::new(buf.as_mut_ptr()) };
             for first in (0..n).step_by(self.group) {
                 let images = self.group.min(n - first);
                 let tiles = images * per;
-                let v = scratch;
                 // SAFETY: V takes XI * tiles * cp floats, M the next XI * tiles * op.
                 let m = unsafe { SendPtr::new(v.get().add(XI * tiles * cp)) };
                 let rows = images * self.th;
-                crate::cpu::pool::for_each(rows, &|i| {
-                    // SAFETY: tile row i of the group's images, whose V rows only it writes.
-                    unsafe { self.input_row(x.get(), first, i, tiles, v.get()) }
+                let at = |row: usize| (first + row / self.th, row % self.th, row * self.tw);
+                crate::cpu::pool::for_each(rows, &|row| {
+                    let (img, ty, base) = at(row);
+                    // SAFETY: tile row `row` of the group, whose V rows only it writes.
+                    unsafe { self.input_row(x.get(), img, ty, base, tiles, v.get()) }
                 });
                 crate::cpu::pool::for_each(XI, &|xi| {
-                    // SAFETY: V[xi] and M[xi] are tiles x cp and tiles x op row-major.
-                    unsafe {
-                        let a = Mat {
-                            ptr: v.get().add(xi * tiles * cp),
-                            rs: cp,
-                            cs: 1,
-                        };
-                        sgemm::product(
-                            self.isa,
-                            tiles,
-                            op,
-                            cp,
-                            sgemm::A::Mat(a),
-                            sgemm::B::Packed(&self.u[xi]),
-                            m.get().add(xi * tiles * op),
-                            op,
-                            false,
-                            1,
-                            None,
-                        )
-                    }
+                    // SAFETY: V[xi] and M[xi] of the group, M[xi] written by this item only.
+                    unsafe { self.multiply(xi, tiles, v.get(), m.get()) }
                 });
-                let blocks = o.div_ceil(B);
                 crate::cpu::pool::for_each(rows * blocks, &|i| {
                     let (row, b) = (i / blocks, i % blocks);
+                    let (img, ty, base) = at(row);
                     // SAFETY: tile row `row`'s outputs of block b, which only it writes.
-                    unsafe { self.output_row(m.get(), first, row, b, tiles, y.get(), post) };
+                    unsafe { self.output_row(m.get(), img, ty, b, base, tiles, y.get(), post) };
                     if let Some(finish) = finish {
-                        let (img, ty) = (first + row / self.th, row % self.th);
                         let Shape { oh, ow, .. } = self.s;
                         let plane = ((img * blocks + b) * oh) * ow * B;
                         let rows = 2 * ty..(2 * ty + 2).min(oh);
@@ -212,20 +287,58 @@ impl Winograd {
         });
     }
 
-    /// The input transform of tile row `row` (of the group starting at image `first`): for
-    /// each tile and input block, `Bᵀ d B` into row `t` of the 16 matrices `V[ξ]`
-    /// (`tiles x cp`, at `v`).
+    /// `M[ξ] = V[ξ] · U[ξ]` for `tiles` rows, on this thread.
+    ///
+    /// # Safety
+    /// `v` holds `XI` matrices `tiles x cp` and `m` `XI` matrices `tiles x op`, row-major.
+    unsafe fn multiply(&self, xi: usize, tiles: usize, v: *const f32, m: *mut f32) {
+        let Shape { c, o, .. } = self.s;
+        let (cp, op) = (c.next_multiple_of(B), o.next_multiple_of(B));
+        let a = Mat {
+            // SAFETY (a pointer computation): the caller's contract.
+            ptr: v.wrapping_add(xi * tiles * cp),
+            rs: cp,
+            cs: 1,
+        };
+        // SAFETY: the caller's contract; U[xi] is cp x op, packed for self.isa.
+        unsafe {
+            sgemm::product(
+                self.isa,
+                tiles,
+                op,
+                cp,
+                sgemm::A::Mat(a),
+                sgemm::B::Packed(&self.u[xi]),
+                m.add(xi * tiles * op),
+                op,
+                false,
+                1,
+                None,
+            )
+        }
+    }
+
+    /// The input transform of tile row `ty` of image `img`: for each tile `tx` and input
+    /// block, `Bᵀ d B` into row `base + tx` of the 16 matrices `V[ξ]` (`tiles x cp`, at `v`).
     ///
     /// # Safety
     /// As for [`Winograd::run`]; `v` holds the group's `V`.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn input_row(&self, x: *const f32, first: usize, row: usize, tiles: usize, v: *mut f32) {
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn input_row(
+        &self,
+        x: *const f32,
+        img: usize,
+        ty: usize,
+        base: usize,
+        tiles: usize,
+        v: *mut f32,
+    ) {
         let Shape {
             c, h, w, pt, pl, ..
         } = self.s;
         let (cb, cp) = (c.div_ceil(B), c.next_multiple_of(B));
-        let (img, ty) = (first + row / self.th, row % self.th);
         // Lanes of the last block past the channels may hold anything (NaN from an
         // elementwise op): zero them, or NaN * 0 would reach every output.
         let tail = _mm256_castsi256_ps(lanes(c - (cb - 1) * B));
@@ -236,7 +349,7 @@ impl Winograd {
         for tx in 0..self.tw {
             let ix: [Option<usize>; 4] =
                 std::array::from_fn(|k| (2 * tx + k).checked_sub(pl).filter(|&i| i < w));
-            let t = (row / self.th) * self.th * self.tw + ty * self.tw + tx;
+            let t = base + tx;
             for b in 0..cb {
                 let plane = ((img * cb + b) * h) * w;
                 let mut d = [[zero; 4]; 4];
@@ -278,9 +391,9 @@ impl Winograd {
         }
     }
 
-    /// The output transform of tile row `row`, output block `b`: `Aᵀ m A` of each tile's 16
-    /// products (rows `t` of `M[ξ]`, `tiles x op` at `m`) into its (up to) four pixels,
-    /// through the epilogue.
+    /// The output transform of tile row `ty` of image `img`, output block `b`: `Aᵀ m A` of
+    /// each tile's 16 products (rows `base + tx` of `M[ξ]`, `tiles x op` at `m`) into its (up
+    /// to) four pixels, through the epilogue.
     ///
     /// # Safety
     /// As for [`Winograd::run`]; `m` holds the group's `M`.
@@ -290,21 +403,21 @@ impl Winograd {
     unsafe fn output_row(
         &self,
         m: *const f32,
-        first: usize,
-        row: usize,
+        img: usize,
+        ty: usize,
         b: usize,
+        base: usize,
         tiles: usize,
         y: *mut f32,
         post: Bound,
     ) {
         let Shape { o, oh, ow, .. } = self.s;
         let (ob, op) = (o.div_ceil(B), o.next_multiple_of(B));
-        let (img, ty) = (first + row / self.th, row % self.th);
         let keep = _mm256_castsi256_ps(lanes(o - b * B));
         let plane = ((img * ob + b) * oh) * ow * B;
         let rows = (oh - 2 * ty).min(2);
         for tx in 0..self.tw {
-            let t = (row / self.th) * self.th * self.tw + ty * self.tw + tx;
+            let t = base + tx;
             // SAFETY: row t, block b of M[xi] lies in the group's M.
             let q: [__m256; XI] = std::array::from_fn(|xi| unsafe {
                 _mm256_loadu_ps(m.add((xi * tiles + t) * op + b * B))
@@ -338,7 +451,8 @@ impl Winograd {
 
     /// Never called: `NchwcConv::new` declines off x86-64.
     #[cfg(not(target_arch = "x86_64"))]
-    unsafe fn input_row(&self, _: *const f32, _: usize, _: usize, _: usize, _: *mut f32) {
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn input_row(&self, _: *const f32, _: usize, _: usize, _: usize, _: usize, _: *mut f32) {
         unreachable!("no AVX2 off x86-64")
     }
 
@@ -348,6 +462,7 @@ impl Winograd {
     unsafe fn output_row(
         &self,
         _: *const f32,
+        _: usize,
         _: usize,
         _: usize,
         _: usize,
@@ -413,8 +528,8 @@ mod tests {
     /// Runs F(2x2, 3x3) on the shapes its paths differ on, whether or not the cost model
     /// would pick it, against the direct sum: partial input and output blocks (the input's
     /// padding lanes hold -inf, which must not reach an output), odd planes (partial tiles),
-    /// uneven padding, none, and 65 images of four tiles (groups of 64 images, the last of
-    /// one). Output padding lanes must be zero.
+    /// uneven padding, none, 65 images of four tiles (in groups, 64 and 1); each in groups of
+    /// images and in bands of one and of four tile rows. Output padding lanes must be zero.
     #[test]
     fn matches_the_direct_sum() {
         assert!(
@@ -426,8 +541,13 @@ mod tests {
             (1, 20, 9, 7, 12, [1, 2, 0, 1]),
             (2, 16, 5, 6, 24, [0, 0, 0, 0]),
             (65, 8, 4, 4, 8, [1, 1, 1, 1]),
+            (2, 16, 30, 30, 16, [1, 1, 1, 1]),
+            (65, 72, 4, 4, 72, [1, 1, 1, 1]),
         ];
-        for (n, c, h, w, o, pads) in cases {
+        for ((n, c, h, w, o, pads), band) in cases
+            .into_iter()
+            .flat_map(|k| [None, Some(1), Some(4)].map(|b| (k, b)))
+        {
             let s = Shape {
                 n,
                 c,
@@ -456,7 +576,10 @@ mod tests {
             // The AVX2 GEMM, as on an AVX2-only CPU (the kernel works with either).
             let features = crate::cpu::Features::of(Some("host,-avx512f")).expect("the host");
             let isa = Isa::for_target(&features).expect("an AVX2 sgemm");
-            let wg = Winograd::new(s, isa, &f);
+            // Whichever way the cost model would run it: in groups of images, in bands of one
+            // tile row, and of four (the last band of a 30x30 image is three).
+            let mut wg = Winograd::new(s, isa, &f);
+            wg.band = band;
             let post = Post::default();
             let mut ptrs = Vec::new();
             let bound = post.bind(&|_| unreachable!("no operands"), &mut ptrs);
@@ -474,7 +597,7 @@ mod tests {
                 };
                 assert!(
                     (got as f64 - expect).abs() <= 1e-5 * (1.0 + expect.abs()),
-                    "n={n} c={c} {h}x{w} o={o} pads {pads:?}: output {i} is {got}, not {expect}"
+                    "n={n} c={c} {h}x{w} o={o} pads {pads:?} bands {band:?}: output {i} is {got}, not {expect}"
                 );
             }
         }
