@@ -931,6 +931,28 @@ fn model_ops_run_natively() {
             50,
         );
     }
+    // Along the last axis (blocks of one element, copied as values) for 1, 4 and 8-byte
+    // elements, and a nearest-neighbour upsampling large enough to split among threads.
+    for dt in ["u8", "f32", "i64", "f64"] {
+        case_native(
+            &format!("%t: {dt}[3,5,7]"),
+            &format!(
+                "  %i = const {{value=[6, 0, 0, -1, 3]}} : i64[5]\n  %out = gather %t, %i {{axis=-1}} : {dt}[3,5,5]"
+            ),
+            &format!("{dt}[3,5,5]"),
+            54,
+        );
+    }
+    let nearest: Vec<String> = (0..64).map(|j| (j / 2).to_string()).collect();
+    case_native(
+        "%t: f32[2,48,32,32]",
+        &format!(
+            "  %i = const {{value=[{}]}} : i32[64]\n  %out = gather %t, %i {{axis=3}} : f32[2,48,32,64]",
+            nearest.join(", ")
+        ),
+        "f32[2,48,32,64]",
+        55,
+    );
     for op in ["softmax", "log_softmax"] {
         for (axis, seed) in [("0", 51), ("1", 52), ("-1", 53)] {
             case_native(

@@ -369,14 +369,66 @@ pub(super) unsafe fn gather(
                 .ok_or_else(|| format!("index {i} is out of range for an axis of size {len}"))
         })
         .collect::<Result<_, _>>()?;
-    let mut to = 0;
-    for o in 0..outer {
-        for &k in &rows {
-            let from = (o * len + k) * block_bytes;
-            // SAFETY: k < len, so the block is inside src; `to` walks dst's blocks in order.
-            unsafe { std::ptr::copy_nonoverlapping(src.add(from), dst.add(to), block_bytes) };
-            to += block_bytes;
+    // SAFETY (both): the caller's contract.
+    let (src, dst) = unsafe { (SendPtr::new(src as *mut u8), SendPtr::new(dst)) };
+    // Rows `lo..hi` of the output; blocks of one element (a nearest-neighbour resize along the
+    // last axis, as exporters write it) are copied as values, not through `memcpy` calls.
+    let job = |lo: usize, hi: usize| {
+        let (src, dst) = (src.get() as *const u8, dst.get());
+        // SAFETY: every k < len, so each block is inside src; rows lo..hi of dst are this
+        // job's.
+        unsafe {
+            match block_bytes {
+                1 => take_rows::<u8>(src, dst, &rows, len, lo..hi),
+                2 => take_rows::<u16>(src, dst, &rows, len, lo..hi),
+                4 => take_rows::<u32>(src, dst, &rows, len, lo..hi),
+                8 => take_rows::<u64>(src, dst, &rows, len, lo..hi),
+                _ => {
+                    let mut to = lo * rows.len() * block_bytes;
+                    for o in lo..hi {
+                        for &k in &rows {
+                            let from = (o * len + k) * block_bytes;
+                            std::ptr::copy_nonoverlapping(src.add(from), dst.add(to), block_bytes);
+                            to += block_bytes;
+                        }
+                    }
+                }
+            }
         }
+    };
+    let threads = crate::cpu::pool::threads();
+    if outer * count * block_bytes >= 1 << 18 && threads > 1 && outer > 1 {
+        let chunk = outer.div_ceil(threads * 4);
+        crate::cpu::pool::for_each(outer.div_ceil(chunk), &|i| {
+            job(i * chunk, ((i + 1) * chunk).min(outer))
+        });
+    } else {
+        job(0, outer);
     }
     Ok(())
+}
+
+/// Rows `outer` of a gather of one-element blocks of type `T`: `dst[o][j] = src[o][rows[j]]`.
+///
+/// # Safety
+/// `src` holds the rows of `len` elements, `dst` those of `rows.len()`; every index is below
+/// `len`.
+unsafe fn take_rows<T: Copy>(
+    src: *const u8,
+    dst: *mut u8,
+    rows: &[usize],
+    len: usize,
+    outer: std::ops::Range<usize>,
+) {
+    let (src, dst) = (src as *const T, dst as *mut T);
+    for o in outer {
+        // SAFETY: the caller's contract; unaligned reads and writes, as the arena's offsets
+        // need not be multiples of T's alignment.
+        unsafe {
+            let (from, to) = (src.add(o * len), dst.add(o * rows.len()));
+            for (j, &k) in rows.iter().enumerate() {
+                to.add(j).write_unaligned(from.add(k).read_unaligned());
+            }
+        }
+    }
 }
