@@ -506,6 +506,20 @@ fn channel_blocked_layout() {
             "[2,4,7,6,8]",
         ),
         ("[1,16,6,6]", "[48,8,1,1]", "{groups=2}", "[1,6,6,6,8]"),
+        // Groups of half and a quarter of a block (ResNeXt-50's first stage has four channels a
+        // group): each block runs as one group with zeros between the small ones.
+        (
+            "[1,16,9,9]",
+            "[16,4,3,3]",
+            "{pads=[1,1,1,1], groups=4}",
+            "[1,2,9,9,8]",
+        ),
+        (
+            "[2,24,7,6]",
+            "[24,2,3,3]",
+            "{strides=[2,2], pads=[1,1,1,1], groups=12}",
+            "[2,3,4,3,8]",
+        ),
         // 3x3 at stride 1 with enough channels that a constant filter runs as Winograd's
         // F(2x2, 3x3) (conv/winograd.rs tests its paths itself): partial input blocks, an odd
         // plane.

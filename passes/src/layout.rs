@@ -10,7 +10,8 @@
 //! In one walk over the schedule:
 //!
 //! - every `f32` `conv2d` with one group, depthwise (`groups == C == O`), or with groups whose
-//!   input and output channels fill whole blocks (RegNet, ResNeXt) becomes `conv2d_nchwc`,
+//!   input and output channels fill whole blocks (RegNet, ResNeXt) or are the same fraction of
+//!   a block (ResNeXt-50's first stage, 4 and 4) becomes `conv2d_nchwc`,
 //!   reading its input blocked if a blocked form of it exists and plain otherwise (the first
 //!   layer's three channels stay plain: blocking them would be mostly padding);
 //! - an elementwise op with an operand in blocked form and the same shape as its result is
@@ -38,8 +39,8 @@
 //! value is named after its plain one with `/nchwc`.
 //!
 //! Not rewritten: functions with a backward part (the training step reads forward values in
-//! the plain layout), ops with control dependencies or that other ops depend on, grouped
-//! convolutions whose groups split blocks (other than depthwise), `f64` convolutions, and every other op kind
+//! the plain layout), ops with control dependencies or that other ops depend on, other grouped
+//! convolutions, `f64` convolutions, and every other op kind
 //! (reshapes, matmuls, concatenations on other axes or of partial blocks), which read a
 //! `from_nchwc`.
 
@@ -103,8 +104,12 @@ pub fn create(o: &Options) -> Result<Box<dyn Pass>, String> {
 fn convertible_conv(f: &Function, d: &tcc_ir::OpData, c: &tcc_ir::Conv2d, block: u64) -> bool {
     let (x, w) = (f.ty(d.args[0]), f.ty(d.args[1]));
     let depthwise = c.groups == x.dims()[1] && w.dims()[0] == c.groups && w.dims()[1] == 1;
-    let whole = w.dims()[1].is_multiple_of(block) && (w.dims()[0] / c.groups).is_multiple_of(block);
-    x.dtype() == DType::F32 && (c.groups == 1 || depthwise || whole)
+    let (cg, og) = (w.dims()[1], w.dims()[0] / c.groups);
+    let whole = cg.is_multiple_of(block) && og.is_multiple_of(block);
+    // Groups of a fraction of a block, as many outputs as inputs (ResNeXt's 4 channels a
+    // group): the kernel runs each block as one group with zeros between the small ones.
+    let fraction = og == cg && block.is_multiple_of(cg) && x.dims()[1].is_multiple_of(block);
+    x.dtype() == DType::F32 && (c.groups == 1 || depthwise || whole || fraction)
 }
 
 /// The rewrite in progress: the new schedule, and the blocked form of each value that has one.

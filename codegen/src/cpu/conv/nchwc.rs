@@ -15,7 +15,10 @@
 //!
 //! **Groups of whole blocks** (RegNet's and ResNeXt's grouped layers, whose groups have 8, 16,
 //! 24... input and output channels) run the same kernel: a pair of output blocks never spans
-//! two groups, and its pixels' pointers start at its group's first input block.
+//! two groups, and its pixels' pointers start at its group's first input block. Groups of a
+//! half, quarter or eighth of a block with as many outputs as inputs (ResNeXt-50's first
+//! stage) run as groups of one block, the filter expanded with zeros between the small groups:
+//! twice the multiply-adds at four channels a group, 2.6x faster than im2col per group.
 //!
 //! Padding is never tested in the inner loop: a convolution with padding first copies the input
 //! rows a band of output rows reads into a zero-bordered buffer (per thread, reused), so every
@@ -82,6 +85,9 @@ struct Geom {
     w: usize,
     o: usize,
     cg: usize,
+    /// The filter's input channels per group: `cg`, or fewer when small groups run as whole
+    /// blocks (see [`NchwcConv::new`]).
+    filter_cg: usize,
     groups: usize,
     kh: usize,
     kw: usize,
@@ -135,11 +141,18 @@ impl NchwcConv {
         let (xv, wd, yv) = (dims(x), dims(w), dims(y));
         let [o, cg, kh, kw]: [usize; 4] = wd.try_into().ok()?;
         let c = cg * attrs.groups as usize;
-        let groups = attrs.groups as usize;
-        let depthwise = groups == c && o == c && cg == 1;
-        if groups != 1 && !depthwise && !(cg.is_multiple_of(B) && (o / groups).is_multiple_of(B)) {
-            return None;
-        }
+        let depthwise = attrs.groups as usize == c && o == c && cg == 1;
+        // Groups of whole blocks run as they are; groups of a half, quarter or eighth of a block
+        // with as many outputs as inputs (ResNeXt-50's first stage: 4 channels a group) as
+        // groups of one block each, whose filter has zeros between the small groups.
+        let filter_cg = cg;
+        let (groups, cg) = match attrs.groups as usize {
+            1 => (1, cg),
+            g if depthwise => (g, cg),
+            g if cg.is_multiple_of(B) && (o / g).is_multiple_of(B) => (g, cg),
+            g if o / g == cg && B.is_multiple_of(cg) && c.is_multiple_of(B) => (c / B, B),
+            _ => return None,
+        };
         let [sh, sw] = attrs.strides.map(|v| v as usize);
         let [dh, dw] = attrs.dilations.map(|v| v as usize);
         let g = Geom {
@@ -149,6 +162,7 @@ impl NchwcConv {
             w: xv[3],
             o,
             cg,
+            filter_cg,
             groups,
             kh,
             kw,
@@ -228,7 +242,32 @@ impl NchwcConv {
 
     /// Packs filter `w` (`[O, C/g, kH, kW]`) for the kernels.
     fn pack(&self, w: &[f32]) -> Filter {
-        let Geom { o, cg, kh, kw, .. } = self.g;
+        let Geom {
+            o,
+            cg,
+            filter_cg,
+            kh,
+            kw,
+            ..
+        } = self.g;
+        let expanded;
+        let w = if filter_cg == cg {
+            w
+        } else {
+            // Output channel oc reads channels (oc / filter_cg) * filter_cg.. of the input, the
+            // lanes (oc * filter_cg) % 8.. of its block: zeros elsewhere in the block.
+            let taps = kh * kw;
+            let mut e = vec![0f32; o * cg * taps];
+            for oc in 0..o {
+                let lane = (oc / filter_cg * filter_cg) % B;
+                for i in 0..filter_cg {
+                    let from = &w[(oc * filter_cg + i) * taps..][..taps];
+                    e[(oc * cg + lane + i) * taps..][..taps].copy_from_slice(from);
+                }
+            }
+            expanded = e;
+            &expanded[..]
+        };
         let ob = o.div_ceil(B);
         if self.depthwise {
             let taps = kh * kw;
@@ -293,10 +332,16 @@ impl NchwcConv {
         let filter = match &self.packed {
             Some(p) => p,
             None => {
-                let Geom { o, cg, kh, kw, .. } = self.g;
-                // SAFETY: the filter holds o * cg * kh * kw f32.
+                let Geom {
+                    o,
+                    filter_cg,
+                    kh,
+                    kw,
+                    ..
+                } = self.g;
+                // SAFETY: the filter holds o * filter_cg * kh * kw f32.
                 let w = unsafe {
-                    std::slice::from_raw_parts(addr(self.w) as *const f32, o * cg * kh * kw)
+                    std::slice::from_raw_parts(addr(self.w) as *const f32, o * filter_cg * kh * kw)
                 };
                 packed = self.pack(w);
                 &packed
