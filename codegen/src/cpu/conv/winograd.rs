@@ -19,8 +19,11 @@
 //! The transforms only add and subtract (`B` and `A` hold 0 and ±1; `G`'s halves are in the
 //! constant filter), so the results differ from the direct sum by rounding only: measured
 //! within a few units of the last place of the largest term, like a GEMM's summation order.
-//! Images go through in groups of at least [`MIN_TILES`] tiles, so late layers' few tiles still
-//! make GEMMs worth running; the matrices of a group live in a buffer each calling thread keeps.
+//! Layers whose transformed filters fit in L2 go through in bands of tile rows, one thread a
+//! band; the others in passes of tile rows across the batch, each a few MiB of `V` and `M`
+//! (so late layers' few tiles still make GEMMs worth running, and a large image does not
+//! need hundreds of MiB), their products split among the threads. The matrices live in a
+//! buffer each thread keeps.
 
 use super::{Finish, SendPtr};
 use crate::cpu::post::Bound;
@@ -37,8 +40,8 @@ const B: usize = 8;
 /// Positions of a 4x4 input tile, one matrix product each.
 const XI: usize = 16;
 
-/// Tiles per group of images, at least (a whole image's when it has more).
-const MIN_TILES: usize = 256;
+/// Bytes of `V` and `M` a pass of tile rows may take, at most (but at least one tile row).
+const PASS_BYTES: usize = 8 << 20;
 
 /// The L2 cache per core the bands are sized for (Zen 3 and most Intel client cores have
 /// 512 KiB to 2 MiB).
@@ -68,8 +71,8 @@ pub(super) struct Winograd {
     /// Tile rows and columns of an image.
     th: usize,
     tw: usize,
-    /// Images per group (when run in groups).
-    group: usize,
+    /// Tile rows per pass (when run in passes).
+    pass: usize,
     /// Tile rows per band, when run in bands.
     band: Option<usize>,
 }
@@ -137,7 +140,7 @@ impl Winograd {
             })
             .collect();
         let (th, tw) = (s.oh.div_ceil(2), s.ow.div_ceil(2));
-        let group = MIN_TILES.div_ceil((th * tw).max(1)).clamp(1, s.n.max(1));
+        let pass = (PASS_BYTES / (XI * (cp + op) * 4 * tw.max(1))).clamp(1, (s.n * th).max(1));
         // Bands when the 16 U[ξ] fit in half an L2 (64 channels each side: 256 KiB) and a
         // band's V and M in a quarter, with enough bands for four pieces of work a thread.
         let fits = XI * cp * op * 4 <= L2 / 2;
@@ -150,7 +153,7 @@ impl Winograd {
             u: packed,
             th,
             tw,
-            group,
+            pass,
             band,
         }
     }
@@ -167,7 +170,7 @@ impl Winograd {
         unsafe {
             match self.band {
                 Some(band) => self.run_bands(band, x, y, post, finish),
-                None => self.run_groups(x, y, post, finish),
+                None => self.run_passes(x, y, post, finish),
             }
         }
     }
@@ -230,13 +233,13 @@ impl Winograd {
         });
     }
 
-    /// [`Winograd::run`] in groups of images: the input transform of a group, then its 16
-    /// products split among the threads, then the output transform. For layers whose `U[ξ]`
-    /// are too large to read once per band.
+    /// [`Winograd::run`] in passes of tile rows across the batch: the input transform of a
+    /// pass's rows, then its 16 products split among the threads, then the output transform.
+    /// For layers whose `U[ξ]` are too large to read once per band.
     ///
     /// # Safety
     /// As for [`Winograd::run`].
-    unsafe fn run_groups(
+    unsafe fn run_passes(
         &self,
         x: SendPtr<*mut f32>,
         y: SendPtr<*mut f32>,
@@ -245,36 +248,39 @@ impl Winograd {
     ) {
         let Shape { n, c, o, .. } = self.s;
         let (cp, op, blocks) = (c.next_multiple_of(B), o.next_multiple_of(B), o.div_ceil(B));
-        let per = self.th * self.tw;
+        let all = n * self.th;
         SCRATCH.with(|buf| {
             let mut buf = buf.borrow_mut();
-            let len = XI * self.group * per * (cp + op);
+            let len = XI * self.pass.min(all) * self.tw * (cp + op);
             if buf.len() < len {
                 buf.resize(len, 0.0);
             }
             // SAFETY: the buffer outlives the calls below; each phase's items write disjoint
             // parts of it.
             let v = unsafe { SendPtr::new(buf.as_mut_ptr()) };
-            for first in (0..n).step_by(self.group) {
-                let images = self.group.min(n - first);
-                let tiles = images * per;
+            for first in (0..all).step_by(self.pass) {
+                // Tile rows first.. of the batch (row r is image r / th's row r % th).
+                let rows = self.pass.min(all - first);
+                let tiles = rows * self.tw;
                 // SAFETY: V takes XI * tiles * cp floats, M the next XI * tiles * op.
                 let m = unsafe { SendPtr::new(v.get().add(XI * tiles * cp)) };
-                let rows = images * self.th;
-                let at = |row: usize| (first + row / self.th, row % self.th, row * self.tw);
-                crate::cpu::pool::for_each(rows, &|row| {
-                    let (img, ty, base) = at(row);
-                    // SAFETY: tile row `row` of the group, whose V rows only it writes.
+                let at = |k: usize| {
+                    let r = first + k;
+                    (r / self.th, r % self.th, k * self.tw)
+                };
+                crate::cpu::pool::for_each(rows, &|k| {
+                    let (img, ty, base) = at(k);
+                    // SAFETY: the pass's tile row k, whose V rows only it writes.
                     unsafe { self.input_row(x.get(), img, ty, base, tiles, v.get()) }
                 });
                 crate::cpu::pool::for_each(XI, &|xi| {
-                    // SAFETY: V[xi] and M[xi] of the group, M[xi] written by this item only.
+                    // SAFETY: V[xi] and M[xi] of the pass, M[xi] written by this item only.
                     unsafe { self.multiply(xi, tiles, v.get(), m.get()) }
                 });
                 crate::cpu::pool::for_each(rows * blocks, &|i| {
-                    let (row, b) = (i / blocks, i % blocks);
-                    let (img, ty, base) = at(row);
-                    // SAFETY: tile row `row`'s outputs of block b, which only it writes.
+                    let (k, b) = (i / blocks, i % blocks);
+                    let (img, ty, base) = at(k);
+                    // SAFETY: tile row k's outputs of block b, which only it writes.
                     unsafe { self.output_row(m.get(), img, ty, b, base, tiles, y.get(), post) };
                     if let Some(finish) = finish {
                         let Shape { oh, ow, .. } = self.s;
@@ -322,7 +328,7 @@ impl Winograd {
     /// block, `Bᵀ d B` into row `base + tx` of the 16 matrices `V[ξ]` (`tiles x cp`, at `v`).
     ///
     /// # Safety
-    /// As for [`Winograd::run`]; `v` holds the group's `V`.
+    /// As for [`Winograd::run`]; `v` holds the pass's or band's `V`.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
@@ -383,7 +389,7 @@ impl Winograd {
                     ];
                     for (k, &e) in cols.iter().enumerate() {
                         let xi = r * 4 + k;
-                        // SAFETY: row t, block b of V[xi] lies in the group's V.
+                        // SAFETY: row t, block b of V[xi] lies in the pass's V.
                         unsafe { _mm256_storeu_ps(v.add((xi * tiles + t) * cp + b * B), e) };
                     }
                 }
@@ -396,7 +402,7 @@ impl Winograd {
     /// to) four pixels, through the epilogue.
     ///
     /// # Safety
-    /// As for [`Winograd::run`]; `m` holds the group's `M`.
+    /// As for [`Winograd::run`]; `m` holds the pass's or band's `M`.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
@@ -418,7 +424,7 @@ impl Winograd {
         let rows = (oh - 2 * ty).min(2);
         for tx in 0..self.tw {
             let t = base + tx;
-            // SAFETY: row t, block b of M[xi] lies in the group's M.
+            // SAFETY: row t, block b of M[xi] lies in the pass's M.
             let q: [__m256; XI] = std::array::from_fn(|xi| unsafe {
                 _mm256_loadu_ps(m.add((xi * tiles + t) * op + b * B))
             });
@@ -487,7 +493,7 @@ fn sub4(a: &[__m256; 4], b: &[__m256; 4]) -> [__m256; 4] {
 }
 
 thread_local! {
-    /// The calling thread's `V` and `M` matrices of one group of images.
+    /// Each thread's `V` and `M` matrices of one pass or band.
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -528,8 +534,9 @@ mod tests {
     /// Runs F(2x2, 3x3) on the shapes its paths differ on, whether or not the cost model
     /// would pick it, against the direct sum: partial input and output blocks (the input's
     /// padding lanes hold -inf, which must not reach an output), odd planes (partial tiles),
-    /// uneven padding, none, 65 images of four tiles (in groups, 64 and 1); each in groups of
-    /// images and in bands of one and of four tile rows. Output padding lanes must be zero.
+    /// uneven padding, none, 65 images of four tiles; each in one pass over the batch, in
+    /// passes of three tile rows (which split images), and in bands of one and of four tile
+    /// rows. Output padding lanes must be zero.
     #[test]
     fn matches_the_direct_sum() {
         assert!(
@@ -544,9 +551,10 @@ mod tests {
             (2, 16, 30, 30, 16, [1, 1, 1, 1]),
             (65, 72, 4, 4, 72, [1, 1, 1, 1]),
         ];
-        for ((n, c, h, w, o, pads), band) in cases
-            .into_iter()
-            .flat_map(|k| [None, Some(1), Some(4)].map(|b| (k, b)))
+        // (tile rows per band, or per pass when not in bands)
+        let modes = [(None, usize::MAX), (None, 3), (Some(1), 0), (Some(4), 0)];
+        for ((n, c, h, w, o, pads), (band, pass)) in
+            cases.into_iter().flat_map(|k| modes.map(|m| (k, m)))
         {
             let s = Shape {
                 n,
@@ -576,10 +584,12 @@ mod tests {
             // The AVX2 GEMM, as on an AVX2-only CPU (the kernel works with either).
             let features = crate::cpu::Features::of(Some("host,-avx512f")).expect("the host");
             let isa = Isa::for_target(&features).expect("an AVX2 sgemm");
-            // Whichever way the cost model would run it: in groups of images, in bands of one
-            // tile row, and of four (the last band of a 30x30 image is three).
+            // Whichever way the cost model would run it: in passes of every tile row or of
+            // three, in bands of one tile row or of four (the last band of a 30x30 image is
+            // three).
             let mut wg = Winograd::new(s, isa, &f);
             wg.band = band;
+            wg.pass = pass.clamp(1, n * wg.th);
             let post = Post::default();
             let mut ptrs = Vec::new();
             let bound = post.bind(&|_| unreachable!("no operands"), &mut ptrs);
@@ -597,7 +607,7 @@ mod tests {
                 };
                 assert!(
                     (got as f64 - expect).abs() <= 1e-5 * (1.0 + expect.abs()),
-                    "n={n} c={c} {h}x{w} o={o} pads {pads:?} bands {band:?}: output {i} is {got}, not {expect}"
+                    "n={n} c={c} {h}x{w} o={o} pads {pads:?} bands {band:?} passes {pass}: output {i} is {got}, not {expect}"
                 );
             }
         }
