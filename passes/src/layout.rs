@@ -25,6 +25,8 @@
 //!   filling whole blocks, concatenates the blocked forms (an Inception module's or a Fire
 //!   module's branches, a DenseNet block's features), so the pooling and convolutions after it
 //!   stay blocked;
+//! - a transposed convolution whose kernel equals its stride, unpadded, with output channels
+//!   in whole blocks, becomes a 1x1 convolution whose blocks a transpose moves into place;
 //! - a transpose that moves the channels of a blocked value last (`[N, C, H, W]` to
 //!   `[N, H, W, C]`) with whole blocks of channels transposes the blocked form, its blocks
 //!   kept whole, and reshapes it; its inverse (`[N, H, W, C]` to `[N, C, H, W]`) gives the
@@ -293,6 +295,90 @@ impl Rewrite<'_> {
             .map(Some)
     }
 
+    /// For `op` a transposed convolution whose kernel equals its stride (`conv2d_grad_input`
+    /// as ONNX's `ConvTranspose` imports: each input pixel spreads into its own `kh x kw`
+    /// patch, as in the 2x2 stride-2 upsampling of U-Net and text-detector heads), no padding,
+    /// one group, and output channels in whole blocks: the blocked form of its result, as a
+    /// 1x1 convolution to `kh kw C` channels (the filter transposed to `[kh, kw, C, O]`, so
+    /// that each block holds eight channels of one patch position) whose blocks are then moved
+    /// whole into place: `[N, kh, kw, C/b, H, W, b]` to `[N, C/b, H, kh, W, kw, b]`. Each
+    /// output is the same sum over the input channels as before; the GEMM and col2im it
+    /// replaces wrote every output twice.
+    fn upsampling_conv(&mut self, op: Op) -> Result<Option<Value>, String> {
+        let d = self.f.op(op);
+        let OpKind::Conv2dGradInput { conv, shape } = &d.kind else {
+            return Ok(None);
+        };
+        let (x, w, r) = (d.args[0], d.args[1], d.results[0]);
+        let (xd, wd) = (self.f.ty(x).dims().to_vec(), self.f.ty(w).dims().to_vec());
+        let [o, c, kh, kw] = wd[..] else {
+            return Ok(None);
+        };
+        let [n, _, h, wi] = xd[..] else {
+            return Ok(None);
+        };
+        let fits = self.f.ty(x).dtype() == DType::F32
+            && conv.groups == 1
+            && conv.strides == [kh, kw]
+            && conv.pads == [0; 4]
+            && conv.dilations == [1, 1]
+            && *shape == [n, c, h * kh, wi * kw]
+            && c.is_multiple_of(self.block);
+        if !fits {
+            return Ok(None);
+        }
+        let name = self.f.name(r).to_string();
+        let b = self.block;
+        let xb = self.blocked.get(&x).copied().unwrap_or(x);
+        let t = self.emit(
+            OpKind::Transpose {
+                perm: vec![2, 3, 1, 0],
+            },
+            &[w],
+            &format!("{name}/filter"),
+        )?;
+        let filter = self.emit(
+            OpKind::Reshape {
+                shape: vec![kh * kw * c, o, 1, 1],
+            },
+            &[t],
+            &format!("{name}/filter1x1"),
+        )?;
+        let conv = OpKind::Conv2dNchwc {
+            conv: tcc_ir::Conv2d {
+                strides: [1, 1],
+                pads: [0; 4],
+                dilations: [1, 1],
+                groups: 1,
+            },
+            block: b,
+        };
+        let z = self.emit(conv, &[xb, filter], &format!("{name}/patches"))?;
+        let z = self.emit(
+            OpKind::Reshape {
+                shape: vec![n, kh, kw, c / b, h, wi, b],
+            },
+            &[z],
+            &format!("{name}/patches7d"),
+        )?;
+        let y = self.emit(
+            OpKind::Transpose {
+                perm: vec![0, 3, 4, 1, 5, 2, 6],
+            },
+            &[z],
+            &format!("{name}/moved"),
+        )?;
+        self.stats.convs += 1;
+        self.emit(
+            OpKind::Reshape {
+                shape: vec![n, c / b, h * kh, wi * kw, b],
+            },
+            &[y],
+            &format!("{name}/nchwc"),
+        )
+        .map(Some)
+    }
+
     /// The blocked op (kind and operands) that computes `op`'s result, if `op` is rewritten.
     fn blocked_op(&mut self, op: Op) -> Result<Option<(OpKind, Vec<Value>)>, String> {
         let d = self.f.op(op).clone();
@@ -440,7 +526,11 @@ pub fn nchwc(f: &mut Function, block: u64) -> Result<NchwcStats, String> {
         }
         let r = rw.f.op(op).results[0];
         let name = rw.f.name(r).to_string();
-        let yb = match rw.channels_first(op)? {
+        let special = match rw.channels_first(op)? {
+            Some(yb) => Some(yb),
+            None => rw.upsampling_conv(op)?,
+        };
+        let yb = match special {
             Some(yb) => yb,
             None => {
                 let Some((kind, args)) = rw.blocked_op(op)? else {

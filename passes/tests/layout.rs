@@ -126,6 +126,19 @@ fn cnn_blocks_give_the_same_bits() {
   %y = conv2d %r, %wc : f32[1,8,6,6]
   return %y
 }",
+        // A text detector's head: a 3x3 convolution, then 2x2 stride-2 transposed
+        // convolutions (24 channels: whole blocks of 8 and of 3, upsampled as a 1x1
+        // convolution whose blocks move into place; then 1 channel: left as it is), a
+        // per-channel scale between them.
+        "func @f(%x: f32[1,8,5,4], %w: f32[24,8,3,3], %u: f32[24,24,2,2], %g: f32[24,1,1], %v: f32[24,1,2,2]) -> (f32[1,1,20,16]) {
+  %c = conv2d %x, %w {pads=[1,1,1,1]} : f32[1,24,5,4]
+  %r = relu %c : f32[1,24,5,4]
+  %t = conv2d_grad_input %r, %u {strides=[2,2], shape=[1,24,10,8]} : f32[1,24,10,8]
+  %s = mul %t, %g : f32[1,24,10,8]
+  %q = relu %s : f32[1,24,10,8]
+  %y = conv2d_grad_input %q, %v {strides=[2,2], shape=[1,1,20,16]} : f32[1,1,20,16]
+  return %y
+}",
         // A ConvNeXt block: channels-last for a dense layer and back, then the scale and the
         // residual add. 24 channels are whole blocks of 8 and of 3: the transposes move whole
         // blocks (checked below).
@@ -160,7 +173,7 @@ fn cnn_blocks_give_the_same_bits() {
     }
     // In the ConvNeXt block, no value goes through the plain layout: the transposes read and
     // give blocked forms, and the only `from_nchwc` is of the result.
-    let mut g = parse_function(cases[5]).unwrap();
+    let mut g = parse_function(cases[6]).unwrap();
     nchwc(&mut g, 8).unwrap();
     let froms = (g.schedule().iter())
         .filter(|&&op| matches!(g.op(op).kind, OpKind::FromNchwc { .. }))
