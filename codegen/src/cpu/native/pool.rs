@@ -361,6 +361,7 @@ pub(super) fn pool_blocked(
     };
     // In AVX2, those columns go a row at a time, and the others a window at a time.
     let rowwise = cfg!(target_arch = "x86_64") && wide && !inner.is_empty();
+    #[cfg(target_arch = "x86_64")]
     let fold = match avg {
         None => Fold::Max,
         Some(include_pad) => Fold::Mean { include_pad, full },
@@ -416,6 +417,7 @@ pub(super) fn pool_blocked(
 }
 
 /// How a blocked pooling window's taps combine.
+#[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
 enum Fold {
     /// The maximum, NaN winning.
