@@ -1,0 +1,205 @@
+//! The direct kernel of one group (or groups of whole blocks): a band's pixels in tiles of
+//! five or six by one or two output blocks, twelve accumulators at most (see the module docs
+//! of [`super`]).
+
+use super::{B, Geom, Group, NchwcConv, Out, P};
+#[cfg(target_arch = "x86_64")]
+use crate::cpu::simd::first;
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+impl NchwcConv {
+    /// The direct kernel over output rows `rows` for the blocks of `groups`.
+    ///
+    /// # Safety
+    /// `yimg` holds the image's blocked output.
+    pub(super) unsafe fn direct(
+        &self,
+        groups: &[Group],
+        data: &[f32],
+        ximg: &[f32],
+        out: Out,
+        rows: std::ops::Range<usize>,
+        buf: &mut Vec<f32>,
+    ) {
+        let Geom {
+            c,
+            h,
+            w,
+            o,
+            kh,
+            kw,
+            oh,
+            ow,
+            sh,
+            sw,
+            dh,
+            dw,
+            ..
+        } = self.g;
+        let lanes = self.lanes();
+        let padded = self.g.padded || (self.blocked && c % B != 0);
+        // The input blocks (or channels) these groups read: all of them with one convolution
+        // group, their groups' with several.
+        let last = groups[groups.len() - 1];
+        let planes = groups[0].input..last.input + self.g.cg.div_ceil(lanes);
+        // The input the kernel reads: `src` with `plane` floats between blocks (or channels),
+        // `row` floats between rows, row 0 being the padded row of output row `rows.start`,
+        // plane 0 being input block `first`.
+        let (src, plane, row, first): (&[f32], usize, usize, usize) = if padded {
+            let n = self.copy_band(ximg, rows.clone(), planes.clone(), buf);
+            (&buf[..], n.0, n.1, planes.start)
+        } else {
+            let at = rows.start * sh * w * lanes;
+            (&ximg[at..], h * w * lanes, w * lanes, 0)
+        };
+        let taps: Vec<usize> = (0..self.taps())
+            .map(|t| {
+                let (blk, tap) = (t / (kh * kw), t % (kh * kw));
+                blk * plane + (tap / kw) * dh * row + (tap % kw) * dw * lanes
+            })
+            .collect();
+        let start = rows.start * ow;
+        let end = rows.end * ow;
+        // Where each output pixel of the band reads its first tap, computed once for all the
+        // groups (no division per tile).
+        let pixels: Vec<usize> = (0..rows.len())
+            .flat_map(|oy| (0..ow).map(move |ox| oy * sh * row + ox * sw * lanes))
+            .collect();
+        let steps = self.taps() * lanes;
+        let pairs = tile_pixels(end - start);
+        for g in groups {
+            // Valid lanes of the group's last block: the padding lanes of the output are zero.
+            let valid = o - (g.start + g.nb - 1) * B;
+            let wg = &data[g.at..g.at + steps * g.nb * B];
+            let pp = if g.nb == 2 { pairs } else { P };
+            let input = (g.input - first) * plane;
+            for q0 in (start..end).step_by(pp) {
+                let n = pp.min(end - q0);
+                let px: [*const f32; P] = std::array::from_fn(|p| {
+                    // SAFETY (a pointer computation): the pixel's first tap lies in `src`.
+                    unsafe { src.as_ptr().add(input + pixels[q0 - start + p.min(n - 1)]) }
+                });
+                // SAFETY: every pixel's taps lie in `src` (the band covers the rows and columns
+                // the outputs read); the image's output holds blocks g.start.. .
+                unsafe {
+                    let at = (g.start * oh * ow + q0) * B;
+                    let out = Out {
+                        y: out.y.add(at),
+                        at: out.at + at,
+                        post: out.post,
+                    };
+                    let t = Tile {
+                        stride: oh * ow * B,
+                        block: g.start,
+                        n,
+                        last: valid,
+                    };
+                    let w = wg.as_ptr();
+                    match (g.nb, lanes, pp) {
+                        (2, B, P) => tile::<2, B, P>(&px, &taps, w, out, t),
+                        (2, B, _) => tile::<2, B, 5>(&px, &taps, w, out, t),
+                        (1, B, _) => tile::<1, B, P>(&px, &taps, w, out, t),
+                        (2, _, P) => tile::<2, 1, P>(&px, &taps, w, out, t),
+                        (2, _, _) => tile::<2, 1, 5>(&px, &taps, w, out, t),
+                        _ => tile::<1, 1, P>(&px, &taps, w, out, t),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A tile's shape: `n` valid pixels, the first of its blocks (`block`, within the image) and
+/// the floats between blocks (`stride`), and the valid lanes of its last block (`last`).
+#[derive(Clone, Copy)]
+struct Tile {
+    stride: usize,
+    block: usize,
+    n: usize,
+    last: usize,
+}
+
+/// The pixels per tile of two blocks for a band of `n` output pixels: five where that computes
+/// at least 4% fewer than six (the last tile computes a whole tile's pixels, however few it
+/// stores), else six. A 7x7 plane's 49 pixels take ten tiles of five (50) instead of nine of
+/// six (54): 6% faster. Fewer pixels per tile read the weights more often per pixel: the
+/// weights of a step come from L2 (a pair of blocks' filter is 36 KiB at 64 input channels), and
+/// four pixels per tile were 10-15% slower per pixel than six.
+pub(super) fn tile_pixels(n: usize) -> usize {
+    let computed = |pp: usize| n.div_ceil(pp) * pp;
+    if computed(5) * 25 <= computed(P) * 24 {
+        5
+    } else {
+        P
+    }
+}
+
+/// One tile of the direct kernel: pixels `px[..n]` (the rest repeat the last) by `NB` output
+/// blocks. Step `s` of the reduction reads lane `s % L` at offset `taps[s / L]` from each
+/// pixel and the `8 * NB` weights at `w + 8 * NB * s`; the sums go to output block `b` at
+/// `out.y + b * stride`, pixel `p` at `p * 8` on, with lanes from `last` on of the last block
+/// zero (past the output's channels), through the epilogue.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; every read lies inside its buffer; `out` holds `n` pixels of each
+/// of the `NB` blocks.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile<const NB: usize, const L: usize, const PX: usize>(
+    px: &[*const f32; P],
+    taps: &[usize],
+    w: *const f32,
+    out: Out,
+    t: Tile,
+) {
+    debug_assert!(PX <= P && PX * NB <= 12);
+    let mut acc = [[_mm256_setzero_ps(); NB]; PX];
+    let mut wp = w;
+    for &off in taps {
+        for l in 0..L {
+            // SAFETY (block): the caller's contract.
+            unsafe {
+                let wv: [__m256; NB] = std::array::from_fn(|b| _mm256_loadu_ps(wp.add(b * B)));
+                for (p, a) in acc.iter_mut().enumerate() {
+                    let xv = _mm256_broadcast_ss(&*px[p].add(off + l));
+                    for b in 0..NB {
+                        a[b] = _mm256_fmadd_ps(xv, wv[b], a[b]);
+                    }
+                }
+                wp = wp.add(NB * B);
+            }
+        }
+    }
+    // Lane masks of the last block: the padding lanes of the output are zero.
+    let keep = _mm256_castsi256_ps(first(t.last));
+    let mut vs = [_mm256_setzero_ps(); 12];
+    let count = t.n * NB;
+    for (i, v) in vs.iter_mut().enumerate().take(count) {
+        let (p, b) = (i / NB, i % NB);
+        *v = if b + 1 == NB {
+            _mm256_and_ps(acc[p][b], keep)
+        } else {
+            acc[p][b]
+        };
+    }
+    let at = |i: usize| (i % NB) * t.stride + (i / NB) * B;
+    // SAFETY: pixel i / NB < n of block i % NB for every i < count; the epilogue's operands
+    // cover the output.
+    unsafe {
+        let chan = |i: usize| (t.block + i % NB) * B;
+        (out.post).store(&mut vs[..count], chan, at, out.y, out.at)
+    };
+}
+
+/// Never called: `NchwcConv::new` declines off x86-64.
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn tile<const NB: usize, const L: usize, const PX: usize>(
+    _: &[*const f32; P],
+    _: &[usize],
+    _: *const f32,
+    _: Out,
+    _: Tile,
+) {
+    unreachable!("no AVX2 off x86-64")
+}
