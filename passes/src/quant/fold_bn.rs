@@ -488,6 +488,13 @@ fn shaped(e: &mut Emit, v: Value, dims: &[u64], name: &str) -> Result<Value, Str
     e.op(reshape, &[v], name)
 }
 
+/// A batch norm's per-channel scale `gamma / sqrt(var + eps)`, in f64, for `channels`.
+fn scales(gamma: &[f64], var: &[f64], eps: f64, channels: usize) -> Vec<f64> {
+    (0..channels)
+        .map(|c| gamma[c] / (var[c] + eps).sqrt())
+        .collect()
+}
+
 /// A batch norm that no layer takes, as `(y - mean) * s + beta` with `s = gamma / sqrt(var +
 /// eps)`: per-channel constants (`s` computed in f64 and rounded once) and three elementwise ops
 /// the backends fuse with what follows (a relu, as in DenseNet's BN-ReLU-conv order) and that
@@ -517,7 +524,7 @@ fn standalone(e: &mut Emit, y: Value, a: &Affine) -> Option<Result<Value, String
     if [&g, &b, &m, &v].iter().any(|x| x.len() != channels) {
         return None;
     }
-    let s: Vec<f64> = (0..channels).map(|c| g[c] / (v[c] + eps).sqrt()).collect();
+    let s = scales(&g, &v, eps, channels);
     let mut dims = vec![1u64; yd.len() - 1];
     dims[0] = channels as u64;
     let base = f.name(y).to_string();
@@ -583,9 +590,7 @@ fn build_layer(e: &mut Emit, l: &Layer, a: &Affine) -> Result<Value, String> {
             known(f, var),
         ) {
             (Some(g), Some(b), Some(m), Some(v)) => {
-                let s: Vec<f64> = (0..channels as usize)
-                    .map(|c| g[c] / (v[c] + eps).sqrt())
-                    .collect();
+                let s = scales(&g, &v, eps, channels as usize);
                 let t = (0..channels as usize).map(|c| b[c] - m[c] * s[c]).collect();
                 Some((s, t))
             }

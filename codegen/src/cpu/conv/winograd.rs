@@ -62,6 +62,13 @@ pub(super) struct Shape {
     pub pl: usize,
 }
 
+impl Shape {
+    /// The input and output channels rounded up to whole blocks: the widths of `V` and `M`.
+    fn padded(&self) -> (usize, usize) {
+        (self.c.next_multiple_of(B), self.o.next_multiple_of(B))
+    }
+}
+
 /// A 3x3 convolution at stride 1 with its filter transformed and packed.
 pub(super) struct Winograd {
     s: Shape,
@@ -90,7 +97,7 @@ impl Winograd {
         if s.c < 16 || s.o < 16 {
             return false;
         }
-        let (cp, op) = (s.c.next_multiple_of(B), s.o.next_multiple_of(B));
+        let (cp, op) = s.padded();
         let tiles = s.n * s.oh.div_ceil(2) * s.ow.div_ceil(2);
         let direct = 9 * s.c * s.o * s.n * s.oh * s.ow;
         let winograd = XI * tiles * (cp * op + 25 * (cp + op));
@@ -99,7 +106,7 @@ impl Winograd {
 
     /// Transforms and packs filter `w` (`[O, C, 3, 3]`) for `isa`'s GEMM.
     pub(super) fn new(s: Shape, isa: Isa, w: &[f32]) -> Winograd {
-        let (cp, op) = (s.c.next_multiple_of(B), s.o.next_multiple_of(B));
+        let (cp, op) = s.padded();
         // U[ξ][ci][oc] = (G g Gᵀ)[ξ] with G = [[1, 0, 0], [½, ½, ½], [½, -½, ½], [0, 0, 1]].
         let mut u = vec![0f32; XI * cp * op];
         for oc in 0..s.o {
@@ -189,22 +196,15 @@ impl Winograd {
         post: Bound,
         finish: Finish,
     ) {
-        let Shape { n, c, o, .. } = self.s;
-        let (cp, op, blocks) = (c.next_multiple_of(B), o.next_multiple_of(B), o.div_ceil(B));
+        let ((cp, op), blocks) = (self.s.padded(), self.s.o.div_ceil(B));
         let bands = self.th.div_ceil(band);
-        crate::cpu::pool::for_each(n * bands, &|i| {
+        crate::cpu::pool::for_each(self.s.n * bands, &|i| {
             let (img, rows) = (
                 i / bands,
                 (i % bands) * band..((i % bands + 1) * band).min(self.th),
             );
             let tiles = rows.len() * self.tw;
-            SCRATCH.with(|buf| {
-                let mut buf = buf.borrow_mut();
-                let len = XI * tiles * (cp + op);
-                if buf.len() < len {
-                    buf.resize(len, 0.0);
-                }
-                let v = buf.as_mut_ptr();
+            with_scratch(XI * tiles * (cp + op), |v| {
                 // SAFETY: V takes XI * tiles * cp floats of this thread's buffer, M the next
                 // XI * tiles * op; the rows of x and y are image img's.
                 unsafe {
@@ -246,18 +246,12 @@ impl Winograd {
         post: Bound,
         finish: Finish,
     ) {
-        let Shape { n, c, o, .. } = self.s;
-        let (cp, op, blocks) = (c.next_multiple_of(B), o.next_multiple_of(B), o.div_ceil(B));
-        let all = n * self.th;
-        SCRATCH.with(|buf| {
-            let mut buf = buf.borrow_mut();
-            let len = XI * self.pass.min(all) * self.tw * (cp + op);
-            if buf.len() < len {
-                buf.resize(len, 0.0);
-            }
+        let ((cp, op), blocks) = (self.s.padded(), self.s.o.div_ceil(B));
+        let all = self.s.n * self.th;
+        with_scratch(XI * self.pass.min(all) * self.tw * (cp + op), |v| {
             // SAFETY: the buffer outlives the calls below; each phase's items write disjoint
             // parts of it.
-            let v = unsafe { SendPtr::new(buf.as_mut_ptr()) };
+            let v = unsafe { SendPtr::new(v) };
             for first in (0..all).step_by(self.pass) {
                 // Tile rows first.. of the batch (row r is image r / th's row r % th).
                 let rows = self.pass.min(all - first);
@@ -298,8 +292,7 @@ impl Winograd {
     /// # Safety
     /// `v` holds `XI` matrices `tiles x cp` and `m` `XI` matrices `tiles x op`, row-major.
     unsafe fn multiply(&self, xi: usize, tiles: usize, v: *const f32, m: *mut f32) {
-        let Shape { c, o, .. } = self.s;
-        let (cp, op) = (c.next_multiple_of(B), o.next_multiple_of(B));
+        let (cp, op) = self.s.padded();
         let a = Mat {
             // SAFETY (a pointer computation): the caller's contract.
             ptr: v.wrapping_add(xi * tiles * cp),
@@ -344,7 +337,7 @@ impl Winograd {
         let Shape {
             c, h, w, pt, pl, ..
         } = self.s;
-        let (cb, cp) = (c.div_ceil(B), c.next_multiple_of(B));
+        let (cb, (cp, _)) = (c.div_ceil(B), self.s.padded());
         // Lanes of the last block past the channels may hold anything (NaN from an
         // elementwise op): zero them, or NaN * 0 would reach every output.
         let tail = _mm256_castsi256_ps(lanes(c - (cb - 1) * B));
@@ -418,7 +411,7 @@ impl Winograd {
         post: Bound,
     ) {
         let Shape { o, oh, ow, .. } = self.s;
-        let (ob, op) = (o.div_ceil(B), o.next_multiple_of(B));
+        let (ob, (_, op)) = (o.div_ceil(B), self.s.padded());
         let keep = _mm256_castsi256_ps(lanes(o - b * B));
         let plane = ((img * ob + b) * oh) * ow * B;
         let rows = (oh - 2 * ty).min(2);
@@ -495,6 +488,17 @@ fn sub4(a: &[__m256; 4], b: &[__m256; 4]) -> [__m256; 4] {
 thread_local! {
     /// Each thread's `V` and `M` matrices of one pass or band.
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on this thread's scratch, grown to at least `len` floats.
+fn with_scratch<R>(len: usize, f: impl FnOnce(*mut f32) -> R) -> R {
+    SCRATCH.with(|buf| {
+        let mut buf = buf.borrow_mut();
+        if buf.len() < len {
+            buf.resize(len, 0.0);
+        }
+        f(buf.as_mut_ptr())
+    })
 }
 
 #[cfg(all(test, target_arch = "x86_64"))]

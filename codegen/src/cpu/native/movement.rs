@@ -164,10 +164,16 @@ pub(super) unsafe fn transpose(
     let (src, dst) = unsafe { (SendPtr::new(src), SendPtr::new(dst)) };
     // SAFETY: jobs cover disjoint ranges of the output's outermost axis.
     let job = |lo: usize, hi: usize| unsafe { t.copy(src.get(), dst.get(), lo..hi) };
-    let rows = t.od[0];
+    split_rows(t.od[0], total * size, 2, &job);
+}
+
+/// Runs `job(lo, hi)` over rows `0..rows` of a copy of `bytes` bytes: in `per` ranges a thread
+/// among the pool's threads when the copy is 256 KiB or more and has several rows, else at
+/// once on this thread.
+fn split_rows(rows: usize, bytes: usize, per: usize, job: &(dyn Fn(usize, usize) + Sync)) {
     let threads = crate::cpu::pool::threads();
-    if total * size >= 1 << 18 && threads > 1 && rows > 1 {
-        let chunk = rows.div_ceil(threads * 2);
+    if bytes >= 1 << 18 && threads > 1 && rows > 1 {
+        let chunk = rows.div_ceil(threads * per);
         crate::cpu::pool::for_each(rows.div_ceil(chunk), &|i| {
             job(i * chunk, ((i + 1) * chunk).min(rows))
         });
@@ -396,15 +402,7 @@ pub(super) unsafe fn gather(
             }
         }
     };
-    let threads = crate::cpu::pool::threads();
-    if outer * count * block_bytes >= 1 << 18 && threads > 1 && outer > 1 {
-        let chunk = outer.div_ceil(threads * 4);
-        crate::cpu::pool::for_each(outer.div_ceil(chunk), &|i| {
-            job(i * chunk, ((i + 1) * chunk).min(outer))
-        });
-    } else {
-        job(0, outer);
-    }
+    split_rows(outer, outer * count * block_bytes, 4, &job);
     Ok(())
 }
 
