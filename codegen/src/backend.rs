@@ -48,6 +48,13 @@ pub trait Backend {
         Ok(Cow::Borrowed(f))
     }
 
+    /// `plan` with the kernels this backend runs as one step merged ([`Plan::merged`]), before
+    /// memory is planned, so that values passed between them are never stored; by default
+    /// the plan as it is.
+    fn fuse(&self, _f: &Function, plan: Plan) -> Plan {
+        plan
+    }
+
     /// Bytes of scratch space kernel `kd` of `f` needs while it runs. The memory plan sets them
     /// aside in the arena (a slot with `scratch_for` set), live during that kernel only.
     fn scratch_bytes(&self, f: &Function, kd: &KernelData) -> u64;
@@ -79,7 +86,7 @@ pub fn compile<B: Backend>(backend: &B, f: &Function) -> Result<B::Compiled, Com
         })?;
     }
     let f = f.as_ref();
-    let plan = plan(f);
+    let plan = backend.fuse(f, plan(f));
     let mem = plan_memory(f, &plan, backend);
     backend.compile(f, plan, mem)
 }

@@ -17,11 +17,14 @@
 //!   matmuls read (they read its source with swapped strides; see [`folded_transpose`]).
 //! - **generic**: any other op, alone (transpose, slice, concat, gather, pooling, batch norm...).
 //!
+//! A backend may then merge kernels it runs as one step ([`Plan::merged`]; the CPU's depthwise
+//! convolution and the 1x1 convolution after it), before memory is planned.
+//!
 //! Constants belong to no kernel: small splats are inlined by backends and the rest are data.
 //! Only the most recent kernel grows, so kernels run in order without reordering the schedule;
 //! fusion across independent interleaved chains is not attempted.
 
-use cranelift_entity::{PrimaryMap, SecondaryMap, entity_impl};
+use cranelift_entity::{EntityRef, PrimaryMap, SecondaryMap, entity_impl};
 use std::fmt::{self, Write};
 use tcc_ir::edit::Users;
 use tcc_ir::printer::write_name;
@@ -321,6 +324,17 @@ pub fn plan(f: &Function) -> Plan {
         };
         kernel_of[op] = Some(k);
     }
+    with_interfaces(f, kernels, kernel_of, constants)
+}
+
+/// The plan of `kernels` (whose interfaces are empty), each op in kernel `kernel_of[op]`, with
+/// every kernel's inputs and outputs found.
+fn with_interfaces(
+    f: &Function,
+    mut kernels: PrimaryMap<Kernel, KernelData>,
+    kernel_of: SecondaryMap<Op, Option<Kernel>>,
+    constants: Vec<Op>,
+) -> Plan {
     // Interfaces: inputs come from outside the kernel; outputs are needed outside it.
     let mut needed_outside: SecondaryMap<Value, bool> =
         SecondaryMap::with_capacity(f.num_values_created());
@@ -357,6 +371,37 @@ pub fn plan(f: &Function) -> Plan {
         kernels,
         kernel_of,
         constants,
+    }
+}
+
+impl Plan {
+    /// This plan with each kernel of `absorbed` (in plan order) merged into the kernel just
+    /// before it: its ops appended to that kernel's, whose kind is kept. A backend merges kernels it runs as one
+    /// step (the CPU's depthwise convolution and the 1x1 convolution reading its output, band
+    /// by band), so that values passed between them are never stored.
+    pub fn merged(self, f: &Function, absorbed: &[Kernel]) -> Plan {
+        let mut kernels: PrimaryMap<Kernel, KernelData> = PrimaryMap::new();
+        let mut kernel_of: SecondaryMap<Op, Option<Kernel>> =
+            SecondaryMap::with_capacity(f.num_ops_created());
+        for (k, kd) in self.kernels {
+            let into = match kernels.last() {
+                Some(_) if absorbed.binary_search(&k).is_ok() => {
+                    let last = Kernel::new(kernels.len() - 1);
+                    kernels[last].ops.extend(kd.ops.iter().copied());
+                    last
+                }
+                _ => kernels.push(KernelData {
+                    kind: kd.kind,
+                    ops: kd.ops.clone(),
+                    inputs: Vec::new(),
+                    outputs: Vec::new(),
+                }),
+            };
+            for &op in &kd.ops {
+                kernel_of[op] = Some(into);
+            }
+        }
+        with_interfaces(f, kernels, kernel_of, self.constants)
     }
 }
 

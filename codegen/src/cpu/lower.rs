@@ -44,7 +44,7 @@ impl LibOp {
         match self {
             LibOp::MatMul(m) => m.dst,
             LibOp::Conv(c) => *c.dst(),
-            LibOp::Nchwc(c) => c.y,
+            LibOp::Nchwc(c) => c.dst(),
         }
     }
 
@@ -151,16 +151,16 @@ pub(super) fn compile(
     // Constants that library steps packed at compile time and nothing else reads are not
     // materialised again (a transformer's weights would otherwise be held twice).
     let mut packed: HashMap<Value, usize> = HashMap::new();
-    for v in (steps.iter()).filter_map(|(_, s)| match s {
+    for v in (steps.iter()).flat_map(|(_, s)| match s {
         Step::Library {
             op: LibOp::MatMul(m),
             ..
-        } => m.packed(),
+        } => m.packed().into_iter().collect(),
         Step::Library {
             op: LibOp::Nchwc(c),
             ..
         } => c.packed(),
-        _ => None,
+        _ => Vec::new(),
     }) {
         *packed.entry(v).or_default() += 1;
     }
@@ -239,6 +239,29 @@ fn library_step(
         _ => return None,
     };
     if kd.ops.len() == 1 {
+        return Some((lib, None));
+    }
+    // A depthwise convolution fused with the 1x1 convolution that reads its output (the
+    // backend merged their kernels: see `Cpu::fuse`).
+    if let LibOp::Nchwc(dw) = &mut lib
+        && let Some(i) = (kd.ops.iter().skip(1))
+            .position(|&op| matches!(f.op(op).kind, OpKind::Conv2dNchwc { .. }))
+    {
+        let (i, pd) = (i + 1, f.op(kd.ops[i + 1]));
+        let OpKind::Conv2dNchwc { conv: c, block } = &pd.kind else {
+            unreachable!("found as one")
+        };
+        let mid = pd.args[0];
+        let mut pw = NchwcConv::new(f, c, *block, [mid, pd.args[1], pd.results[0]], features)?;
+        (dw.post, dw.y) = Post::of(f, Layout::Blocked, &kd.ops[1..i], r, &[mid])?;
+        (pw.post, pw.y) = Post::of(
+            f,
+            Layout::Blocked,
+            &kd.ops[i + 1..],
+            pd.results[0],
+            &kd.outputs,
+        )?;
+        dw.then = Some(Box::new(pw));
         return Some((lib, None));
     }
     // A blocked convolution applies a bias, scale, residual, clamps and activations itself as

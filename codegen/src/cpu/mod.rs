@@ -126,6 +126,25 @@ impl Backend for Cpu {
         conv::scratch_bytes(f, kd)
     }
 
+    /// Merges each depthwise convolution with the 1x1 convolution that alone reads its output,
+    /// where the pair runs fused ([`conv::fusible`]).
+    fn fuse(&self, f: &Function, plan: Plan) -> Plan {
+        let usable = Features::of(self.target.as_deref()).is_ok_and(|t| t.avx2 && t.fma);
+        if !usable {
+            return plan;
+        }
+        let users = tcc_ir::edit::Users::new(f);
+        let ks: Vec<(Kernel, &KernelData)> = plan.kernels.iter().collect();
+        let absorbed: Vec<Kernel> = (ks.windows(2))
+            .filter(|p| conv::fusible(f, &users, p[0].1, p[1].1))
+            .map(|p| p[1].0)
+            .collect();
+        if absorbed.is_empty() {
+            return plan;
+        }
+        plan.merged(f, &absorbed)
+    }
+
     fn compile(
         &self,
         f: &Function,

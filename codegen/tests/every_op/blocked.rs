@@ -248,3 +248,87 @@ fn channel_blocked_layout() {
         );
     }
 }
+
+/// A depthwise convolution (bias, relu6) whose output only a 1x1 convolution (bias, a
+/// residual) reads runs as one fused step, band by band, where that output passes 1 MiB per
+/// image: at stride 1 into a pair and a single output block, and at stride 2; the backend's
+/// plan merges the two kernels. Below that size, or with a non-constant filter, they stay
+/// apart; the results agree with the interpreter either way.
+#[test]
+fn fused_depthwise_pointwise() {
+    let consts = |n: usize, scale: f32| -> String {
+        let v: Vec<String> = (0..n)
+            .map(|k| format!("{}", ((k * 7 % 13) as f32 - 6.0) * scale))
+            .collect();
+        v.join(", ")
+    };
+    // (input, depthwise attributes, depthwise output, 1x1 output channels, fused)
+    let cases = [
+        (
+            "[2,144,48,48]",
+            "{pads=[1,1,1,1], groups=144, block=8}",
+            [2, 18, 48, 48],
+            24,
+            true,
+        ),
+        (
+            "[1,32,184,183]",
+            "{strides=[2,2], pads=[1,1,1,1], groups=32, block=8}",
+            [1, 4, 92, 92],
+            16,
+            true,
+        ),
+        (
+            "[2,144,24,24]",
+            "{pads=[1,1,1,1], groups=144, block=8}",
+            [2, 18, 24, 24],
+            24,
+            false,
+        ),
+    ];
+    for (i, (x, attrs, [n, cb, oh, ow], o, fused)) in cases.into_iter().enumerate() {
+        let d: Vec<usize> = (x.trim_matches(['[', ']']).split(','))
+            .map(|v| v.parse().unwrap())
+            .collect();
+        let c = d[1];
+        let (xb, mid) = (
+            format!("[{},{},{},{},8]", d[0], c / 8, d[2], d[3]),
+            format!("[{n},{cb},{oh},{ow},8]"),
+        );
+        let y = format!("[{n},{},{oh},{ow},8]", o / 8);
+        let body = format!(
+            "  %xb = to_nchwc %x {{block=8}} : f32{xb}
+  %wd = const {{value=[{}]}} : f32[{c},1,3,3]
+  %bd = const {{value=[{}]}} : f32[1,{cb},1,1,8]
+  %lo = const {{value=0.0}} : f32[]
+  %hi = const {{value=6.0}} : f32[]
+  %d = conv2d_nchwc %xb, %wd {attrs} : f32{mid}
+  %db = add %d, %bd : f32{mid}
+  %d0 = max %db, %lo : f32{mid}
+  %d6 = min %d0, %hi : f32{mid}
+  %wp = const {{value=[{}]}} : f32[{o},{c},1,1]
+  %bp = const {{value=[{}]}} : f32[1,{},1,1,8]
+  %p = conv2d_nchwc %d6, %wp {{block=8}} : f32{y}
+  %pb = add %p, %bp : f32{y}
+  %out = add %pb, %r : f32{y}",
+            consts(c * 9, 1.0 / 8.0),
+            consts(cb * 8, 1.0 / 16.0),
+            consts(o * c, 1.0 / 64.0),
+            consts(o, 1.0 / 32.0),
+            o / 8
+        );
+        let params = format!("%x: f32{x}, %r: f32{y}");
+        case_native(&params, &body, &format!("f32{y}"), 120 + i as u64);
+        // Whether the CPU backend merged the two convolutions' kernels.
+        let src = format!("func @f({params}) -> (f32{y}) {{\n{body}\n  return %out\n}}");
+        let f = tcc_ir::parse_function(&src).unwrap();
+        let p = tcc_codegen::Backend::fuse(&tcc_codegen::Cpu::default(), &f, tcc_codegen::plan(&f));
+        let convs = |kd: &tcc_codegen::KernelData| {
+            (kd.ops.iter())
+                .filter(|&&op| matches!(f.op(op).kind, tcc_ir::OpKind::Conv2dNchwc { .. }))
+                .count()
+        };
+        let merged = p.kernels.values().any(|kd| convs(kd) == 2);
+        assert_eq!(merged, fused, "{src}");
+    }
+}

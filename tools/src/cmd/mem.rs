@@ -127,8 +127,9 @@ fn mem_report(f: &Function, label: &str, top: usize) -> (String, Vec<u64>) {
             b.first
         );
     }
-    let plan = tcc_codegen::plan(f);
-    let m = tcc_codegen::plan_memory(f, &plan, &tcc_codegen::Cpu::default());
+    let cpu = tcc_codegen::Cpu::default();
+    let plan = tcc_codegen::Backend::fuse(&cpu, f, tcc_codegen::plan(f));
+    let m = tcc_codegen::plan_memory(f, &plan, &cpu);
     let _ = writeln!(
         s,
         "  CPU backend: arena {} (live peak {}) plus {} of results, after fusion and in-place reuse",

@@ -13,8 +13,10 @@ pub(crate) struct Args {
 pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
     let (_, m) = io.load(&a.file)?;
     for (i, f) in m.functions.iter().enumerate() {
-        let p = tcc_codegen::plan(f);
-        let mem = tcc_codegen::plan_memory(f, &p, &tcc_codegen::Cpu::default());
+        // As the CPU backend plans it, with the kernels it runs as one step merged.
+        let cpu = tcc_codegen::Cpu::default();
+        let p = tcc_codegen::Backend::fuse(&cpu, f, tcc_codegen::plan(f));
+        let mem = tcc_codegen::plan_memory(f, &p, &cpu);
         let mut text = String::new();
         if i > 0 {
             text.push('\n');

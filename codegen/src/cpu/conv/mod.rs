@@ -10,7 +10,7 @@ mod depthwise;
 mod nchwc;
 mod winograd;
 
-pub(super) use nchwc::NchwcConv;
+pub(super) use nchwc::{NchwcConv, fusible};
 
 use super::lower::Finish;
 use super::matmul::{Mat, gemm};

@@ -8,10 +8,11 @@ use crate::cpu::conv::depthwise::pixels;
 use std::arch::x86_64::*;
 
 impl NchwcConv {
-    /// The depthwise kernel over output rows `rows` of output block `b`.
+    /// The depthwise kernel over output rows `rows` of output block `b`, stored from `out` on
+    /// (output row `rows.start` of the block), rows `ow * 8` floats apart.
     ///
     /// # Safety
-    /// `yimg` holds the image's blocked output.
+    /// `out` holds the block's `rows.len()` output rows.
     pub(super) unsafe fn depthwise(
         &self,
         f: &[[f32; B]],
@@ -27,7 +28,6 @@ impl NchwcConv {
             w,
             kh,
             kw,
-            oh,
             ow,
             sh,
             pl,
@@ -75,7 +75,7 @@ impl NchwcConv {
                 copy(copied, buf);
                 copied += 1;
             }
-            let at = ((b * oh + oy) * ow) * B;
+            let at = (oy - rows.start) * ow * B;
             // SAFETY: the output block's row oy holds ow pixels of eight floats.
             let yrow = Out {
                 y: unsafe { out.y.add(at) },

@@ -22,10 +22,47 @@ impl NchwcConv {
         rows: std::ops::Range<usize>,
         buf: &mut Vec<f32>,
     ) {
+        let Geom { c, h, w, sh, .. } = self.g;
+        let lanes = self.lanes();
+        let padded = self.g.padded || (self.blocked && c % B != 0);
+        // The input blocks (or channels) these groups read: all of them with one convolution
+        // group, their groups' with several.
+        let last = groups[groups.len() - 1];
+        let planes = groups[0].input..last.input + self.g.cg.div_ceil(lanes);
+        let input = if padded {
+            let n = self.copy_band(ximg, rows.clone(), planes.clone(), buf);
+            Band {
+                src: &buf[..],
+                plane: n.0,
+                row: n.1,
+                first: planes.start,
+            }
+        } else {
+            let at = rows.start * sh * w * lanes;
+            Band {
+                src: &ximg[at..],
+                plane: h * w * lanes,
+                row: w * lanes,
+                first: 0,
+            }
+        };
+        // SAFETY: the caller's contract.
+        unsafe { self.direct_band(groups, data, input, out, rows) }
+    }
+
+    /// The direct kernel over output rows `rows` for the blocks of `groups`, reading `input`.
+    ///
+    /// # Safety
+    /// `out` holds the image's blocked output; `input` holds every tap of the rows' pixels.
+    pub(super) unsafe fn direct_band(
+        &self,
+        groups: &[Group],
+        data: &[f32],
+        input: Band,
+        out: Out,
+        rows: std::ops::Range<usize>,
+    ) {
         let Geom {
-            c,
-            h,
-            w,
             o,
             kh,
             kw,
@@ -38,21 +75,12 @@ impl NchwcConv {
             ..
         } = self.g;
         let lanes = self.lanes();
-        let padded = self.g.padded || (self.blocked && c % B != 0);
-        // The input blocks (or channels) these groups read: all of them with one convolution
-        // group, their groups' with several.
-        let last = groups[groups.len() - 1];
-        let planes = groups[0].input..last.input + self.g.cg.div_ceil(lanes);
-        // The input the kernel reads: `src` with `plane` floats between blocks (or channels),
-        // `row` floats between rows, row 0 being the padded row of output row `rows.start`,
-        // plane 0 being input block `first`.
-        let (src, plane, row, first): (&[f32], usize, usize, usize) = if padded {
-            let n = self.copy_band(ximg, rows.clone(), planes.clone(), buf);
-            (&buf[..], n.0, n.1, planes.start)
-        } else {
-            let at = rows.start * sh * w * lanes;
-            (&ximg[at..], h * w * lanes, w * lanes, 0)
-        };
+        let Band {
+            src,
+            plane,
+            row,
+            first,
+        } = input;
         let taps: Vec<usize> = (0..self.taps())
             .map(|t| {
                 let (blk, tap) = (t / (kh * kw), t % (kh * kw));
@@ -108,6 +136,17 @@ impl NchwcConv {
             }
         }
     }
+}
+
+/// The input the direct kernel reads: `src` with `plane` floats between blocks (or plain
+/// channels) and `row` floats between rows, its row 0 being the (padded) input row of the
+/// first output row computed and its plane 0 input block (or channel) `first`.
+#[derive(Clone, Copy)]
+pub(super) struct Band<'a> {
+    pub src: &'a [f32],
+    pub plane: usize,
+    pub row: usize,
+    pub first: usize,
 }
 
 /// A tile's shape: `n` valid pixels, the first of its blocks (`block`, within the image) and

@@ -40,6 +40,9 @@
 
 mod depthwise;
 mod direct;
+mod fused;
+
+pub(in crate::cpu) use fused::fusible;
 
 use direct::tile_pixels;
 
@@ -76,6 +79,9 @@ pub(in crate::cpu) struct NchwcConv {
     winograd: Option<Box<Winograd>>,
     /// The epilogue applied as the output is stored (bias, residual, clamps).
     pub post: Post,
+    /// The 1x1 convolution that reads this depthwise step's output band by band, fused with
+    /// it (see `fused.rs`); its output is the step's.
+    pub then: Option<Box<NchwcConv>>,
 }
 
 /// A convolution's sizes: the plain dims of the input `[n, c, h, w]`, of the filter
@@ -190,6 +196,7 @@ impl NchwcConv {
             packed: None,
             winograd: None,
             post: Post::default(),
+            then: None,
         };
         if let Some(t) = crate::cpu::lower::f32_constant(f, w) {
             let w = t.as_f32().expect("an f32 constant");
@@ -225,10 +232,19 @@ impl NchwcConv {
         })
     }
 
-    /// The constant filter this step packed (or transformed) at compile time and no longer
-    /// reads, if any.
-    pub(in crate::cpu) fn packed(&self) -> Option<Value> {
-        (self.packed.is_some() || self.winograd.is_some()).then_some(self.w)
+    /// The constant filters this step (and a fused 1x1 convolution) packed or transformed at
+    /// compile time and no longer read.
+    pub(in crate::cpu) fn packed(&self) -> Vec<Value> {
+        let mut v: Vec<Value> = (self.then.iter()).flat_map(|t| t.packed()).collect();
+        if self.packed.is_some() || self.winograd.is_some() {
+            v.push(self.w);
+        }
+        v
+    }
+
+    /// The value the step writes: its output, or its fused 1x1 convolution's.
+    pub(in crate::cpu) fn dst(&self) -> Value {
+        self.then.as_ref().map_or(self.y, |t| t.y)
     }
 
     /// Lanes of the input per step of the direct kernel: a blocked input's eight channels of a
@@ -323,6 +339,9 @@ impl NchwcConv {
 
     /// Runs the step, telling `finish` of each piece of the output once it is final.
     pub(in crate::cpu) fn run(&self, addr: &dyn Fn(Value) -> *mut u8, finish: Finish) {
+        if let Some(pw) = &self.then {
+            return self.run_fused(pw, addr, finish);
+        }
         if let Some(wg) = &self.winograd {
             let mut ptrs = Vec::new();
             let post = self.post.bind(addr, &mut ptrs);
@@ -559,6 +578,12 @@ impl NchwcConv {
                 }
                 Filter::Depthwise(f) => {
                     for b in units {
+                        let at = (b * oh + rows.start) * ow * B;
+                        let out = Out {
+                            y: out.y.add(at),
+                            at: out.at + at,
+                            post: out.post,
+                        };
                         self.depthwise(f, b, ximg, out, rows.clone(), buf)
                     }
                 }
