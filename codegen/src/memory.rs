@@ -12,6 +12,8 @@
 //!   placed slot with an intersecting lifetime (TFLite's "greedy by size"). Offsets are 64-byte
 //!   aligned. `arena_bytes` is the resulting peak; `live_peak_bytes` is the lower bound any
 //!   placement must reach (the most bytes live at one kernel).
+//! - Concatenations in place: an operand that a batch-1 concatenation reads last is written by
+//!   its kernel straight into its place in the concatenation's slot ([`in_place_concats`]).
 //! - Scratch: a kernel that needs working space while it runs (the backend says how much,
 //!   [`Backend::scratch_bytes`]) gets a slot live during that kernel only.
 
@@ -139,17 +141,42 @@ pub fn plan_memory<B: Backend + ?Sized>(f: &Function, plan: &Plan, backend: &B) 
             last_use[x] = n_kernels;
         }
     }
+    let within = in_place_concats(f, plan, &root, &last_use, &storage);
     // Pass 2: slots. An elementwise kernel writes an output over an input slot when it is the
-    // last reader of the value there and the two have the same size and element size.
+    // last reader of the value there and the two have the same size and element size. A value
+    // written in place into a concatenation has no slot of its own: the concatenation's slot
+    // is created when the first such operand is, and no kernel writes over it in place.
     let mut slot_of: SecondaryMap<Value, Option<usize>> =
         SecondaryMap::with_capacity(f.num_values_created());
     let mut slots: Vec<Slot> = Vec::new();
+    let mut hosting: Vec<bool> = Vec::new();
     for (ki, (_, kd)) in plan.kernels.iter().enumerate() {
         if kd.kind == KernelKind::View {
             continue;
         }
         for &o in &kd.outputs {
             let ty = f.ty(o);
+            if let Some((cat, _)) = within[o] {
+                if slot_of[cat].is_none() {
+                    slots.push(Slot {
+                        values: Vec::new(),
+                        size: align(f.ty(cat).size_bytes()),
+                        first: ki,
+                        last: last_use[cat],
+                        offset: 0,
+                        scratch_for: None,
+                        output: None,
+                    });
+                    hosting.push(true);
+                    slot_of[cat] = Some(slots.len() - 1);
+                }
+                continue;
+            }
+            if let Some(s) = slot_of[o] {
+                // A concatenation whose operands were placed in its slot first.
+                slots[s].values.push(o);
+                continue;
+            }
             let reuse = if kd.kind == KernelKind::Elementwise {
                 kd.inputs.iter().find_map(|&a| {
                     let r = root[a]?;
@@ -158,7 +185,7 @@ pub fn plan_memory<B: Backend + ?Sized>(f: &Function, plan: &Plan, backend: &B) 
                     let fits = ta.size_bytes() == ty.size_bytes()
                         && ta.dtype().size_bytes() == ty.dtype().size_bytes();
                     let holds_r = slots[s].values.last() == Some(&r);
-                    (last_use[r] == ki && fits && holds_r).then_some(s)
+                    (last_use[r] == ki && fits && holds_r && !hosting[s]).then_some(s)
                 })
             } else {
                 None
@@ -180,6 +207,7 @@ pub fn plan_memory<B: Backend + ?Sized>(f: &Function, plan: &Plan, backend: &B) 
                         scratch_for: None,
                         output: None,
                     });
+                    hosting.push(false);
                     slots.len() - 1
                 }
             };
@@ -240,6 +268,14 @@ pub fn plan_memory<B: Backend + ?Sized>(f: &Function, plan: &Plan, backend: &B) 
             storage[v] = s.output.map_or(Storage::Arena(s.offset), Storage::Output);
         }
     }
+    // Operands written in place into a concatenation lie at their offset in its slot.
+    for v in within.keys() {
+        if let Some((cat, at)) = within[v]
+            && let Storage::Arena(base) = storage[cat]
+        {
+            storage[v] = Storage::Arena(base + at);
+        }
+    }
     // Views of arena values share their source's offset.
     for (_, kd) in plan.kernels.iter() {
         if kd.kind == KernelKind::View {
@@ -270,6 +306,60 @@ pub fn plan_memory<B: Backend + ?Sized>(f: &Function, plan: &Plan, backend: &B) 
         param_bytes,
         const_bytes,
     }
+}
+
+/// The operands that kernels write in place into a concatenation's storage, each with the
+/// concatenation and its byte offset there: the concatenation is a kernel of its own whose
+/// result is not returned and is one contiguous run per operand (every axis before the
+/// concatenated one of size 1, as a batch-1 concatenation along the channels); the operand is
+/// stored by a kernel of its own (not a parameter, constant, view or another such
+/// concatenation), appears once, is read last by the concatenation, and starts at an offset
+/// the arena's alignment divides. Its writer then stores it in place and the concatenation
+/// copies nothing for it (Inception's and SqueezeNet's branches, ShuffleNet's halves).
+fn in_place_concats(
+    f: &Function,
+    plan: &Plan,
+    root: &SecondaryMap<Value, Option<Value>>,
+    last_use: &SecondaryMap<Value, usize>,
+    storage: &SecondaryMap<Value, Storage>,
+) -> SecondaryMap<Value, Option<(Value, u64)>> {
+    let mut within: SecondaryMap<Value, Option<(Value, u64)>> =
+        SecondaryMap::with_capacity(f.num_values_created());
+    // Concatenations with operands placed in them.
+    let mut hosts: SecondaryMap<Value, bool> = SecondaryMap::with_capacity(f.num_values_created());
+    for (ki, (_, kd)) in plan.kernels.iter().enumerate() {
+        let [op] = kd.ops[..] else { continue };
+        let d = f.op(op);
+        let OpKind::Concat { axis } = d.kind else {
+            continue;
+        };
+        let r = d.results[0];
+        let dims = f.ty(r).dims();
+        let a = if axis < 0 {
+            axis + dims.len() as i64
+        } else {
+            axis
+        } as usize;
+        if kd.kind != KernelKind::Generic
+            || !kd.outputs.contains(&r)
+            || last_use[r] >= plan.kernels.len()
+            || dims[..a.min(dims.len())].iter().product::<u64>() != 1
+        {
+            continue;
+        }
+        let mut at = 0;
+        for &v in &d.args {
+            let bytes = f.ty(v).size_bytes();
+            let own = root[v] == Some(v) && matches!(storage[v], Storage::None);
+            let once = d.args.iter().filter(|&&x| x == v).count() == 1;
+            if own && once && bytes > 0 && last_use[v] == ki && at % ALIGN == 0 && !hosts[v] {
+                within[v] = Some((r, at));
+                hosts[r] = true;
+            }
+            at += bytes;
+        }
+    }
+    within
 }
 
 /// Writes a memory plan as text: the totals, then one line per slot.

@@ -244,3 +244,90 @@ fn model_ops_run_natively() {
         );
     }
 }
+
+/// A batch-1 concatenation whose operands it reads last finds them at their places in its
+/// result: their kernels (elementwise, a blocked convolution) wrote them there, and the memory
+/// plan says so. Operands read again later, parameters, repeated operands, a batch of two and
+/// offsets the arena's alignment does not divide are copied as before, and so is a returned
+/// result's; the results agree with the interpreter either way.
+#[test]
+fn concatenation_in_place() {
+    // (parameters, body, result type, operands placed in the result)
+    let cases = [
+        // Two branches into one result, along the channels.
+        (
+            "%x: f32[1,16,6,6]",
+            "  %a = relu %x : f32[1,16,6,6]\n  %b = neg %x : f32[1,16,6,6]\n  %j = concat %a, %b {axis=1} : f32[1,32,6,6]\n  %out = sigmoid %j : f32[1,32,6,6]",
+            "f32[1,32,6,6]",
+            &["a", "b"][..],
+        ),
+        // A parameter operand, an operand read after the concatenation, a repeated operand.
+        (
+            "%x: f32[1,16,4,4]",
+            "  %a = exp %x : f32[1,16,4,4]\n  %b = tanh %x : f32[1,16,4,4]\n  %c = concat %x, %a, %b, %b {axis=1} : f32[1,64,4,4]\n  %d = reshape %c {shape=[1,16,16,4]} : f32[1,16,16,4]\n  %e = reshape %a {shape=[1,16,4,4]} : f32[1,16,4,4]\n  %s = reduce_sum %e {axes=[1,2,3], keepdims=true} : f32[1,1,1,1]\n  %out = mul %d, %s : f32[1,16,16,4]",
+            "f32[1,16,16,4]",
+            &[][..],
+        ),
+        // A batch of two: each operand is two runs of the result; copied.
+        (
+            "%x: f32[2,16,4,4]",
+            "  %a = relu %x : f32[2,16,4,4]\n  %b = neg %x : f32[2,16,4,4]\n  %j = concat %a, %b {axis=1} : f32[2,32,4,4]\n  %out = sigmoid %j : f32[2,32,4,4]",
+            "f32[2,32,4,4]",
+            &[][..],
+        ),
+        // Operands at bytes 0, 3 * 9 * 4 = 108 (not a multiple of 64: copied), 108 + 13 * 36 =
+        // 576 and 1044 (copied).
+        (
+            "%x: f32[1,3,3,3], %y: f32[1,13,3,3]",
+            "  %a = relu %x : f32[1,3,3,3]\n  %b = neg %y : f32[1,13,3,3]\n  %c = exp %y : f32[1,13,3,3]\n  %d = tanh %x : f32[1,3,3,3]\n  %j = concat %a, %b, %c, %d {axis=1} : f32[1,32,3,3]\n  %out = sigmoid %j : f32[1,32,3,3]",
+            "f32[1,32,3,3]",
+            &["a", "c"][..],
+        ),
+        // Blocked: a convolution's output and an elementwise one, each whole blocks.
+        (
+            "%x: f32[1,8,5,5], %w: f32[16,8,3,3]",
+            "  %xb = to_nchwc %x {block=8} : f32[1,1,5,5,8]\n  %c = conv2d_nchwc %xb, %w {pads=[1,1,1,1], block=8} : f32[1,2,5,5,8]\n  %r = relu %xb : f32[1,1,5,5,8]\n  %j = concat %c, %r {axis=1} : f32[1,3,5,5,8]\n  %out = from_nchwc %j {channels=24} : f32[1,24,5,5]",
+            "f32[1,24,5,5]",
+            &["c", "r"][..],
+        ),
+    ];
+    for (i, (params, body, ty, placed)) in cases.into_iter().enumerate() {
+        case_native(params, body, ty, 140 + i as u64);
+        let src = format!("func @f({params}) -> ({ty}) {{\n{body}\n  return %out\n}}");
+        let f = tcc_ir::parse_function(&src).unwrap();
+        let p = tcc_codegen::plan(&f);
+        let m = tcc_codegen::plan_memory(&f, &p, &tcc_codegen::Cpu::default());
+        let value = |name: &str| {
+            (f.schedule().iter())
+                .flat_map(|&op| f.op(op).results.iter().copied())
+                .find(|&v| f.name(v) == name)
+                .unwrap()
+        };
+        // Each concatenation's operands that lie inside its result's bytes.
+        let mut inside = Vec::new();
+        for &op in f.schedule() {
+            if !matches!(f.op(op).kind, tcc_ir::OpKind::Concat { .. }) {
+                continue;
+            }
+            let r = f.op(op).results[0];
+            let tcc_codegen::Storage::Arena(base) = m.storage[r] else {
+                continue;
+            };
+            let mut at = base;
+            for &a in &f.op(op).args {
+                if m.storage[a] == tcc_codegen::Storage::Arena(at) {
+                    inside.push(f.name(a).to_string());
+                }
+                at += f.ty(a).size_bytes();
+            }
+        }
+        let want: Vec<String> = placed.iter().map(|s| s.to_string()).collect();
+        assert_eq!(inside, want, "{src}");
+        for name in placed {
+            assert!(matches!(
+                m.storage[value(name)],
+                tcc_codegen::Storage::Arena(_)
+            ));
+        }
+    }
+}
