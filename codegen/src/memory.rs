@@ -156,7 +156,11 @@ pub fn plan_memory<B: Backend + ?Sized>(f: &Function, plan: &Plan, backend: &B) 
         }
         for &o in &kd.outputs {
             let ty = f.ty(o);
-            if let Some((cat, _)) = within[o] {
+            if let Some((mut cat, _)) = within[o] {
+                // The outermost concatenation: one placed in another lies in its slot too.
+                while let Some((up, _)) = within[cat] {
+                    cat = up;
+                }
                 if slot_of[cat].is_none() {
                     slots.push(Slot {
                         values: Vec::new(),
@@ -269,8 +273,13 @@ pub fn plan_memory<B: Backend + ?Sized>(f: &Function, plan: &Plan, backend: &B) 
         }
     }
     // Operands written in place into a concatenation lie at their offset in its slot.
+    // (A concatenation placed in another lies at its own offset there.)
     for v in within.keys() {
-        if let Some((cat, at)) = within[v]
+        let (mut cat, mut at) = (v, 0);
+        while let Some((up, off)) = within[cat] {
+            (cat, at) = (up, at + off);
+        }
+        if cat != v
             && let Storage::Arena(base) = storage[cat]
         {
             storage[v] = Storage::Arena(base + at);
@@ -312,10 +321,13 @@ pub fn plan_memory<B: Backend + ?Sized>(f: &Function, plan: &Plan, backend: &B) 
 /// concatenation and its byte offset there: the concatenation is a kernel of its own whose
 /// result is not returned and is one contiguous run per operand (every axis before the
 /// concatenated one of size 1, as a batch-1 concatenation along the channels); the operand is
-/// stored by a kernel of its own (not a parameter, constant, view or another such
-/// concatenation), appears once, is read last by the concatenation, and starts at an offset
-/// the arena's alignment divides. Its writer then stores it in place and the concatenation
-/// copies nothing for it (Inception's and SqueezeNet's branches, ShuffleNet's halves).
+/// stored by a kernel of its own (not a parameter, constant or view), appears once, is read
+/// last by the concatenation, and starts at an offset the arena's alignment divides. Its
+/// writer then stores it in place and the concatenation copies nothing for it (Inception's and
+/// SqueezeNet's branches, ShuffleNet's halves). An operand may itself be a concatenation with
+/// operands placed in it: a DenseNet block's chain of concatenations, each extending the one
+/// before (as `canonicalize` writes them), is then one slot in which every feature map is
+/// written once.
 fn in_place_concats(
     f: &Function,
     plan: &Plan,
@@ -325,8 +337,6 @@ fn in_place_concats(
 ) -> SecondaryMap<Value, Option<(Value, u64)>> {
     let mut within: SecondaryMap<Value, Option<(Value, u64)>> =
         SecondaryMap::with_capacity(f.num_values_created());
-    // Concatenations with operands placed in them.
-    let mut hosts: SecondaryMap<Value, bool> = SecondaryMap::with_capacity(f.num_values_created());
     for (ki, (_, kd)) in plan.kernels.iter().enumerate() {
         let [op] = kd.ops[..] else { continue };
         let d = f.op(op);
@@ -352,9 +362,8 @@ fn in_place_concats(
             let bytes = f.ty(v).size_bytes();
             let own = root[v] == Some(v) && matches!(storage[v], Storage::None);
             let once = d.args.iter().filter(|&&x| x == v).count() == 1;
-            if own && once && bytes > 0 && last_use[v] == ki && at % ALIGN == 0 && !hosts[v] {
+            if own && once && bytes > 0 && last_use[v] == ki && at % ALIGN == 0 {
                 within[v] = Some((r, at));
-                hosts[r] = true;
             }
             at += bytes;
         }

@@ -283,6 +283,14 @@ fn concatenation_in_place() {
             "f32[1,32,3,3]",
             &["a", "c"][..],
         ),
+        // A chain, each concatenation extending the one before (as `canonicalize` writes a
+        // DenseNet block's): every operand lies in the last one's slot.
+        (
+            "%x: f32[1,16,4,4]",
+            "  %a = relu %x : f32[1,16,4,4]\n  %b = neg %x : f32[1,16,4,4]\n  %c1 = concat %a, %b {axis=1} : f32[1,32,4,4]\n  %m = reduce_mean %c1 {axes=[1], keepdims=true} : f32[1,1,4,4]\n  %d = broadcast_to %m {shape=[1,16,4,4]} : f32[1,16,4,4]\n  %e = exp %d : f32[1,16,4,4]\n  %c2 = concat %c1, %e {axis=1} : f32[1,48,4,4]\n  %out = sigmoid %c2 : f32[1,48,4,4]",
+            "f32[1,48,4,4]",
+            &["a", "b", "c1", "e"][..],
+        ),
         // Blocked: a convolution's output and an elementwise one, each whole blocks.
         (
             "%x: f32[1,8,5,5], %w: f32[16,8,3,3]",

@@ -8,7 +8,9 @@
 //!   type (zeros' signs are not significant: `-0.0 + 0.0` folds to `-0.0`);
 //! - `neg(neg x)`, `identity x`, and `reshape`, `transpose`, `broadcast_to` and `cast` that change
 //!   nothing become `x`; a `transpose` that moves only axes of size 1 becomes a `reshape`;
-//! - `transpose(transpose x)` becomes one transpose, `reshape(reshape x)` one reshape.
+//! - `transpose(transpose x)` becomes one transpose, `reshape(reshape x)` one reshape;
+//! - a concatenation whose leading operands an earlier one joins already concatenates that one
+//!   and the rest (a DenseNet block's concatenations become a chain).
 //!
 //! Replaced ops and anything left dead are removed (the pass ends with [`crate::dce`]).
 //! It does not reorder ops or fold reductions, matmuls or convolutions.
@@ -142,9 +144,65 @@ fn rewrite(f: &Function, op: Op, limit: u64) -> Rewrite {
     }
 }
 
+/// Rewrites each concatenation whose leading operands another, earlier concatenation along the
+/// same axis joins already into a concatenation of that one and the rest:
+/// `concat(a, b, c)` after `ab = concat(a, b)` becomes `concat(ab, c)`, choosing the longest
+/// such prefix (operands that are themselves concatenations along the axis count as their
+/// operands). Exact (it moves the same elements). A DenseNet block concatenates every earlier
+/// feature map again in each layer; as a chain, each concatenation extends the one before,
+/// and the backend can place each in the next (see `tcc_codegen`'s memory plan). Returns how
+/// many concatenations were rewritten.
+fn share_concat_prefixes(f: &mut Function) -> usize {
+    use std::collections::HashMap;
+    // The concatenations seen, by axis and first operand, and each one's operands with those
+    // that are concatenations along the same axis replaced by theirs.
+    let mut seen: HashMap<(usize, Value), Vec<Value>> = HashMap::new();
+    let mut flat_of: HashMap<(Value, usize), Vec<Value>> = HashMap::new();
+    let mut changed = 0;
+    for op in f.schedule().to_vec() {
+        let d = f.op(op);
+        let OpKind::Concat { axis } = d.kind else {
+            continue;
+        };
+        if !d.deps.is_empty() {
+            continue;
+        }
+        let rank = f.ty(d.results[0]).rank() as i64;
+        let axis = (if axis < 0 { axis + rank } else { axis }) as usize;
+        let r = d.results[0];
+        let flat: Vec<Value> = (d.args.iter())
+            .flat_map(|&a| flat_of.get(&(a, axis)).cloned().unwrap_or_else(|| vec![a]))
+            .collect();
+        let prefix = |c: &Value| &flat_of[&(*c, axis)];
+        // The most recent candidates only (a DenseNet layer's concatenation extends the one
+        // just before), so that thousands sharing a first operand stay linear.
+        let best = seen.get(&(axis, flat[0])).and_then(|cs| {
+            (cs.iter().rev().take(64))
+                .filter(|c| {
+                    let p = prefix(c);
+                    p.len() >= 2 && p.len() < flat.len() && flat.starts_with(p)
+                })
+                .max_by_key(|c| prefix(c).len())
+        });
+        if let Some(&a) = best {
+            let n = prefix(&a).len();
+            let args: Vec<Value> = std::iter::once(a)
+                .chain(flat[n..].iter().copied())
+                .collect();
+            if args != d.args {
+                f.op_mut(op).args = args;
+                changed += 1;
+            }
+        }
+        seen.entry((axis, flat[0])).or_default().push(r);
+        flat_of.insert((r, axis), flat);
+    }
+    changed
+}
+
 /// Canonicalizes `f`; returns how many rewrites were applied.
 pub fn canonicalize(f: &mut Function, fold_limit: u64) -> usize {
-    let mut total = 0;
+    let mut total = share_concat_prefixes(f);
     for _round in 0..8 {
         let mut subst: SecondaryMap<Value, Option<Value>> =
             SecondaryMap::with_capacity(f.num_values_created());
