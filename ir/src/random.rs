@@ -259,7 +259,13 @@ impl Gen {
             }
             11 if r >= 1 => {
                 let axis = self.rng.below(r as u64) as i64;
-                self.b.op1(OpKind::Concat { axis }, &[x, x])
+                // Two different operands half the time (a join of two branches), else `x`
+                // twice.
+                let y = (self.floats.iter().copied().rev().take(16))
+                    .find(|&y| y != x && self.ty(y) == t)
+                    .filter(|_| self.rng.chance(0.5))
+                    .unwrap_or(x);
+                self.b.op1(OpKind::Concat { axis }, &[x, y])
             }
             12 if r >= 1 => {
                 let mut starts = Vec::new();
