@@ -7,7 +7,10 @@ MODEL_input.npy beside the model is the input (benches/onnx.rs writes one per mo
 alternate the two runtimes and keep each layer's smallest time, since the machines these run
 on drift by tens of percent over minutes. Layers are matched by the node path both keep
 (`/features/features.3/conv/conv.1`): onnxruntime names a fused node by its last op's output,
-tcc a step by its first value. onnxruntime's time of a node is its median over the runs, tcc's
+tcc a step by its first value; a fused node named after a batch norm's or an activation's
+output counts for the convolution that starts its chain in the file. A step of tcc's that fused
+two layers (`conv2d_nchwc {...} + conv2d_nchwc`: a depthwise layer and the 1x1 after it)
+counts under the first; the second then shows onnxruntime's time alone. onnxruntime's time of a node is its median over the runs, tcc's
 the mean after its warm-up runs (`tcc bench --profile`). Printed largest difference first; a layer only one side
 lists shows 0 on the other (ops that side fused away or names differently).
 """
@@ -24,6 +27,24 @@ def key(name):
     # `conv.0.0` (the convolution) and `conv.0.2` (its activation) are one layer, and so are
     # `branch1/conv` and a functional relu after it (`branch1/Relu`), as GoogLeNet's are.
     return re.sub(r"/conv$", "", re.sub(r"(\.\d+)\.\d+$", r"\1", k))
+
+
+def chain_roots(path):
+    """Tensor name -> the output of the convolution (or matmul) whose chain of batch norms and
+    activations produced it, so that onnxruntime's fused nodes, named after their last op's
+    output (`/stage2/.../branch2.2/Relu_output_0_nchwc` for a Conv, BatchNormalization and Relu
+    kept apart in the file), find the layer tcc names after its first value."""
+    import onnx
+    graph = onnx.load(path, load_external_data=False).graph
+    producer = {o: n for n in graph.node for o in n.output}
+    chain_ops = {"BatchNormalization", "Relu", "Clip", "LeakyRelu", "HardSigmoid", "HardSwish"}
+    roots = {}
+    for t, n in producer.items():
+        while n.op_type in chain_ops and n.input and n.input[0] in producer:
+            n = producer[n.input[0]]
+        if n.op_type in ("Conv", "MatMul", "Gemm"):
+            roots[t] = n.output[0]
+    return roots
 
 
 def ort_layers(path, x, threads, runs):
@@ -45,9 +66,11 @@ def ort_layers(path, x, threads, runs):
     for e in events:
         if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
             runs_of[e["name"][: -len("_kernel_time")]].append(e["dur"] / 1000)
+    roots = chain_roots(path)
     per = collections.defaultdict(float)
     for node, ms in runs_of.items():
-        per[key(node)] += float(np.median(ms))
+        tensor = node[: -len("_nchwc")] if node.endswith("_nchwc") else node
+        per[key(roots.get(tensor, node))] += float(np.median(ms))
     return per
 
 
