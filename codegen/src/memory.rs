@@ -345,15 +345,13 @@ fn in_place_concats(
         };
         let r = d.results[0];
         let dims = f.ty(r).dims();
-        let a = if axis < 0 {
-            axis + dims.len() as i64
-        } else {
-            axis
-        } as usize;
+        let Some(a) = tcc_ir::ops::normalize_axis(axis, dims.len()) else {
+            continue;
+        };
         if kd.kind != KernelKind::Generic
             || !kd.outputs.contains(&r)
             || last_use[r] >= plan.kernels.len()
-            || dims[..a.min(dims.len())].iter().product::<u64>() != 1
+            || dims[..a].iter().product::<u64>() != 1
         {
             continue;
         }

@@ -167,8 +167,9 @@ fn share_concat_prefixes(f: &mut Function) -> usize {
         if !d.deps.is_empty() {
             continue;
         }
-        let rank = f.ty(d.results[0]).rank() as i64;
-        let axis = (if axis < 0 { axis + rank } else { axis }) as usize;
+        let Some(axis) = tcc_ir::ops::normalize_axis(axis, f.ty(d.results[0]).rank()) else {
+            continue;
+        };
         let r = d.results[0];
         let flat: Vec<Value> = (d.args.iter())
             .flat_map(|&a| flat_of.get(&(a, axis)).cloned().unwrap_or_else(|| vec![a]))

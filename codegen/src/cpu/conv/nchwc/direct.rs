@@ -30,13 +30,7 @@ impl NchwcConv {
         let last = groups[groups.len() - 1];
         let planes = groups[0].input..last.input + self.g.cg.div_ceil(lanes);
         let input = if padded {
-            let n = self.copy_band(ximg, rows.clone(), planes.clone(), buf);
-            Band {
-                src: &buf[..],
-                plane: n.0,
-                row: n.1,
-                first: planes.start,
-            }
+            self.copy_band(ximg, rows.clone(), planes, buf)
         } else {
             let at = rows.start * sh * w * lanes;
             Band {

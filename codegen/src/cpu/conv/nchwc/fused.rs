@@ -10,7 +10,7 @@
 //! only layers whose depthwise output per image passes [`FUSE_BYTES`] are fused.
 
 use super::direct::Band;
-use super::{B, BUFFER, Filter, NchwcConv, Out};
+use super::{B, BUFFER, Filter, NchwcConv, Out, pieces_wanted};
 use crate::cpu::conv::{Finish, SendPtr};
 use crate::cpu::post::{Layout, Post, PostOp};
 use crate::plan::KernelData;
@@ -116,8 +116,7 @@ impl NchwcConv {
         }
         let (cb, ob) = (c / B, pw.g.o.div_ceil(B));
         // Bands as tall as L2 allows, and short enough for four pieces of work per thread.
-        let threads = crate::cpu::pool::threads();
-        let want = if threads > 1 { 4 * threads } else { 1 };
+        let want = pieces_wanted(crate::cpu::pool::threads());
         let cache = (BAND_BYTES / (cb * ow * B * 4)).max(1);
         let band = oh.div_ceil(want.div_ceil(n)).min(cache);
         let bands = oh.div_ceil(band);
@@ -161,16 +160,9 @@ impl NchwcConv {
                 })
             });
             if let Some(finish) = finish {
-                for b in 0..ob {
-                    let at = (img * ob + b) * oh * ow * B;
-                    finish(at + rows.start * ow * B..at + rows.end * ow * B);
-                }
+                pw.g.report(finish, img, 0..ob, &rows);
             }
         };
-        if n * bands == 1 {
-            one(0);
-        } else {
-            crate::cpu::pool::for_each(n * bands, &one);
-        }
+        crate::cpu::pool::for_each(n * bands, &one);
     }
 }

@@ -44,7 +44,7 @@ mod fused;
 
 pub(in crate::cpu) use fused::fusible;
 
-use direct::tile_pixels;
+use direct::{Band, tile_pixels};
 
 use super::winograd::{Shape, Winograd};
 use super::{Finish, SendPtr};
@@ -110,6 +110,29 @@ struct Geom {
     pt: usize,
     pl: usize,
     padded: bool,
+}
+
+impl Geom {
+    /// Tells `finish` that output rows `rows` of `blocks` of image `img` are final.
+    fn report(
+        &self,
+        finish: &(dyn Fn(std::ops::Range<usize>) + Sync),
+        img: usize,
+        blocks: std::ops::Range<usize>,
+        rows: &std::ops::Range<usize>,
+    ) {
+        let (ob, plane) = (self.o.div_ceil(B), self.oh * self.ow * B);
+        for b in blocks {
+            let at = (img * ob + b) * plane;
+            finish(at + rows.start * self.ow * B..at + rows.end * self.ow * B);
+        }
+    }
+}
+
+/// Pieces of work to cut a step into for `threads` threads: about four per thread, so that
+/// threads that finish early take more; one piece for one thread.
+fn pieces_wanted(threads: usize) -> usize {
+    if threads > 1 { 4 * threads } else { 1 }
 }
 
 /// A filter laid out for the kernels.
@@ -390,7 +413,6 @@ impl NchwcConv {
         };
         let (band, splits) = self.split(crate::cpu::pool::threads(), units);
         let bands = oh.div_ceil(band);
-        let items = n * bands * splits;
         let one = |i: usize| {
             let (img, rest) = (i / (bands * splits), i % (bands * splits));
             let (bi, si) = (rest / splits, rest % splits);
@@ -421,17 +443,10 @@ impl NchwcConv {
                     }
                     Filter::Depthwise(_) => units,
                 };
-                for b in blocks {
-                    let plane = (img * ob + b) * oh * ow * B;
-                    finish(plane + rows.start * ow * B..plane + rows.end * ow * B);
-                }
+                self.g.report(finish, img, blocks, &rows);
             }
         };
-        if items == 1 {
-            one(0);
-        } else {
-            crate::cpu::pool::for_each(items, &one);
-        }
+        crate::cpu::pool::for_each(n * bands * splits, &one);
     }
 
     /// How the work is cut for `threads` threads: output rows per band, and how many ranges
@@ -459,7 +474,7 @@ impl NchwcConv {
             ow,
             ..
         } = self.g;
-        let want = if threads > 1 { 4 * threads } else { 1 };
+        let want = pieces_wanted(threads);
         let cache = self.band_rows();
         if self.depthwise {
             // The filter is tiny: bands only, as many as make `want` pieces with the blocks.
@@ -593,15 +608,15 @@ impl NchwcConv {
 
     /// Copies the input rows that output rows `rows` read, zero-padded, into `buf`: per input
     /// block (or plain channel) of `planes` the band's rows of `cols` columns, each column
-    /// `lanes()` floats; lanes past the last channel are zero. Returns the floats between blocks
-    /// and between rows.
-    fn copy_band(
+    /// `lanes()` floats; lanes past the last channel are zero. Returns the band the direct kernel
+    /// reads.
+    fn copy_band<'b>(
         &self,
         ximg: &[f32],
         rows: std::ops::Range<usize>,
         planes: std::ops::Range<usize>,
-        buf: &mut Vec<f32>,
-    ) -> (usize, usize) {
+        buf: &'b mut Vec<f32>,
+    ) -> Band<'b> {
         let Geom {
             c,
             h,
@@ -639,7 +654,12 @@ impl NchwcConv {
                 px[c % B..].fill(0.0);
             }
         }
-        (plane, row)
+        Band {
+            src: &buf[..],
+            plane,
+            row,
+            first: planes.start,
+        }
     }
 }
 
