@@ -11,6 +11,7 @@ pub mod analysis;
 pub mod canonicalize;
 pub mod cse;
 pub mod dce;
+pub mod eqsat;
 pub mod grad;
 pub mod layout;
 
@@ -59,6 +60,12 @@ pub(crate) static REGISTRY: &[PassInfo] = &[
         summary: "remove ops whose results are never used",
         options: &[],
         create: |_| Ok(Box::new(dce::Dce)),
+    },
+    PassInfo {
+        name: "eqsat",
+        summary: "equality saturation: rewrite with named rule sets to a fixed point, keep the cheapest equivalent program",
+        options: eqsat::OPTIONS,
+        create: eqsat::create,
     },
     PassInfo {
         name: "fold-bn",

@@ -25,6 +25,11 @@ pub trait Pass {
         }
         Ok(())
     }
+    /// What the pass has to report about its last run (statistics, limits hit), one line per
+    /// function; taken by the pass manager after each run. By default nothing.
+    fn notes(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// An option a pass accepts.
@@ -389,6 +394,7 @@ impl PassManager {
                 time,
                 ops: (before.values().sum(), after.values().sum()),
                 changes,
+                notes: pass.notes(),
             });
             if self.verify_each {
                 tcc_ir::verify_module(m).map_err(|diags| PassError::BrokeIr {
@@ -415,23 +421,31 @@ pub struct PassRun {
     pub ops: (usize, usize),
     /// Ops by mnemonic whose count changed: `(mnemonic, before, after)`, sorted.
     pub changes: Vec<(&'static str, usize, usize)>,
+    /// What the pass reported ([`Pass::notes`]).
+    pub notes: Vec<String>,
 }
 
 impl fmt::Display for PassRun {
-    /// `fold-bn: 312 -> 272 ops (batch_norm 20 -> 0, add 8 -> 28, ...)`.
+    /// `fold-bn: 312 -> 272 ops (batch_norm 20 -> 0, add 8 -> 28, ...)`, then the pass's notes,
+    /// one per line.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: {} -> {} ops", self.label, self.ops.0, self.ops.1)?;
         if self.changes.is_empty() {
-            return f.write_str(", unchanged");
-        }
-        f.write_str(" (")?;
-        for (i, (k, a, b)) in self.changes.iter().enumerate() {
-            if i > 0 {
-                f.write_str(", ")?;
+            f.write_str(", unchanged")?;
+        } else {
+            f.write_str(" (")?;
+            for (i, (k, a, b)) in self.changes.iter().enumerate() {
+                if i > 0 {
+                    f.write_str(", ")?;
+                }
+                write!(f, "{k} {a} -> {b}")?;
             }
-            write!(f, "{k} {a} -> {b}")?;
+            f.write_str(")")?;
         }
-        f.write_str(")")
+        for n in &self.notes {
+            write!(f, "\n  {n}")?;
+        }
+        Ok(())
     }
 }
 

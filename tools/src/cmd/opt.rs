@@ -37,6 +37,11 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
         .run(&mut m, io.stderr)
         .map_err(|e| Error::input(format!("{}: error: {e}", input.name)))?;
     if a.time_passes {
+        for r in runs.iter().filter(|r| !r.notes.is_empty()) {
+            for n in &r.notes {
+                let _ = writeln!(io.stderr, "{}: {n}", r.label);
+            }
+        }
         let times: Vec<(String, Duration)> = runs.into_iter().map(|r| (r.label, r.time)).collect();
         let _ = write!(io.stderr, "{}", time_table(&times));
     }

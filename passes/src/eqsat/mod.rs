@@ -1,0 +1,341 @@
+//! `eqsat`: equality saturation with egg. The function goes into an e-graph, named rule sets
+//! rewrite it until nothing new appears or a limit is hit, and the cheapest equivalent program
+//! under the roofline time model (`analysis::cost`) comes back out, counted as a DAG.
+//!
+//! Guarantees: results stay within rounding of the input's (every rule is checked against the
+//! interpreter; see each set's docs for the identities that assume finite values); the output
+//! verifies; the same input gives the same output on every run and machine (egg's deterministic
+//! mode, node and iteration limits rather than time deciding where it stops, fixed default
+//! machine constants); the output is never estimated slower than the input (else the input is
+//! kept). Values that survive keep their names. Ops it does not model (control dependencies,
+//! `stop_gradient`, multi-result and side-effecting ops) stay exactly as they are
+//! ([`encode`]). It does not delete results or parameters, and it subsumes `cse` (equal
+//! computations share one e-class).
+//!
+//! Options: `rules=[algebra,layout]` (the sets, [`rules::SETS`]), `iter-limit=`,
+//! `node-limit=`, `time-limit=` (seconds), `fold-limit=` (largest dense constant folding may
+//! create), and the machine constants `gflops=`, `gbps=`, `launch-us=` (defaults
+//! [`Machine::DEFAULT`]). The report (`tcc opt --time-passes`, `tcc run --stats`) gives
+//! iterations, e-nodes and e-classes, the stop reason, each rule's applications and the
+//! estimated time before and after.
+
+pub mod check;
+pub mod decode;
+pub mod encode;
+pub mod extract;
+pub mod lang;
+pub mod rules;
+
+use crate::analysis::cost::{Machine, estimate};
+use crate::manager::{OptionInfo, Options, Pass};
+use egg::{BackoffScheduler, Runner, StopReason};
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use tcc_ir::Function;
+
+/// How `eqsat` runs.
+#[derive(Clone, Debug)]
+pub struct EqsatOptions {
+    /// The rule sets.
+    pub rules: Vec<String>,
+    /// Most rewrite iterations.
+    pub iter_limit: usize,
+    /// Most e-nodes.
+    pub node_limit: usize,
+    /// Most time rewriting (a backstop: the node and iteration limits should stop it first).
+    pub time_limit: Duration,
+    /// Largest dense constant folding may create, in elements.
+    pub fold_limit: u64,
+    /// The machine the time model describes.
+    pub machine: Machine,
+}
+
+impl Default for EqsatOptions {
+    fn default() -> EqsatOptions {
+        EqsatOptions {
+            rules: rules::SETS.iter().map(|s| s.to_string()).collect(),
+            iter_limit: 12,
+            node_limit: 50_000,
+            time_limit: Duration::from_secs(5),
+            fold_limit: crate::canonicalize::DEFAULT_FOLD_LIMIT,
+            machine: Machine::DEFAULT,
+        }
+    }
+}
+
+/// What one run did.
+#[derive(Clone, Debug)]
+pub struct Report {
+    /// Rewrite iterations.
+    pub iterations: usize,
+    /// Why rewriting stopped.
+    pub stop: String,
+    /// E-nodes and e-classes at the end.
+    pub nodes: usize,
+    /// E-classes at the end.
+    pub classes: usize,
+    /// Applications of each rule that fired.
+    pub applied: BTreeMap<String, usize>,
+    /// Estimated seconds before and after.
+    pub cost: (f64, f64),
+    /// Whether the output differs from the input.
+    pub changed: bool,
+    /// Time spent.
+    pub time: Duration,
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} iterations, stopped: {}; {} e-nodes, {} e-classes; estimated {:.2} -> {:.2} us{}; {:.1} ms",
+            self.iterations,
+            self.stop,
+            self.nodes,
+            self.classes,
+            self.cost.0 * 1e6,
+            self.cost.1 * 1e6,
+            if self.changed { "" } else { " (input kept)" },
+            self.time.as_secs_f64() * 1e3
+        )?;
+        if !self.applied.is_empty() {
+            f.write_str("; rules:")?;
+            for (r, n) in &self.applied {
+                write!(f, " {r} {n}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs equality saturation on `f`. On an internal error (a rule that broke typing) `f` is
+/// left as it was and the error names the rule.
+pub fn eqsat(f: &mut Function, o: &EqsatOptions) -> Result<Report, String> {
+    let start = Instant::now();
+    let rules = rules::rules(&o.rules)?;
+    let enc = encode::encode(f, o.fold_limit);
+    if let Some(e) = &enc.egraph.analysis.error {
+        return Err(e.clone());
+    }
+    let before = estimate(f, &o.machine);
+    let encode::Encoded {
+        egraph,
+        class,
+        node,
+        opaque,
+        roots,
+    } = enc;
+    let rewrites: Vec<_> = rules.iter().map(|r| &r.rewrite).collect();
+    let runner = Runner::default()
+        .with_egraph(egraph)
+        .with_iter_limit(o.iter_limit)
+        .with_node_limit(o.node_limit)
+        .with_time_limit(o.time_limit)
+        .with_scheduler(BackoffScheduler::default())
+        .with_hook(|r| match &r.egraph.analysis.error {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        })
+        .run(rewrites);
+    if let Some(e) = &runner.egraph.analysis.error {
+        return Err(e.clone());
+    }
+    let stop = match &runner.stop_reason {
+        Some(StopReason::Saturated) => "saturated".to_string(),
+        Some(StopReason::IterationLimit(n)) => format!("iteration limit {n}"),
+        Some(StopReason::NodeLimit(n)) => format!("node limit {n}"),
+        Some(StopReason::TimeLimit(t)) => format!("time limit {t} s"),
+        Some(StopReason::Other(s)) => s.clone(),
+        None => "not run".to_string(),
+    };
+    let mut applied = BTreeMap::new();
+    for it in &runner.iterations {
+        for (r, n) in &it.applied {
+            *applied.entry(r.to_string()).or_insert(0) += n;
+        }
+    }
+    let enc = encode::Encoded {
+        egraph: runner.egraph,
+        class,
+        node,
+        opaque,
+        roots,
+    };
+    let eg = &enc.egraph;
+    let original = original_choice(f, &enc);
+    let greedy = extract::greedy(eg, &o.machine);
+    let candidates = [
+        extract::close(eg, &enc.roots, &original),
+        extract::close(eg, &enc.roots, &greedy),
+    ];
+    // The input's own choice first: a greedy choice replaces it only when estimated faster.
+    let mut best: Option<(f64, &extract::Selection)> = None;
+    for sel in candidates.iter().flatten() {
+        let t = extract::dag(eg, sel, &enc.roots).time(&o.machine);
+        if best.is_none_or(|(b, _)| t < b) {
+            best = Some((t, sel));
+        }
+    }
+    let (_, sel) = best.ok_or("internal error in eqsat: the input's own choice has a cycle")?;
+    let changed = candidates[0]
+        .as_ref()
+        .is_none_or(|orig| !std::ptr::eq(orig, sel));
+    if changed {
+        decode::decode(f, &enc, sel);
+    }
+    let after = estimate(f, &o.machine);
+    Ok(Report {
+        iterations: runner.iterations.len(),
+        stop,
+        nodes: eg.total_number_of_nodes(),
+        classes: eg.number_of_classes(),
+        applied,
+        cost: (before, after),
+        changed,
+        time: start.elapsed(),
+    })
+}
+
+/// Each e-class computed as the earliest input value it holds.
+fn original_choice(
+    f: &Function,
+    enc: &encode::Encoded,
+) -> std::collections::HashMap<egg::Id, lang::Node> {
+    use egg::Language;
+    let eg = &enc.egraph;
+    let mut pick = std::collections::HashMap::new();
+    let mut take = |v: tcc_ir::Value, n: lang::Node| {
+        pick.entry(eg.find(enc.class[v].unwrap()))
+            .or_insert_with(|| n.map_children(|c| eg.find(c)));
+    };
+    for (i, &p) in f.params().iter().enumerate() {
+        take(p, lang::Node::Param(lang::ParamRef(i as u32)));
+    }
+    let mut opaque_index = 0u32;
+    for &op in f.schedule() {
+        if enc.opaque[op] {
+            let args: Vec<egg::Id> = f
+                .op(op)
+                .args
+                .iter()
+                .map(|&a| enc.class[a].unwrap())
+                .collect();
+            for &r in &f.op(op).results {
+                take(
+                    r,
+                    lang::Node::Op(lang::Tag::Opaque(opaque_index), args.clone()),
+                );
+                opaque_index += 1;
+            }
+        } else if let Some(n) = &enc.node[op] {
+            take(f.op(op).results[0], n.clone());
+        }
+    }
+    // Attribute leaves.
+    for class in eg.classes() {
+        if let Some(n @ lang::Node::Attr(_)) = class.nodes.first() {
+            pick.entry(class.id).or_insert_with(|| n.clone());
+        }
+    }
+    pick
+}
+
+pub(crate) const OPTIONS: &[OptionInfo] = &[
+    OptionInfo {
+        name: "rules",
+        help: "rule sets, `[algebra,layout]` (the default)",
+    },
+    OptionInfo {
+        name: "iter-limit",
+        help: "most rewrite iterations; default 12",
+    },
+    OptionInfo {
+        name: "node-limit",
+        help: "most e-nodes; default 50000",
+    },
+    OptionInfo {
+        name: "time-limit",
+        help: "most seconds rewriting (a backstop); default 5",
+    },
+    OptionInfo {
+        name: "fold-limit",
+        help: "largest dense constant folding may create, in elements; default 256",
+    },
+    OptionInfo {
+        name: "gflops",
+        help: "the time model's arithmetic rate, GFLOP/s; default 140",
+    },
+    OptionInfo {
+        name: "gbps",
+        help: "the time model's memory bandwidth, GB/s; default 20",
+    },
+    OptionInfo {
+        name: "launch-us",
+        help: "the time model's cost of starting a kernel, microseconds; default 2",
+    },
+];
+
+fn positive(o: &Options, key: &str, default: f64) -> Result<f64, String> {
+    match o.get(key) {
+        None => Ok(default),
+        Some(v) => match v.parse::<f64>() {
+            Ok(x) if x > 0.0 && x.is_finite() => Ok(x),
+            _ => Err(format!(
+                "option `{key}` must be a positive number, found `{v}`"
+            )),
+        },
+    }
+}
+
+/// Reads [`EqsatOptions`] from pipeline options.
+pub fn options(o: &Options) -> Result<EqsatOptions, String> {
+    let d = EqsatOptions::default();
+    let rules = match o.get("rules") {
+        Some(v) => crate::grad::list(v),
+        None => d.rules,
+    };
+    rules::rules(&rules)?;
+    let m = Machine::DEFAULT;
+    Ok(EqsatOptions {
+        rules,
+        iter_limit: o.usize_or("iter-limit", d.iter_limit)?,
+        node_limit: o.usize_or("node-limit", d.node_limit)?,
+        time_limit: Duration::from_secs_f64(positive(o, "time-limit", d.time_limit.as_secs_f64())?),
+        fold_limit: o.usize_or("fold-limit", d.fold_limit as usize)? as u64,
+        machine: Machine {
+            gflops: positive(o, "gflops", m.gflops)?,
+            gbps: positive(o, "gbps", m.gbps)?,
+            launch_us: positive(o, "launch-us", m.launch_us)?,
+        },
+    })
+}
+
+pub(crate) fn create(o: &Options) -> Result<Box<dyn Pass>, String> {
+    Ok(Box::new(Eqsat {
+        options: options(o)?,
+        notes: Mutex::new(Vec::new()),
+    }))
+}
+
+struct Eqsat {
+    options: EqsatOptions,
+    notes: Mutex<Vec<String>>,
+}
+
+impl Pass for Eqsat {
+    fn name(&self) -> &'static str {
+        "eqsat"
+    }
+
+    fn run_on_function(&self, f: &mut Function) -> Result<(), String> {
+        let report = eqsat(f, &self.options)?;
+        let note = format!("@{}: {report}", f.name);
+        self.notes.lock().expect("not poisoned").push(note);
+        Ok(())
+    }
+
+    fn notes(&self) -> Vec<String> {
+        std::mem::take(&mut *self.notes.lock().expect("not poisoned"))
+    }
+}
