@@ -3,8 +3,8 @@
 //! An op of the input whose node was chosen for its e-class stays, with its operands re-pointed;
 //! every other chosen node becomes a new op. A new op takes the name of a value of the input
 //! that its e-class holds (so a value that survives keeps its name even when it is now computed
-//! differently); an e-class the input never had takes the scope of the value that first reads
-//! it (`block1/attn/q` reads a new `matmul`: `block1/attn/matmul`). Ops the e-graph treated as
+//! differently); an e-class the input never had is named in the scope of the value that first
+//! reads it (`block1/attn/q` reads a new `matmul`: `block1/attn/q/matmul`). Ops the e-graph treated as
 //! opaque stay, in their original order relative to each other, with their control
 //! dependencies. The schedule follows the input's: each value is placed when the input placed
 //! it (or, if new, just before its first reader). The backward part, if the function has one,
@@ -173,8 +173,7 @@ pub fn decode(f: &mut Function, enc: &Encoded, sel: &Selection) -> usize {
                     Some(&v) => (f.name(v).to_string(), f.def_op(v).and_then(|o| f.loc(o))),
                     None => {
                         let scope = (first_reader.get(&c))
-                            .and_then(|n| n.rsplit_once('/'))
-                            .map(|(s, _)| format!("{s}/"))
+                            .map(|n| format!("{n}/"))
                             .unwrap_or_default();
                         (
                             format!("{scope}{}", new_kind(f, enc, &sel.choice[&c]).mnemonic()),

@@ -72,6 +72,7 @@ pub fn encode(f: &Function, fold_limit: u64) -> Encoded {
                 t.opaque.push(super::lang::OpaqueEntry {
                     op,
                     result: r,
+                    kind: d.kind.clone(),
                     ty: f.ty(v).clone(),
                 });
                 class[v] = Some(egraph.add(Node::Op(Tag::Opaque(i), args.clone())));

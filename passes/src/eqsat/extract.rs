@@ -5,13 +5,15 @@
 //! `Extractor` counts it once per use, which is wrong for tensor programs). Candidates:
 //!
 //! - the *original* choice: each e-class computed as the earliest value of the input that lies
-//!   in it (acyclic, because every such node reads earlier values only);
+//!   in it (acyclic, because every such node reads earlier values only): the input with equal
+//!   values merged;
 //! - the *greedy* choice: each e-class's cheapest node by tree cost, computed bottom-up to a
-//!   fixed point (acyclic: every op node costs more than its children).
+//!   fixed point (acyclic: every op node costs more than its children), ties going to the
+//!   input's node.
 //!
-//! The pass keeps the candidate whose whole-program estimate ([`Dag::time`], which also counts
-//! fused elementwise chains as one memory pass) is lowest, preferring the original on a tie, so
-//! it never returns a program it estimates to be slower than its input.
+//! The pass writes back the candidate whose whole-program estimate ([`Dag::time`], which also
+//! counts fused elementwise chains as one memory pass) is lowest, and only if it is lower than
+//! the input's: it never returns a program it estimates to be slower.
 
 use super::lang::{Node, Tag, TensorAnalysis, kind_of, operands};
 use crate::analysis::cost::{self, Dag, DagOp, Machine, Operand};
@@ -21,6 +23,9 @@ use std::collections::HashMap;
 use tcc_ir::TensorType;
 
 type G = EGraph<Node, TensorAnalysis>;
+
+/// A picosecond: what every op costs at least.
+const EPSILON: f64 = 1e-12;
 
 /// One node per e-class reachable from the roots, children canonical; iteration order is a
 /// topological order (children first).
@@ -74,7 +79,6 @@ pub fn close(eg: &G, roots: &[Id], pick: &HashMap<Id, Node>) -> Option<Selection
 /// a fused chain (its arithmetic and one pass over its result), plus a picosecond per op so that
 /// every op costs more than its operands.
 pub fn node_cost(eg: &G, class: Id, node: &Node, m: &Machine) -> f64 {
-    const EPSILON: f64 = 1e-12;
     let Node::Op(tag, children) = node else {
         return 0.0;
     };
@@ -92,47 +96,80 @@ pub fn node_cost(eg: &G, class: Id, node: &Node, m: &Machine) -> f64 {
     if cost::is_free(&kind) || operands(node).iter().all(|&a| eg[a].data.konst.is_some()) {
         return EPSILON;
     }
-    let flops = cost::op_flops(&kind, &args, &[ty]);
+    let flops = cost::time_flops(&kind, &args, &[ty]);
     EPSILON
         + if kind.is_elementwise() {
-            m.body_time(flops, ty.size_bytes())
+            m.body_time(&kind, flops, ty.size_bytes())
         } else {
             let bytes: u64 = args.iter().map(|t| t.size_bytes()).sum::<u64>() + ty.size_bytes();
-            m.kernel_time(flops, bytes)
+            m.kernel_time(&kind, flops, bytes)
         }
 }
 
-/// Each class's cheapest node by tree cost.
-pub fn greedy(eg: &G, m: &Machine) -> HashMap<Id, Node> {
-    let mut best: HashMap<Id, (f64, Node)> = HashMap::new();
-    loop {
-        let mut changed = false;
-        for class in eg.classes() {
-            for node in &class.nodes {
-                let mut sum = node_cost(eg, class.id, node, m);
-                let mut ready = true;
-                for &c in node.children() {
-                    match best.get(&eg.find(c)) {
-                        Some((x, _)) => sum += x,
-                        None => ready = false,
+/// Each class's cheapest node by tree cost; on a tie, the node `prefer` picks for the class
+/// (the input's), so that equal-cost rewrites do not churn the program. A worklist: a class is
+/// looked at again only when one of its children got cheaper.
+pub fn greedy(eg: &G, m: &Machine, prefer: &HashMap<Id, Node>) -> HashMap<Id, Node> {
+    // Each node's own cost, computed once.
+    let own: HashMap<Id, Vec<f64>> = eg
+        .classes()
+        .map(|class| {
+            let preferred = prefer.get(&class.id);
+            let costs = (class.nodes.iter())
+                .map(|n| {
+                    node_cost(eg, class.id, n, m)
+                        - if preferred == Some(n) {
+                            EPSILON / 2.0
+                        } else {
+                            0.0
+                        }
+                })
+                .collect();
+            (class.id, costs)
+        })
+        .collect();
+    let mut best: HashMap<Id, (f64, usize)> = HashMap::new();
+    let mut queue: std::collections::VecDeque<Id> = eg.classes().map(|c| c.id).collect();
+    let mut queued: std::collections::HashSet<Id> = queue.iter().copied().collect();
+    while let Some(c) = queue.pop_front() {
+        queued.remove(&c);
+        let class = &eg[c];
+        let mut improved = false;
+        for (i, node) in class.nodes.iter().enumerate() {
+            let mut sum = own[&c][i];
+            let ready = node
+                .children()
+                .iter()
+                .all(|&ch| match best.get(&eg.find(ch)) {
+                    Some((x, _)) => {
+                        sum += x;
+                        true
                     }
-                }
-                let sum = sum.min(f64::MAX);
-                if ready && best.get(&class.id).is_none_or(|(b, _)| sum < *b) {
-                    best.insert(class.id, (sum, node.clone()));
-                    changed = true;
+                    None => false,
+                });
+            let sum = sum.min(f64::MAX);
+            if ready && best.get(&c).is_none_or(|(b, _)| sum < *b) {
+                best.insert(c, (sum, i));
+                improved = true;
+            }
+        }
+        if improved {
+            for p in class.parents() {
+                let p = eg.find(p);
+                if queued.insert(p) {
+                    queue.push_back(p);
                 }
             }
         }
-        if !changed {
-            break;
-        }
     }
-    best.into_iter().map(|(c, (_, n))| (c, n)).collect()
+    best.into_iter()
+        .map(|(c, (_, i))| (c, eg[c].nodes[i].clone()))
+        .collect()
 }
 
-/// The program a selection describes, for the time model.
-pub fn dag(eg: &G, sel: &Selection, roots: &[Id]) -> Dag {
+/// The program a selection describes, for the time model; `results` are the classes the
+/// program returns.
+pub fn dag(eg: &G, sel: &Selection, results: &[Id]) -> Dag {
     let mut index: HashMap<Id, Operand> = HashMap::new();
     let mut d = Dag::default();
     for (&class, node) in &sel.choice {
@@ -144,9 +181,14 @@ pub fn dag(eg: &G, sel: &Selection, roots: &[Id]) -> Dag {
             Node::Op(tag, children) => {
                 let kind = match tag {
                     Tag::Op(id) => kind_of(eg, *id, children),
-                    // An op left alone: counted as an identity of its first result (what it costs
-                    // is the same in every candidate).
-                    Tag::Opaque(_) => tcc_ir::OpKind::Identity,
+                    // An op left alone costs once, with its first result.
+                    Tag::Opaque(i) => {
+                        let o = &eg.analysis.tables.opaque[*i as usize];
+                        match o.result {
+                            0 => o.kind.clone(),
+                            _ => tcc_ir::OpKind::Identity,
+                        }
+                    }
                 };
                 let args = operands(node).iter().map(|c| index[c].clone()).collect();
                 d.ops.push(DagOp {
@@ -160,7 +202,7 @@ pub fn dag(eg: &G, sel: &Selection, roots: &[Id]) -> Dag {
         };
         index.insert(class, operand);
     }
-    for r in roots {
+    for r in results {
         if let Some(Operand::Op(i)) = index.get(&eg.find(*r)) {
             d.ops[*i].returned = true;
         }

@@ -141,6 +141,8 @@ pub struct OpaqueEntry {
     pub op: Op,
     /// Which of its results.
     pub result: usize,
+    /// What the op computes (for the time model).
+    pub kind: OpKind,
     /// That result's type.
     pub ty: TensorType,
 }
