@@ -18,6 +18,7 @@ fn instantiate(witness: &str, rng: &mut Rng) -> String {
     witness
         .replace("$2b", &(2 * b).to_string())
         .replace("$b-1", &(b - 1).to_string())
+        .replace("$b+1", &(b + 1).to_string())
         .replace("$a", &a.to_string())
         .replace("$b", &b.to_string())
         .replace("$c", &c.to_string())

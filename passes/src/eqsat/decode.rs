@@ -234,9 +234,9 @@ pub fn decode(f: &mut Function, enc: &Encoded, sel: &Selection) -> usize {
                     }
                     Source::Param(_) => unreachable!("parameters are not placed"),
                     Source::New => {
-                        let kind = new_kind(f, enc, node);
-                        let (n, loc) = &name[&c];
                         let ty = eg[c].data.ty.clone().expect("a tensor");
+                        let (kind, args) = fold_constant(f, new_kind(f, enc, node), args, &ty);
+                        let (n, loc) = &name[&c];
                         let o = f.create_op(kind, args, vec![ty], &[n]);
                         if let Some(l) = loc {
                             f.set_loc(o, *l);
@@ -261,6 +261,36 @@ pub fn decode(f: &mut Function, enc: &Encoded, sel: &Selection) -> usize {
         .collect();
     f.set_results(results);
     created
+}
+
+/// Largest constant a new op on constants is folded into when written back (the merged
+/// weights of the `graph` rules): 2^26 elements.
+const FOLD_NEW_LIMIT: u64 = 1 << 26;
+
+/// A new op whose operands are all constants, as the constant it computes (the time model
+/// counts such ops as free, so they must not run); other ops as they are.
+fn fold_constant(
+    f: &Function,
+    kind: OpKind,
+    args: Vec<Value>,
+    ty: &tcc_ir::TensorType,
+) -> (OpKind, Vec<Value>) {
+    if args.is_empty() {
+        return (kind, args);
+    }
+    let folded = crate::canonicalize::fold::const_args(f, &args).and_then(|cargs| {
+        tcc_ir::interp::fold(&kind, &cargs, std::slice::from_ref(ty), FOLD_NEW_LIMIT)?.ok()
+    });
+    match folded.and_then(|mut v| v.pop()) {
+        Some(value) => (
+            OpKind::Const {
+                ty: ty.clone(),
+                value,
+            },
+            Vec::new(),
+        ),
+        None => (kind, args),
+    }
 }
 
 /// The op a new node computes.

@@ -12,7 +12,8 @@
 //! ([`encode`]). It does not delete results or parameters, and it subsumes `cse` (equal
 //! computations share one e-class).
 //!
-//! Options: `rules=[algebra,layout]` (the sets, [`rules::SETS`]), `iter-limit=`,
+//! Options: `rules=[algebra,layout,graph]` (the sets, [`rules::SETS`]; default
+//! [`rules::DEFAULT_SETS`]), `iter-limit=`,
 //! `node-limit=`, `time-limit=` (seconds), `fold-limit=` (largest dense constant folding may
 //! create), and the machine constants `gflops=`, `vector-gflops=`, `gbps=`, `launch-us=` (defaults
 //! [`Machine::DEFAULT`]). The report (`tcc opt --time-passes`, `tcc run --stats`) gives
@@ -23,6 +24,7 @@ pub mod check;
 pub mod decode;
 pub mod encode;
 pub mod extract;
+pub mod ilp;
 pub mod lang;
 pub mod rules;
 
@@ -49,17 +51,23 @@ pub struct EqsatOptions {
     pub fold_limit: u64,
     /// The machine the time model describes.
     pub machine: Machine,
+    /// Most e-nodes for which extraction also solves the exact integer program.
+    pub ilp_limit: usize,
+    /// Most branch-and-bound nodes the integer program may search.
+    pub ilp_nodes: u64,
 }
 
 impl Default for EqsatOptions {
     fn default() -> EqsatOptions {
         EqsatOptions {
-            rules: rules::SETS.iter().map(|s| s.to_string()).collect(),
+            rules: rules::DEFAULT_SETS.iter().map(|s| s.to_string()).collect(),
             iter_limit: 8,
             node_limit: 50_000,
             time_limit: Duration::from_secs(5),
             fold_limit: crate::canonicalize::DEFAULT_FOLD_LIMIT,
             machine: Machine::DEFAULT,
+            ilp_limit: 1500,
+            ilp_nodes: 200,
         }
     }
 }
@@ -79,8 +87,8 @@ pub struct Report {
     pub applied: BTreeMap<String, usize>,
     /// Estimated seconds before and after.
     pub cost: (f64, f64),
-    /// Whether the output differs from the input.
-    pub changed: bool,
+    /// The extraction that was written back (`input` merged, `greedy`, `ilp`), if any was.
+    pub changed: Option<&'static str>,
     /// Time spent.
     pub time: Duration,
 }
@@ -96,7 +104,10 @@ impl std::fmt::Display for Report {
             self.classes,
             self.cost.0 * 1e6,
             self.cost.1 * 1e6,
-            if self.changed { "" } else { " (input kept)" },
+            match self.changed {
+                Some(e) => format!(" ({e} extraction)"),
+                None => " (input kept)".to_string(),
+            },
             self.time.as_secs_f64() * 1e3
         )?;
         if !self.applied.is_empty() {
@@ -165,22 +176,36 @@ pub fn eqsat(f: &mut Function, o: &EqsatOptions) -> Result<Report, String> {
     let eg = &enc.egraph;
     let original = original_choice(f, &enc);
     let greedy = extract::greedy(eg, &o.machine, &original);
-    let candidates = [
-        extract::close(eg, &enc.roots, &original),
-        extract::close(eg, &enc.roots, &greedy),
-    ];
-    // The cheapest candidate, if estimated faster than the input.
     let results = &enc.roots[..f.results().len()];
-    let mut best: Option<(f64, &extract::Selection)> = None;
-    for sel in candidates.iter().flatten() {
-        let t = extract::dag(eg, sel, results).time(&o.machine);
-        if t < best.map_or(before, |(b, _)| b) {
-            best = Some((t, sel));
+    let time = |sel: &extract::Selection| extract::dag(eg, sel, results).time(&o.machine);
+    let mut candidates: Vec<(&'static str, extract::Selection)> = [
+        ("input", extract::close(eg, &enc.roots, &original)),
+        ("greedy", extract::close(eg, &enc.roots, &greedy)),
+    ]
+    .into_iter()
+    .filter_map(|(n, s)| Some((n, s?)))
+    .collect();
+    // The exact program for small e-graphs, seeded with the better heuristic choice.
+    if let Some((_, seed)) = candidates
+        .iter()
+        .min_by(|a, b| time(&a.1).total_cmp(&time(&b.1)))
+        && let Some(sel) = ilp::extract(eg, &enc.roots, &o.machine, seed, o.ilp_limit, o.ilp_nodes)
+    {
+        candidates.push(("ilp", sel));
+    }
+    // The cheapest candidate, if estimated faster than the input.
+    let mut best: Option<(f64, &'static str, &extract::Selection)> = None;
+    for (name, sel) in &candidates {
+        let t = time(sel);
+        if t < best.map_or(before, |(b, _, _)| b) {
+            best = Some((t, name, sel));
         }
     }
-    let changed = best.is_some();
-    if let Some((_, sel)) = best {
+    let changed = best.map(|(_, name, _)| name);
+    if let Some((_, _, sel)) = best {
         decode::decode(f, &enc, sel);
+        // Constants only the folded new ones read (the weights a merge concatenated).
+        crate::dce(f);
     }
     let after = estimate(f, &o.machine);
     Ok(Report {
@@ -242,7 +267,7 @@ fn original_choice(
 pub(crate) const OPTIONS: &[OptionInfo] = &[
     OptionInfo {
         name: "rules",
-        help: "rule sets, `[algebra,layout]` (the default)",
+        help: "rule sets among algebra, layout, graph; default `[algebra,layout]`",
     },
     OptionInfo {
         name: "iter-limit",
@@ -259,6 +284,14 @@ pub(crate) const OPTIONS: &[OptionInfo] = &[
     OptionInfo {
         name: "fold-limit",
         help: "largest dense constant folding may create, in elements; default 256",
+    },
+    OptionInfo {
+        name: "ilp-limit",
+        help: "most e-nodes for which extraction solves the exact integer program; default 1500",
+    },
+    OptionInfo {
+        name: "ilp-nodes",
+        help: "most branch-and-bound nodes the integer program searches; default 200",
     },
     OptionInfo {
         name: "gflops",
@@ -305,6 +338,8 @@ pub fn options(o: &Options) -> Result<EqsatOptions, String> {
         node_limit: o.usize_or("node-limit", d.node_limit)?,
         time_limit: Duration::from_secs_f64(positive(o, "time-limit", d.time_limit.as_secs_f64())?),
         fold_limit: o.usize_or("fold-limit", d.fold_limit as usize)? as u64,
+        ilp_limit: o.usize_or("ilp-limit", d.ilp_limit)?,
+        ilp_nodes: o.usize_or("ilp-nodes", d.ilp_nodes as usize)? as u64,
         machine: Machine {
             gflops: positive(o, "gflops", m.gflops)?,
             vector_gflops: positive(o, "vector-gflops", m.vector_gflops)?,

@@ -318,6 +318,14 @@ pub(super) fn rules() -> Vec<Rule> {
             ),
         ),
         rw_if(
+            "exp-add",
+            SET,
+            "(exp (add ?a ?b))",
+            "(mul (exp ?a) (exp ?b))",
+            float_only,
+            witness!("  %s = add %x, %y : f64[$a,$b]\n  %r = exp %s : f64[$a,$b]\n  return %r\n"),
+        ),
+        rw_if(
             "pow-two",
             SET,
             "(pow ?x ?c)",

@@ -185,6 +185,16 @@ pub(super) fn rules() -> Vec<Rule> {
             ),
         ),
         rw_with(
+            "slice-slice",
+            SET,
+            "(slice (slice ?x ?s) ?t)",
+            slice_slice,
+            witness!(
+                "f64[$a,1,$c]",
+                "  %p = slice %x {starts=[0,1,0], ends=[$a,$b,$c]} : f64[$a,$b-1,$c]\n  %r = slice %p {starts=[0,0,0], ends=[$a,1,$c]} : f64[$a,1,$c]\n  return %r\n"
+            ),
+        ),
+        rw_with(
             "concat-of-slices",
             SET,
             "(concat (slice ?x ?s) (slice ?x ?t) ?ax)",
@@ -203,6 +213,14 @@ pub(super) fn rules() -> Vec<Rule> {
         out.push(rw(pull_out, SET, &format!("(transpose ({mn} ?x) ?p)"),
             &format!("({mn} (transpose ?x ?p))"),
             &format!("func @f(%x: f64[$a,$b,$c]) -> (f64[$c,$a,$b]) {{\n  %t = {mn} %x : f64[$a,$b,$c]\n  %r = transpose %t {{perm=[2,0,1]}} : f64[$c,$a,$b]\n  return %r\n}}\n")));
+    }
+    // A unary op on both operands of a concatenation is one op on the concatenation (so that
+    // the two halves of a merged convolution meet again: concat(relu(slice), relu(slice))).
+    for &(op, _, _) in UNARY {
+        let mn = OpKind::Unary(op).mnemonic();
+        out.push(rw(&format!("concat-{mn}"), SET, &format!("(concat ({mn} ?a) ({mn} ?b) ?ax)"),
+            &format!("({mn} (concat ?a ?b ?ax))"),
+            &format!("func @f(%x: f64[$a,$b,$c], %y: f64[$a,1,$c]) -> (f64[$a,$b+1,$c]) {{\n  %p = {mn} %x : f64[$a,$b,$c]\n  %q = {mn} %y : f64[$a,1,$c]\n  %r = concat %p, %q {{axis=1}} : f64[$a,$b+1,$c]\n  return %r\n}}\n")));
     }
     for &(op, push_in, pull_out) in BINARY {
         let mn = OpKind::Binary(op).mnemonic();
@@ -306,6 +324,24 @@ fn slice_of_concat(eg: &mut G, _: Id, s: &Subst) -> Option<Id> {
 fn node_children(n: &super::Node) -> Vec<Id> {
     use egg::Language;
     n.children().to_vec()
+}
+
+/// A unit-step slice of a unit-step slice: one slice.
+fn slice_slice(eg: &mut G, _: Id, s: &Subst) -> Option<Id> {
+    let x = var(s, "?x");
+    let dims = ty(eg, x)?.dims().to_vec();
+    let outer = unit_ranges(attrs(eg, s, "?s")?, &dims)?;
+    let mid: Vec<u64> = outer.iter().map(|r| r.1 - r.0).collect();
+    let inner = unit_ranges(attrs(eg, s, "?t")?, &mid)?;
+    let joined: Vec<(u64, u64)> = (outer.iter().zip(&inner))
+        .map(|(o, i)| (o.0 + i.0, o.0 + i.1))
+        .collect();
+    let whole = joined.iter().zip(&dims).all(|(r, &d)| *r == (0, d));
+    Some(if whole {
+        x
+    } else {
+        add_op(eg, slice_kind(&joined), vec![x])
+    })
 }
 
 /// `concat(slice(x, r1), slice(x, r2))` with `r2` continuing `r1` along the concat axis and

@@ -9,6 +9,7 @@
 //! a rule that equates values of different types is reported by name.
 
 mod algebra;
+mod graph;
 mod layout;
 
 use super::lang::{ConstRef, Node, Tag, TensorAnalysis, attrs_of};
@@ -29,12 +30,15 @@ pub struct Rule {
     pub rewrite: Rewrite<Node, TensorAnalysis>,
     /// A function the rule applies to: IR text in which `$a`, `$b`, `$c` and `$d` stand for
     /// dimensions the soundness test draws at random (`$b` at least 2), `$2b` for twice `$b`
-    /// and `$b-1` for one less.
+    /// and `$b-1`, `$b+1` for one less and one more.
     pub witness: String,
 }
 
-/// The rule sets, in the order `eqsat` runs them by default.
-pub const SETS: &[&str] = &["algebra", "layout"];
+/// The rule sets.
+pub const SETS: &[&str] = &["algebra", "layout", "graph"];
+
+/// The sets `eqsat` runs unless told otherwise.
+pub const DEFAULT_SETS: &[&str] = &["algebra", "layout"];
 
 /// Every rule of the named sets; an unknown set is an error listing the valid ones.
 pub fn rules(sets: &[String]) -> Result<Vec<Rule>, String> {
@@ -43,6 +47,7 @@ pub fn rules(sets: &[String]) -> Result<Vec<Rule>, String> {
         match s.as_str() {
             "algebra" => out.extend(algebra::rules()),
             "layout" => out.extend(layout::rules()),
+            "graph" => out.extend(graph::rules()),
             _ => {
                 return Err(format!(
                     "unknown rule set `{s}`; valid sets: {}",
@@ -96,6 +101,49 @@ fn rw_with(
     witness: &str,
 ) -> Rule {
     make(name, set, lhs, Tracked(FnApplier(build)), witness)
+}
+
+/// A multi-pattern (`?a = (...), ?b = (...)`) whose matches `build` turns into pairs of
+/// e-classes to union.
+fn rw_multi(
+    name: &str,
+    set: &'static str,
+    searcher: &str,
+    build: fn(&mut G, &Subst) -> Vec<(Id, Id)>,
+    witness: &str,
+) -> Rule {
+    let searcher: egg::MultiPattern<Node> = searcher
+        .parse()
+        .unwrap_or_else(|e| panic!("rule `{name}`: multi-pattern does not parse: {e}"));
+    let rewrite = Rewrite::new(name, searcher, Tracked(MultiApplier(build)))
+        .unwrap_or_else(|e| panic!("rule `{name}`: {e}"));
+    Rule {
+        name: name.to_string(),
+        set,
+        rewrite,
+        witness: witness.to_string(),
+    }
+}
+
+struct MultiApplier(fn(&mut G, &Subst) -> Vec<(Id, Id)>);
+
+impl Applier<Node, TensorAnalysis> for MultiApplier {
+    fn apply_one(
+        &self,
+        egraph: &mut G,
+        _: Id,
+        subst: &Subst,
+        _: Option<&PatternAst<Node>>,
+        _: Symbol,
+    ) -> Vec<Id> {
+        let mut changed = Vec::new();
+        for (a, b) in (self.0)(egraph, subst) {
+            if egraph.union(a, b) {
+                changed.push(a);
+            }
+        }
+        changed
+    }
 }
 
 fn make(
