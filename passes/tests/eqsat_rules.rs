@@ -16,9 +16,14 @@ fn instantiate(witness: &str, rng: &mut Rng) -> String {
     let c = 1 + rng.below(4);
     let d = 1 + rng.below(4);
     witness
+        .replace("$b+$d", &(b + d).to_string())
         .replace("$2b", &(2 * b).to_string())
         .replace("$b-1", &(b - 1).to_string())
         .replace("$b+1", &(b + 1).to_string())
+        .replace("2*$c", &(2 * c).to_string())
+        .replace("3*$c", &(3 * c).to_string())
+        .replace("4*$c", &(4 * c).to_string())
+        .replace("5*$c", &(5 * c).to_string())
         .replace("$a", &a.to_string())
         .replace("$b", &b.to_string())
         .replace("$c", &c.to_string())

@@ -209,3 +209,98 @@ pub fn dag(eg: &G, sel: &Selection, results: &[Id]) -> Dag {
     }
     d
 }
+
+/// Classes with the nodes chosen for them.
+type Picks = Vec<(Id, Node)>;
+
+/// Improves a choice one e-class at a time, counting shared values once: a class switches to
+/// another of its nodes when that node's cost, plus the classes it needs that the choice does
+/// not compute yet (taken as `fallback` picks them), is below the current node's cost. Classes
+/// the choice computes already are free to read, provided they come before the class in the
+/// choice's order (so no cycle can form). This catches what tree costs miss: `x^0.75` as
+/// `sqrt(a) * sqrt(sqrt(a))` reads `a` twice, which a tree cost counts twice (with everything
+/// above `a`) and a DAG once. Up to `rounds` sweeps.
+pub fn improve(
+    eg: &G,
+    roots: &[Id],
+    start: &Selection,
+    fallback: &HashMap<Id, Node>,
+    m: &Machine,
+    rounds: usize,
+) -> Selection {
+    let mut sel = start.clone();
+    for _ in 0..rounds {
+        let mut changed = false;
+        let classes: Vec<Id> = sel.choice.keys().copied().collect();
+        for c in classes {
+            let Some(pos) = sel.choice.get_index_of(&c) else {
+                continue;
+            };
+            let current = node_cost(eg, c, &sel.choice[&c], m);
+            let mut best: Option<(f64, Node, Picks)> = None;
+            for n in &eg[c].nodes {
+                let n = n.clone().map_children(|ch| eg.find(ch));
+                if n == sel.choice[&c] {
+                    continue;
+                }
+                let Some((extra, added)) = needs(eg, &sel, fallback, c, pos, &n, m) else {
+                    continue;
+                };
+                let delta = node_cost(eg, c, &n, m) + extra - current;
+                if delta < -EPSILON && best.as_ref().is_none_or(|(d, _, _)| delta < *d) {
+                    best = Some((delta, n, added));
+                }
+            }
+            if let Some((_, n, added)) = best {
+                let mut pick: HashMap<Id, Node> = sel.choice.clone().into_iter().collect();
+                pick.insert(c, n);
+                pick.extend(added);
+                if let Some(next) = close(eg, roots, &pick) {
+                    sel = next;
+                    changed = true;
+                }
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    sel
+}
+
+/// What choosing `n` for class `c` (at `pos` in `sel`'s order) adds: the cost of the classes
+/// it needs that `sel` lacks, with their picks; `None` if it would read `c` or a class `sel`
+/// orders after `c`.
+fn needs(
+    eg: &G,
+    sel: &Selection,
+    fallback: &HashMap<Id, Node>,
+    c: Id,
+    pos: usize,
+    n: &Node,
+    m: &Machine,
+) -> Option<(f64, Picks)> {
+    let mut added: Picks = Vec::new();
+    let mut seen: std::collections::HashSet<Id> = std::collections::HashSet::new();
+    let mut cost = 0.0;
+    let mut stack: Vec<Id> = n.children().iter().map(|&ch| eg.find(ch)).collect();
+    while let Some(d) = stack.pop() {
+        if d == c {
+            return None;
+        }
+        if let Some(p) = sel.choice.get_index_of(&d) {
+            if p > pos {
+                return None;
+            }
+            continue;
+        }
+        if !seen.insert(d) {
+            continue;
+        }
+        let pick = fallback.get(&d)?.clone().map_children(|ch| eg.find(ch));
+        cost += node_cost(eg, d, &pick, m);
+        stack.extend(pick.children().iter().copied());
+        added.push((d, pick));
+    }
+    Some((cost, added))
+}

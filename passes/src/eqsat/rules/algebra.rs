@@ -11,7 +11,9 @@
 //! of a sum of n terms equal (exponentially many e-nodes) and finds nothing more for the cost
 //! model; it is not in the set. Commutativity alone at most doubles the e-nodes.
 
-use super::{G, Rule, add_op, add_splat, float, rw, rw_if, rw_with, same_type, splat_is, ty, var};
+use super::{
+    G, Rule, add_op, add_splat, float, rw, rw_if, rw_with, same_type, splat, splat_is, ty, var,
+};
 use egg::{Id, Subst};
 use tcc_ir::OpKind;
 
@@ -56,6 +58,43 @@ fn const_not_y(eg: &G, m: Id, s: &Subst) -> bool {
 /// The matched class is `?x` unchanged when `?c` is the splat `k` and the op keeps `?x`'s type.
 fn identity_when(k: f64) -> impl Fn(&G, Id, &Subst) -> bool {
     move |eg, m, s| float(eg, m) && splat_is(eg, var(s, "?c"), k) && same_type(eg, m, s, "?x")
+}
+
+/// `x^e` for `e` a multiple of 1/4 with `|e| <= 4` (other than the exponents `pow-one`,
+/// `pow-two`, `pow-half` and `pow-minus-one` take) as products of `x`, `sqrt x` and
+/// `sqrt(sqrt x)`, and a reciprocal for negative `e`: the CPU backend computes these in its
+/// generated kernels, where a general `pow` runs on the reference kernels. Local response
+/// normalisation (`x^0.75`) is the common case. Exact over the reals; NaN for negative `x` as
+/// `pow` gives.
+fn pow_quarters(eg: &mut G, m: Id, s: &Subst) -> Option<Id> {
+    use tcc_ir::{BinaryOp, UnaryOp};
+    let e = splat(eg, var(s, "?c"))?;
+    let q = e.abs() * 4.0;
+    if !float(eg, m) || !same_type(eg, m, s, "?x") || q.fract() != 0.0 || q > 16.0 {
+        return None;
+    }
+    if [0.0, 1.0, 2.0, -1.0, 0.5].contains(&e) {
+        return None;
+    }
+    let q = q as u32;
+    let x = var(s, "?x");
+    let mut factors = vec![x; (q / 4) as usize];
+    if q % 4 >= 2 {
+        factors.push(add_op(eg, OpKind::Unary(UnaryOp::Sqrt), vec![x]));
+    }
+    if q % 2 == 1 {
+        let r = add_op(eg, OpKind::Unary(UnaryOp::Sqrt), vec![x]);
+        factors.push(add_op(eg, OpKind::Unary(UnaryOp::Sqrt), vec![r]));
+    }
+    let mut acc = factors[0];
+    for &f in &factors[1..] {
+        acc = add_op(eg, OpKind::Binary(BinaryOp::Mul), vec![acc, f]);
+    }
+    Some(if e < 0.0 {
+        add_op(eg, OpKind::Unary(UnaryOp::Reciprocal), vec![acc])
+    } else {
+        acc
+    })
 }
 
 pub(super) fn rules() -> Vec<Rule> {
@@ -324,6 +363,15 @@ pub(super) fn rules() -> Vec<Rule> {
             "(mul (exp ?a) (exp ?b))",
             float_only,
             witness!("  %s = add %x, %y : f64[$a,$b]\n  %r = exp %s : f64[$a,$b]\n  return %r\n"),
+        ),
+        rw_with(
+            "pow-quarters",
+            SET,
+            "(pow ?x ?c)",
+            pow_quarters,
+            witness!(
+                "  %e = exp %x : f64[$a,$b]\n  %c = const {value=-2.75} : f64[]\n  %r = pow %e, %c : f64[$a,$b]\n  return %r\n"
+            ),
         ),
         rw_if(
             "pow-two",

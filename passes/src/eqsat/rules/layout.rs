@@ -222,6 +222,59 @@ pub(super) fn rules() -> Vec<Rule> {
             &format!("({mn} (concat ?a ?b ?ax))"),
             &format!("func @f(%x: f64[$a,$b,$c], %y: f64[$a,1,$c]) -> (f64[$a,$b+1,$c]) {{\n  %p = {mn} %x : f64[$a,$b,$c]\n  %q = {mn} %y : f64[$a,1,$c]\n  %r = concat %p, %q {{axis=1}} : f64[$a,$b+1,$c]\n  return %r\n}}\n")));
     }
+    // A binary op on both operands of a concatenation, the first operands full-sized and the
+    // second ones broadcast only off the axis (a per-channel bias): one op on two
+    // concatenations.
+    for &(op, _, _) in BINARY {
+        let mn = OpKind::Binary(op).mnemonic();
+        out.push(rw_if(&format!("concat-{mn}"), SET, &format!("(concat ({mn} ?a ?c) ({mn} ?b ?d) ?ax)"),
+            &format!("({mn} (concat ?a ?b ?ax) (concat ?c ?d ?ax))"), concat_binary,
+            &format!("func @f(%x: f64[1,$b,$c,$a], %y: f64[1,$d,$c,$a], %p: f64[1,$b,1,1], %q: f64[1,$d,1,1]) -> (f64[1,$b+$d,$c,$a]) {{\n  %u = {mn} %x, %p : f64[1,$b,$c,$a]\n  %v = {mn} %y, %q : f64[1,$d,$c,$a]\n  %r = concat %u, %v {{axis=1}} : f64[1,$b+$d,$c,$a]\n  return %r\n}}\n")));
+    }
+    // Concatenations along one axis nest and flatten, so that the two-operand rules see the
+    // operands of a wider concatenation (an Inception module joins four branches).
+    for (n, ops, nested) in [
+        (3, "?a ?b ?c", "(concat (concat ?a ?b ?ax) ?c ?ax)"),
+        (4, "?a ?b ?c ?d", "(concat (concat ?a ?b ?c ?ax) ?d ?ax)"),
+        (
+            5,
+            "?a ?b ?c ?d ?e",
+            "(concat (concat ?a ?b ?c ?d ?ax) ?e ?ax)",
+        ),
+    ] {
+        let flat = format!("(concat {ops} ?ax)");
+        let args = ["%x", "%x", "%y", "%x", "%y"][..n].join(", ");
+        let width: u64 = n as u64;
+        let witness = format!(
+            "func @f(%x: f64[$a,$b,$c], %y: f64[$a,$b,$c]) -> (f64[$a,$b,{w}$c]) {{\n  %r = concat {args} {{axis=2}} : f64[$a,$b,{w}$c]\n  return %r\n}}\n",
+            w = format!("{width}*")
+        );
+        out.push(rw(
+            &format!("concat-nest-{n}"),
+            SET,
+            &flat,
+            nested,
+            &witness,
+        ));
+        let nested_witness = match n {
+            3 => {
+                "func @f(%x: f64[$a,$b,$c], %y: f64[$a,$b,$c]) -> (f64[$a,$b,3*$c]) {\n  %p = concat %x, %x {axis=2} : f64[$a,$b,2*$c]\n  %r = concat %p, %y {axis=2} : f64[$a,$b,3*$c]\n  return %r\n}\n"
+            }
+            4 => {
+                "func @f(%x: f64[$a,$b,$c], %y: f64[$a,$b,$c]) -> (f64[$a,$b,4*$c]) {\n  %p = concat %x, %x, %y {axis=2} : f64[$a,$b,3*$c]\n  %r = concat %p, %x {axis=2} : f64[$a,$b,4*$c]\n  return %r\n}\n"
+            }
+            _ => {
+                "func @f(%x: f64[$a,$b,$c], %y: f64[$a,$b,$c]) -> (f64[$a,$b,5*$c]) {\n  %p = concat %x, %x, %y, %x {axis=2} : f64[$a,$b,4*$c]\n  %r = concat %p, %y {axis=2} : f64[$a,$b,5*$c]\n  return %r\n}\n"
+            }
+        };
+        out.push(rw(
+            &format!("concat-flatten-{n}"),
+            SET,
+            nested,
+            &flat,
+            nested_witness,
+        ));
+    }
     for &(op, push_in, pull_out) in BINARY {
         let mn = OpKind::Binary(op).mnemonic();
         // Transposes of both operands with one permutation: ranks are equal, so broadcasting
@@ -255,6 +308,29 @@ pub(super) fn rules() -> Vec<Rule> {
             &format!("func @f(%x: f64[$a,1,$c], %y: f64[$a,$b,$c]) -> (f64[$a,$b,$c]) {{\n  %t = broadcast_to %x {{shape=[$a,$b,$c]}} : f64[$a,$b,$c]\n  %r = {mn} %y, %t : f64[$a,$b,$c]\n  return %r\n}}\n")));
     }
     out
+}
+
+/// `concat(a op c, b op d)` where `a op c` has `a`'s shape, `b op d` has `b`'s, and `c`, `d`
+/// match `a`, `b` along the axis and each other elsewhere.
+fn concat_binary(eg: &G, _: Id, s: &Subst) -> bool {
+    let dims = |v: &str| ty(eg, var(s, v)).map(|t| t.dims().to_vec());
+    let (Some(a), Some(b), Some(c), Some(d)) = (dims("?a"), dims("?b"), dims("?c"), dims("?d"))
+    else {
+        return false;
+    };
+    let Some(OpKind::Concat { axis }) = attrs(eg, s, "?ax") else {
+        return false;
+    };
+    let r = a.len();
+    let Some(ax) = normalize_axis(*axis, r) else {
+        return false;
+    };
+    [&b, &c, &d].iter().all(|x| x.len() == r)
+        && broadcast_shapes(&a, &c).is_ok_and(|x| x == a)
+        && broadcast_shapes(&b, &d).is_ok_and(|x| x == b)
+        && c[ax] == a[ax]
+        && d[ax] == b[ax]
+        && (0..r).all(|i| i == ax || c[i] == d[i])
 }
 
 /// The range `[start, end)` a unit-step slice takes of each axis, if every step is 1.

@@ -30,7 +30,7 @@ pub struct Rule {
     pub rewrite: Rewrite<Node, TensorAnalysis>,
     /// A function the rule applies to: IR text in which `$a`, `$b`, `$c` and `$d` stand for
     /// dimensions the soundness test draws at random (`$b` at least 2), `$2b` for twice `$b`
-    /// and `$b-1`, `$b+1` for one less and one more.
+    /// and `$b-1`, `$b+1`, `$b+$d`, `2*$c` ... `5*$c` for those sums and products.
     pub witness: String,
 }
 
