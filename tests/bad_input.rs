@@ -110,7 +110,7 @@ fn usage_errors_exit_2() {
     let (code, _, err) = run(&["opt", "--passes=eqsat{rules=[algebra,bogus]}", "-"], b"");
     assert_eq!(code, 2);
     assert!(
-        err.contains("unknown rule set `bogus`; valid sets: algebra, layout"),
+        err.contains("unknown rule set `bogus`; valid sets: algebra, finite, layout, graph"),
         "{err}"
     );
     let (code, _, err) = run(&["opt", "--passes=dce{aggressive=1}", "-"], b"");

@@ -30,8 +30,10 @@ pub use manager::{
 
 /// The pipeline `tcc run` and `tcc::Program::from_onnx` run before compiling, as onnxruntime
 /// optimizes a graph before running it: constant folding and identities, batch-norm folding,
-/// common subexpressions, dead code. Each keeps results within rounding of the original.
-pub const INFERENCE_PIPELINE: &str = "canonicalize,fold-bn,cse,dce";
+/// common subexpressions, dead code, then equality saturation with its default rule sets
+/// (exact but for rounding; never estimated slower than its input). Each keeps results within
+/// rounding of the original.
+pub const INFERENCE_PIPELINE: &str = "canonicalize,fold-bn,cse,dce,eqsat";
 
 use manager::OptionInfo;
 

@@ -12,13 +12,15 @@
 //! ([`encode`]). It does not delete results or parameters, and it subsumes `cse` (equal
 //! computations share one e-class).
 //!
-//! Options: `rules=[algebra,layout,graph]` (the sets, [`rules::SETS`]; default
-//! [`rules::DEFAULT_SETS`]), `iter-limit=`,
-//! `node-limit=`, `time-limit=` (seconds), `fold-limit=` (largest dense constant folding may
-//! create), and the machine constants `gflops=`, `vector-gflops=`, `gbps=`, `launch-us=` (defaults
+//! Options: `rules=[...]` (the sets, [`rules::SETS`]; default [`rules::DEFAULT_SETS`]: the
+//! set `finite`, whose identities assume finite values, only when asked for), `iter-limit=`
+//! and `node-limit=` (defaults scale with the function: [`default_iterations`]),
+//! `time-limit=` (seconds, a backstop), `fold-limit=` (largest dense constant folding may
+//! create), `ilp-limit=` and `ilp-nodes=` (the exact extraction's reach), and the machine
+//! constants `gflops=`, `vector-gflops=`, `gbps=`, `launch-us=` (defaults
 //! [`Machine::DEFAULT`]). The report (`tcc opt --time-passes`, `tcc run --stats`) gives
-//! iterations, e-nodes and e-classes, the stop reason, each rule's applications and the
-//! estimated time before and after.
+//! iterations, e-nodes and e-classes, the stop reason, the estimated time before and after,
+//! the extraction written back, the time spent, and each rule's applications.
 
 pub mod check;
 pub mod decode;
@@ -296,7 +298,7 @@ fn original_choice(
 pub(crate) const OPTIONS: &[OptionInfo] = &[
     OptionInfo {
         name: "rules",
-        help: "rule sets among algebra, layout, graph; default `[algebra,layout]`",
+        help: "rule sets among algebra, finite, layout, graph; default `[algebra,layout,graph]`",
     },
     OptionInfo {
         name: "iter-limit",

@@ -1,8 +1,9 @@
 //! `algebra`: identities of floating-point arithmetic, exact over the reals.
 //!
-//! Reassociation and factoring change rounding (as `-ffast-math`'s `reassoc` does); `x * 0 ->
-//! 0` and `x - x -> 0` assume finite values (`nnan`, `ninf`). Every rule is checked against
-//! the interpreter in f64 on random finite inputs. Integer arithmetic is left alone (every rule
+//! Reassociation and factoring change rounding (as `-ffast-math`'s `reassoc` does). The rules
+//! that assume finite values (`x * 0 -> 0`, `x - x -> 0`, `exp(a) * exp(b) <-> exp(a + b)`,
+//! `a / b -> a * (1 / b)`) form the set `finite`, outside the default. Every rule is checked
+//! against the interpreter in f64 on random finite inputs. Integer arithmetic is left alone (every rule
 //! requires a float result).
 //!
 //! Associativity is only used to bring constants together, which then fold through the
@@ -18,6 +19,12 @@ use egg::{Id, Subst};
 use tcc_ir::OpKind;
 
 const SET: &str = "algebra";
+
+/// Rules that hold only for finite values that do not overflow: `x * 0 -> 0` and `x - x -> 0`
+/// (NaN and infinity give NaN), `exp(a) * exp(b) <-> exp(a + b)` and `a / b -> a * (1 / b)`
+/// (one side can overflow where the other does not). A set of their own, `finite`, that a
+/// pipeline asks for, as `-ffast-math` is asked for.
+const FINITE: &str = "finite";
 
 /// Instantiates `body` as a function of three same-shaped inputs.
 macro_rules! witness {
@@ -197,7 +204,7 @@ pub(super) fn rules() -> Vec<Rule> {
         ),
         rw_with(
             "mul-zero",
-            SET,
+            FINITE,
             "(mul ?x ?c)",
             |eg, m, s| {
                 if !(float(eg, m) && splat_is(eg, var(s, "?c"), 0.0)) {
@@ -212,7 +219,7 @@ pub(super) fn rules() -> Vec<Rule> {
         ),
         rw_with(
             "sub-self",
-            SET,
+            FINITE,
             "(sub ?x ?x)",
             |eg, m, _| {
                 let t = ty(eg, m).filter(|t| t.dtype().is_float())?.clone();
@@ -320,7 +327,7 @@ pub(super) fn rules() -> Vec<Rule> {
         ),
         rw_if(
             "div-to-mul-reciprocal",
-            SET,
+            FINITE,
             "(div ?a ?b)",
             "(mul ?a (reciprocal ?b))",
             float_only,
@@ -348,7 +355,7 @@ pub(super) fn rules() -> Vec<Rule> {
         ),
         rw_if(
             "exp-mul",
-            SET,
+            FINITE,
             "(mul (exp ?a) (exp ?b))",
             "(exp (add ?a ?b))",
             float_only,
@@ -358,7 +365,7 @@ pub(super) fn rules() -> Vec<Rule> {
         ),
         rw_if(
             "exp-add",
-            SET,
+            FINITE,
             "(exp (add ?a ?b))",
             "(mul (exp ?a) (exp ?b))",
             float_only,

@@ -35,17 +35,17 @@ pub struct Rule {
 }
 
 /// The rule sets.
-pub const SETS: &[&str] = &["algebra", "layout", "graph"];
+pub const SETS: &[&str] = &["algebra", "finite", "layout", "graph"];
 
 /// The sets `eqsat` runs unless told otherwise.
-pub const DEFAULT_SETS: &[&str] = &["algebra", "layout"];
+pub const DEFAULT_SETS: &[&str] = &["algebra", "layout", "graph"];
 
 /// Every rule of the named sets; an unknown set is an error listing the valid ones.
 pub fn rules(sets: &[String]) -> Result<Vec<Rule>, String> {
     let mut out = Vec::new();
     for s in sets {
         match s.as_str() {
-            "algebra" => out.extend(algebra::rules()),
+            "algebra" | "finite" => out.extend(algebra::rules().into_iter().filter(|r| r.set == s)),
             "layout" => out.extend(layout::rules()),
             "graph" => out.extend(graph::rules()),
             _ => {
