@@ -12,7 +12,9 @@
 //! Time. A kernel takes `launch + max(FLOPs / peak, bytes / bandwidth)` ([`Machine`]): the bytes
 //! are its operands read and its result written. A chain of elementwise ops is one kernel (as
 //! the CPU backend fuses them): a value made by an elementwise op and read only by elementwise
-//! ops is never stored, and costs neither the write, the reads nor a launch. An op whose
+//! ops is never stored, and costs neither the write, the reads nor a launch. A matmul or
+//! convolution whose only reader is elementwise runs it as an epilogue: its result is not
+//! stored and the reader starts no kernel. An op whose
 //! operands are all constants is folded at compile time and costs nothing; so do ops that only
 //! relabel a buffer. [`estimate`] applies this to a function, [`Dag`] to any program in that
 //! shape (the e-graph's extractions).
@@ -275,12 +277,31 @@ impl Dag {
         let fused = |i: usize| {
             self.ops[i].kind.is_elementwise() && readers_fuse[i] && !self.ops[i].returned
         };
+        // A matmul or convolution whose one reader is elementwise runs that reader as its
+        // epilogue, on the tile in registers (the CPU backend's fused bias and activation).
+        let mut readers = vec![0usize; self.ops.len()];
+        for op in &self.ops {
+            let mut seen: Vec<usize> = Vec::new();
+            for a in &op.args {
+                if let Operand::Op(j) = a
+                    && !seen.contains(j)
+                {
+                    seen.push(*j);
+                    readers[*j] += 1;
+                }
+            }
+        }
+        let epilogue = |i: usize| {
+            let o = &self.ops[i];
+            is_library(&o.kind) && readers[i] == 1 && readers_fuse[i] && !o.returned
+        };
         let mut total = 0.0;
         for (i, op) in self.ops.iter().enumerate() {
             if folded[i] || is_free(&op.kind) {
                 continue;
             }
             let mut bytes = 0;
+            let mut is_epilogue = false;
             let mut tys = Vec::with_capacity(op.args.len());
             for a in &op.args {
                 let ty = match a {
@@ -288,20 +309,32 @@ impl Dag {
                     Operand::Op(j) => &self.ops[*j].ty,
                 };
                 tys.push(ty);
-                let in_registers = matches!(a, Operand::Op(j) if fused(*j));
+                let from_epilogue = matches!(a, Operand::Op(j) if epilogue(*j));
+                is_epilogue |= from_epilogue;
+                let in_registers = matches!(a, Operand::Op(j) if fused(*j)) || from_epilogue;
                 if !in_registers {
                     bytes += ty.size_bytes();
                 }
             }
             let flops = time_flops(&op.kind, &tys, &[&op.ty]);
-            total += if fused(i) {
+            let stored = !(fused(i) || epilogue(i));
+            let bytes = bytes + if stored { op.ty.size_bytes() } else { 0 };
+            total += if fused(i) || is_epilogue {
                 m.body_time(&op.kind, flops, bytes)
             } else {
-                m.kernel_time(&op.kind, flops, bytes + op.ty.size_bytes())
+                m.kernel_time(&op.kind, flops, bytes)
             };
         }
         total
     }
+}
+
+/// Whether an op runs on the tuned matrix kernels (which take elementwise epilogues).
+pub fn is_library(kind: &OpKind) -> bool {
+    matches!(
+        kind,
+        OpKind::MatMul | OpKind::Conv2d(_) | OpKind::Conv2dNchwc { .. }
+    )
 }
 
 /// Estimated seconds to run `f` on `m` (see the module docs).
