@@ -439,3 +439,21 @@ fn bench_reports_compile_time_latency_and_features() {
         assert!(err.contains(want), "{err}");
     }
 }
+
+#[test]
+fn calibrate_prints_eqsat_options_that_a_pipeline_takes() {
+    // The figures are this machine's (never asserted); what is checked is that each is a
+    // positive number and that the last line is a pipeline `tcc opt` accepts.
+    let (code, out, err) = tcc(&["calibrate"], "");
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 5, "{out}");
+    for l in &lines[..4] {
+        let x: f64 = l.split_whitespace().rev().nth(2).unwrap().parse().unwrap();
+        assert!(x > 0.0 && x.is_finite(), "{l}");
+    }
+    let pipeline = format!("--passes={}", lines[4]);
+    let (code, out, err) = tcc(&["opt", &pipeline, "examples/mlp.tir"], "");
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("func @mlp"), "{out}");
+}

@@ -92,6 +92,11 @@ enum Cmd {
         after_help = "Examples:\n  tcc bench model.onnx --shape input=1,3,224,224 --threads 2\n  tcc bench examples/mlp.tir --runs 200 --target host,-avx512f\n\nInputs, passes and target as in `tcc run` (the inference pipeline unless --passes or -O0).\nCompile time is split into load (parse or ONNX import), passes and code generation."
     )]
     Bench(cmd::bench::Args),
+    /// Measure the time model's constants on this machine and print them as eqsat options.
+    #[command(
+        after_help = "Example:\n  tcc calibrate\n  tcc opt --passes='eqsat{gflops=150,vector-gflops=30,gbps=18,launch-us=1.5}' model.tir\n\neqsat keeps fixed defaults so that its output is the same on every machine; pass these to\ntune it for this one."
+    )]
+    Calibrate(cmd::calibrate::Args),
     /// Print how each function is cut into kernels and where its values live in the arena.
     #[command(after_help = "Example:\n  tcc plan examples/mlp.tir")]
     Plan(cmd::plan::Args),
@@ -148,6 +153,7 @@ pub fn run(
         Cmd::Import(a) => cmd::import::run(a, io),
         Cmd::Run(a) => cmd::run::run(a, io),
         Cmd::Bench(a) => cmd::bench::run(a, io),
+        Cmd::Calibrate(a) => cmd::calibrate::run(a, io),
         Cmd::Plan(a) => cmd::plan::run(a, io),
         Cmd::Grad(a) => cmd::grad::run(a, io),
         Cmd::Train(a) => cmd::train::run(a, io),

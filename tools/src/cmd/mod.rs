@@ -1,6 +1,7 @@
 //! One file per subcommand: its arguments and what it does.
 
 pub(crate) mod bench;
+pub(crate) mod calibrate;
 pub(crate) mod cat;
 pub(crate) mod grad;
 pub(crate) mod import;
