@@ -17,7 +17,7 @@
 //! - resnext: a ResNeXt block (56x56x256, 1x1 128, 3x3 in 32 groups, 1x1 256, residual);
 //! - nasrnn: a NASNet-style RNN cell, batch 1, width 512: eight gates, each `x W + h U`, joined
 //!   by products, sums and activations;
-//! - the ONNX `light` zoo models inception_v1, inception_v2, squeezenet, resnet50 after the
+//! - the nine ONNX `light` zoo models after the
 //!   inference pipeline's passes before `eqsat` (if the onnx wheel's test data is in
 //!   target/onnx-venv);
 //! - the training examples after `grad{wrt=params},canonicalize,cse,dce`.
@@ -317,7 +317,17 @@ fn main() {
     }
     let light = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("target/onnx-venv/lib/python3.11/site-packages/onnx/backend/test/data/light");
-    for name in ["inception_v1", "inception_v2", "squeezenet", "resnet50"] {
+    for name in [
+        "inception_v1",
+        "inception_v2",
+        "squeezenet",
+        "resnet50",
+        "bvlc_alexnet",
+        "zfnet512",
+        "densenet121",
+        "shufflenet",
+        "vgg19",
+    ] {
         let path = light.join(format!("light_{name}.onnx"));
         let Ok(mut m) = tcc::onnx::import_file(&path, &Default::default()) else {
             println!(
