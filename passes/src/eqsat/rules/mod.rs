@@ -288,12 +288,7 @@ fn nodes_of(eg: &G, id: Id, op: OpId) -> Vec<Node> {
 }
 
 /// A pattern rule outside the sets, `lhs => rhs` (for tests and experiments: the soundness
-/// test checks that it catches a wrong one).
+/// test checks that it catches a wrong one). Panics if a pattern does not parse.
 pub fn custom(name: &str, lhs: &str, rhs: &str, witness: &str) -> Rule {
     rw(name, "custom", lhs, rhs, witness)
-}
-
-/// Whether `lhs` matches anywhere in `eg` (for tests).
-pub fn matches_anywhere(rule: &Rule, eg: &G) -> bool {
-    !rule.rewrite.searcher.search(eg).is_empty()
 }
