@@ -7,7 +7,7 @@
 //! verifies; the same input gives the same output on every run and machine (egg's deterministic
 //! mode, node and iteration limits rather than time deciding where it stops, fixed default
 //! machine constants); the output is never estimated slower than the input (else the input is
-//! kept). Values that survive keep their names. Ops it does not model (control dependencies,
+//! kept; the check is made again on the function written back). Values that survive keep their names. Ops it does not model (control dependencies,
 //! `stop_gradient`, multi-result and side-effecting ops) stay exactly as they are
 //! ([`encode`]). It does not delete results or parameters, and it subsumes `cse` (equal
 //! computations share one e-class).
@@ -231,11 +231,18 @@ pub fn eqsat(f: &mut Function, o: &EqsatOptions) -> Result<Report, String> {
             best = Some((t, name, sel));
         }
     }
-    let changed = best.map(|(_, name, _)| name);
-    if let Some((_, _, sel)) = best {
-        decode::decode(f, &enc, sel);
+    // Written back, the program must still be estimated faster (the estimate of the function
+    // is the one reported; folding new ops on constants only lowers it).
+    let mut changed = None;
+    if let Some((_, name, sel)) = best {
+        let mut g = f.clone();
+        decode::decode(&mut g, &enc, sel);
         // Constants only the folded new ones read (the weights a merge concatenated).
-        crate::dce(f);
+        crate::dce(&mut g);
+        if estimate(&g, &o.machine) < before {
+            *f = g;
+            changed = Some(name);
+        }
     }
     let after = estimate(f, &o.machine);
     Ok(Report {
