@@ -7,9 +7,9 @@
 //! verifies; the same input gives the same output on every run and machine (egg's deterministic
 //! mode, node and iteration limits rather than time deciding where it stops, fixed default
 //! machine constants); the output is never estimated slower than the input (else the input is
-//! kept; the check is made again on the function written back). Values that survive keep their names. Ops it does not model (control dependencies,
-//! `stop_gradient`, multi-result and side-effecting ops) stay exactly as they are
-//! ([`encode`]). It does not delete results or parameters, and it subsumes `cse` (equal
+//! kept; the check is made again on the function written back). Values that survive keep their
+//! names. Ops it does not model (control dependencies, `stop_gradient`, multi-result and
+//! side-effecting ops) stay exactly as they are ([`encode`]). It does not delete results or parameters, and it subsumes `cse` (equal
 //! computations share one e-class).
 //!
 //! Options: `rules=[...]` (the sets, [`rules::SETS`]; default [`rules::DEFAULT_SETS`]: the
