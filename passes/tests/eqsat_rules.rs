@@ -6,7 +6,7 @@
 use egg::{BackoffScheduler, Runner};
 use tcc_ir::random::{Rng, random_tensor};
 use tcc_passes::eqsat::check::check_classes;
-use tcc_passes::eqsat::encode::{Encoded, encode};
+use tcc_passes::eqsat::encode::encode;
 use tcc_passes::eqsat::rules::{Rule, all_rules, custom};
 
 /// The witness with its dimensions drawn: `$a`, `$c`, `$d` in 1..=4, `$b` in 2..=4.
@@ -39,15 +39,9 @@ fn check_rule(rule: &Rule, seeds: u64) -> Result<(), String> {
             .map_err(|e| format!("rule `{}`: witness does not parse: {e}\n{text}", rule.name))?;
         tcc_ir::verify_function(&f)
             .map_err(|e| format!("rule `{}`: witness does not verify: {e}\n{text}", rule.name))?;
-        let Encoded {
-            egraph,
-            class,
-            node,
-            opaque,
-            roots,
-        } = encode(&f, 256);
+        let mut enc = encode(&f, 256);
         let runner = Runner::default()
-            .with_egraph(egraph)
+            .with_egraph(std::mem::take(&mut enc.egraph))
             .with_iter_limit(3)
             .with_node_limit(10_000)
             .with_scheduler(BackoffScheduler::default())
@@ -66,13 +60,7 @@ fn check_rule(rule: &Rule, seeds: u64) -> Result<(), String> {
                 rule.name
             ));
         }
-        let enc = Encoded {
-            egraph: runner.egraph,
-            class,
-            node,
-            opaque,
-            roots,
-        };
+        enc.egraph = runner.egraph;
         let inputs: Vec<_> = f
             .params()
             .iter()

@@ -11,7 +11,7 @@ use super::encode::Encoded;
 use super::lang::{Node, Tag, kind_of, operands};
 use egg::{AstSize, Extractor, Id};
 use std::collections::HashMap;
-use tcc_ir::{Function, OpKind, Tensor};
+use tcc_ir::{Function, Tensor};
 
 /// Checks every node of `enc`'s e-graph (built from `f`) on `inputs`, values compared in f64
 /// with relative tolerance `tol`. The error names the first node that disagrees.
@@ -130,15 +130,8 @@ fn eval(
         }
         Node::Const(k) => {
             let e = &t.consts[k.0 as usize];
-            let lit = match (&e.value, e.origin) {
-                (Some(v), _) => v.clone(),
-                (None, Some(o)) => match f.def_op(o).map(|o| &f.op(o).kind) {
-                    Some(OpKind::Const { value, .. }) => value.clone(),
-                    _ => return Err("a constant without a value".into()),
-                },
-                (None, None) => return Err("a constant without a value".into()),
-            };
-            Tensor::from_literal(&e.ty, &lit).map_err(|e| e.to_string())
+            let lit = e.literal(f).ok_or("a constant without a value")?;
+            Tensor::from_literal(&e.ty, lit).map_err(|e| e.to_string())
         }
         Node::Op(Tag::Opaque(i), _) => {
             let o = &t.opaque[*i as usize];

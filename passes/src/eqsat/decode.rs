@@ -10,11 +10,11 @@
 //! it (or, if new, just before its first reader). The backward part, if the function has one,
 //! starts at the first op placed at or after the point where the input's started.
 
-use super::encode::Encoded;
+use super::encode::{Encoded, values};
 use super::extract::Selection;
 use super::lang::{Node, Tag, kind_of, operands};
 use cranelift_entity::SecondaryMap;
-use egg::{Id, Language};
+use egg::Id;
 use std::collections::HashMap;
 use tcc_ir::{Function, Op, OpKind, Value};
 
@@ -29,24 +29,13 @@ enum Source {
     New,
 }
 
-/// Writes `sel` into `f` (which `enc` encodes). Returns how many ops were created.
-pub fn decode(f: &mut Function, enc: &Encoded, sel: &Selection) -> usize {
+/// Writes `sel` into `f` (which `enc` encodes).
+pub fn decode(f: &mut Function, enc: &Encoded, sel: &Selection) {
     let eg = &enc.egraph;
     // The input's values, earliest first, by e-class.
     let mut holders: HashMap<Id, Vec<Value>> = HashMap::new();
-    for &p in f.params() {
-        holders
-            .entry(eg.find(enc.class[p].unwrap()))
-            .or_default()
-            .push(p);
-    }
-    for &op in f.schedule() {
-        for &r in &f.op(op).results {
-            holders
-                .entry(eg.find(enc.class[r].unwrap()))
-                .or_default()
-                .push(r);
-        }
+    for v in values(f) {
+        holders.entry(enc.class_of(v)).or_default().push(v);
     }
     // Which input op or parameter, if any, provides each chosen class.
     let mut source: HashMap<Id, Source> = HashMap::new();
@@ -55,15 +44,9 @@ pub fn decode(f: &mut Function, enc: &Encoded, sel: &Selection) -> usize {
             Node::Attr(_) => continue,
             Node::Param(p) => Source::Param(f.params()[p.0 as usize]),
             Node::Op(Tag::Opaque(i), _) => Source::Kept(eg.analysis.tables.opaque[*i as usize].op),
-            _ => holders
-                .get(&c)
-                .into_iter()
-                .flatten()
-                .filter_map(|&v| f.def_op(v))
-                .find(|&op| {
-                    (enc.node[op].as_ref())
-                        .is_some_and(|n| &n.clone().map_children(|x| eg.find(x)) == node)
-                })
+            _ => (holders.get(&c).into_iter().flatten())
+                .find(|&&v| enc.node_of(v).as_ref() == Some(node))
+                .and_then(|&v| f.def_op(v))
                 .map_or(Source::New, Source::Kept),
         };
         source.insert(c, s);
@@ -97,7 +80,7 @@ pub fn decode(f: &mut Function, enc: &Encoded, sel: &Selection) -> usize {
         .filter(|&&op| enc.opaque[op])
         .map(|&op| {
             let args = f.op(op).args.iter();
-            (op, args.map(|&a| eg.find(enc.class[a].unwrap())).collect())
+            (op, args.map(|&a| enc.class_of(a)).collect())
         })
         .collect();
     for &op in &schedule {
@@ -107,7 +90,7 @@ pub fn decode(f: &mut Function, enc: &Encoded, sel: &Selection) -> usize {
         let mut todo: Vec<(Item, bool)> = if enc.opaque[op] {
             vec![(Item::Opaque(op), false)]
         } else {
-            let c = eg.find(enc.class[f.op(op).results[0]].unwrap());
+            let c = enc.class_of(f.op(op).results[0]);
             if !sel.choice.contains_key(&c) {
                 continue;
             }
@@ -214,7 +197,6 @@ pub fn decode(f: &mut Function, enc: &Encoded, sel: &Selection) -> usize {
     }
     let mut new_order = Vec::with_capacity(order.len());
     let mut backward = None;
-    let mut created = 0;
     for (i, item) in order.iter().enumerate() {
         let op = match *item {
             Item::Opaque(o) => {
@@ -241,7 +223,6 @@ pub fn decode(f: &mut Function, enc: &Encoded, sel: &Selection) -> usize {
                         if let Some(l) = loc {
                             f.set_loc(o, *l);
                         }
-                        created += 1;
                         value.insert(c, f.op(o).results[0]);
                         o
                     }
@@ -260,7 +241,6 @@ pub fn decode(f: &mut Function, enc: &Encoded, sel: &Selection) -> usize {
         .map(|r| value[&eg.find(*r)])
         .collect();
     f.set_results(results);
-    created
 }
 
 /// Largest constant a new op on constants is folded into when written back (the merged
@@ -299,17 +279,10 @@ fn new_kind(f: &Function, enc: &Encoded, node: &Node) -> OpKind {
     match node {
         Node::Const(k) => {
             let e = &eg.analysis.tables.consts[k.0 as usize];
-            let value = match (&e.value, e.origin) {
-                (Some(v), _) => v.clone(),
-                (None, Some(o)) => match f.def_op(o).map(|o| &f.op(o).kind) {
-                    Some(OpKind::Const { value, .. }) => value.clone(),
-                    _ => unreachable!("constants come from constant ops"),
-                },
-                (None, None) => unreachable!("folded constants keep their value"),
-            };
+            let value = e.literal(f).expect("constants keep or find their value");
             OpKind::Const {
                 ty: e.ty.clone(),
-                value,
+                value: value.clone(),
             }
         }
         Node::Op(Tag::Op(id), children) => kind_of(eg, *id, children),

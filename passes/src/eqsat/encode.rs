@@ -6,7 +6,7 @@
 //! node; two ops computing the same thing from the same operands share one e-class, so the pass
 //! subsumes `cse`.
 
-use super::lang::{Node, ParamRef, Tables, Tag, TensorAnalysis, has_attrs};
+use super::lang::{Node, OpaqueEntry, ParamRef, Tables, Tag, TensorAnalysis, has_attrs};
 use cranelift_entity::SecondaryMap;
 use egg::{EGraph, Id};
 use tcc_ir::{Function, Op, OpKind, Value};
@@ -17,8 +17,8 @@ pub struct Encoded {
     pub egraph: EGraph<Node, TensorAnalysis>,
     /// The e-class of each parameter and scheduled op result.
     pub class: SecondaryMap<Value, Option<Id>>,
-    /// The e-node each scheduled non-opaque op was encoded as (its children as then).
-    pub node: SecondaryMap<Op, Option<Node>>,
+    /// The e-node each parameter and scheduled op result was encoded as (children as then).
+    pub node: SecondaryMap<Value, Option<Node>>,
     /// Whether an op is opaque.
     pub opaque: SecondaryMap<Op, bool>,
     /// The function's results, then the operands of opaque ops: what extraction must compute.
@@ -44,66 +44,87 @@ pub fn encode(f: &Function, fold_limit: u64) -> Encoded {
         }
     }
     let tables = Tables::new(f.params().iter().map(|&p| f.ty(p).clone()).collect());
-    let mut egraph = EGraph::new(TensorAnalysis {
-        tables,
-        fold_limit,
-        rule: None,
-        error: None,
-    });
-    let mut class = SecondaryMap::with_capacity(f.num_values_created());
-    let mut node = SecondaryMap::with_capacity(f.num_ops_created());
-    let mut opaque = SecondaryMap::with_capacity(f.num_ops_created());
-    let mut roots = Vec::new();
-    for (i, &p) in f.params().iter().enumerate() {
-        class[p] = Some(egraph.add(Node::Param(ParamRef(i as u32))));
-    }
-    let cls = |class: &SecondaryMap<Value, Option<Id>>, v: Value| {
-        class[v].expect("operands are defined before use")
+    let mut enc = Encoded {
+        egraph: EGraph::new(TensorAnalysis {
+            tables,
+            fold_limit,
+            rule: None,
+            error: None,
+        }),
+        class: SecondaryMap::with_capacity(f.num_values_created()),
+        node: SecondaryMap::with_capacity(f.num_values_created()),
+        opaque: SecondaryMap::with_capacity(f.num_ops_created()),
+        roots: Vec::new(),
     };
+    for (i, &p) in f.params().iter().enumerate() {
+        enc.add(p, Node::Param(ParamRef(i as u32)));
+    }
+    let mut opaque_roots: Vec<Id> = Vec::new();
     for &op in f.schedule() {
         let d = f.op(op);
-        let args: Vec<Id> = d.args.iter().map(|&a| cls(&class, a)).collect();
+        let args: Vec<Id> = d.args.iter().map(|&a| enc.class_of(a)).collect();
         if is_opaque(f, op, &dep_target) {
-            opaque[op] = true;
-            roots.extend(&args);
+            enc.opaque[op] = true;
+            opaque_roots.extend(&args);
             for (r, &v) in d.results.iter().enumerate() {
-                let t = &mut egraph.analysis.tables;
+                let t = &mut enc.egraph.analysis.tables;
                 let i = t.opaque.len() as u32;
-                t.opaque.push(super::lang::OpaqueEntry {
+                t.opaque.push(OpaqueEntry {
                     op,
                     result: r,
                     kind: d.kind.clone(),
                     ty: f.ty(v).clone(),
                 });
-                class[v] = Some(egraph.add(Node::Op(Tag::Opaque(i), args.clone())));
+                enc.add(v, Node::Op(Tag::Opaque(i), args.clone()));
             }
             continue;
         }
         let n = match &d.kind {
             OpKind::Const { ty, value } => {
                 let small = value.as_splat().is_some() || ty.numel() <= fold_limit;
-                let t = &mut egraph.analysis.tables;
+                let t = &mut enc.egraph.analysis.tables;
                 Node::Const(t.intern_const(ty, small.then(|| value.clone()), Some(d.results[0])))
             }
             kind => {
                 let id = kind.id();
                 let mut children = args;
                 if has_attrs(id) {
-                    let a = egraph.analysis.tables.intern_kind(kind.clone());
-                    children.push(egraph.add(Node::Attr(a)));
+                    let a = enc.egraph.analysis.tables.intern_kind(kind.clone());
+                    children.push(enc.egraph.add(Node::Attr(a)));
                 }
                 Node::Op(Tag::Op(id), children)
             }
         };
-        class[d.results[0]] = Some(egraph.add(n.clone()));
-        node[op] = Some(n);
+        enc.add(d.results[0], n);
     }
-    roots.splice(0..0, f.results().iter().map(|&r| cls(&class, r)));
-    Encoded {
-        egraph,
-        class,
-        node,
-        opaque,
-        roots,
+    enc.roots = f.results().iter().map(|&r| enc.class_of(r)).collect();
+    enc.roots.extend(opaque_roots);
+    enc
+}
+
+impl Encoded {
+    /// Adds `n` as the e-node of `v`.
+    fn add(&mut self, v: Value, n: Node) {
+        self.class[v] = Some(self.egraph.add(n.clone()));
+        self.node[v] = Some(n);
     }
+
+    /// The e-class of an encoded value (canonical now).
+    pub fn class_of(&self, v: Value) -> Id {
+        self.egraph
+            .find(self.class[v].expect("values are encoded before use"))
+    }
+
+    /// The e-node an encoded value was encoded as, its children canonical now.
+    pub fn node_of(&self, v: Value) -> Option<Node> {
+        let n = self.node[v].clone()?;
+        Some(egg::Language::map_children(n, |c| self.egraph.find(c)))
+    }
+}
+
+/// The values of `f` an encoding holds, in order: the parameters, then each scheduled op's
+/// results.
+pub fn values(f: &Function) -> impl Iterator<Item = Value> + '_ {
+    let results = f.schedule().iter().flat_map(|&op| f.op(op).results.iter());
+    f.params().iter().chain(results).copied()
 }

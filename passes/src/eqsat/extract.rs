@@ -15,6 +15,7 @@
 //! counts fused elementwise chains as one memory pass) is lowest, and only if it is lower than
 //! the input's: it never returns a program it estimates to be slower.
 
+use super::encode::{Encoded, values};
 use super::lang::{Node, Tag, TensorAnalysis, kind_of, operands};
 use crate::analysis::cost::{self, Dag, DagOp, Machine, Operand};
 use egg::{EGraph, Id, Language};
@@ -104,6 +105,23 @@ pub fn node_cost(eg: &G, class: Id, node: &Node, m: &Machine) -> f64 {
             let bytes: u64 = args.iter().map(|t| t.size_bytes()).sum::<u64>() + ty.size_bytes();
             m.kernel_time(&kind, flops, bytes)
         }
+}
+
+/// The input's own choice: each e-class computed as the earliest input value it holds (and
+/// attribute classes as their leaf).
+pub fn input_choice(f: &tcc_ir::Function, enc: &Encoded) -> HashMap<Id, Node> {
+    let mut pick = HashMap::new();
+    for v in values(f) {
+        if let Some(n) = enc.node_of(v) {
+            pick.entry(enc.class_of(v)).or_insert(n);
+        }
+    }
+    for class in enc.egraph.classes() {
+        if let Some(n @ Node::Attr(_)) = class.nodes.first() {
+            pick.entry(class.id).or_insert_with(|| n.clone());
+        }
+    }
+    pick
 }
 
 /// Each class's cheapest node by tree cost; on a tie, the node `prefer` picks for the class

@@ -17,6 +17,7 @@
 //! records the rule's name and the runner stops (the pass then fails, leaving the function as it
 //! was).
 
+use egg::Language;
 use egg::{Analysis, DidMerge, EGraph, Id, Symbol};
 use indexmap::IndexSet;
 use std::collections::HashMap;
@@ -25,7 +26,7 @@ use std::str::FromStr;
 use std::sync::OnceLock;
 use tcc_ir::interp::ConstArg;
 use tcc_ir::ops::OpId;
-use tcc_ir::{Literal, Op, OpKind, TensorType, Value};
+use tcc_ir::{Function, Literal, Op, OpKind, TensorType, Value};
 
 macro_rules! leaf_ref {
     ($(#[$m:meta])* $name:ident, $prefix:literal) => {
@@ -132,6 +133,20 @@ pub struct ConstEntry {
     pub value: Option<Literal>,
     /// The value that defined it in the function, when it came from there.
     pub origin: Option<Value>,
+}
+
+impl ConstEntry {
+    /// Its elements: held, or those of the constant op in `f` that defined it.
+    pub fn literal<'a>(&'a self, f: &'a Function) -> Option<&'a Literal> {
+        match (&self.value, self.origin) {
+            (Some(v), _) => Some(v),
+            (None, Some(o)) => match &f.op(f.def_op(o)?).kind {
+                OpKind::Const { value, .. } => Some(value),
+                _ => None,
+            },
+            (None, None) => None,
+        }
+    }
 }
 
 /// One result of an op the engine does not rewrite.
@@ -244,10 +259,10 @@ pub fn kind_of(egraph: &EGraph<Node, TensorAnalysis>, id: OpId, children: &[Id])
     if !has_attrs(id) {
         return id.blank(&TensorType::scalar(tcc_ir::DType::F32));
     }
-    match attrs_of(egraph, *children.last().expect("an attribute child")) {
-        Some(k) => k.clone(),
-        None => id.blank(&TensorType::scalar(tcc_ir::DType::F32)),
-    }
+    // Attribute classes are never merged with anything: each holds its leaf.
+    attrs_of(egraph, *children.last().expect("an attribute child"))
+        .expect("an attribute class holds its leaf")
+        .clone()
 }
 
 /// The attributes held by an attribute e-class.
@@ -265,8 +280,6 @@ pub fn operands(node: &Node) -> &[Id] {
         _ => node.children(),
     }
 }
-
-use egg::Language;
 
 impl Analysis<Node> for TensorAnalysis {
     type Data = ClassData;

@@ -142,22 +142,15 @@ impl std::fmt::Display for Report {
 pub fn eqsat(f: &mut Function, o: &EqsatOptions) -> Result<Report, String> {
     let start = Instant::now();
     let rules = rules::rules(&o.rules)?;
-    let enc = encode::encode(f, o.fold_limit);
+    let mut enc = encode::encode(f, o.fold_limit);
     if let Some(e) = &enc.egraph.analysis.error {
         return Err(e.clone());
     }
     let before = estimate(f, &o.machine);
-    let encode::Encoded {
-        egraph,
-        class,
-        node,
-        opaque,
-        roots,
-    } = enc;
     let rewrites: Vec<_> = rules.iter().map(|r| &r.rewrite).collect();
-    let default_nodes = (4 * egraph.total_number_of_nodes()).max(50_000);
+    let default_nodes = (4 * enc.egraph.total_number_of_nodes()).max(50_000);
     let runner = Runner::default()
-        .with_egraph(egraph)
+        .with_egraph(std::mem::take(&mut enc.egraph))
         .with_iter_limit(
             o.iter_limit
                 .unwrap_or_else(|| default_iterations(f.schedule().len())),
@@ -187,50 +180,43 @@ pub fn eqsat(f: &mut Function, o: &EqsatOptions) -> Result<Report, String> {
             *applied.entry(r.to_string()).or_insert(0) += n;
         }
     }
-    let enc = encode::Encoded {
-        egraph: runner.egraph,
-        class,
-        node,
-        opaque,
-        roots,
-    };
+    let iterations = runner.iterations.len();
+    enc.egraph = runner.egraph;
     let eg = &enc.egraph;
     let extract_start = Instant::now();
-    let original = original_choice(f, &enc);
-    let greedy = extract::greedy(eg, &o.machine, &original);
+    let input = extract::input_choice(f, &enc);
+    let greedy = extract::greedy(eg, &o.machine, &input);
     let results = &enc.roots[..f.results().len()];
     let time = |sel: &extract::Selection| extract::dag(eg, sel, results).time(&o.machine);
-    let mut candidates: Vec<(&'static str, extract::Selection)> = [
-        ("input", extract::close(eg, &enc.roots, &original)),
-        ("greedy", extract::close(eg, &enc.roots, &greedy)),
-    ]
-    .into_iter()
-    .filter_map(|(n, s)| Some((n, s?)))
-    .collect();
-    // The better heuristic choice, improved class by class with shared values counted once.
-    if let Some((_, seed)) = candidates
-        .iter()
-        .min_by(|a, b| time(&a.1).total_cmp(&time(&b.1)))
-    {
-        let better = extract::improve(eg, &enc.roots, seed, &greedy, &o.machine, 2);
-        candidates.push(("improved", better));
-    }
-    // The exact program for small e-graphs, seeded with the better heuristic choice.
-    if let Some((_, seed)) = candidates
-        .iter()
-        .min_by(|a, b| time(&a.1).total_cmp(&time(&b.1)))
-        && let Some(sel) = ilp::extract(eg, &enc.roots, &o.machine, seed, o.ilp_limit, o.ilp_nodes)
-    {
-        candidates.push(("ilp", sel));
-    }
-    // The cheapest candidate, if estimated faster than the input.
-    let mut best: Option<(f64, &'static str, &extract::Selection)> = None;
-    for (name, sel) in &candidates {
-        let t = time(sel);
-        if t < best.map_or(before, |(b, _, _)| b) {
-            best = Some((t, name, sel));
+    // Candidates with their estimates, the cheapest first after each addition.
+    // Candidates with their estimates, cheapest first (ties keep the earlier).
+    let mut candidates: Vec<(f64, &'static str, extract::Selection)> = Vec::new();
+    let add = |candidates: &mut Vec<_>, name, sel: Option<extract::Selection>| {
+        if let Some(sel) = sel {
+            candidates.push((time(&sel), name, sel));
+            candidates.sort_by(|a: &(f64, _, _), b| a.0.total_cmp(&b.0));
         }
-    }
+    };
+    add(
+        &mut candidates,
+        "input",
+        extract::close(eg, &enc.roots, &input),
+    );
+    add(
+        &mut candidates,
+        "greedy",
+        extract::close(eg, &enc.roots, &greedy),
+    );
+    // The best so far improved class by class with shared values counted once; then the exact
+    // program for small e-graphs, seeded with the best so far.
+    let improved = (candidates.first())
+        .map(|(_, _, seed)| extract::improve(eg, &enc.roots, seed, &greedy, &o.machine, 2));
+    add(&mut candidates, "improved", improved);
+    let exact = candidates.first().and_then(|(_, _, seed)| {
+        ilp::extract(eg, &enc.roots, &o.machine, seed, o.ilp_limit, o.ilp_nodes)
+    });
+    add(&mut candidates, "ilp", exact);
+    let best = candidates.first().filter(|(t, _, _)| *t < before);
     // Written back, the program must still be estimated faster (the estimate of the function
     // is the one reported; folding new ops on constants only lowers it).
     let mut changed = None;
@@ -241,12 +227,12 @@ pub fn eqsat(f: &mut Function, o: &EqsatOptions) -> Result<Report, String> {
         crate::dce(&mut g);
         if estimate(&g, &o.machine) < before {
             *f = g;
-            changed = Some(name);
+            changed = Some(*name);
         }
     }
     let after = estimate(f, &o.machine);
     Ok(Report {
-        iterations: runner.iterations.len(),
+        iterations,
         stop,
         nodes: eg.total_number_of_nodes(),
         classes: eg.number_of_classes(),
@@ -256,50 +242,6 @@ pub fn eqsat(f: &mut Function, o: &EqsatOptions) -> Result<Report, String> {
         time: start.elapsed(),
         extract_time: extract_start.elapsed(),
     })
-}
-
-/// Each e-class computed as the earliest input value it holds.
-fn original_choice(
-    f: &Function,
-    enc: &encode::Encoded,
-) -> std::collections::HashMap<egg::Id, lang::Node> {
-    use egg::Language;
-    let eg = &enc.egraph;
-    let mut pick = std::collections::HashMap::new();
-    let mut take = |v: tcc_ir::Value, n: lang::Node| {
-        pick.entry(eg.find(enc.class[v].unwrap()))
-            .or_insert_with(|| n.map_children(|c| eg.find(c)));
-    };
-    for (i, &p) in f.params().iter().enumerate() {
-        take(p, lang::Node::Param(lang::ParamRef(i as u32)));
-    }
-    let mut opaque_index = 0u32;
-    for &op in f.schedule() {
-        if enc.opaque[op] {
-            let args: Vec<egg::Id> = f
-                .op(op)
-                .args
-                .iter()
-                .map(|&a| enc.class[a].unwrap())
-                .collect();
-            for &r in &f.op(op).results {
-                take(
-                    r,
-                    lang::Node::Op(lang::Tag::Opaque(opaque_index), args.clone()),
-                );
-                opaque_index += 1;
-            }
-        } else if let Some(n) = &enc.node[op] {
-            take(f.op(op).results[0], n.clone());
-        }
-    }
-    // Attribute leaves.
-    for class in eg.classes() {
-        if let Some(n @ lang::Node::Attr(_)) = class.nodes.first() {
-            pick.entry(class.id).or_insert_with(|| n.clone());
-        }
-    }
-    pick
 }
 
 pub(crate) const OPTIONS: &[OptionInfo] = &[

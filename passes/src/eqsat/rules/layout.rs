@@ -46,38 +46,28 @@ fn rank(eg: &G, id: Id) -> Option<usize> {
     ty(eg, id).map(|t| t.rank())
 }
 
-const UNARY: &[(UnaryOp, &str, &str)] = &[
-    (UnaryOp::Neg, "transpose-neg", "neg-transpose"),
-    (UnaryOp::Abs, "transpose-abs", "abs-transpose"),
-    (UnaryOp::Exp, "transpose-exp", "exp-transpose"),
-    (UnaryOp::Tanh, "transpose-tanh", "tanh-transpose"),
-    (UnaryOp::Sigmoid, "transpose-sigmoid", "sigmoid-transpose"),
-    (UnaryOp::Relu, "transpose-relu", "relu-transpose"),
-    (UnaryOp::Erf, "transpose-erf", "erf-transpose"),
-    (UnaryOp::Gelu, "transpose-gelu", "gelu-transpose"),
-    (
-        UnaryOp::Reciprocal,
-        "transpose-reciprocal",
-        "reciprocal-transpose",
-    ),
+/// The unary ops the elementwise rules move through transposes and concatenations (named
+/// `transpose-{op}`, `{op}-transpose`, `concat-{op}`).
+const UNARY: &[UnaryOp] = &[
+    UnaryOp::Neg,
+    UnaryOp::Abs,
+    UnaryOp::Exp,
+    UnaryOp::Tanh,
+    UnaryOp::Sigmoid,
+    UnaryOp::Relu,
+    UnaryOp::Erf,
+    UnaryOp::Gelu,
+    UnaryOp::Reciprocal,
 ];
 
-const BINARY: &[(BinaryOp, &str, &str)] = &[
-    (BinaryOp::Add, "transpose-add", "add-transpose"),
-    (BinaryOp::Sub, "transpose-sub", "sub-transpose"),
-    (BinaryOp::Mul, "transpose-mul", "mul-transpose"),
-    (BinaryOp::Div, "transpose-div", "div-transpose"),
-    (BinaryOp::Max, "transpose-max", "max-transpose"),
-    (BinaryOp::Min, "transpose-min", "min-transpose"),
-];
-
-const IMPLICIT_BROADCAST: &[(BinaryOp, &str, &str)] = &[
-    (BinaryOp::Add, "add-broadcast-lhs", "add-broadcast-rhs"),
-    (BinaryOp::Sub, "sub-broadcast-lhs", "sub-broadcast-rhs"),
-    (BinaryOp::Mul, "mul-broadcast-lhs", "mul-broadcast-rhs"),
-    (BinaryOp::Div, "div-broadcast-lhs", "div-broadcast-rhs"),
-    (BinaryOp::Max, "max-broadcast-lhs", "max-broadcast-rhs"),
-    (BinaryOp::Min, "min-broadcast-lhs", "min-broadcast-rhs"),
+/// The binary ops they move through (also `{op}-broadcast-lhs`, `{op}-broadcast-rhs`).
+const BINARY: &[BinaryOp] = &[
+    BinaryOp::Add,
+    BinaryOp::Sub,
+    BinaryOp::Mul,
+    BinaryOp::Div,
+    BinaryOp::Max,
+    BinaryOp::Min,
 ];
 
 pub(super) fn rules() -> Vec<Rule> {
@@ -205,18 +195,19 @@ pub(super) fn rules() -> Vec<Rule> {
             ),
         ),
     ];
-    for &(op, push_in, pull_out) in UNARY {
+    for &op in UNARY {
         let mn = OpKind::Unary(op).mnemonic();
-        out.push(rw(push_in, SET, &format!("({mn} (transpose ?x ?p))"),
+        let (push_in, pull_out) = (format!("transpose-{mn}"), format!("{mn}-transpose"));
+        out.push(rw(&push_in, SET, &format!("({mn} (transpose ?x ?p))"),
             &format!("(transpose ({mn} ?x) ?p)"),
             &format!("func @f(%x: f64[$a,$b,$c]) -> (f64[$c,$a,$b]) {{\n  %t = transpose %x {{perm=[2,0,1]}} : f64[$c,$a,$b]\n  %r = {mn} %t : f64[$c,$a,$b]\n  return %r\n}}\n")));
-        out.push(rw(pull_out, SET, &format!("(transpose ({mn} ?x) ?p)"),
+        out.push(rw(&pull_out, SET, &format!("(transpose ({mn} ?x) ?p)"),
             &format!("({mn} (transpose ?x ?p))"),
             &format!("func @f(%x: f64[$a,$b,$c]) -> (f64[$c,$a,$b]) {{\n  %t = {mn} %x : f64[$a,$b,$c]\n  %r = transpose %t {{perm=[2,0,1]}} : f64[$c,$a,$b]\n  return %r\n}}\n")));
     }
     // A unary op on both operands of a concatenation is one op on the concatenation (so that
     // the two halves of a merged convolution meet again: concat(relu(slice), relu(slice))).
-    for &(op, _, _) in UNARY {
+    for &op in UNARY {
         let mn = OpKind::Unary(op).mnemonic();
         out.push(rw(&format!("concat-{mn}"), SET, &format!("(concat ({mn} ?a) ({mn} ?b) ?ax)"),
             &format!("({mn} (concat ?a ?b ?ax))"),
@@ -225,7 +216,7 @@ pub(super) fn rules() -> Vec<Rule> {
     // A binary op on both operands of a concatenation, the first operands full-sized and the
     // second ones broadcast only off the axis (a per-channel bias): one op on two
     // concatenations.
-    for &(op, _, _) in BINARY {
+    for &op in BINARY {
         let mn = OpKind::Binary(op).mnemonic();
         out.push(rw_if(&format!("concat-{mn}"), SET, &format!("(concat ({mn} ?a ?c) ({mn} ?b ?d) ?ax)"),
             &format!("({mn} (concat ?a ?b ?ax) (concat ?c ?d ?ax))"), concat_binary,
@@ -275,22 +266,24 @@ pub(super) fn rules() -> Vec<Rule> {
             nested_witness,
         ));
     }
-    for &(op, push_in, pull_out) in BINARY {
+    for &op in BINARY {
         let mn = OpKind::Binary(op).mnemonic();
+        let (push_in, pull_out) = (format!("transpose-{mn}"), format!("{mn}-transpose"));
         // Transposes of both operands with one permutation: ranks are equal, so broadcasting
         // commutes with the permutation.
-        out.push(rw(push_in, SET, &format!("({mn} (transpose ?a ?p) (transpose ?b ?p))"),
+        out.push(rw(&push_in, SET, &format!("({mn} (transpose ?a ?p) (transpose ?b ?p))"),
             &format!("(transpose ({mn} ?a ?b) ?p)"),
             &format!("func @f(%x: f64[$a,$b,$c], %y: f64[$a,1,$c]) -> (f64[$c,$a,$b]) {{\n  %t = transpose %x {{perm=[2,0,1]}} : f64[$c,$a,$b]\n  %u = transpose %y {{perm=[2,0,1]}} : f64[$c,$a,1]\n  %r = {mn} %t, %u : f64[$c,$a,$b]\n  return %r\n}}\n")));
-        out.push(rw_if(pull_out, SET, &format!("(transpose ({mn} ?a ?b) ?p)"),
+        out.push(rw_if(&pull_out, SET, &format!("(transpose ({mn} ?a ?b) ?p)"),
             &format!("({mn} (transpose ?a ?p) (transpose ?b ?p))"), |eg, m, s| {
                 let r = rank(eg, m);
                 rank(eg, var(s, "?a")) == r && rank(eg, var(s, "?b")) == r
             },
             &format!("func @f(%x: f64[$a,$b,$c], %y: f64[1,$b,$c]) -> (f64[$c,$a,$b]) {{\n  %t = {mn} %x, %y : f64[$a,$b,$c]\n  %r = transpose %t {{perm=[2,0,1]}} : f64[$c,$a,$b]\n  return %r\n}}\n")));
     }
-    for &(op, lhs_name, rhs_name) in IMPLICIT_BROADCAST {
+    for &op in BINARY {
         let mn = OpKind::Binary(op).mnemonic();
+        let (lhs_name, rhs_name) = (format!("{mn}-broadcast-lhs"), format!("{mn}-broadcast-rhs"));
         let keeps = |eg: &G, m: Id, s: &Subst| -> bool {
             let (a, b) = (ty(eg, var(s, "?a")), ty(eg, var(s, "?b")));
             match (a, b, ty(eg, m)) {
@@ -300,10 +293,10 @@ pub(super) fn rules() -> Vec<Rule> {
                 _ => false,
             }
         };
-        out.push(rw_if(lhs_name, SET, &format!("({mn} (broadcast_to ?a ?s) ?b)"),
+        out.push(rw_if(&lhs_name, SET, &format!("({mn} (broadcast_to ?a ?s) ?b)"),
             &format!("({mn} ?a ?b)"), keeps,
             &format!("func @f(%x: f64[$a,1,$c], %y: f64[$a,$b,$c]) -> (f64[$a,$b,$c]) {{\n  %t = broadcast_to %x {{shape=[$a,$b,$c]}} : f64[$a,$b,$c]\n  %r = {mn} %t, %y : f64[$a,$b,$c]\n  return %r\n}}\n")));
-        out.push(rw_if(rhs_name, SET, &format!("({mn} ?a (broadcast_to ?b ?s))"),
+        out.push(rw_if(&rhs_name, SET, &format!("({mn} ?a (broadcast_to ?b ?s))"),
             &format!("({mn} ?a ?b)"), keeps,
             &format!("func @f(%x: f64[$a,1,$c], %y: f64[$a,$b,$c]) -> (f64[$a,$b,$c]) {{\n  %t = broadcast_to %x {{shape=[$a,$b,$c]}} : f64[$a,$b,$c]\n  %r = {mn} %y, %t : f64[$a,$b,$c]\n  return %r\n}}\n")));
     }

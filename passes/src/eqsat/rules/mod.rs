@@ -72,7 +72,7 @@ fn pat(s: &str) -> Pattern<Node> {
 
 /// `lhs => rhs`.
 fn rw(name: &str, set: &'static str, lhs: &str, rhs: &str, witness: &str) -> Rule {
-    make(name, set, lhs, Tracked(pat(rhs)), witness)
+    make(name, set, pat(lhs), Tracked(pat(rhs)), witness)
 }
 
 /// `lhs => rhs` where `cond` holds.
@@ -88,7 +88,7 @@ fn rw_if(
         condition: FnCondition(cond),
         applier: pat(rhs),
     };
-    make(name, set, lhs, Tracked(applier), witness)
+    make(name, set, pat(lhs), Tracked(applier), witness)
 }
 
 /// `lhs => build(...)`: `build` adds the right-hand side and returns its e-class, or `None`
@@ -100,7 +100,7 @@ fn rw_with(
     build: fn(&mut G, Id, &Subst) -> Option<Id>,
     witness: &str,
 ) -> Rule {
-    make(name, set, lhs, Tracked(FnApplier(build)), witness)
+    make(name, set, pat(lhs), Tracked(FnApplier(build)), witness)
 }
 
 /// A multi-pattern (`?a = (...), ?b = (...)`) whose matches `build` turns into pairs of
@@ -115,14 +115,7 @@ fn rw_multi(
     let searcher: egg::MultiPattern<Node> = searcher
         .parse()
         .unwrap_or_else(|e| panic!("rule `{name}`: multi-pattern does not parse: {e}"));
-    let rewrite = Rewrite::new(name, searcher, Tracked(MultiApplier(build)))
-        .unwrap_or_else(|e| panic!("rule `{name}`: {e}"));
-    Rule {
-        name: name.to_string(),
-        set,
-        rewrite,
-        witness: witness.to_string(),
-    }
+    make(name, set, searcher, Tracked(MultiApplier(build)), witness)
 }
 
 struct MultiApplier(fn(&mut G, &Subst) -> Vec<(Id, Id)>);
@@ -146,15 +139,16 @@ impl Applier<Node, TensorAnalysis> for MultiApplier {
     }
 }
 
+/// The rule `searcher => applier` (every applier goes in [`Tracked`]).
 fn make(
     name: &str,
     set: &'static str,
-    lhs: &str,
-    applier: impl Applier<Node, TensorAnalysis> + Send + Sync + 'static,
+    searcher: impl egg::Searcher<Node, TensorAnalysis> + Send + Sync + 'static,
+    applier: Tracked<impl Applier<Node, TensorAnalysis> + Send + Sync + 'static>,
     witness: &str,
 ) -> Rule {
     let rewrite =
-        Rewrite::new(name, pat(lhs), applier).unwrap_or_else(|e| panic!("rule `{name}`: {e}"));
+        Rewrite::new(name, searcher, applier).unwrap_or_else(|e| panic!("rule `{name}`: {e}"));
     Rule {
         name: name.to_string(),
         set,
