@@ -49,6 +49,14 @@ fn matmuls_through_gemm_with_epilogues() {
   %c = matmul %a, %b : f32[2,1,9]
   return %c
 }",
+        // Large enough for the threads to split the weight's rows (partial vectors added up
+        // after), batched, with an epilogue; rows and columns not multiples of four or eight.
+        "func @f(%a: f32[2,1,301], %b: f32[2,301,259], %c: f32[259]) -> (f32[2,1,259]) {
+  %p = matmul %a, %b : f32[2,1,259]
+  %z = add %p, %c : f32[2,1,259]
+  %y = relu %z : f32[2,1,259]
+  return %y
+}",
         // Batched rows times one matrix: one GEMM over all rows (a sequence-first
         // transformer's projection, one row per batch; and several rows per batch), with an
         // epilogue reading a bias.

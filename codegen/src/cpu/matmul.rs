@@ -297,10 +297,49 @@ fn product(mm: &MatMul, addr: &dyn Fn(Value) -> *mut u8, finish: Finish) {
 /// As for `matmul_batches`, with `m == 1` and `a` not transposed.
 unsafe fn gemv(mm: &MatMul, a: *const f32, b: *const f32, dst: *mut f32, finish: Finish) {
     let (n, k) = (mm.n, mm.k);
+    let threads = super::pool::threads();
+    // Our GEMM's kernels need AVX2 and FMA: so do these.
+    let wide = cfg!(target_arch = "x86_64") && mm.own.is_some();
+    // With B not transposed, threads splitting the outputs would each read a short piece of
+    // every row of B (measured 1.4-2x slower for 512-4096 outputs); they split B's rows
+    // instead, each into its own partial vector, so that each streams one contiguous block,
+    // and the partial vectors are added up after.
+    let by_rows = !mm.tb && threads > 1 && n * k >= 1 << 16;
     // SAFETY: the jobs only read `a` and `b`, and each writes its own outputs j0..j1 of `dst`.
     let (pa, pb, pd) = unsafe { (SendPtr::new(a), SendPtr::new(b), SendPtr::new(dst)) };
     for (i, &(ab, bb)) in mm.batches.iter().enumerate() {
-        let chunk = n.div_ceil(super::pool::threads()).max(64);
+        if by_rows {
+            let parts = threads.min(k.div_ceil(64));
+            let mut partial = vec![0f32; (parts - 1) * n];
+            let pp = unsafe { SendPtr::new(partial.as_mut_ptr()) };
+            let job = move |t: usize| {
+                let (p0, p1) = (t * k / parts, (t + 1) * k / parts);
+                // SAFETY: part 0 writes the batch's output row, part t > 0 its own partial
+                // row; rows p0..p1 of B lie in the batch's operand.
+                unsafe {
+                    let x = std::slice::from_raw_parts(pa.get().add(ab * k), k);
+                    let y = match t {
+                        0 => std::slice::from_raw_parts_mut(pd.get().add(i * n), n),
+                        _ => std::slice::from_raw_parts_mut(pp.get().add((t - 1) * n), n),
+                    };
+                    y.fill(0.0);
+                    rows_times(x, pb.get().add(bb * k * n), n, p0..p1, 0..n, y, wide);
+                }
+            };
+            super::pool::for_each(parts, &job);
+            // SAFETY: the batch's output row, which no job writes any more.
+            let y = unsafe { std::slice::from_raw_parts_mut(dst.add(i * n), n) };
+            for part in partial.chunks_exact(n) {
+                for (y, p) in y.iter_mut().zip(part) {
+                    *y += p;
+                }
+            }
+            if let Some(finish) = finish {
+                finish(i * n..i * n + n);
+            }
+            continue;
+        }
+        let chunk = n.div_ceil(threads).max(64);
         let job = move |j0: usize| {
             let j1 = (j0 + chunk).min(n);
             // SAFETY: the batch's operands are in bounds (the caller's contract); each job
@@ -309,8 +348,6 @@ unsafe fn gemv(mm: &MatMul, a: *const f32, b: *const f32, dst: *mut f32, finish:
                 let x = std::slice::from_raw_parts(pa.get().add(ab * k), k);
                 let y = std::slice::from_raw_parts_mut(pd.get().add(i * n + j0), j1 - j0);
                 let w = pb.get().add(bb * k * n);
-                // Our GEMM's kernels need AVX2 and FMA: so do these.
-                let wide = cfg!(target_arch = "x86_64") && mm.own.is_some();
                 if mm.tb {
                     for (j, y) in (j0..j1).zip(y.iter_mut()) {
                         let row = std::slice::from_raw_parts(w.add(j * k), k);
@@ -318,16 +355,7 @@ unsafe fn gemv(mm: &MatMul, a: *const f32, b: *const f32, dst: *mut f32, finish:
                     }
                 } else {
                     y.fill(0.0);
-                    for (p, &xp) in x.iter().enumerate() {
-                        let row = std::slice::from_raw_parts(w.add(p * n + j0), j1 - j0);
-                        if wide {
-                            wide_axpy(xp, row, y);
-                        } else {
-                            for (y, &v) in y.iter_mut().zip(row) {
-                                *y += xp * v;
-                            }
-                        }
-                    }
+                    rows_times(x, w, n, 0..k, j0..j1, y, wide);
                 }
             }
             if let Some(finish) = finish {
@@ -339,6 +367,60 @@ unsafe fn gemv(mm: &MatMul, a: *const f32, b: *const f32, dst: *mut f32, finish:
             continue;
         }
         super::pool::for_each(n.div_ceil(chunk), &|i| job(i * chunk));
+    }
+}
+
+/// `y += x[p] * w[p, cols]` for the rows `p` of a `[k, n]` matrix `w` (`y` is `cols` long),
+/// four rows a pass where the CPU has AVX2 and FMA (`wide`), in the order of `p` either way.
+///
+/// # Safety
+/// `w` holds `[k, n]` floats with `rows` below `k` and `cols` below `n`.
+unsafe fn rows_times(
+    x: &[f32],
+    w: *const f32,
+    n: usize,
+    rows: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
+    y: &mut [f32],
+    wide: bool,
+) {
+    // SAFETY: row p's columns `cols` lie in `w` (the caller's contract).
+    let row =
+        |p: usize| unsafe { std::slice::from_raw_parts(w.add(p * n + cols.start), cols.len()) };
+    let mut p = rows.start;
+    if wide {
+        while p + 4 <= rows.end {
+            wide_axpy4(
+                [x[p], x[p + 1], x[p + 2], x[p + 3]],
+                [row(p), row(p + 1), row(p + 2), row(p + 3)],
+                y,
+            );
+            p += 4;
+        }
+    }
+    for (p, &xp) in x.iter().enumerate().take(rows.end).skip(p) {
+        if wide {
+            wide_axpy(xp, row(p), y);
+        } else {
+            for (y, &v) in y.iter_mut().zip(row(p)) {
+                *y += xp * v;
+            }
+        }
+    }
+}
+
+/// [`super::simd::axpy4`], on a CPU with AVX2 and FMA (the caller checked).
+fn wide_axpy4(a: [f32; 4], r: [&[f32]; 4], y: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: as for `wide_dot`.
+    unsafe {
+        super::simd::axpy4(a, r, y)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    for (r, a) in r.iter().zip(a) {
+        for (y, &x) in y.iter_mut().zip(*r) {
+            *y += a * x;
+        }
     }
 }
 

@@ -203,6 +203,34 @@ pub(crate) fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
+/// `y += a[0] * r[0] + .. + a[3] * r[3]` (rows of `y`'s length): one pass over `y` for four
+/// rows of a matrix-vector product, so the product streams the matrix instead of waiting on
+/// `y`'s loads and stores.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn axpy4(a: [f32; 4], r: [&[f32]; 4], y: &mut [f32]) {
+    let n = y.len();
+    assert!(r.iter().all(|r| r.len() == n), "axpy4: rows of y's length");
+    let av = a.map(|a| _mm256_set1_ps(a));
+    let mut i = 0;
+    // SAFETY (loads and stores): every index is below n, the length of every slice.
+    while i + 8 <= n {
+        unsafe {
+            let mut v = _mm256_loadu_ps(y.as_ptr().add(i));
+            for (av, r) in av.iter().zip(&r) {
+                v = _mm256_fmadd_ps(*av, _mm256_loadu_ps(r.as_ptr().add(i)), v);
+            }
+            _mm256_storeu_ps(y.as_mut_ptr().add(i), v);
+        }
+        i += 8;
+    }
+    for j in i..n {
+        y[j] = a[3].mul_add(
+            r[3][j],
+            a[2].mul_add(r[2][j], a[1].mul_add(r[1][j], a[0].mul_add(r[0][j], y[j]))),
+        );
+    }
+}
+
 /// The maximum of `m` and `v` per lane, NaN winning (as `max_pool2d` takes it).
 #[target_feature(enable = "avx2")]
 pub(crate) fn max_nan(m: __m256, v: __m256) -> __m256 {
