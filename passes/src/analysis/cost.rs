@@ -10,7 +10,11 @@
 //! reductions, softmax, data movement).
 //!
 //! Time. A kernel takes `launch + max(FLOPs / peak, bytes / bandwidth)` ([`Machine`]): the bytes
-//! are its operands read and its result written. A chain of elementwise ops is one kernel (as
+//! are its operands read and its result written. A matrix or convolution kernel large enough
+//! to be split among the threads also pays a synchronisation (publishing the work, waiting for
+//! the slowest thread). Constants, when all the program's fit in the last-level cache together,
+//! stay there between runs and are read at the cache's bandwidth (a batch-1 recurrent cell's
+//! weights: its products are bound by reading them, several times faster than from memory). A chain of elementwise ops is one kernel (as
 //! the CPU backend fuses them): a value made by an elementwise op and read only by elementwise
 //! ops is never stored, and costs neither the write, the reads nor a launch. A matmul or
 //! convolution whose only reader is elementwise runs it as an epilogue: its result is not
@@ -121,26 +125,63 @@ pub struct Machine {
     pub gbps: f64,
     /// Fixed cost of running one kernel, microseconds.
     pub launch_us: f64,
+    /// Further fixed cost of a matrix or convolution kernel split among the threads,
+    /// microseconds.
+    pub sync_us: f64,
+    /// Size of the last-level cache, MiB.
+    pub cache_mib: f64,
+    /// Bandwidth of reads from the last-level cache, GB/s.
+    pub cache_gbps: f64,
 }
 
+/// Bytes a kernel moves: from and to memory, and read from the last-level cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Traffic {
+    /// Bytes read from or written to memory.
+    pub memory: u64,
+    /// Bytes read from the last-level cache.
+    pub cached: u64,
+}
+
+impl Traffic {
+    /// `bytes` from or to memory.
+    pub fn memory(bytes: u64) -> Traffic {
+        Traffic {
+            memory: bytes,
+            cached: 0,
+        }
+    }
+}
+
+/// A matrix or convolution kernel with at least this many multiply-adds is split among the
+/// threads (the CPU backend's threshold for a matrix-vector product, its smallest split).
+const SPLIT_MULADDS: u64 = 1 << 16;
+
 impl Machine {
-    /// Two cores of a 2021 server CPU with AVX2 and FMA (an EPYC Zen 3 VM): about 140 GFLOP/s
-    /// in a large sgemm, 24 GFLOP/s in generated 4-lane kernels (one operation per lane per
-    /// cycle at 3 GHz), 20 GB/s streaming, 2 µs to start a kernel on the thread pool.
+    /// Two cores of a 2021 server CPU with AVX2 and FMA (an EPYC Zen 3 VM, measured with `tcc
+    /// calibrate`): about 140 GFLOP/s in a large sgemm, 24 GFLOP/s in generated 4-lane kernels
+    /// (one operation per lane per cycle at 3 GHz), 20 GB/s streaming from memory, 100 GB/s
+    /// from its 32 MiB L3, half a microsecond to run a small kernel and two and a half more to
+    /// split one among the threads and wait for them.
     pub const DEFAULT: Machine = Machine {
         gflops: 140.0,
         vector_gflops: 24.0,
         gbps: 20.0,
-        launch_us: 2.0,
+        launch_us: 0.5,
+        sync_us: 2.5,
+        cache_mib: 32.0,
+        cache_gbps: 100.0,
     };
 
     /// Seconds for a kernel of `kind` doing `flops` and moving `bytes`, launch included.
-    pub fn kernel_time(&self, kind: &OpKind, flops: u64, bytes: u64) -> f64 {
-        self.launch_us * 1e-6 + self.body_time(kind, flops, bytes)
+    pub fn kernel_time(&self, kind: &OpKind, flops: u64, bytes: Traffic) -> f64 {
+        let split = is_library(kind) && flops / 2 >= SPLIT_MULADDS;
+        let fixed = self.launch_us + if split { self.sync_us } else { 0.0 };
+        fixed * 1e-6 + self.body_time(kind, flops, bytes)
     }
 
     /// Seconds for `flops` and `bytes` of a kernel of `kind`, without the launch.
-    pub fn body_time(&self, kind: &OpKind, flops: u64, bytes: u64) -> f64 {
+    pub fn body_time(&self, kind: &OpKind, flops: u64, bytes: Traffic) -> f64 {
         let rate = match kind {
             OpKind::MatMul
             | OpKind::Conv2d(_)
@@ -149,7 +190,14 @@ impl Machine {
             | OpKind::Conv2dGradFilter { .. } => self.gflops,
             _ => self.vector_gflops,
         };
-        (flops as f64 / (rate * 1e9)).max(bytes as f64 / (self.gbps * 1e9))
+        let moving =
+            bytes.memory as f64 / (self.gbps * 1e9) + bytes.cached as f64 / (self.cache_gbps * 1e9);
+        (flops as f64 / (rate * 1e9)).max(moving)
+    }
+
+    /// Whether constants of `bytes` in all fit in the last-level cache.
+    pub fn fits_in_cache(&self, bytes: u64) -> bool {
+        bytes as f64 <= self.cache_mib * (1u64 << 20) as f64
     }
 }
 
@@ -295,12 +343,29 @@ impl Dag {
             let o = &self.ops[i];
             is_library(&o.kind) && readers[i] == 1 && readers_fuse[i] && !o.returned
         };
+        // Constants, and results folded from constants (merged weights).
+        let constant = |a: &Operand| match a {
+            Operand::Const(_) => true,
+            Operand::Input(_) => false,
+            Operand::Op(j) => folded[*j],
+        };
+        let consts: u64 = (self.ops.iter().enumerate())
+            .filter(|&(i, op)| !folded[i] && !is_free(&op.kind))
+            .flat_map(|(_, op)| &op.args)
+            .filter(|a| constant(a))
+            .map(|a| match a {
+                Operand::Const(t) => t.size_bytes(),
+                Operand::Op(j) => self.ops[*j].ty.size_bytes(),
+                Operand::Input(_) => 0,
+            })
+            .sum();
+        let cached_consts = m.fits_in_cache(consts);
         let mut total = 0.0;
         for (i, op) in self.ops.iter().enumerate() {
             if folded[i] || is_free(&op.kind) {
                 continue;
             }
-            let mut bytes = 0;
+            let mut bytes = Traffic::default();
             let mut is_epilogue = false;
             let mut tys = Vec::with_capacity(op.args.len());
             for a in &op.args {
@@ -312,13 +377,16 @@ impl Dag {
                 let from_epilogue = matches!(a, Operand::Op(j) if epilogue(*j));
                 is_epilogue |= from_epilogue;
                 let in_registers = matches!(a, Operand::Op(j) if fused(*j)) || from_epilogue;
-                if !in_registers {
-                    bytes += ty.size_bytes();
+                match a {
+                    _ if constant(a) && cached_consts => bytes.cached += ty.size_bytes(),
+                    _ if !in_registers => bytes.memory += ty.size_bytes(),
+                    _ => {}
                 }
             }
             let flops = time_flops(&op.kind, &tys, &[&op.ty]);
-            let stored = !(fused(i) || epilogue(i));
-            let bytes = bytes + if stored { op.ty.size_bytes() } else { 0 };
+            if !(fused(i) || epilogue(i)) {
+                bytes.memory += op.ty.size_bytes();
+            }
             total += if fused(i) || is_epilogue {
                 m.body_time(&op.kind, flops, bytes)
             } else {

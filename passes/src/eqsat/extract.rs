@@ -9,15 +9,23 @@
 //!   values merged;
 //! - the *greedy* choice: each e-class's cheapest node by tree cost, computed bottom-up to a
 //!   fixed point (acyclic: every op node costs more than its children), ties going to the
-//!   input's node.
+//!   input's node;
+//! - the best of those *improved* ([`improve`]): classes switch one at a time where the switch
+//!   lowers the cost with shared values counted once and the classes it leaves unread saved;
+//! - the best so far with *shared* values introduced ([`share`]): a class switches to a node
+//!   whose new inputs other classes could read too, those readers then switch, and the move is
+//!   kept if the whole program's estimate drops (merged products that pay only once several
+//!   gates read them);
+//! - the exact choice of the integer program (`ilp`), seeded with the best so far, on e-graphs
+//!   small enough.
 //!
 //! The pass writes back the candidate whose whole-program estimate ([`Dag::time`], which also
 //! counts fused elementwise chains as one memory pass) is lowest, and only if it is lower than
-//! the input's: it never returns a program it estimates to be slower.
+//! the input's by the pass's `min-gain`: it never returns a program it estimates to be slower.
 
 use super::encode::{Encoded, values};
 use super::lang::{Node, Tag, TensorAnalysis, kind_of, operands};
-use crate::analysis::cost::{self, Dag, DagOp, Machine, Operand};
+use crate::analysis::cost::{self, Dag, DagOp, Machine, Operand, Traffic};
 use egg::{EGraph, Id, Language};
 use indexmap::IndexMap;
 use std::collections::HashMap;
@@ -94,15 +102,23 @@ pub fn node_cost(eg: &G, class: Id, node: &Node, m: &Machine) -> f64 {
         .iter()
         .filter_map(|&a| eg[a].data.ty.as_ref())
         .collect();
-    if cost::is_free(&kind) || operands(node).iter().all(|&a| eg[a].data.konst.is_some()) {
+    if cost::is_free(&kind) || operands(node).iter().all(|&a| eg[a].data.constant) {
         return EPSILON;
     }
     let flops = cost::time_flops(&kind, &args, &[ty]);
     EPSILON
         + if kind.is_elementwise() {
-            m.body_time(&kind, flops, ty.size_bytes())
+            m.body_time(&kind, flops, Traffic::memory(ty.size_bytes()))
         } else {
-            let bytes: u64 = args.iter().map(|t| t.size_bytes()).sum::<u64>() + ty.size_bytes();
+            // Seen one node at a time, a constant is cached if it fits by itself.
+            let mut bytes = Traffic::memory(ty.size_bytes());
+            for &a in operands(node) {
+                let size = eg[a].data.ty.as_ref().map_or(0, |t| t.size_bytes());
+                match eg[a].data.constant && m.fits_in_cache(size) {
+                    true => bytes.cached += size,
+                    false => bytes.memory += size,
+                }
+            }
             m.kernel_time(&kind, flops, bytes)
         }
 }
@@ -237,19 +253,26 @@ type Picks = Vec<(Id, Node)>;
 /// the choice computes already are free to read, provided they come before the class in the
 /// choice's order (so no cycle can form). This catches what tree costs miss: `x^0.75` as
 /// `sqrt(a) * sqrt(sqrt(a))` reads `a` twice, which a tree cost counts twice (with everything
-/// above `a`) and a DAG once. Up to `rounds` sweeps.
+/// above `a`) and a DAG once. A switch also saves the classes it leaves unread. `sweep` says
+/// how many rounds and which classes may switch.
 pub fn improve(
     eg: &G,
     roots: &[Id],
     start: &Selection,
     fallback: &HashMap<Id, Node>,
     m: &Machine,
-    rounds: usize,
+    sweep: &Sweep,
 ) -> Selection {
     let mut sel = start.clone();
-    for _ in 0..rounds {
+    let mut counts = reads(eg, roots, &sel);
+    for _ in 0..sweep.rounds {
         let mut changed = false;
-        let classes: Vec<Id> = sel.choice.keys().copied().collect();
+        let classes: Vec<Id> = sel
+            .choice
+            .keys()
+            .copied()
+            .filter(|c| sweep.may_switch(*c))
+            .collect();
         for c in classes {
             let Some(pos) = sel.choice.get_index_of(&c) else {
                 continue;
@@ -264,7 +287,8 @@ pub fn improve(
                 let Some((extra, added)) = needs(eg, &sel, fallback, c, pos, &n, m) else {
                     continue;
                 };
-                let delta = node_cost(eg, c, &n, m) + extra - current;
+                let freed = freed(eg, &sel, &counts, &sel.choice[&c], &n, m);
+                let delta = node_cost(eg, c, &n, m) + extra - current - freed;
                 if delta < -EPSILON && best.as_ref().is_none_or(|(d, _, _)| delta < *d) {
                     best = Some((delta, n, added));
                 }
@@ -275,6 +299,7 @@ pub fn improve(
                 pick.extend(added);
                 if let Some(next) = close(eg, roots, &pick) {
                     sel = next;
+                    counts = reads(eg, roots, &sel);
                     changed = true;
                 }
             }
@@ -284,6 +309,87 @@ pub fn improve(
         }
     }
     sel
+}
+
+/// Which classes [`improve`] may switch, and for how many rounds.
+pub struct Sweep {
+    /// How many sweeps at most (fewer once one changes nothing).
+    pub rounds: usize,
+    /// Only these classes (all when `None`).
+    pub only: Option<std::collections::HashSet<Id>>,
+    /// This class keeps its node.
+    pub pinned: Option<Id>,
+}
+
+impl Sweep {
+    /// Every class, for `rounds` rounds.
+    pub fn all(rounds: usize) -> Sweep {
+        Sweep {
+            rounds,
+            only: None,
+            pinned: None,
+        }
+    }
+
+    fn may_switch(&self, c: Id) -> bool {
+        self.pinned != Some(c) && self.only.as_ref().is_none_or(|o| o.contains(&c))
+    }
+}
+
+/// How many chosen nodes read each class of `sel` (each reader once), the roots counting as
+/// one more each.
+fn reads(eg: &G, roots: &[Id], sel: &Selection) -> HashMap<Id, usize> {
+    let mut counts: HashMap<Id, usize> = HashMap::new();
+    for &r in roots {
+        *counts.entry(eg.find(r)).or_default() += 1;
+    }
+    for node in sel.choice.values() {
+        let mut ch: Vec<Id> = node.children().iter().map(|&c| eg.find(c)).collect();
+        ch.sort_unstable();
+        ch.dedup();
+        for c in ch {
+            *counts.entry(c).or_default() += 1;
+        }
+    }
+    counts
+}
+
+/// The cost of the classes that replacing `old` by `new` leaves unread: read only by `old`
+/// (not by `new`), then those read only by them, and so on.
+fn freed(
+    eg: &G,
+    sel: &Selection,
+    counts: &HashMap<Id, usize>,
+    old: &Node,
+    new: &Node,
+    m: &Machine,
+) -> f64 {
+    let mut left: HashMap<Id, usize> = HashMap::new();
+    let kids = |n: &Node| -> Vec<Id> {
+        let mut ch: Vec<Id> = n.children().iter().map(|&c| eg.find(c)).collect();
+        ch.sort_unstable();
+        ch.dedup();
+        ch
+    };
+    let keep: Vec<Id> = kids(new);
+    let mut stack = kids(old);
+    let mut cost = 0.0;
+    while let Some(d) = stack.pop() {
+        if keep.contains(&d) {
+            continue;
+        }
+        let n = left
+            .entry(d)
+            .or_insert_with(|| counts.get(&d).copied().unwrap_or(0));
+        *n = n.saturating_sub(1);
+        if *n == 0
+            && let Some(node) = sel.choice.get(&d)
+        {
+            cost += node_cost(eg, d, node, m);
+            stack.extend(kids(node));
+        }
+    }
+    cost
 }
 
 /// What choosing `n` for class `c` (at `pos` in `sel`'s order) adds: the cost of the classes
@@ -307,7 +413,8 @@ fn needs(
             return None;
         }
         if let Some(p) = sel.choice.get_index_of(&d) {
-            if p > pos {
+            // A class ordered later might read `c`, unless it is a leaf (a weight).
+            if p > pos && !sel.choice[p].is_leaf() {
                 return None;
             }
             continue;
@@ -321,4 +428,92 @@ fn needs(
         added.push((d, pick));
     }
     Some((cost, added))
+}
+
+/// Improves a choice by the moves [`improve`] cannot see, where one value pays only once
+/// several readers share it (the merged product that the slices of eight gates read: one gate
+/// switching to it alone costs the whole product). A move switches one class to a node that
+/// needs new classes, at least one of which other e-classes could read too, then lets
+/// [`improve`] switch those readers; it is kept when the whole program's estimate
+/// ([`Dag::time`]) drops. Each distinct set of new classes is tried once, up to `limit` moves,
+/// classes in the choice's order (the earliest reader of a shared value must make the move, as
+/// a class reads only classes ordered before it).
+pub fn share(
+    eg: &G,
+    roots: &[Id],
+    results: &[Id],
+    start: &Selection,
+    fallback: &HashMap<Id, Node>,
+    m: &Machine,
+    limit: usize,
+) -> Selection {
+    let time = |s: &Selection| dag(eg, s, results).time(m);
+    let mut best = (time(start), start.clone());
+    let mut tried: std::collections::HashSet<Vec<Id>> = std::collections::HashSet::new();
+    let classes: Vec<Id> = start.choice.keys().copied().collect();
+    for c in classes {
+        let sel = &best.1;
+        let Some(pos) = sel.choice.get_index_of(&c) else {
+            continue;
+        };
+        let mut moves = Vec::new();
+        for n in &eg[c].nodes {
+            let n = n.clone().map_children(|ch| eg.find(ch));
+            if n == sel.choice[&c] {
+                continue;
+            }
+            let Some((_, added)) = needs(eg, sel, fallback, c, pos, &n, m) else {
+                continue;
+            };
+            let mut key: Vec<Id> = added.iter().map(|&(d, _)| d).collect();
+            key.sort_unstable();
+            if key.iter().any(|&d| readers(eg, d) > 1) && tried.insert(key.clone()) {
+                moves.push((n, added, key));
+            }
+        }
+        for (n, added, key) in moves {
+            if tried.len() > limit {
+                return best.1;
+            }
+            let mut pick: HashMap<Id, Node> = best.1.choice.clone().into_iter().collect();
+            pick.insert(c, n);
+            pick.extend(added);
+            let Some(next) = close(eg, roots, &pick) else {
+                continue;
+            };
+            // The readers of the new classes switch while `c` holds the shared value; then
+            // `c` may switch back. Only they can gain, so only they are swept (a sweep over the
+            // whole program per move costs seconds on graphs with thousands of classes).
+            let mut only: std::collections::HashSet<Id> = std::collections::HashSet::new();
+            only.insert(c);
+            for d in &key {
+                only.extend(eg[*d].parents().map(|p| eg.find(p)));
+            }
+            let sweep = Sweep {
+                rounds: 2,
+                only: Some(only),
+                pinned: Some(c),
+            };
+            let next = improve(eg, roots, &next, fallback, m, &sweep);
+            let sweep = Sweep {
+                rounds: 1,
+                pinned: None,
+                ..sweep
+            };
+            let next = improve(eg, roots, &next, fallback, m, &sweep);
+            let t = time(&next);
+            if t < best.0 {
+                best = (t, next);
+            }
+        }
+    }
+    best.1
+}
+
+/// How many e-classes have a node reading class `d`.
+fn readers(eg: &G, d: Id) -> usize {
+    let mut classes: Vec<Id> = eg[d].parents().map(|p| eg.find(p)).collect();
+    classes.sort_unstable();
+    classes.dedup();
+    classes.len()
 }

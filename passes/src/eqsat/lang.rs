@@ -226,6 +226,9 @@ pub struct ClassData {
     pub ty: Option<TensorType>,
     /// The class is this constant (a splat or small).
     pub konst: Option<ConstRef>,
+    /// The class is known at compile time: a constant, or an op on such classes only (a
+    /// merged weight), which the pass folds when it writes the program back.
+    pub constant: bool,
 }
 
 /// Types every e-class and folds constants; see the module docs.
@@ -289,11 +292,13 @@ impl Analysis<Node> for TensorAnalysis {
         let tensor = |ty: &TensorType| ClassData {
             ty: Some(ty.clone()),
             konst: None,
+            constant: false,
         };
         match enode {
             Node::Attr(_) => ClassData {
                 ty: None,
                 konst: None,
+                constant: false,
             },
             Node::Param(p) => tensor(&t.params[p.0 as usize]),
             Node::Const(c) => {
@@ -301,6 +306,7 @@ impl Analysis<Node> for TensorAnalysis {
                 ClassData {
                     ty: Some(e.ty.clone()),
                     konst: e.value.is_some().then_some(*c),
+                    constant: true,
                 }
             }
             Node::Op(Tag::Opaque(i), _) => tensor(&t.opaque[*i as usize].ty),
@@ -324,7 +330,12 @@ impl Analysis<Node> for TensorAnalysis {
                     }
                 };
                 let konst = ty.as_ref().and_then(|ty| fold(egraph, &kind, args, ty));
-                ClassData { ty, konst }
+                let constant = args.iter().all(|&a| egraph[a].data.constant);
+                ClassData {
+                    ty,
+                    konst,
+                    constant,
+                }
             }
         }
     }
@@ -341,14 +352,17 @@ impl Analysis<Node> for TensorAnalysis {
             ));
             return DidMerge(false, false);
         }
-        match (a.konst, b.konst) {
+        let konst = match (a.konst, b.konst) {
             (None, Some(k)) => {
                 a.konst = Some(k);
                 DidMerge(true, false)
             }
             (Some(_), None) => DidMerge(false, true),
             _ => DidMerge(false, false),
-        }
+        };
+        let constant = DidMerge(!a.constant && b.constant, a.constant && !b.constant);
+        a.constant |= b.constant;
+        konst | constant
     }
 
     fn modify(egraph: &mut EGraph<Node, Self>, id: Id) {

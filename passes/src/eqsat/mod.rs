@@ -6,21 +6,23 @@
 //! interpreter; see each set's docs for the identities that assume finite values); the output
 //! verifies; the same input gives the same output on every run and machine (egg's deterministic
 //! mode, node and iteration limits rather than time deciding where it stops, fixed default
-//! machine constants); the output is never estimated slower than the input (else the input is
-//! kept; the check is made again on the function written back). Values that survive keep their
-//! names. Ops it does not model (control dependencies, `stop_gradient`, multi-result and
-//! side-effecting ops) stay exactly as they are ([`encode`]). It does not delete results or parameters, and it subsumes `cse` (equal
-//! computations share one e-class).
+//! machine constants); the output is estimated faster than the input by at least `min-gain`
+//! (1% by default: less is within the time model's error), else the input is kept, and the
+//! check is made again on the function written back. Values that survive keep their names. Ops
+//! it does not model (control dependencies, `stop_gradient`, multi-result and side-effecting
+//! ops) stay exactly as they are ([`encode`]). It does not delete results or parameters, and it
+//! subsumes `cse` (equal computations share one e-class).
 //!
 //! Options: `rules=[...]` (the sets, [`rules::SETS`]; default [`rules::DEFAULT_SETS`]: the
 //! set `finite`, whose identities assume finite values, only when asked for), `iter-limit=`
 //! and `node-limit=` (defaults scale with the function: [`default_iterations`]),
 //! `time-limit=` (seconds, a backstop), `fold-limit=` (largest dense constant folding may
-//! create), `ilp-limit=` and `ilp-nodes=` (the exact extraction's reach), and the machine
-//! constants `gflops=`, `vector-gflops=`, `gbps=`, `launch-us=` (defaults
-//! [`Machine::DEFAULT`]). The report (`tcc opt --time-passes`, `tcc run --stats`) gives
-//! iterations, e-nodes and e-classes, the stop reason, the estimated time before and after,
-//! the extraction written back, the time spent, and each rule's applications.
+//! create), `ilp-limit=` and `ilp-nodes=` (the exact extraction's reach), `min-gain=`, and the
+//! machine constants `gflops=`, `vector-gflops=`, `gbps=`, `launch-us=`, `sync-us=`,
+//! `cache-mib=`, `cache-gbps=` (defaults [`Machine::DEFAULT`]). The report (`tcc opt
+//! --time-passes`, `tcc run --stats`) gives iterations, e-nodes and e-classes, the stop reason,
+//! the estimated time before and after, the extraction written back, the time spent, and each
+//! rule's applications.
 
 pub mod check;
 pub mod decode;
@@ -57,6 +59,9 @@ pub struct EqsatOptions {
     pub ilp_limit: usize,
     /// Most branch-and-bound nodes the integer program may search.
     pub ilp_nodes: u64,
+    /// The least fraction of the estimate a rewrite must save to be kept: below it the
+    /// difference is within the time model's error, and the input is the safer program.
+    pub min_gain: f64,
 }
 
 impl Default for EqsatOptions {
@@ -70,9 +75,13 @@ impl Default for EqsatOptions {
             machine: Machine::DEFAULT,
             ilp_limit: 500,
             ilp_nodes: 50,
+            min_gain: 0.01,
         }
     }
 }
+
+/// Most moves [`extract::share`] tries (each an improvement sweep and an estimate).
+const SHARE_MOVES: usize = 64;
 
 /// Rewrite iterations by default for a function of `ops` ops: each iteration matches every rule
 /// against the whole e-graph, so large functions get fewer to stay near a second (a 10,000-op
@@ -188,7 +197,6 @@ pub fn eqsat(f: &mut Function, o: &EqsatOptions) -> Result<Report, String> {
     let greedy = extract::greedy(eg, &o.machine, &input);
     let results = &enc.roots[..f.results().len()];
     let time = |sel: &extract::Selection| extract::dag(eg, sel, results).time(&o.machine);
-    // Candidates with their estimates, the cheapest first after each addition.
     // Candidates with their estimates, cheapest first (ties keep the earlier).
     let mut candidates: Vec<(f64, &'static str, extract::Selection)> = Vec::new();
     let add = |candidates: &mut Vec<_>, name, sel: Option<extract::Selection>| {
@@ -209,23 +217,44 @@ pub fn eqsat(f: &mut Function, o: &EqsatOptions) -> Result<Report, String> {
     );
     // The best so far improved class by class with shared values counted once; then the exact
     // program for small e-graphs, seeded with the best so far.
-    let improved = (candidates.first())
-        .map(|(_, _, seed)| extract::improve(eg, &enc.roots, seed, &greedy, &o.machine, 2));
+    let improved = (candidates.first()).map(|(_, _, seed)| {
+        extract::improve(
+            eg,
+            &enc.roots,
+            seed,
+            &greedy,
+            &o.machine,
+            &extract::Sweep::all(2),
+        )
+    });
     add(&mut candidates, "improved", improved);
+    let shared = (candidates.first()).map(|(_, _, seed)| {
+        extract::share(
+            eg,
+            &enc.roots,
+            results,
+            seed,
+            &greedy,
+            &o.machine,
+            SHARE_MOVES,
+        )
+    });
+    add(&mut candidates, "shared", shared);
     let exact = candidates.first().and_then(|(_, _, seed)| {
         ilp::extract(eg, &enc.roots, &o.machine, seed, o.ilp_limit, o.ilp_nodes)
     });
     add(&mut candidates, "ilp", exact);
-    let best = candidates.first().filter(|(t, _, _)| *t < before);
-    // Written back, the program must still be estimated faster (the estimate of the function
-    // is the one reported; folding new ops on constants only lowers it).
+    let enough = before * (1.0 - o.min_gain);
+    let best = candidates.first().filter(|(t, _, _)| *t < enough);
+    // Written back, the program must still be estimated faster by the margin (the estimate of
+    // the function is the one reported; folding new ops on constants only lowers it).
     let mut changed = None;
     if let Some((_, name, sel)) = best {
         let mut g = f.clone();
         decode::decode(&mut g, &enc, sel);
         // Constants only the folded new ones read (the weights a merge concatenated).
         crate::dce(&mut g);
-        if estimate(&g, &o.machine) < before {
+        if estimate(&g, &o.machine) < enough {
             *f = g;
             changed = Some(*name);
         }
@@ -274,6 +303,10 @@ pub(crate) const OPTIONS: &[OptionInfo] = &[
         help: "most branch-and-bound nodes the integer program searches; default 50",
     },
     OptionInfo {
+        name: "min-gain",
+        help: "least fraction of the estimated time a rewrite must save to be kept; default 0.01",
+    },
+    OptionInfo {
         name: "gflops",
         help: "the time model's matmul and convolution rate, GFLOP/s; default 140",
     },
@@ -287,7 +320,19 @@ pub(crate) const OPTIONS: &[OptionInfo] = &[
     },
     OptionInfo {
         name: "launch-us",
-        help: "the time model's cost of starting a kernel, microseconds; default 2",
+        help: "the time model's cost of running a small kernel, microseconds; default 0.5",
+    },
+    OptionInfo {
+        name: "sync-us",
+        help: "the time model's further cost of splitting a matmul or convolution among the threads, microseconds; default 2.5",
+    },
+    OptionInfo {
+        name: "cache-mib",
+        help: "the time model's last-level cache, MiB (constants that fit in it together are read from it); default 32",
+    },
+    OptionInfo {
+        name: "cache-gbps",
+        help: "the time model's bandwidth of reads from that cache, GB/s; default 100",
     },
 ];
 
@@ -326,11 +371,25 @@ pub fn options(o: &Options) -> Result<EqsatOptions, String> {
         fold_limit: o.usize_or("fold-limit", d.fold_limit as usize)? as u64,
         ilp_limit: o.usize_or("ilp-limit", d.ilp_limit)?,
         ilp_nodes: o.usize_or("ilp-nodes", d.ilp_nodes as usize)? as u64,
+        min_gain: match o.get("min-gain") {
+            None => d.min_gain,
+            Some(v) => match v.parse::<f64>() {
+                Ok(x) if (0.0..1.0).contains(&x) => x,
+                _ => {
+                    return Err(format!(
+                        "option `min-gain` must be a number in [0, 1), found `{v}`"
+                    ));
+                }
+            },
+        },
         machine: Machine {
             gflops: positive(o, "gflops", m.gflops)?,
             vector_gflops: positive(o, "vector-gflops", m.vector_gflops)?,
             gbps: positive(o, "gbps", m.gbps)?,
             launch_us: positive(o, "launch-us", m.launch_us)?,
+            sync_us: positive(o, "sync-us", m.sync_us)?,
+            cache_mib: positive(o, "cache-mib", m.cache_mib)?,
+            cache_gbps: positive(o, "cache-gbps", m.cache_gbps)?,
         },
     })
 }

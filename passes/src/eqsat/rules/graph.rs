@@ -1,21 +1,24 @@
 //! `graph`: TASO/TENSAT-style substitutions between whole operators, all exact.
 //!
-//! - Two matrix products reading one input, with 2-D right operands (weights), are one product
-//!   with the weights concatenated, then sliced (the attention Q/K/V merge); two convolutions
-//!   with the same attributes and filter geometry reading one input, with `groups=1`, are one
-//!   with the filters concatenated, then sliced along the channels (Inception's branches).
+//! - The matrix products reading one input, with 2-D right operands (weights) of as many rows,
+//!   are one product with the weights concatenated, then sliced (the attention Q/K/V merge); the
+//!   convolutions with the same attributes and filter geometry reading one input, with
+//!   `groups=1`, are one with the filters concatenated, then sliced along the channels
+//!   (Inception's branches). Each group is merged whole, once: merging pairs and then pairs of
+//!   merges builds every subset of the group (2^8 products for a cell with eight gates).
 //!   Merged weights are constants when the weights are: the pass folds them when it writes the
-//!   program back, and the time model counts ops on constants as free. Merges compose: a third
-//!   product joins the merged one, and a slice of a slice is one slice.
+//!   program back, and the time model counts ops on constants as free.
 //! - Matrix chains reassociate, `(AB)C <-> A(BC)` (2-D operands).
 //! - `relu` commutes with max pooling (relu is monotone; padding never wins a max).
 //!
 //! Whether a merge pays depends on what the slices cost against the launches and the input
 //! reads it saves; extraction decides with the time model, counting the merged product once.
 
+use super::super::lang::{Node, Tag};
 use super::{G, Rule, add_op, attrs, rw_if, rw_multi, ty, var};
 use egg::{Id, Subst};
 use tcc_ir::OpKind;
+use tcc_ir::ops::OpId;
 
 const SET: &str = "graph";
 
@@ -48,64 +51,109 @@ fn parts(eg: &G, w: Id, axis: i64) -> Vec<Id> {
     vec![w]
 }
 
-/// Whether merging `w1` then `w2` along `axis` joins new weights in one canonical order: every
-/// part of `w1` before every part of `w2` by e-class id. Each set of weights is then merged in
-/// one order only, and never with itself.
-fn canonical_merge(eg: &G, w1: Id, w2: Id, axis: i64) -> bool {
-    let (a, b) = (parts(eg, w1, axis), parts(eg, w2, axis));
-    a.iter().max() < b.iter().min()
+/// The ops reading `x` as their first operand that `merge` would join: each op class with its
+/// second operand's class (a weight, never itself a merge of weights along `axis`), in one
+/// canonical order (by weight class), one per weight.
+fn readers(eg: &G, x: Id, op: OpId, axis: i64, joins: impl Fn(&[Id]) -> bool) -> Vec<(Id, Id)> {
+    let x = eg.find(x);
+    let mut out: Vec<(Id, Id)> = (eg[x].parents())
+        .filter_map(|p| match eg.id_to_node(p) {
+            Node::Op(Tag::Op(o), ch) if *o == op && eg.find(ch[0]) == x && joins(ch) => {
+                let w = eg.find(ch[1]);
+                (parts(eg, w, axis).len() == 1).then(|| (w, eg.find(p)))
+            }
+            _ => None,
+        })
+        .collect();
+    out.sort();
+    out.dedup_by_key(|&mut (w, _)| w);
+    out.into_iter().map(|(w, m)| (m, w)).collect()
 }
 
-/// `?m1 = x·w1, ?m2 = x·w2` with 2-D `w1`, `w2`: `x·[w1 w2]`, sliced.
+/// Whether `(m1, m2)` are the first two of `group`: a group is merged once, from its first pair.
+fn first_pair(eg: &G, group: &[(Id, Id)], m1: Id, m2: Id) -> bool {
+    group.len() >= 2 && eg.find(group[0].0) == m1 && eg.find(group[1].0) == m2
+}
+
+/// `?m1 = x·w1, ?m2 = x·w2`: every product of `x` with a 2-D weight of as many rows, `x·[w1
+/// w2 ..]`, sliced. (Merging the whole group at once, not pairs, keeps the e-graph linear in
+/// the group: pairs would build every subset.)
 fn merge_matmuls(eg: &mut G, s: &Subst) -> Vec<(Id, Id)> {
     let (m1, m2) = (eg.find(var(s, "?m1")), eg.find(var(s, "?m2")));
-    let (w1, w2) = (var(s, "?w1"), var(s, "?w2"));
-    let (Some(t1), Some(t2), Some(out)) = (ty(eg, w1), ty(eg, w2), ty(eg, m1)) else {
+    let (Some(t1), Some(out)) = (ty(eg, var(s, "?w1")), ty(eg, m1)) else {
         return vec![];
     };
-    if m1 == m2 || t1.rank() != 2 || t2.rank() != 2 || t1.dims()[0] != t2.dims()[0] {
+    if t1.rank() != 2 {
         return vec![];
     }
-    if !canonical_merge(eg, w1, w2, 1) {
+    let k = t1.dims()[0];
+    let group = readers(eg, var(s, "?x"), OpId::MatMul, 1, |ch| {
+        ty(eg, ch[1]).is_some_and(|t| t.rank() == 2 && t.dims()[0] == k)
+    });
+    if !first_pair(eg, &group, m1, m2) {
         return vec![];
     }
-    let (n1, n2) = (t1.dims()[1], t2.dims()[1]);
+    let widths: Vec<u64> = (group.iter())
+        .map(|&(_, w)| ty(eg, w).expect("a tensor").dims()[1])
+        .collect();
     let mut dims = out.dims().to_vec();
     let last = dims.len() - 1;
-    let w = add_op(eg, OpKind::Concat { axis: 1 }, vec![w1, w2]);
-    let x = var(s, "?x");
-    let m = add_op(eg, OpKind::MatMul, vec![x, w]);
-    dims[last] = n1 + n2;
-    let s1 = slice_along(eg, m, &dims, last, 0, n1);
-    let s2 = slice_along(eg, m, &dims, last, n1, n1 + n2);
-    vec![(m1, s1), (m2, s2)]
+    dims[last] = widths.iter().sum();
+    let ws = group.iter().map(|&(_, w)| w).collect();
+    let w = add_op(eg, OpKind::Concat { axis: 1 }, ws);
+    let m = add_op(eg, OpKind::MatMul, vec![var(s, "?x"), w]);
+    split(eg, m, &dims, last, &group, &widths)
 }
 
-/// `?c1 = conv(x, w1), ?c2 = conv(x, w2)` alike: `conv(x, [w1; w2])`, sliced along channels.
+/// Pairs each op of `group` with its slice of the merged `y` (`dims`), the pieces `widths`
+/// wide along `axis` in the group's order.
+fn split(
+    eg: &mut G,
+    y: Id,
+    dims: &[u64],
+    axis: usize,
+    group: &[(Id, Id)],
+    widths: &[u64],
+) -> Vec<(Id, Id)> {
+    let mut lo = 0;
+    let mut out = Vec::new();
+    for (&(m, _), &n) in group.iter().zip(widths) {
+        out.push((m, slice_along(eg, y, dims, axis, lo, lo + n)));
+        lo += n;
+    }
+    out
+}
+
+/// `?c1 = conv(x, w1), ?c2 = conv(x, w2)` alike: every convolution of `x` with these
+/// attributes and filters of this geometry, `conv(x, [w1; w2; ..])`, sliced along channels.
 fn merge_convs(eg: &mut G, s: &Subst) -> Vec<(Id, Id)> {
     let (c1, c2) = (eg.find(var(s, "?c1")), eg.find(var(s, "?c2")));
-    let (w1, w2) = (var(s, "?w1"), var(s, "?w2"));
     let Some(OpKind::Conv2d(conv)) = attrs(eg, s, "?a") else {
         return vec![];
     };
     let conv = conv.clone();
-    let (Some(t1), Some(t2), Some(out)) = (ty(eg, w1), ty(eg, w2), ty(eg, c1)) else {
+    let (Some(t1), Some(out)) = (ty(eg, var(s, "?w1")), ty(eg, c1)) else {
         return vec![];
     };
-    if c1 == c2 || conv.groups != 1 || t1.dims()[1..] != t2.dims()[1..] {
+    if conv.groups != 1 {
         return vec![];
     }
-    if !canonical_merge(eg, w1, w2, 0) {
+    let (geometry, a) = (t1.dims()[1..].to_vec(), eg.find(var(s, "?a")));
+    let group = readers(eg, var(s, "?x"), OpId::Conv2d, 0, |ch| {
+        eg.find(ch[2]) == a && ty(eg, ch[1]).is_some_and(|t| t.dims()[1..] == geometry)
+    });
+    if !first_pair(eg, &group, c1, c2) {
         return vec![];
     }
-    let (o1, o2) = (t1.dims()[0], t2.dims()[0]);
+    let widths: Vec<u64> = (group.iter())
+        .map(|&(_, w)| ty(eg, w).expect("a tensor").dims()[0])
+        .collect();
     let mut dims = out.dims().to_vec();
-    let w = add_op(eg, OpKind::Concat { axis: 0 }, vec![w1, w2]);
+    dims[1] = widths.iter().sum();
+    let ws = group.iter().map(|&(_, w)| w).collect();
+    let w = add_op(eg, OpKind::Concat { axis: 0 }, ws);
     let y = add_op(eg, OpKind::Conv2d(conv), vec![var(s, "?x"), w]);
-    dims[1] = o1 + o2;
-    let s1 = slice_along(eg, y, &dims, 1, 0, o1);
-    let s2 = slice_along(eg, y, &dims, 1, o1, o1 + o2);
-    vec![(c1, s1), (c2, s2)]
+    split(eg, y, &dims, 1, &group, &widths)
 }
 
 fn all_2d(eg: &G, s: &Subst, vars: &[&str]) -> bool {
@@ -120,14 +168,14 @@ pub(super) fn rules() -> Vec<Rule> {
             SET,
             "?m1 = (matmul ?x ?w1), ?m2 = (matmul ?x ?w2)",
             merge_matmuls,
-            "func @f(%x: f64[$a,$b,$c], %w: f64[$c,$d], %v: f64[$c,$b]) -> (f64[$a,$b,$d], f64[$a,$b,$b]) {\n  %q = matmul %x, %w : f64[$a,$b,$d]\n  %k = matmul %x, %v : f64[$a,$b,$b]\n  return %q, %k\n}\n",
+            "func @f(%x: f64[$a,$b,$c], %w: f64[$c,$d], %v: f64[$c,$b], %u: f64[$c,$a]) -> (f64[$a,$b,$d], f64[$a,$b,$b], f64[$a,$b,$a]) {\n  %q = matmul %x, %w : f64[$a,$b,$d]\n  %k = matmul %x, %v : f64[$a,$b,$b]\n  %z = matmul %x, %u : f64[$a,$b,$a]\n  return %q, %k, %z\n}\n",
         ),
         rw_multi(
             "merge-convs",
             SET,
             "?c1 = (conv2d ?x ?w1 ?a), ?c2 = (conv2d ?x ?w2 ?a)",
             merge_convs,
-            "func @f(%x: f64[1,$c,5,5], %w: f64[$a,$c,3,3], %v: f64[$b,$c,3,3]) -> (f64[1,$a,5,5], f64[1,$b,5,5]) {\n  %p = conv2d %x, %w {pads=[1,1,1,1]} : f64[1,$a,5,5]\n  %q = conv2d %x, %v {pads=[1,1,1,1]} : f64[1,$b,5,5]\n  return %p, %q\n}\n",
+            "func @f(%x: f64[1,$c,5,5], %w: f64[$a,$c,3,3], %v: f64[$b,$c,3,3], %u: f64[$d,$c,3,3]) -> (f64[1,$a,5,5], f64[1,$b,5,5], f64[1,$d,5,5]) {\n  %p = conv2d %x, %w {pads=[1,1,1,1]} : f64[1,$a,5,5]\n  %q = conv2d %x, %v {pads=[1,1,1,1]} : f64[1,$b,5,5]\n  %r = conv2d %x, %u {pads=[1,1,1,1]} : f64[1,$d,5,5]\n  return %p, %q, %r\n}\n",
         ),
         rw_if(
             "matmul-assoc-right",

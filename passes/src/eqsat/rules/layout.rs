@@ -1,8 +1,9 @@
 //! `layout`: rules that move data around without changing it. Transposes and reshapes compose
 //! and cancel, transposes move through elementwise ops (so that two of them can meet) and into
 //! matrix products (`(AB)ᵀ = BᵀAᵀ`), explicit broadcasts that an elementwise op would do
-//! anyway go, a slice of a concatenation reads the operand it lies in, and a concatenation of
-//! adjacent slices of one value is one slice (or the value). All exact.
+//! anyway go, a slice of a concatenation reads the operand it lies in, a concatenation of
+//! adjacent slices of one value is one slice (or the value), and a binary op on like slices of
+//! two values of one type is a slice of the op. All exact.
 
 use super::{G, Rule, add_op, attrs, nodes_of, rw, rw_if, rw_with, same_type, ty, var};
 use egg::{Id, Subst};
@@ -221,6 +222,15 @@ pub(super) fn rules() -> Vec<Rule> {
         out.push(rw_if(&format!("concat-{mn}"), SET, &format!("(concat ({mn} ?a ?c) ({mn} ?b ?d) ?ax)"),
             &format!("({mn} (concat ?a ?b ?ax) (concat ?c ?d ?ax))"), concat_binary,
             &format!("func @f(%x: f64[1,$b,$c,$a], %y: f64[1,$d,$c,$a], %p: f64[1,$b,1,1], %q: f64[1,$d,1,1]) -> (f64[1,$b+$d,$c,$a]) {{\n  %u = {mn} %x, %p : f64[1,$b,$c,$a]\n  %v = {mn} %y, %q : f64[1,$d,$c,$a]\n  %r = concat %u, %v {{axis=1}} : f64[1,$b+$d,$c,$a]\n  return %r\n}}\n")));
+    }
+    // A binary op on two like slices of operands of one type is the slice of the op (so that
+    // the pieces of two merged products meet again: add(slice(xW), slice(hU)) of a recurrent
+    // cell's gates is one add, sliced).
+    for &op in BINARY {
+        let mn = OpKind::Binary(op).mnemonic();
+        out.push(rw_if(&format!("slice-{mn}"), SET, &format!("({mn} (slice ?a ?s) (slice ?b ?s))"),
+            &format!("(slice ({mn} ?a ?b) ?s)"), |eg, _, s| ty(eg, var(s, "?a")) == ty(eg, var(s, "?b")),
+            &format!("func @f(%x: f64[$a,$b,$c], %y: f64[$a,$b,$c]) -> (f64[$a,1,$c]) {{\n  %p = slice %x {{starts=[0,1,0], ends=[$a,2,$c]}} : f64[$a,1,$c]\n  %q = slice %y {{starts=[0,1,0], ends=[$a,2,$c]}} : f64[$a,1,$c]\n  %r = {mn} %p, %q : f64[$a,1,$c]\n  return %r\n}}\n")));
     }
     // Concatenations along one axis nest and flatten, so that the two-operand rules see the
     // operands of a wider concatenation (an Inception module joins four branches).
