@@ -94,7 +94,7 @@ enum Cmd {
     Bench(cmd::bench::Args),
     /// Measure the time model's constants on this machine and print them as eqsat options.
     #[command(
-        after_help = "Example:\n  tcc calibrate\n  tcc opt --passes='eqsat{gflops=150,vector-gflops=30,gbps=18,launch-us=1.5}' model.tir\n\neqsat keeps fixed defaults so that its output is the same on every machine; pass these to\ntune it for this one."
+        after_help = "Example:\n  tcc calibrate\n  tcc opt --passes='eqsat{gflops=150,vector-gflops=30,gbps=18,launch-us=0.5,sync-us=2}' model.tir\n\neqsat keeps fixed defaults so that its output is the same on every machine; pass these to\ntune it for this one."
     )]
     Calibrate(cmd::calibrate::Args),
     /// Print how each function is cut into kernels and where its values live in the arena.

@@ -92,14 +92,93 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
         200,
     )?;
     let launch_us = launches.as_secs_f64() / 32.0 * 1e6;
+    // Cache: the same add on 4 MiB vectors, which stay in the last-level cache between runs.
+    let small = 1u64 << 20;
+    let cached = best(
+        &format!(
+            "func @p(%x: f32[{small}], %y: f32[{small}]) -> (f32[{small}]) {{\n  %z = add %x, %y : f32[{small}]\n  return %z\n}}\n"
+        ),
+        target,
+        50,
+    )?;
+    let cache_gbps = (3 * 4 * small) as f64 / cached.as_secs_f64() / 1e9;
+    let cache_mib =
+        last_level_cache_mib().unwrap_or(tcc_passes::analysis::cost::Machine::DEFAULT.cache_mib);
+    // Splits: 16 dependent matrix-vector products big enough to be split across threads,
+    // each with its own 256 x 256 weights (4 MiB in all: in the last-level cache, not in L2),
+    // less a launch and the reading of the weights each.
+    let mut body = String::new();
+    let mut params = String::new();
+    let mut prev = "%x".to_string();
+    for i in 0..16 {
+        params += &format!(", %w{i}: f32[256,256]");
+        body += &format!("  %v{i} = matmul {prev}, %w{i} : f32[1,256]\n");
+        prev = format!("%v{i}");
+    }
+    let gemvs = best(
+        &format!("func @p(%x: f32[1,256]{params}) -> (f32[1,256]) {{\n{body}  return {prev}\n}}\n"),
+        target,
+        200,
+    )?;
+    let read_us = (256.0 * 256.0 * 4.0) / (cache_gbps * 1e9) * 1e6;
+    let sync_us = (gemvs.as_secs_f64() / 16.0 * 1e6 - launch_us - read_us).max(0.01);
     let _ = writeln!(
         io.stdout,
         "sgemm 512^3:                 {:>8.1} GFLOP/s  (gflops)\n\
          generated multiply-adds:     {:>8.1} GFLOP/s  (vector-gflops)\n\
          streaming add, 3 x 64 MiB:   {:>8.1} GB/s     (gbps)\n\
          one small kernel:            {:>8.2} us       (launch-us)\n\
-         eqsat{{gflops={:.0},vector-gflops={:.0},gbps={:.0},launch-us={:.2}}}",
-        gflops, vector_gflops, gbps, launch_us, gflops, vector_gflops, gbps, launch_us
+         cached add, 3 x 4 MiB:       {:>8.1} GB/s     (cache-gbps)\n\
+         last-level cache:            {:>8.1} MiB      (cache-mib)\n\
+         split matrix-vector product: {:>8.2} us       (sync-us)\n\
+         eqsat{{gflops={:.0},vector-gflops={:.0},gbps={:.0},launch-us={:.2},cache-gbps={:.0},cache-mib={:.0},sync-us={:.2}}}",
+        gflops,
+        vector_gflops,
+        gbps,
+        launch_us,
+        cache_gbps,
+        cache_mib,
+        sync_us,
+        gflops,
+        vector_gflops,
+        gbps,
+        launch_us,
+        cache_gbps,
+        cache_mib,
+        sync_us
     );
     Ok(())
+}
+
+/// The size of the first CPU's last-level cache in MiB, as Linux reports it (`None` elsewhere).
+fn last_level_cache_mib() -> Option<f64> {
+    let dir = std::path::Path::new("/sys/devices/system/cpu/cpu0/cache");
+    let mut best: Option<(u32, f64)> = None;
+    for e in std::fs::read_dir(dir).ok()?.flatten() {
+        let read = |name: &str| std::fs::read_to_string(e.path().join(name)).ok();
+        let (Some(level), Some(size)) = (read("level"), read("size")) else {
+            continue;
+        };
+        let Ok(level) = level.trim().parse::<u32>() else {
+            continue;
+        };
+        let size = size.trim();
+        let (digits, unit) = size.split_at(
+            size.find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(size.len()),
+        );
+        let Ok(n) = digits.parse::<f64>() else {
+            continue;
+        };
+        let mib = match unit {
+            "K" => n / 1024.0,
+            "M" => n,
+            "G" => n * 1024.0,
+            _ => n / (1024.0 * 1024.0),
+        };
+        if best.is_none_or(|(l, _)| level > l) {
+            best = Some((level, mib));
+        }
+    }
+    best.map(|(_, mib)| mib)
 }

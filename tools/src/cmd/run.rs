@@ -30,10 +30,10 @@ pub(crate) struct Model {
     /// Run no passes before compiling (the same as --passes='').
     #[arg(short = 'O', value_name = "LEVEL", value_parser = ["0"])]
     pub opt_level: Option<String>,
-    /// The layout the CPU backend keeps convolutions' tensors in: `auto` (channel-blocked
-    /// where those kernels are the target's fastest: AVX2 without AVX-512), `blocked`
-    /// (wherever the target has them) or `plain` (as the function has them; convolutions as
-    /// im2col and GEMM).
+    /// The layout the CPU backend keeps convolutions' tensors in: `auto` (the backend's
+    /// choice: today channel-blocked wherever the target has AVX2 and FMA), `blocked`
+    /// (wherever the target has those kernels) or `plain` (as the function has them;
+    /// convolutions as im2col and GEMM).
     #[arg(long, value_name = "LAYOUT", default_value = "auto", value_parser = ["auto", "blocked", "plain"])]
     pub layout: String,
 }
