@@ -127,8 +127,9 @@ impl MatMul {
     }
 }
 
-/// Our kernel for the f32 GEMMs compiled for `features`: AVX-512F's where the target has it,
-/// else AVX2+FMA's (so a spec such as `host,-avx512f` picks the second), else none.
+/// Our kernel for the f32 GEMMs compiled for `features` ([`sgemm::Isa::for_target`]):
+/// AVX-512F's where the target has it and the CPU runs it at full width, else AVX2+FMA's (so a
+/// spec such as `host,-avx512f` picks the second), else none.
 pub(super) fn own_gemm(features: &super::Features) -> Option<sgemm::Isa> {
     sgemm::Isa::for_target(features)
 }
