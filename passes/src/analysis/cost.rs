@@ -14,11 +14,11 @@
 //! to be split among the threads also pays a synchronisation (publishing the work, waiting for
 //! the slowest thread). Constants, when all the program's fit in the last-level cache together,
 //! stay there between runs and are read at the cache's bandwidth (a batch-1 recurrent cell's
-//! weights: its products are bound by reading them, several times faster than from memory). A chain of elementwise ops is one kernel (as
-//! the CPU backend fuses them): a value made by an elementwise op and read only by elementwise
-//! ops is never stored, and costs neither the write, the reads nor a launch. A matmul or
-//! convolution whose only reader is elementwise runs it as an epilogue: its result is not
-//! stored and the reader starts no kernel. An op whose
+//! weights: its products are bound by reading them, several times faster than from memory).
+//! A chain of elementwise ops is one kernel (as the CPU backend fuses them): a value made by an
+//! elementwise op and read only by elementwise ops is never stored, and costs neither the
+//! write, the reads nor a launch. A matmul or convolution whose only reader is elementwise runs
+//! it as an epilogue: its result is not stored and the reader starts no kernel. An op whose
 //! operands are all constants is folded at compile time and costs nothing; so do ops that only
 //! relabel a buffer. [`estimate`] applies this to a function, [`Dag`] to any program in that
 //! shape (the e-graph's extractions).
@@ -304,6 +304,14 @@ impl Dag {
         dag
     }
 
+    /// The type of the value `a` reads.
+    fn operand_ty<'a>(&'a self, a: &'a Operand) -> &'a TensorType {
+        match a {
+            Operand::Input(t) | Operand::Const(t) => t,
+            Operand::Op(j) => &self.ops[*j].ty,
+        }
+    }
+
     /// Estimated seconds to run the dag on `m`, under the model in the module docs.
     pub fn time(&self, m: &Machine) -> f64 {
         let mut readers_fuse = vec![true; self.ops.len()];
@@ -353,11 +361,7 @@ impl Dag {
             .filter(|&(i, op)| !folded[i] && !is_free(&op.kind))
             .flat_map(|(_, op)| &op.args)
             .filter(|a| constant(a))
-            .map(|a| match a {
-                Operand::Const(t) => t.size_bytes(),
-                Operand::Op(j) => self.ops[*j].ty.size_bytes(),
-                Operand::Input(_) => 0,
-            })
+            .map(|a| self.operand_ty(a).size_bytes())
             .sum();
         let cached_consts = m.fits_in_cache(consts);
         let mut total = 0.0;
@@ -369,18 +373,15 @@ impl Dag {
             let mut is_epilogue = false;
             let mut tys = Vec::with_capacity(op.args.len());
             for a in &op.args {
-                let ty = match a {
-                    Operand::Input(t) | Operand::Const(t) => t,
-                    Operand::Op(j) => &self.ops[*j].ty,
-                };
+                let ty = self.operand_ty(a);
                 tys.push(ty);
                 let from_epilogue = matches!(a, Operand::Op(j) if epilogue(*j));
                 is_epilogue |= from_epilogue;
                 let in_registers = matches!(a, Operand::Op(j) if fused(*j)) || from_epilogue;
-                match a {
-                    _ if constant(a) && cached_consts => bytes.cached += ty.size_bytes(),
-                    _ if !in_registers => bytes.memory += ty.size_bytes(),
-                    _ => {}
+                if constant(a) && cached_consts {
+                    bytes.cached += ty.size_bytes();
+                } else if !in_registers {
+                    bytes.memory += ty.size_bytes();
                 }
             }
             let flops = time_flops(&op.kind, &tys, &[&op.ty]);

@@ -114,9 +114,10 @@ pub fn node_cost(eg: &G, class: Id, node: &Node, m: &Machine) -> f64 {
             let mut bytes = Traffic::memory(ty.size_bytes());
             for &a in operands(node) {
                 let size = eg[a].data.ty.as_ref().map_or(0, |t| t.size_bytes());
-                match eg[a].data.constant && m.fits_in_cache(size) {
-                    true => bytes.cached += size,
-                    false => bytes.memory += size,
+                if eg[a].data.constant && m.fits_in_cache(size) {
+                    bytes.cached += size;
+                } else {
+                    bytes.memory += size;
                 }
             }
             m.kernel_time(&kind, flops, bytes)
@@ -344,14 +345,29 @@ fn reads(eg: &G, roots: &[Id], sel: &Selection) -> HashMap<Id, usize> {
         *counts.entry(eg.find(r)).or_default() += 1;
     }
     for node in sel.choice.values() {
-        let mut ch: Vec<Id> = node.children().iter().map(|&c| eg.find(c)).collect();
-        ch.sort_unstable();
-        ch.dedup();
-        for c in ch {
+        for c in kids(eg, node) {
             *counts.entry(c).or_default() += 1;
         }
     }
     counts
+}
+
+/// The distinct classes among `ids`, canonical.
+fn distinct(eg: &G, ids: impl Iterator<Item = Id>) -> Vec<Id> {
+    let mut v: Vec<Id> = ids.map(|c| eg.find(c)).collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// The classes node `n` reads, each once.
+fn kids(eg: &G, n: &Node) -> Vec<Id> {
+    distinct(eg, n.children().iter().copied())
+}
+
+/// The e-classes with a node reading class `d`.
+fn reading_classes(eg: &G, d: Id) -> Vec<Id> {
+    distinct(eg, eg[d].parents())
 }
 
 /// The cost of the classes that replacing `old` by `new` leaves unread: read only by `old`
@@ -365,14 +381,8 @@ fn freed(
     m: &Machine,
 ) -> f64 {
     let mut left: HashMap<Id, usize> = HashMap::new();
-    let kids = |n: &Node| -> Vec<Id> {
-        let mut ch: Vec<Id> = n.children().iter().map(|&c| eg.find(c)).collect();
-        ch.sort_unstable();
-        ch.dedup();
-        ch
-    };
-    let keep: Vec<Id> = kids(new);
-    let mut stack = kids(old);
+    let keep: Vec<Id> = kids(eg, new);
+    let mut stack = kids(eg, old);
     let mut cost = 0.0;
     while let Some(d) = stack.pop() {
         if keep.contains(&d) {
@@ -386,7 +396,7 @@ fn freed(
             && let Some(node) = sel.choice.get(&d)
         {
             cost += node_cost(eg, d, node, m);
-            stack.extend(kids(node));
+            stack.extend(kids(eg, node));
         }
     }
     cost
@@ -467,7 +477,7 @@ pub fn share(
             };
             let mut key: Vec<Id> = added.iter().map(|&(d, _)| d).collect();
             key.sort_unstable();
-            if key.iter().any(|&d| readers(eg, d) > 1) && tried.insert(key.clone()) {
+            if key.iter().any(|&d| reading_classes(eg, d).len() > 1) && tried.insert(key.clone()) {
                 moves.push((n, added, key));
             }
         }
@@ -486,8 +496,8 @@ pub fn share(
             // whole program per move costs seconds on graphs with thousands of classes).
             let mut only: std::collections::HashSet<Id> = std::collections::HashSet::new();
             only.insert(c);
-            for d in &key {
-                only.extend(eg[*d].parents().map(|p| eg.find(p)));
+            for &d in &key {
+                only.extend(reading_classes(eg, d));
             }
             let sweep = Sweep {
                 rounds: 2,
@@ -508,12 +518,4 @@ pub fn share(
         }
     }
     best.1
-}
-
-/// How many e-classes have a node reading class `d`.
-fn readers(eg: &G, d: Id) -> usize {
-    let mut classes: Vec<Id> = eg[d].parents().map(|p| eg.find(p)).collect();
-    classes.sort_unstable();
-    classes.dedup();
-    classes.len()
 }

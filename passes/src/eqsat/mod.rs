@@ -215,8 +215,9 @@ pub fn eqsat(f: &mut Function, o: &EqsatOptions) -> Result<Report, String> {
         "greedy",
         extract::close(eg, &enc.roots, &greedy),
     );
-    // The best so far improved class by class with shared values counted once; then the exact
-    // program for small e-graphs, seeded with the best so far.
+    // The best so far improved class by class with shared values counted once; then with
+    // values shared by several readers introduced; then the exact program for small e-graphs,
+    // each seeded with the best so far.
     let improved = (candidates.first()).map(|(_, _, seed)| {
         extract::improve(
             eg,

@@ -39,6 +39,30 @@ fn best(src: &str, target: Option<&str>, runs: usize) -> Result<Duration, Error>
     Ok(best)
 }
 
+/// The body of `n` dependent steps from `%x`: `step(i, prev)` gives the lines of step `i`,
+/// which define `%{last}{i}` from `prev`. Returns the body and the last step's value.
+fn chain(n: usize, last: &str, step: impl Fn(usize, &str) -> String) -> (String, String) {
+    let mut body = String::new();
+    let mut prev = "%x".to_string();
+    for i in 0..n {
+        body += &step(i, &prev);
+        prev = format!("%{last}{i}");
+    }
+    (body, prev)
+}
+
+/// GB/s of an add of two `len`-element f32 vectors (three streams: two read, one written).
+fn add_gbps(len: u64, target: Option<&str>, runs: usize) -> Result<f64, Error> {
+    let t = best(
+        &format!(
+            "func @p(%x: f32[{len}], %y: f32[{len}]) -> (f32[{len}]) {{\n  %z = add %x, %y : f32[{len}]\n  return %z\n}}\n"
+        ),
+        target,
+        runs,
+    )?;
+    Ok((3 * 4 * len) as f64 / t.as_secs_f64() / 1e9)
+}
+
 pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
     let target = a.target.as_deref();
     // Matrix kernels: a 512^3 sgemm.
@@ -53,14 +77,9 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
     let gflops = 2.0 * (n * n * n) as f64 / gemm.as_secs_f64() / 1e9;
     // Generated kernels: 64 multiply-adds an element, fused into one kernel on 256 Ki elements.
     let len = 1u64 << 18;
-    let mut body = String::new();
-    let mut prev = "%x".to_string();
-    for i in 0..32 {
-        body += &format!(
-            "  %m{i} = mul {prev}, %k : f32[{len}]\n  %a{i} = add %m{i}, %c : f32[{len}]\n"
-        );
-        prev = format!("%a{i}");
-    }
+    let (body, prev) = chain(32, "a", |i, prev| {
+        format!("  %m{i} = mul {prev}, %k : f32[{len}]\n  %a{i} = add %m{i}, %c : f32[{len}]\n")
+    });
     let vector = best(
         &format!(
             "func @p(%x: f32[{len}]) -> (f32[{len}]) {{\n  %k = const {{value=0.999}} : f32[]\n  %c = const {{value=0.001}} : f32[]\n{body}  return {prev}\n}}\n"
@@ -70,22 +89,11 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
     )?;
     let vector_gflops = (64 * len) as f64 / vector.as_secs_f64() / 1e9;
     // Memory: an add of two 64 MiB vectors (three streams).
-    let big = 1u64 << 24;
-    let stream = best(
-        &format!(
-            "func @p(%x: f32[{big}], %y: f32[{big}]) -> (f32[{big}]) {{\n  %z = add %x, %y : f32[{big}]\n  return %z\n}}\n"
-        ),
-        target,
-        10,
-    )?;
-    let gbps = (3 * 4 * big) as f64 / stream.as_secs_f64() / 1e9;
+    let gbps = add_gbps(1 << 24, target, 10)?;
     // Launches: 32 dependent tiny transposes (one kernel each).
-    let mut body = String::new();
-    let mut prev = "%x".to_string();
-    for i in 0..32 {
-        body += &format!("  %t{i} = transpose {prev} {{perm=[1,0]}} : f32[2,2]\n");
-        prev = format!("%t{i}");
-    }
+    let (body, prev) = chain(32, "t", |i, prev| {
+        format!("  %t{i} = transpose {prev} {{perm=[1,0]}} : f32[2,2]\n")
+    });
     let launches = best(
         &format!("func @p(%x: f32[2,2]) -> (f32[2,2]) {{\n{body}  return {prev}\n}}\n"),
         target,
@@ -93,28 +101,16 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
     )?;
     let launch_us = launches.as_secs_f64() / 32.0 * 1e6;
     // Cache: the same add on 4 MiB vectors, which stay in the last-level cache between runs.
-    let small = 1u64 << 20;
-    let cached = best(
-        &format!(
-            "func @p(%x: f32[{small}], %y: f32[{small}]) -> (f32[{small}]) {{\n  %z = add %x, %y : f32[{small}]\n  return %z\n}}\n"
-        ),
-        target,
-        50,
-    )?;
-    let cache_gbps = (3 * 4 * small) as f64 / cached.as_secs_f64() / 1e9;
+    let cache_gbps = add_gbps(1 << 20, target, 50)?;
     let cache_mib =
         last_level_cache_mib().unwrap_or(tcc_passes::analysis::cost::Machine::DEFAULT.cache_mib);
     // Splits: 16 dependent matrix-vector products big enough to be split across threads,
     // each with its own 256 x 256 weights (4 MiB in all: in the last-level cache, not in L2),
     // less a launch and the reading of the weights each.
-    let mut body = String::new();
-    let mut params = String::new();
-    let mut prev = "%x".to_string();
-    for i in 0..16 {
-        params += &format!(", %w{i}: f32[256,256]");
-        body += &format!("  %v{i} = matmul {prev}, %w{i} : f32[1,256]\n");
-        prev = format!("%v{i}");
-    }
+    let params: String = (0..16).map(|i| format!(", %w{i}: f32[256,256]")).collect();
+    let (body, prev) = chain(16, "v", |i, prev| {
+        format!("  %v{i} = matmul {prev}, %w{i} : f32[1,256]\n")
+    });
     let gemvs = best(
         &format!("func @p(%x: f32[1,256]{params}) -> (f32[1,256]) {{\n{body}  return {prev}\n}}\n"),
         target,

@@ -118,26 +118,30 @@ impl Isa {
 /// 2048, 64x4096x4096, 128x768x3072), so the AVX2 kernel serves it. Zen 5 (family 1Ah) and
 /// Intel's server cores have full-width units and keep the AVX-512 kernel.
 fn halved_512() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::__cpuid;
-        let (vendor, signature) = (__cpuid(0), __cpuid(1));
-        let amd = [vendor.ebx, vendor.edx, vendor.ecx]
-            == [
-                u32::from_le_bytes(*b"Auth"),
-                u32::from_le_bytes(*b"enti"),
-                u32::from_le_bytes(*b"cAMD"),
-            ];
-        let base = (signature.eax >> 8) & 0xf;
-        let family = if base == 0xf {
-            base + ((signature.eax >> 20) & 0xff)
-        } else {
-            base
-        };
-        amd && family == 0x19
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+    // CPUID traps to the hypervisor in a VM: ask once, not for every product compiled.
+    static HALVED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HALVED.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::__cpuid;
+            let (vendor, signature) = (__cpuid(0), __cpuid(1));
+            let amd = [vendor.ebx, vendor.edx, vendor.ecx]
+                == [
+                    u32::from_le_bytes(*b"Auth"),
+                    u32::from_le_bytes(*b"enti"),
+                    u32::from_le_bytes(*b"cAMD"),
+                ];
+            let base = (signature.eax >> 8) & 0xf;
+            let family = if base == 0xf {
+                base + ((signature.eax >> 20) & 0xff)
+            } else {
+                base
+            };
+            amd && family == 0x19
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    })
 }
 
 /// The depth of the blocks a product of depth `k` is cut into on kernel `K`: as even as the

@@ -93,32 +93,40 @@ fn merge_matmuls(eg: &mut G, s: &Subst) -> Vec<(Id, Id)> {
     if !first_pair(eg, &group, m1, m2) {
         return vec![];
     }
-    let widths: Vec<u64> = (group.iter())
-        .map(|&(_, w)| ty(eg, w).expect("a tensor").dims()[1])
-        .collect();
-    let mut dims = out.dims().to_vec();
-    let last = dims.len() - 1;
-    dims[last] = widths.iter().sum();
-    let ws = group.iter().map(|&(_, w)| w).collect();
-    let w = add_op(eg, OpKind::Concat { axis: 1 }, ws);
-    let m = add_op(eg, OpKind::MatMul, vec![var(s, "?x"), w]);
-    split(eg, m, &dims, last, &group, &widths)
+    let last = out.rank() - 1;
+    let x = var(s, "?x");
+    merge(eg, &group, OpKind::MatMul, x, 1, out.dims().to_vec(), last)
 }
 
-/// Pairs each op of `group` with its slice of the merged `y` (`dims`), the pieces `widths`
-/// wide along `axis` in the group's order.
-fn split(
+/// The ops of `group` (each `kind` of `x` and its weight) as one op of `x` and the weights
+/// concatenated along `w_axis`, whose result (`dims` but for `axis`, the sum of the weights'
+/// `w_axis` sizes) is sliced back along `axis`: each op paired with its slice, in order.
+fn merge(
     eg: &mut G,
-    y: Id,
-    dims: &[u64],
-    axis: usize,
     group: &[(Id, Id)],
-    widths: &[u64],
+    kind: OpKind,
+    x: Id,
+    w_axis: usize,
+    mut dims: Vec<u64>,
+    axis: usize,
 ) -> Vec<(Id, Id)> {
+    let widths: Vec<u64> = (group.iter())
+        .map(|&(_, w)| ty(eg, w).expect("a tensor").dims()[w_axis])
+        .collect();
+    dims[axis] = widths.iter().sum();
+    let ws = group.iter().map(|&(_, w)| w).collect();
+    let w = add_op(
+        eg,
+        OpKind::Concat {
+            axis: w_axis as i64,
+        },
+        ws,
+    );
+    let y = add_op(eg, kind, vec![x, w]);
     let mut lo = 0;
     let mut out = Vec::new();
-    for (&(m, _), &n) in group.iter().zip(widths) {
-        out.push((m, slice_along(eg, y, dims, axis, lo, lo + n)));
+    for (&(m, _), &n) in group.iter().zip(&widths) {
+        out.push((m, slice_along(eg, y, &dims, axis, lo, lo + n)));
         lo += n;
     }
     out
@@ -145,15 +153,16 @@ fn merge_convs(eg: &mut G, s: &Subst) -> Vec<(Id, Id)> {
     if !first_pair(eg, &group, c1, c2) {
         return vec![];
     }
-    let widths: Vec<u64> = (group.iter())
-        .map(|&(_, w)| ty(eg, w).expect("a tensor").dims()[0])
-        .collect();
-    let mut dims = out.dims().to_vec();
-    dims[1] = widths.iter().sum();
-    let ws = group.iter().map(|&(_, w)| w).collect();
-    let w = add_op(eg, OpKind::Concat { axis: 0 }, ws);
-    let y = add_op(eg, OpKind::Conv2d(conv), vec![var(s, "?x"), w]);
-    split(eg, y, &dims, 1, &group, &widths)
+    let x = var(s, "?x");
+    merge(
+        eg,
+        &group,
+        OpKind::Conv2d(conv),
+        x,
+        0,
+        out.dims().to_vec(),
+        1,
+    )
 }
 
 fn all_2d(eg: &G, s: &Subst, vars: &[&str]) -> bool {
