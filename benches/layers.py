@@ -9,8 +9,8 @@ on drift by tens of percent over minutes. Layers are matched by the node path bo
 (`/features/features.3/conv/conv.1`): onnxruntime names a fused node by its last op's output,
 tcc a step by its first value; a fused node named after a batch norm's or an activation's
 output counts for the convolution that starts its chain in the file. A step of tcc's that fused
-two layers (`conv2d_nchwc {...} + conv2d_nchwc`: a depthwise layer and the 1x1 after it)
-counts under the first; the second then shows onnxruntime's time alone. onnxruntime's time of a node is its median over the runs, tcc's
+two layers (`conv2d_nchwc {...} + conv2d_nchwc ... %first + %second`: a depthwise layer and
+the 1x1 after it) is one row, `first + second`, against the sum of onnxruntime's two. onnxruntime's time of a node is its median over the runs, tcc's
 the mean after its warm-up runs (`tcc bench --profile`). Printed largest difference first; a layer only one side
 lists shows 0 on the other (ops that side fused away or names differently).
 """
@@ -77,12 +77,17 @@ def ort_layers(path, x, threads, runs):
 def tcc_layers(tcc, path, threads, runs):
     out = subprocess.run([tcc, "bench", path, "--threads", str(threads), "--runs", str(runs),
                           "--profile"], capture_output=True, text=True, check=True)
-    per = collections.defaultdict(float)
+    per, joined = collections.defaultdict(float), {}
     for line in (out.stdout + out.stderr).splitlines():
-        m = re.match(r"\s+([\d.]+) ms\s+[\d.]+%\s+\S+\s+\S+\s+.* : .* (%\S+)$", line)
+        m = re.match(r"\s+([\d.]+) ms\s+[\d.]+%\s+\S+\s+\S+\s+.* : \S+ (%\S+(?: \+ %\S+)*)$",
+                     line)
         if m:
-            per[key(m.group(2))] += float(m.group(1))
-    return per
+            layers = [key(n) for n in m.group(2).split(" + ")]
+            row = " + ".join(layers)
+            per[row] += float(m.group(1))
+            if len(layers) > 1:
+                joined.update((k, row) for k in layers)
+    return per, joined
 
 
 def main():
@@ -97,8 +102,11 @@ def main():
     x = np.load(a.model.replace(".onnx", "_input.npy"))
     best = {"ort": {}, "tcc": {}}
     for _ in range(a.rounds):
-        for side, per in [("ort", ort_layers(a.model, x, a.threads, a.runs)),
-                          ("tcc", tcc_layers(a.tcc, a.model, a.threads, a.runs))]:
+        t_per, joined = tcc_layers(a.tcc, a.model, a.threads, a.runs)
+        o_per = collections.defaultdict(float)
+        for k, v in ort_layers(a.model, x, a.threads, a.runs).items():
+            o_per[joined.get(k, k)] += v
+        for side, per in [("ort", o_per), ("tcc", t_per)]:
             for k, v in per.items():
                 best[side][k] = min(best[side].get(k, v), v)
     o, t = best["ort"], best["tcc"]

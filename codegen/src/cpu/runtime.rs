@@ -287,14 +287,19 @@ impl Executable {
                 let mut name = d.kind.mnemonic().to_string();
                 let _ = tcc_ir::printer::write_attrs(&mut name, &d.kind);
                 // A step that fused a second library call (a depthwise convolution and the 1x1
-                // after it) names it too.
-                for &op in &kd.ops[1..] {
-                    if matches!(f.op(op).kind, tcc_ir::OpKind::Conv2dNchwc { .. }) {
-                        name += &format!(" + {}", f.op(op).kind.mnemonic());
-                    }
+                // after it) names it too, and its result last.
+                let fused: Vec<_> = kd.ops[1..]
+                    .iter()
+                    .filter(|&&op| matches!(f.op(op).kind, tcc_ir::OpKind::Conv2dNchwc { .. }))
+                    .collect();
+                for &&op in &fused {
+                    name += &format!(" + {}", f.op(op).kind.mnemonic());
                 }
                 let r = d.results[0];
                 name += &format!(" : {} %{}", f.ty(r), f.name(r));
+                for &&op in &fused {
+                    name += &format!(" + %{}", f.name(f.op(op).results[0]));
+                }
                 (t, format!("{what:<9} {:<5} {name}", k.to_string()))
             })
             .collect();

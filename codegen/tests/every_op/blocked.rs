@@ -85,6 +85,15 @@ fn channel_blocked_layout() {
         ),
         // No padding and whole blocks: read in place; a 1x1 and a 3x3 over a 7x7 plane.
         ("[1,16,7,7]", "[24,16,1,1]", "", "[1,3,7,7,8]"),
+        // With AVX-512, two pairs of blocks a tile: four and a pair with a partial last block
+        // in tiles of five pixels (7x7), and four with a partial last block, padded, strided.
+        ("[1,16,7,7]", "[44,16,1,1]", "", "[1,6,7,7,8]"),
+        (
+            "[2,20,9,11]",
+            "[30,20,3,3]",
+            "{strides=[1,2], pads=[1,1,1,1]}",
+            "[2,4,9,6,8]",
+        ),
         ("[2,8,7,7]", "[8,8,3,3]", "", "[2,1,5,5,8]"),
         // Depthwise: partial block, stride 2; dilated, 5x5.
         (
@@ -245,6 +254,22 @@ fn channel_blocked_layout() {
             ),
             &format!("f32{y}"),
             99,
+        );
+    }
+    // Infinite inputs make NaN sums in the output's padding lanes too (∞ times a zero weight),
+    // which the store clears: a partial last block after one pair, and after two (AVX-512's
+    // tiles of two pairs).
+    for o in [12usize, 30] {
+        let ob = o.div_ceil(8);
+        let values: Vec<String> = (0..o * 8).map(|k| format!("{}", k % 5)).collect();
+        case_native(
+            "%x: f32[1,8,5,4]",
+            &format!(
+                "  %xb = to_nchwc %x {{block=8}} : f32[1,1,5,4,8]\n  %z = sub %xb, %xb : f32[1,1,5,4,8]\n  %r = reciprocal %z : f32[1,1,5,4,8]\n  %w = const {{value=[{}]}} : f32[{o},8,1,1]\n  %out = conv2d_nchwc %r, %w {{block=8}} : f32[1,{ob},5,4,8]",
+                values.join(", ")
+            ),
+            &format!("f32[1,{ob},5,4,8]"),
+            98,
         );
     }
 }

@@ -1,6 +1,6 @@
 //! The direct kernel of one group (or groups of whole blocks): a band's pixels in tiles of
-//! five or six by one or two output blocks, twelve accumulators at most (see the module docs
-//! of [`super`]).
+//! five or six by one or two output blocks, twelve `ymm` accumulators at most, or with
+//! AVX-512F by two or four blocks in `zmm` registers (see the module docs of [`super`]).
 
 use super::{B, Geom, Group, NchwcConv, Out, P};
 #[cfg(target_arch = "x86_64")]
@@ -90,10 +90,24 @@ impl NchwcConv {
             .collect();
         let steps = self.taps() * lanes;
         let pairs = tile_pixels(end - start);
-        for g in groups {
+        let mut gi = 0;
+        while gi < groups.len() {
+            let g = groups[gi];
+            // With AVX-512, two pairs of blocks of one convolution group side by side (their
+            // filters packed one after the other).
+            let quad = self.zmm
+                && lanes == B
+                && g.nb == 2
+                && groups
+                    .get(gi + 1)
+                    .is_some_and(|h| h.nb == 2 && h.input == g.input && h.start == g.start + 2);
+            let nb = if quad { 4 } else { g.nb };
+            // Where the second pair's filter starts, relative to the first's.
+            let second = if quad { groups[gi + 1].at - g.at } else { 0 };
+            gi += if quad { 2 } else { 1 };
             // Valid lanes of the group's last block: the padding lanes of the output are zero.
-            let valid = o - (g.start + g.nb - 1) * B;
-            let wg = &data[g.at..g.at + steps * g.nb * B];
+            let valid = o - (g.start + nb - 1) * B;
+            let wg = &data[g.at..g.at + second + steps * g.nb * B];
             let pp = if g.nb == 2 { pairs } else { P };
             let input = (g.input - first) * plane;
             for q0 in (start..end).step_by(pp) {
@@ -118,7 +132,12 @@ impl NchwcConv {
                         last: valid,
                     };
                     let w = wg.as_ptr();
-                    match (g.nb, lanes, pp) {
+                    let w2 = w.add(second);
+                    match (nb, lanes, pp) {
+                        (4, B, P) => tile512::<2, P>(&px, &taps, [w, w2], out, t),
+                        (4, B, _) => tile512::<2, 5>(&px, &taps, [w, w2], out, t),
+                        (2, B, P) if self.zmm => tile512::<1, P>(&px, &taps, [w], out, t),
+                        (2, B, _) if self.zmm => tile512::<1, 5>(&px, &taps, [w], out, t),
                         (2, B, P) => tile::<2, B, P>(&px, &taps, w, out, t),
                         (2, B, _) => tile::<2, B, 5>(&px, &taps, w, out, t),
                         (1, B, _) => tile::<1, B, P>(&px, &taps, w, out, t),
@@ -168,6 +187,35 @@ pub(super) fn tile_pixels(n: usize) -> usize {
     }
 }
 
+/// Stores a tile's sums `$acc` (`[[__m256; NB]; PX]`, pixel by block) through the epilogue,
+/// the padding lanes of the last block zeroed; `$out` and `$t` as for [`tile`]. A macro, not a
+/// function: the kernels' sums must stay in registers, and a call LLVM declines to inline
+/// keeps them in memory through the whole reduction (measured 7% slower).
+///
+/// Safety: as for [`tile`]; used inside an `unsafe` block of a function with AVX2 and FMA.
+macro_rules! store_sums {
+    ($acc:expr, $out:expr, $t:expr) => {{
+        let (mut acc, out, t): (_, Out, Tile) = ($acc, $out, $t);
+        let (px, nb) = (acc.len(), acc[0].len());
+        if t.last < B {
+            let keep = _mm256_castsi256_ps(first(t.last));
+            for a in acc.iter_mut() {
+                a[nb - 1] = _mm256_and_ps(a[nb - 1], keep);
+            }
+        }
+        let mut vs: [__m256; 12] = std::array::from_fn(|i| {
+            if i < px * nb {
+                acc[i / nb][i % nb]
+            } else {
+                _mm256_setzero_ps()
+            }
+        });
+        let at = |i: usize| (i % nb) * t.stride + (i / nb) * B;
+        let chan = |i: usize| (t.block + i % nb) * B;
+        (out.post).store(&mut vs[..t.n * nb], chan, at, out.y, out.at)
+    }};
+}
+
 /// One tile of the direct kernel: pixels `px[..n]` (the rest repeat the last) by `NB` output
 /// blocks. Step `s` of the reduction reads lane `s % L` at offset `taps[s / L]` from each
 /// pixel and the `8 * NB` weights at `w + 8 * NB * s`; the sums go to output block `b` at
@@ -204,25 +252,64 @@ unsafe fn tile<const NB: usize, const L: usize, const PX: usize>(
             }
         }
     }
-    // Lane masks of the last block: the padding lanes of the output are zero.
-    let keep = _mm256_castsi256_ps(first(t.last));
-    let mut vs = [_mm256_setzero_ps(); 12];
-    let count = t.n * NB;
-    for (i, v) in vs.iter_mut().enumerate().take(count) {
-        let (p, b) = (i / NB, i % NB);
-        *v = if b + 1 == NB {
-            _mm256_and_ps(acc[p][b], keep)
-        } else {
-            acc[p][b]
-        };
+    // SAFETY: pixel p < n of each block; the epilogue's operands cover the output.
+    unsafe { store_sums!(acc, out, t) }
+}
+
+/// [`tile`] with AVX-512F over a blocked input, for `NP` pairs of blocks (one or two), the
+/// filter of pair `j` at `w[j]`: each pixel's sixteen sums of a pair in one `zmm` register,
+/// each step one load of a pair's sixteen weights and one broadcast per pixel; the same sums
+/// in the same order as [`tile`].
+///
+/// # Safety
+/// As for [`tile`] with `2 * NP` blocks, and the CPU has AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn tile512<const NP: usize, const PX: usize>(
+    px: &[*const f32; P],
+    taps: &[usize],
+    w: [*const f32; NP],
+    out: Out,
+    t: Tile,
+) {
+    let mut acc = [[_mm512_setzero_ps(); NP]; PX];
+    let mut at = 0;
+    for &off in taps {
+        for l in 0..B {
+            // SAFETY (block): the caller's contract.
+            unsafe {
+                let wv: [__m512; NP] = std::array::from_fn(|j| _mm512_loadu_ps(w[j].add(at)));
+                for (p, a) in acc.iter_mut().enumerate() {
+                    let xv = _mm512_set1_ps(*px[p].add(off + l));
+                    for j in 0..NP {
+                        a[j] = _mm512_fmadd_ps(xv, wv[j], a[j]);
+                    }
+                }
+            }
+            at += 2 * B;
+        }
     }
-    let at = |i: usize| (i % NB) * t.stride + (i / NB) * B;
-    // SAFETY: pixel i / NB < n of block i % NB for every i < count; the epilogue's operands
-    // cover the output.
-    unsafe {
-        let chan = |i: usize| (t.block + i % NB) * B;
-        (out.post).store(&mut vs[..count], chan, at, out.y, out.at)
-    };
+    // Each pair stored as a tile of two `ymm` blocks.
+    for j in 0..NP {
+        let high = |v: __m512| _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+        let halves: [[__m256; 2]; PX] =
+            std::array::from_fn(|p| [_mm512_castps512_ps256(acc[p][j]), high(acc[p][j])]);
+        let skip = 2 * j * t.stride;
+        let t = Tile {
+            block: t.block + 2 * j,
+            last: if j + 1 == NP { t.last } else { B },
+            ..t
+        };
+        // SAFETY: pixel p < n of each block; the epilogue's operands cover the output.
+        unsafe {
+            let out = Out {
+                y: out.y.add(skip),
+                at: out.at + skip,
+                post: out.post,
+            };
+            store_sums!(halves, out, t)
+        }
+    }
 }
 
 /// Never called: `NchwcConv::new` declines off x86-64.

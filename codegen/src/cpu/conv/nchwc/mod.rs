@@ -5,7 +5,10 @@
 //! **One group** (`direct`): a tile is six output pixels by sixteen output channels (two
 //! blocks) in twelve accumulators; each step of the reduction broadcasts one input channel of
 //! each of the six pixels and multiplies it into two vectors of filter weights, as the 6x16
-//! GEMM microkernel does with a packed panel of A. The six pixels are any six consecutive
+//! GEMM microkernel does with a packed panel of A. With AVX-512F a tile is six pixels by
+//! two such pairs, each pixel's 32 sums in two `zmm` registers (each pair's sixteen weights
+//! of a step are one 512-bit load): twice the channels per broadcast and half the
+//! instructions, the same sums in the same order. The six pixels are any six consecutive
 //! pixels of the output plane, each with its own input pointer, so small planes and row ends
 //! waste nothing but the plane's last tile (five pixels a tile where that wastes less, as on
 //! 7x7 planes). The reduction runs over the input's blocks, the filter's taps and the eight
@@ -72,6 +75,8 @@ pub(in crate::cpu) struct NchwcConv {
     /// Whether the input is blocked (else plain NCHW).
     blocked: bool,
     depthwise: bool,
+    /// Whether the direct kernel's pairs of blocks run in `zmm` registers (AVX-512F).
+    zmm: bool,
     /// The filter packed for the kernel, when it is a constant.
     packed: Option<Filter>,
     /// The convolution as Winograd's F(2x2, 3x3), where that pays (a constant 3x3 filter at
@@ -216,6 +221,7 @@ impl NchwcConv {
             g,
             blocked: xv.len() == 5,
             depthwise,
+            zmm: features.avx512f,
             packed: None,
             winograd: None,
             post: Post::default(),
@@ -407,17 +413,20 @@ impl NchwcConv {
             return;
         }
         let ob = o.div_ceil(B);
-        let units = match filter {
-            Filter::Direct { groups, .. } => groups.len(),
-            Filter::Depthwise(_) => ob,
+        // A unit of work is a group of output blocks (two, with AVX-512: the kernel computes
+        // two pairs of blocks a tile), or one block for depthwise.
+        let (all, per) = match filter {
+            Filter::Direct { groups, .. } => (groups.len(), if self.zmm { 2 } else { 1 }),
+            Filter::Depthwise(_) => (ob, 1),
         };
+        let units = all.div_ceil(per);
         let (band, splits) = self.split(crate::cpu::pool::threads(), units);
         let bands = oh.div_ceil(band);
         let one = |i: usize| {
             let (img, rest) = (i / (bands * splits), i % (bands * splits));
             let (bi, si) = (rest / splits, rest % splits);
             let rows = bi * band..((bi + 1) * band).min(oh);
-            let units = si * units / splits..(si + 1) * units / splits;
+            let units = si * units / splits * per..((si + 1) * units / splits * per).min(all);
             BUFFER.with(|buf| {
                 let mut buf = buf.borrow_mut();
                 // SAFETY: image img of x and y; this item writes only its rows of its units'
