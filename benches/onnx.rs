@@ -224,14 +224,20 @@ impl Model {
         // TCC_TARGET=host,-avx512f compiles as for a CPU without AVX-512 (its GEMM included).
         // TCC_LAYOUT=plain keeps the model's NCHW tensors (convolutions as im2col and GEMM),
         // TCC_LAYOUT=blocked blocks them wherever the target has the kernels.
+        // TCC_VECTOR_WIDTH=256 or 512 sets the library kernels' width (`--vector-width`).
         let layout = match std::env::var("TCC_LAYOUT") {
             Ok(l) => l.parse().map_err(|e: String| e)?,
             Err(_) => tcc::codegen::Layout::Auto,
+        };
+        let vector_width = match std::env::var("TCC_VECTOR_WIDTH") {
+            Ok(w) => w.parse().map_err(|e: String| e)?,
+            Err(_) => tcc::codegen::VectorWidth::Auto,
         };
         let cpu = tcc::codegen::Cpu {
             profile: std::env::var_os("TCC_PROFILE").is_some(),
             target: std::env::var("TCC_TARGET").ok(),
             layout,
+            vector_width,
         };
         let exe = tcc::codegen::compile(&cpu, &m.functions[0]).map_err(|e| e.to_string())?;
         let compile = t0.elapsed();

@@ -77,7 +77,7 @@ pub(super) fn compile(
     mem: MemoryPlan,
 ) -> Result<Executable, CompileError> {
     let mut jit = Jit::new(cpu.target.as_deref()).map_err(CompileError)?;
-    let features = super::Features::of(cpu.target.as_deref()).map_err(CompileError)?;
+    let features = cpu.features().map_err(CompileError)?;
     let mut libraries: HashMap<Kernel, (LibOp, Option<(KernelData, Value)>)> = HashMap::new();
     for (k, kd) in plan.kernels.iter() {
         let name = format!("{}_{k}", f.name);

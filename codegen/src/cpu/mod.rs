@@ -40,7 +40,7 @@ mod target;
 
 pub use accuracy::max_ulp_error;
 pub use runtime::Profile;
-pub use target::Features;
+pub use target::{Features, VectorWidth};
 
 use crate::backend::{Backend, CompileError, RunError, compile};
 use crate::memory::MemoryPlan;
@@ -63,6 +63,15 @@ pub struct Cpu {
     /// The layout convolutions' tensors are kept in (see [`Backend::prepare`] for this
     /// backend).
     pub layout: Layout,
+    /// The vector width of the library kernels.
+    pub vector_width: VectorWidth,
+}
+
+impl Cpu {
+    /// The features compiled code may use: the target's, with the library kernels' width.
+    pub fn features(&self) -> Result<Features, String> {
+        Ok(Features::of(self.target.as_deref())?.with_width(self.vector_width))
+    }
 }
 
 /// The layout the CPU backend keeps convolutions' tensors in.
@@ -103,7 +112,7 @@ impl Backend for Cpu {
     /// when the target has AVX2 and FMA. Training functions (with a backward part) are left as
     /// they are.
     fn prepare<'f>(&self, f: &'f Function) -> Result<Cow<'f, Function>, CompileError> {
-        let features = Features::of(self.target.as_deref()).map_err(CompileError)?;
+        let features = self.features().map_err(CompileError)?;
         let has_conv = (f.schedule().iter()).any(|&op| {
             let d = f.op(op);
             matches!(d.kind, tcc_ir::OpKind::Conv2d(_))
@@ -129,7 +138,7 @@ impl Backend for Cpu {
     /// Merges each depthwise convolution with the 1x1 convolution that alone reads its output,
     /// where the pair runs fused ([`conv::fusible`]).
     fn fuse(&self, f: &Function, plan: Plan) -> Plan {
-        let usable = Features::of(self.target.as_deref()).is_ok_and(|t| t.avx2 && t.fma);
+        let usable = self.features().is_ok_and(|t| t.avx2 && t.fma);
         if !usable {
             return plan;
         }

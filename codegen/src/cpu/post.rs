@@ -21,6 +21,9 @@ use tcc_ir::{BinaryOp, Function, Op, OpKind, UnaryOp, Value};
 /// Channels per block: the lanes of one vector.
 const B: usize = 8;
 
+/// Pixels of the largest register tile [`Bound::store_tile`] stores, four blocks each.
+const P_MAX: usize = 6;
+
 /// One step of an epilogue, applied to each stored vector.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) enum PostOp {
@@ -410,6 +413,96 @@ impl Bound<'_> {
                 if pairs < vs.len() {
                     store(pairs, g(pairs));
                 }
+            }
+        }
+    }
+
+    /// [`Bound::store`] for a register tile of a channel-blocked output: `acc[p][b]` holds
+    /// channels `chan + 8b..` of pixel `p`, stored at `y + b * stride + 8p` (element `base +`
+    /// the same offset); pixels `..n` are stored. The common forms load each per-channel
+    /// operand once per block, not once per vector, and a whole tile (`n == PX`) is a loop of
+    /// constant length that unrolls, the sums never leaving the registers; the rest go through
+    /// [`Bound::store`].
+    ///
+    /// # Safety
+    /// As for [`Bound::store`], for every vector stored.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn store_tile<const NB: usize, const PX: usize>(
+        &self,
+        acc: &[[__m256; NB]; PX],
+        n: usize,
+        chan: usize,
+        stride: usize,
+        y: *mut f32,
+        base: usize,
+    ) {
+        // Every pixel's blocks through `f`, a whole tile's in a loop of constant length.
+        #[inline(always)]
+        fn tile<const NB: usize, const PX: usize>(
+            acc: &[[__m256; NB]; PX],
+            n: usize,
+            f: impl Fn(usize, usize, __m256),
+        ) {
+            if n == PX {
+                for (p, a) in acc.iter().enumerate() {
+                    (0..NB).for_each(|b| f(p, b, a[b]));
+                }
+            } else {
+                for (p, a) in acc.iter().enumerate().take(n) {
+                    (0..NB).for_each(|b| f(p, b, a[b]));
+                }
+            }
+        }
+        let at = |p: usize, b: usize| b * stride + p * B;
+        // SAFETY (every load and store): the caller's contract.
+        let store = |p: usize, b: usize, v: __m256| unsafe { _mm256_storeu_ps(y.add(at(p, b)), v) };
+        let channel = |o: usize| -> [__m256; NB] {
+            std::array::from_fn(|b| unsafe {
+                _mm256_loadu_ps((*self.ptrs.get().add(o)).add(chan + b * B))
+            })
+        };
+        let tensor = |o: usize, p: usize, b: usize| unsafe {
+            _mm256_loadu_ps((*self.ptrs.get().add(o)).add(base + at(p, b)))
+        };
+        let z = _mm256_setzero_ps();
+        match self.fast {
+            Some(Fast::Plain) => tile(acc, n, store),
+            Some(Fast::Bias(o)) => {
+                let c = channel(o);
+                tile(acc, n, |p, b, v| store(p, b, _mm256_add_ps(v, c[b])));
+            }
+            Some(Fast::BiasRelu(o)) => {
+                let c = channel(o);
+                tile(acc, n, |p, b, v| {
+                    store(p, b, _mm256_max_ps(z, _mm256_add_ps(v, c[b])))
+                });
+            }
+            Some(Fast::BiasClamp(o, lo, hi)) => {
+                let (c, lo, hi) = (channel(o), _mm256_set1_ps(lo), _mm256_set1_ps(hi));
+                tile(acc, n, |p, b, v| {
+                    let v = _mm256_max_ps(lo, _mm256_add_ps(v, c[b]));
+                    store(p, b, _mm256_min_ps(hi, v))
+                });
+            }
+            Some(Fast::BiasResidual(o, r, relu)) => {
+                let c = channel(o);
+                tile(acc, n, |p, b, v| {
+                    let v = _mm256_add_ps(_mm256_add_ps(v, c[b]), tensor(r, p, b));
+                    store(p, b, if relu { _mm256_max_ps(z, v) } else { v })
+                });
+            }
+            _ => {
+                let mut vs = [z; 4 * P_MAX];
+                for (i, v) in vs.iter_mut().enumerate().take(n * NB) {
+                    *v = acc[i / NB][i % NB];
+                }
+                let chan = |i: usize| chan + (i % NB) * B;
+                let at = |i: usize| at(i / NB, i % NB);
+                // SAFETY: the caller's contract.
+                unsafe { self.store(&mut vs[..n * NB], chan, at, y, base) }
             }
         }
     }

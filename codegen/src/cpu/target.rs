@@ -92,8 +92,12 @@ pub struct Features {
     pub avx2: bool,
     /// Fused multiply-add.
     pub fma: bool,
-    /// 512-bit vectors (our AVX-512 GEMM kernel; without it, the AVX2+FMA one).
+    /// 512-bit vectors.
     pub avx512f: bool,
+    /// Whether the library kernels (our GEMM, the blocked convolutions' tiles) use 512-bit
+    /// vectors: AVX-512F, on a CPU that runs them at full width unless [`VectorWidth`] says
+    /// otherwise. Without it they use 256-bit AVX2+FMA code.
+    pub wide: bool,
     /// AVX-512 VNNI or AVX-VNNI (int8 dot products): reported, not used by any kernel yet.
     pub vnni: bool,
 }
@@ -113,8 +117,19 @@ impl Features {
             avx2: on("has_avx2"),
             fma: on("has_fma"),
             avx512f: on("has_avx512f"),
+            wide: on("has_avx512f") && !halved_512(),
             vnni,
         })
+    }
+
+    /// These features with the library kernels' vector width as `width` asks.
+    pub fn with_width(self, width: VectorWidth) -> Features {
+        let wide = match width {
+            VectorWidth::Auto => self.wide,
+            VectorWidth::W256 => false,
+            VectorWidth::W512 => self.avx512f,
+        };
+        Features { wide, ..self }
     }
 
     /// The names of the features code may use, as CPU manuals write them, in a fixed order
@@ -130,4 +145,66 @@ impl Features {
         .filter_map(|(on, name)| on.then_some(name))
         .collect()
     }
+}
+
+/// The vector width of the library kernels (our GEMM, the blocked convolutions' register
+/// tiles), as compilers' `-mprefer-vector-width`: the JIT's own kernels are not affected.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum VectorWidth {
+    /// 512 bits where the target has AVX-512F and the CPU runs 512-bit operations at full
+    /// width; 256 elsewhere, including AMD's Zen 4, which runs them as two halves and where
+    /// the 256-bit kernels measured faster (docs/perf.md).
+    #[default]
+    Auto,
+    /// 256-bit (AVX2+FMA) kernels.
+    W256,
+    /// 512-bit kernels wherever the target has AVX-512F.
+    W512,
+}
+
+impl std::str::FromStr for VectorWidth {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<VectorWidth, String> {
+        match s {
+            "auto" => Ok(VectorWidth::Auto),
+            "256" => Ok(VectorWidth::W256),
+            "512" => Ok(VectorWidth::W512),
+            _ => Err(format!(
+                "unknown vector width `{s}`; the widths are auto, 256 and 512"
+            )),
+        }
+    }
+}
+
+/// Whether this CPU runs 512-bit multiply-adds as two 256-bit halves: AMD's family 19h (Zen 4;
+/// its Zen 3 parts have no AVX-512). There the 512-bit kernels have no more multiply-add
+/// throughput than the 256-bit ones and measured slower: the GEMM 3-13% on the same products
+/// (sgemm 1024 to 2048, 64x4096x4096, 128x768x3072), the convolutions' tiles up to 14% on 1x1
+/// layers. Zen 5 (family 1Ah) and Intel's server cores have full-width units.
+fn halved_512() -> bool {
+    // CPUID traps to the hypervisor in a VM: ask once, not for every function compiled.
+    static HALVED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HALVED.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::__cpuid;
+            let (vendor, signature) = (__cpuid(0), __cpuid(1));
+            let amd = [vendor.ebx, vendor.edx, vendor.ecx]
+                == [
+                    u32::from_le_bytes(*b"Auth"),
+                    u32::from_le_bytes(*b"enti"),
+                    u32::from_le_bytes(*b"cAMD"),
+                ];
+            let base = (signature.eax >> 8) & 0xf;
+            let family = if base == 0xf {
+                base + ((signature.eax >> 20) & 0xff)
+            } else {
+                base
+            };
+            amd && family == 0x19
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    })
 }

@@ -57,6 +57,7 @@ pub fn compile(f: &Function, target: Option<&str>, plain: bool) -> Executable {
         } else {
             tcc_codegen::Layout::Blocked
         },
+        ..Default::default()
     };
     tcc_codegen::compile(&cpu, f).unwrap_or_else(|e| panic!("{f}\n{e}"))
 }

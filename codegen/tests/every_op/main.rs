@@ -1,7 +1,8 @@
 //! Every op of the IR through the CPU runtime against the reference interpreter, at several
 //! shapes: broadcasting, size-1 dims, odd sizes and a large size. Compiled kernels and reference
 //! kernels both run through the same storage and arena, so this also checks the plumbing. Each
-//! case runs for the host, for `host,-avx512f` (the AVX2 kernels and GEMM) and without FMA.
+//! case runs for the host (its library kernels 512 and 256 bits wide), for `host,-avx512f` (the
+//! AVX2 kernels and GEMM) and without FMA.
 //!
 //! Tolerances: exact for data movement and integer ops; 2e-5 relative for float arithmetic,
 //! which the compiled kernels do in f32 where the interpreter uses f64 (accumulations over up to
@@ -38,18 +39,26 @@ fn case(params: &str, body: &str, out_ty: &str, seed: u64) {
         .map(|&p| random_tensor(f.ty(p), &mut rng))
         .collect();
     let want = tcc_ir::interp::run(&f, &inputs).unwrap_or_else(|e| panic!("{src}\n{e}"));
-    // The host with every feature, without AVX-512 (the AVX2 code and GEMM paths an AVX2-only
-    // CPU runs; the same as the host where it has no AVX-512), and without fused multiply-adds
-    // (the kernels' unfused versions).
+    // The host with every feature, its library kernels 512 bits wide where it has AVX-512F
+    // and 256 bits wide (whichever it would choose itself), without AVX-512 (the AVX2 code and
+    // GEMM paths an AVX2-only CPU runs; the same as the host where it has no AVX-512), and
+    // without fused multiply-adds (the kernels' unfused versions).
     // Each also in the function's own layout and in the one the backend chooses (convolutions
     // on channel-blocked tensors).
-    let targets = [None, Some("host,-avx512f"), Some("host,-avx512f,-fma")];
+    use tcc_codegen::VectorWidth::{Auto, W256, W512};
+    let targets = [
+        (None, W512),
+        (None, W256),
+        (Some("host,-avx512f"), Auto),
+        (Some("host,-avx512f,-fma"), Auto),
+    ];
     let layouts = [tcc_codegen::Layout::Blocked, tcc_codegen::Layout::Plain];
-    for (target, layout) in targets.into_iter().flat_map(|t| layouts.map(|l| (t, l))) {
+    for ((target, width), layout) in targets.into_iter().flat_map(|t| layouts.map(|l| (t, l))) {
         let cpu = tcc_codegen::Cpu {
             target: target.map(str::to_string),
             profile: false,
             layout,
+            vector_width: width,
         };
         let exe = tcc_codegen::compile(&cpu, &f).unwrap_or_else(|e| panic!("{src}\n{e}"));
         let got = exe.run(&inputs).unwrap_or_else(|e| panic!("{src}\n{e}"));
@@ -62,7 +71,7 @@ fn case(params: &str, body: &str, out_ty: &str, seed: u64) {
         };
         assert!(
             ok && got[0].ty() == want[0].ty(),
-            "{src}\ntarget {target:?}, layout {layout:?}: compiled and interpreted results differ"
+            "{src}\ntarget {target:?}, {width:?}, layout {layout:?}: compiled and interpreted results differ"
         );
     }
 }

@@ -39,7 +39,7 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
         .num_threads(threads)
         .build()
         .map_err(|e| Error::input(format!("error: cannot start {threads} threads: {e}")))?;
-    let features = tcc_codegen::Features::of(a.model.target.as_deref())
+    let features = (a.model.cpu(false).features())
         .map_err(|e| Error::usage(format!("error: --target: {e}")))?;
     let p = prepare(&a.model, io)?;
     let f = p.function();
@@ -74,9 +74,10 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
     );
     let _ = writeln!(
         out,
-        "cpu: {}; features used: {}{}; {threads} thread{}",
+        "cpu: {}; features used: {} (library kernels {}-bit){}; {threads} thread{}",
         cpu_name(),
         features.names().join(" "),
+        if features.wide { 512 } else { 256 },
         if features.vnni {
             " (the CPU also has VNNI, which no kernel uses yet)"
         } else {

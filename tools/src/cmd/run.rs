@@ -36,6 +36,12 @@ pub(crate) struct Model {
     /// convolutions as im2col and GEMM).
     #[arg(long, value_name = "LAYOUT", default_value = "auto", value_parser = ["auto", "blocked", "plain"])]
     pub layout: String,
+    /// The vector width of the CPU backend's library kernels (GEMM, convolution tiles), as
+    /// compilers' `-mprefer-vector-width`: `auto` (512 where the CPU has AVX-512F and runs it
+    /// at full width, not on AMD Zen 4, else 256), `256` or `512` (where the target has
+    /// AVX-512F).
+    #[arg(long, value_name = "BITS", default_value = "auto", value_parser = ["auto", "256", "512"])]
+    pub vector_width: String,
 }
 
 impl Model {
@@ -45,6 +51,7 @@ impl Model {
             target: self.target.clone(),
             profile,
             layout: self.layout.parse().unwrap_or_default(),
+            vector_width: self.vector_width.parse().unwrap_or_default(),
         }
     }
 }

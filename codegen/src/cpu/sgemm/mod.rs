@@ -94,13 +94,13 @@ pub(crate) enum Isa {
 impl Isa {
     /// The kernel for a target with `features`, if one of ours fits it and this CPU (the
     /// features a target spec leaves on are the host's, so the check only guards other hosts):
-    /// AVX-512's, except where the CPU halves 512-bit operations ([`halved_512`]), else
-    /// AVX2's.
+    /// AVX-512's where the library kernels are 512 bits wide ([`super::Features::wide`]: not
+    /// on Zen 4, which halves 512-bit operations), else AVX2's.
     pub(crate) fn for_target(features: &super::Features) -> Option<Isa> {
         #[cfg(target_arch = "x86_64")]
         {
             use std::is_x86_feature_detected as has;
-            if features.avx512f && has!("avx512f") && !halved_512() {
+            if features.wide && has!("avx512f") {
                 return Some(Isa::Avx512);
             }
             if features.avx2 && features.fma && has!("avx2") && has!("fma") {
@@ -110,38 +110,6 @@ impl Isa {
         let _ = features;
         None
     }
-}
-
-/// Whether this CPU runs 512-bit multiply-adds as two 256-bit halves: AMD's family 19h (Zen 4;
-/// its Zen 3 parts have no AVX-512). There the AVX-512 kernel has no more multiply-add
-/// throughput than the AVX2 one and measured 3-13% slower on the same products (sgemm 1024 to
-/// 2048, 64x4096x4096, 128x768x3072), so the AVX2 kernel serves it. Zen 5 (family 1Ah) and
-/// Intel's server cores have full-width units and keep the AVX-512 kernel.
-fn halved_512() -> bool {
-    // CPUID traps to the hypervisor in a VM: ask once, not for every product compiled.
-    static HALVED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *HALVED.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::x86_64::__cpuid;
-            let (vendor, signature) = (__cpuid(0), __cpuid(1));
-            let amd = [vendor.ebx, vendor.edx, vendor.ecx]
-                == [
-                    u32::from_le_bytes(*b"Auth"),
-                    u32::from_le_bytes(*b"enti"),
-                    u32::from_le_bytes(*b"cAMD"),
-                ];
-            let base = (signature.eax >> 8) & 0xf;
-            let family = if base == 0xf {
-                base + ((signature.eax >> 20) & 0xff)
-            } else {
-                base
-            };
-            amd && family == 0x19
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        false
-    })
 }
 
 /// The depth of the blocks a product of depth `k` is cut into on kernel `K`: as even as the

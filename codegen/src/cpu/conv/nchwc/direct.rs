@@ -196,23 +196,14 @@ pub(super) fn tile_pixels(n: usize) -> usize {
 macro_rules! store_sums {
     ($acc:expr, $out:expr, $t:expr) => {{
         let (mut acc, out, t): (_, Out, Tile) = ($acc, $out, $t);
-        let (px, nb) = (acc.len(), acc[0].len());
+        let nb = acc[0].len();
         if t.last < B {
             let keep = _mm256_castsi256_ps(first(t.last));
             for a in acc.iter_mut() {
                 a[nb - 1] = _mm256_and_ps(a[nb - 1], keep);
             }
         }
-        let mut vs: [__m256; 12] = std::array::from_fn(|i| {
-            if i < px * nb {
-                acc[i / nb][i % nb]
-            } else {
-                _mm256_setzero_ps()
-            }
-        });
-        let at = |i: usize| (i % nb) * t.stride + (i / nb) * B;
-        let chan = |i: usize| (t.block + i % nb) * B;
-        (out.post).store(&mut vs[..t.n * nb], chan, at, out.y, out.at)
+        (out.post).store_tile(&acc, t.n, t.block * B, t.stride, out.y, out.at)
     }};
 }
 

@@ -5,8 +5,8 @@
 //! **One group** (`direct`): a tile is six output pixels by sixteen output channels (two
 //! blocks) in twelve accumulators; each step of the reduction broadcasts one input channel of
 //! each of the six pixels and multiplies it into two vectors of filter weights, as the 6x16
-//! GEMM microkernel does with a packed panel of A. With AVX-512F a tile is six pixels by
-//! two such pairs, each pixel's 32 sums in two `zmm` registers (each pair's sixteen weights
+//! GEMM microkernel does with a packed panel of A. With 512-bit library kernels
+//! ([`crate::cpu::Features::wide`]) a tile is six pixels by two such pairs, each pixel's 32 sums in two `zmm` registers (each pair's sixteen weights
 //! of a step are one 512-bit load): twice the channels per broadcast and half the
 //! instructions, the same sums in the same order. The six pixels are any six consecutive
 //! pixels of the output plane, each with its own input pointer, so small planes and row ends
@@ -75,7 +75,8 @@ pub(in crate::cpu) struct NchwcConv {
     /// Whether the input is blocked (else plain NCHW).
     blocked: bool,
     depthwise: bool,
-    /// Whether the direct kernel's pairs of blocks run in `zmm` registers (AVX-512F).
+    /// Whether the direct kernel's pairs of blocks run in `zmm` registers
+    /// ([`crate::cpu::Features::wide`]).
     zmm: bool,
     /// The filter packed for the kernel, when it is a constant.
     packed: Option<Filter>,
@@ -221,7 +222,7 @@ impl NchwcConv {
             g,
             blocked: xv.len() == 5,
             depthwise,
-            zmm: features.avx512f,
+            zmm: features.wide,
             packed: None,
             winograd: None,
             post: Post::default(),
