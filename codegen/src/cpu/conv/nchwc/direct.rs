@@ -96,7 +96,6 @@ impl NchwcConv {
             // With AVX-512, two pairs of blocks of one convolution group side by side (their
             // filters packed one after the other).
             let quad = self.zmm
-                && lanes == B
                 && g.nb == 2
                 && groups
                     .get(gi + 1)
@@ -134,10 +133,14 @@ impl NchwcConv {
                     let w = wg.as_ptr();
                     let w2 = w.add(second);
                     match (nb, lanes, pp) {
-                        (4, B, P) => tile512::<2, P>(&px, &taps, [w, w2], out, t),
-                        (4, B, _) => tile512::<2, 5>(&px, &taps, [w, w2], out, t),
-                        (2, B, P) if self.zmm => tile512::<1, P>(&px, &taps, [w], out, t),
-                        (2, B, _) if self.zmm => tile512::<1, 5>(&px, &taps, [w], out, t),
+                        (4, B, P) => tile512::<2, B, P>(&px, &taps, [w, w2], out, t),
+                        (4, B, _) => tile512::<2, B, 5>(&px, &taps, [w, w2], out, t),
+                        (4, _, P) => tile512::<2, 1, P>(&px, &taps, [w, w2], out, t),
+                        (4, _, _) => tile512::<2, 1, 5>(&px, &taps, [w, w2], out, t),
+                        (2, B, P) if self.zmm => tile512::<1, B, P>(&px, &taps, [w], out, t),
+                        (2, B, _) if self.zmm => tile512::<1, B, 5>(&px, &taps, [w], out, t),
+                        (2, _, P) if self.zmm => tile512::<1, 1, P>(&px, &taps, [w], out, t),
+                        (2, _, _) if self.zmm => tile512::<1, 1, 5>(&px, &taps, [w], out, t),
                         (2, B, P) => tile::<2, B, P>(&px, &taps, w, out, t),
                         (2, B, _) => tile::<2, B, 5>(&px, &taps, w, out, t),
                         (1, B, _) => tile::<1, B, P>(&px, &taps, w, out, t),
@@ -247,8 +250,8 @@ unsafe fn tile<const NB: usize, const L: usize, const PX: usize>(
     unsafe { store_sums!(acc, out, t) }
 }
 
-/// [`tile`] with AVX-512F over a blocked input, for `NP` pairs of blocks (one or two), the
-/// filter of pair `j` at `w[j]`: each pixel's sixteen sums of a pair in one `zmm` register,
+/// [`tile`] with AVX-512F, for `NP` pairs of blocks (one or two), the filter of pair `j` at
+/// `w[j]`, `L` lanes of the input a step as there: each pixel's sixteen sums of a pair in one `zmm` register,
 /// each step one load of a pair's sixteen weights and one broadcast per pixel; the same sums
 /// in the same order as [`tile`].
 ///
@@ -256,7 +259,7 @@ unsafe fn tile<const NB: usize, const L: usize, const PX: usize>(
 /// As for [`tile`] with `2 * NP` blocks, and the CPU has AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn tile512<const NP: usize, const PX: usize>(
+unsafe fn tile512<const NP: usize, const L: usize, const PX: usize>(
     px: &[*const f32; P],
     taps: &[usize],
     w: [*const f32; NP],
@@ -266,7 +269,7 @@ unsafe fn tile512<const NP: usize, const PX: usize>(
     let mut acc = [[_mm512_setzero_ps(); NP]; PX];
     let mut at = 0;
     for &off in taps {
-        for l in 0..B {
+        for l in 0..L {
             // SAFETY (block): the caller's contract.
             unsafe {
                 let wv: [__m512; NP] = std::array::from_fn(|j| _mm512_loadu_ps(w[j].add(at)));
