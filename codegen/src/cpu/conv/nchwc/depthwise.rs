@@ -84,13 +84,7 @@ impl NchwcConv {
             };
             // SAFETY: as for `direct`; the buffer covers every tap of every (rounded-up)
             // output column.
-            unsafe {
-                if self.zmm && self.g.sw == 1 && self.g.dw == 1 {
-                    depthwise_row512(buf, base, row, taps, &self.g, yrow, b)
-                } else {
-                    depthwise_row(buf, base, row, taps, &self.g, yrow, b)
-                }
-            };
+            unsafe { depthwise_row(buf, base, row, taps, &self.g, yrow, b) };
         }
     }
 }
@@ -182,92 +176,6 @@ unsafe fn depthwise_fixed<const KW: usize, const SW: usize>(
     }
 }
 
-/// [`depthwise_row`] with AVX-512F at column stride 1, undilated: each `zmm` register two
-/// neighbouring output pixels (a block's eight channels each), each input load two
-/// neighbouring pixels, multiplied into every pair of outputs it feeds with the tap's weights
-/// in both halves. The same sums in the same order as [`depthwise_fixed`] and
-/// [`depthwise_any`].
-///
-/// # Safety
-/// As for [`depthwise_row`].
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn depthwise_row512(
-    buf: &[f32],
-    base: usize,
-    row: usize,
-    taps: &[[f32; B]],
-    g: &Geom,
-    yrow: Out,
-    b: usize,
-) {
-    // SAFETY (every arm): the caller's contract.
-    unsafe {
-        match g.kw {
-            3 => depthwise512::<3>(buf, base, row, taps, g, yrow, b),
-            5 => depthwise512::<5>(buf, base, row, taps, g, yrow, b),
-            7 => depthwise512::<7>(buf, base, row, taps, g, yrow, b),
-            _ => depthwise_any(buf, base, row, taps, g, yrow, b),
-        }
-    }
-}
-
-/// [`depthwise_row512`] for filters `KW` wide: eight outputs at a time in four sums, sum
-/// `j` holding outputs `ox + 2j` and `ox + 2j + 1`; the load at input pixel `ox + m` feeds it
-/// through tap `m - 2j`. (Sixteen outputs at a time, eight sums, were 2.5x slower: LLVM no
-/// longer unrolled the loops, and the sums went to memory.)
-///
-/// # Safety
-/// As for [`depthwise_row512`], with `g.kw == KW`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn depthwise512<const KW: usize>(
-    buf: &[f32],
-    base: usize,
-    row: usize,
-    taps: &[[f32; B]],
-    g: &Geom,
-    yrow: Out,
-    b: usize,
-) {
-    debug_assert!(g.kw == KW && g.sw == 1 && g.dw == 1);
-    const PAIRS: usize = B / 2;
-    let Geom { kh, ow, dh, .. } = *g;
-    let high = |v: __m512| _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
-    for ox in (0..ow).step_by(B) {
-        let mut acc = [_mm512_setzero_ps(); PAIRS];
-        for ky in 0..kh {
-            // SAFETY: the filter row's KW taps of eight floats each, in both halves.
-            let wv: [__m512; KW] = std::array::from_fn(|kx| unsafe {
-                let w = _mm256_castps_pd(_mm256_loadu_ps(taps[ky * KW + kx].as_ptr()));
-                _mm512_castpd_ps(_mm512_broadcast_f64x4(w))
-            });
-            let at = base + ky * dh * row + ox * B;
-            for m in 0..2 * PAIRS + KW - 2 {
-                // SAFETY: input pixels ox + m and ox + m + 1 of the buffer's row, at most
-                // ox + 7 + KW - 1 (the caller's contract).
-                let v = unsafe { _mm512_loadu_ps(buf.as_ptr().add(at + m * B)) };
-                for (kx, w) in wv.iter().enumerate() {
-                    if kx <= m && (m - kx) % 2 == 0 && (m - kx) / 2 < PAIRS {
-                        let j = (m - kx) / 2;
-                        acc[j] = _mm512_fmadd_ps(v, *w, acc[j]);
-                    }
-                }
-            }
-        }
-        let mut ys: [__m256; B] = std::array::from_fn(|i| {
-            let v = acc[i / 2];
-            if i % 2 == 0 {
-                _mm512_castps512_ps256(v)
-            } else {
-                high(v)
-            }
-        });
-        // SAFETY: pixels ox.. of the row.
-        unsafe { depthwise_store(&mut ys, ox, ow, yrow, b) };
-    }
-}
-
 /// [`depthwise_row`] for any filter, stride and dilation: one load per tap and output.
 ///
 /// # Safety
@@ -324,20 +232,6 @@ unsafe fn depthwise_store(acc: &mut [__m256; B], ox: usize, ow: usize, yrow: Out
     let n = B.min(ow - ox);
     // SAFETY: pixels ox..ox + n of the row; the epilogue's operands cover the output.
     unsafe { (yrow.post).store(&mut acc[..n], |_| b * B, |j| (ox + j) * B, yrow.y, yrow.at) };
-}
-
-/// Never called: `NchwcConv::new` declines off x86-64.
-#[cfg(not(target_arch = "x86_64"))]
-unsafe fn depthwise_row512(
-    _: &[f32],
-    _: usize,
-    _: usize,
-    _: &[[f32; B]],
-    _: &Geom,
-    _: Out,
-    _: usize,
-) {
-    unreachable!("no AVX-512 off x86-64")
 }
 
 /// Never called: `NchwcConv::new` declines off x86-64.
