@@ -39,6 +39,68 @@ pub fn check(got: &[Tensor], want: &[Tensor], rtol: f64, atol: f64) -> Result<()
     Ok(())
 }
 
+/// `inputs` with every float element moved by a relative `2^-20` at most (seeded), integers
+/// unchanged: a reference run on them measures how much each result amplifies small changes
+/// (see [`check_conditioned`]).
+pub fn perturbed(inputs: &[Tensor], seed: u64) -> Vec<Tensor> {
+    let mut rng = Rng::new(seed);
+    let mut nudge = |x: f64| x * (1.0 + rng.uniform(-1.0, 1.0) / (1u64 << 20) as f64);
+    inputs
+        .iter()
+        .map(|t| {
+            let data = match t.data() {
+                Data::F32(v) => Data::F32(v.iter().map(|&x| nudge(x as f64) as f32).collect()),
+                Data::F64(v) => Data::F64(v.iter().map(|&x| nudge(x)).collect()),
+                d => d.clone(),
+            };
+            Tensor::new(t.ty().clone(), data).expect("the same type and length")
+        })
+        .collect()
+}
+
+/// [`check`] with each element's tolerance widened by `k` times how far the reference moved
+/// when the inputs moved by a relative `2^-20` (`nudged`, the reference on [`perturbed`]
+/// inputs): an f32 computation is only as close to the f64 reference as the result's
+/// condition allows (a sum of products of 1e6 that cancels to 56 keeps four digits), and
+/// inputs moved by 16 f32 ulps estimate that. Elements whose reference turns NaN or infinite
+/// under the nudge are not compared.
+pub fn check_conditioned(
+    got: &[Tensor],
+    want: &[Tensor],
+    nudged: &[Tensor],
+    (rtol, atol, k): (f64, f64, f64),
+) -> Result<(), String> {
+    for (i, ((g, w), n)) in got.iter().zip(want).zip(nudged).enumerate() {
+        if g.ty() != w.ty() {
+            return Err(format!("result {i}: type {} vs {}", g.ty(), w.ty()));
+        }
+        let floats = |t: &Tensor| -> Option<Vec<f64>> {
+            match t.data() {
+                Data::F32(v) => Some(v.iter().map(|&x| x as f64).collect()),
+                Data::F64(v) => Some(v.clone()),
+                _ => None,
+            }
+        };
+        let (Some(p), Some(q), Some(r)) = (floats(g), floats(w), floats(n)) else {
+            check(std::slice::from_ref(g), std::slice::from_ref(w), rtol, atol)
+                .map_err(|e| format!("result {i}: {e}"))?;
+            continue;
+        };
+        let bad = (p.iter().zip(&q).zip(&r)).position(|((&x, &y), &z)| {
+            let unstable = z.is_finite() != y.is_finite() || z.is_nan() != y.is_nan();
+            let spread = if y.is_finite() { (z - y).abs() } else { 0.0 };
+            !unstable && !close(x, y, rtol, atol + k * spread)
+        });
+        if let Some(at) = bad {
+            return Err(format!(
+                "result {i} differs at element {at}: got {}, want {} (nudged {})",
+                p[at], q[at], r[at]
+            ));
+        }
+    }
+    Ok(())
+}
+
 pub fn both(f: &Function, inputs: &[Tensor]) -> (Vec<Tensor>, Vec<Tensor>, Executable) {
     let exe = Executable::compile(f).unwrap();
     let got = exe.run(inputs).unwrap();
