@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{LAYOUTS, both, check, compile, randoms};
+use common::{HOST, LAYOUTS, TARGETS, both, check, compile, randoms};
 use tcc_ir::parse_function;
 
 #[test]
@@ -226,7 +226,7 @@ fn convolutions_through_im2col_and_gemm() {
         let inputs = randoms(&f, 31);
         let want = tcc_ir::interp::run(&f, &inputs).unwrap();
         for plain in LAYOUTS {
-            let exe = compile(&f, None, plain);
+            let exe = compile(&f, HOST, plain);
             assert_eq!(exe.stats().reference, 0, "{src}");
             let got = exe.run(&inputs).unwrap();
             check(&got, &want, 1e-5, 1e-5).unwrap_or_else(|e| panic!("plain {plain}\n{src}\n{e}"));
@@ -247,7 +247,7 @@ fn convolutions_through_im2col_and_gemm() {
     let f = parse_function(&src).unwrap();
     let inputs = randoms(&f, 31);
     let want = tcc_ir::interp::run(&f, &inputs).unwrap();
-    let exe = compile(&f, None, true);
+    let exe = compile(&f, HOST, true);
     assert_eq!(exe.stats().reference, 0);
     check(&exe.run(&inputs).unwrap(), &want, 1e-5, 1e-5).unwrap();
     // A convolution with a per-channel bias and relu in its epilogue.
@@ -260,7 +260,7 @@ fn convolutions_through_im2col_and_gemm() {
     let f = parse_function(src).unwrap();
     let inputs = randoms(&f, 32);
     let want = tcc_ir::interp::run(&f, &inputs).unwrap();
-    let exe = compile(&f, None, true);
+    let exe = compile(&f, HOST, true);
     assert_eq!((exe.stats().compiled, exe.stats().reference), (1, 0));
     check(&exe.run(&inputs).unwrap(), &want, 1e-5, 1e-5).unwrap();
 }
@@ -391,7 +391,7 @@ fn library_epilogues_run_on_finished_pieces() {
         let f = parse_function(src).unwrap_or_else(|e| panic!("{src}\n{e}"));
         let inputs = randoms(&f, 53);
         let want = tcc_ir::interp::run(&f, &inputs).unwrap();
-        for target in [None, Some("host,-avx512f"), Some("host,-avx512f,-fma")] {
+        for target in TARGETS {
             for plain in LAYOUTS {
                 let exe = compile(&f, target, plain);
                 assert_eq!(exe.stats().reference, 0, "{src}");
@@ -466,7 +466,7 @@ fn matmul_epilogues_in_registers_match_the_compiled_loop_bit_for_bit() {
             let with = parse_function(&src(", %h", &format!(", f32{t}"))).unwrap();
             let inputs = randoms(&alone, 61);
             let want = tcc_ir::interp::run(&alone, &inputs).unwrap();
-            for target in [None, Some("host,-avx512f"), Some("host,-avx512f,-fma")] {
+            for target in TARGETS {
                 let got = compile(&alone, target, true).run(&inputs).unwrap();
                 let looped = compile(&with, target, true).run(&inputs).unwrap();
                 let (g, l) = (got[0].as_f32().unwrap(), looped[0].as_f32().unwrap());
@@ -516,7 +516,7 @@ fn convnext_blocks_through_channels_last() {
         let f = parse_function(&src).unwrap();
         let inputs = randoms(&f, 71);
         let want = tcc_ir::interp::run(&f, &inputs).unwrap();
-        for target in [None, Some("host,-avx512f"), Some("host,-avx512f,-fma")] {
+        for target in TARGETS {
             for plain in LAYOUTS {
                 let exe = compile(&f, target, plain);
                 assert_eq!(exe.stats().reference, 0, "{src}");
@@ -548,7 +548,7 @@ fn depthwise_after_a_blocked_convolution() {
     let f = parse_function(src).unwrap();
     let inputs = randoms(&f, 54);
     let want = tcc_ir::interp::run(&f, &inputs).unwrap();
-    for target in [None, Some("host,-avx512f"), Some("host,-avx512f,-fma")] {
+    for target in TARGETS {
         for plain in LAYOUTS {
             let exe = compile(&f, target, plain);
             assert_eq!(exe.stats().reference, 0);

@@ -13,7 +13,7 @@
 
 use super::send_ptr::SendPtr;
 #[cfg(target_arch = "x86_64")]
-use super::simd::{erf, first, gelu, sigmoid};
+use super::simd::{erf, first, gelu, sigmoid, sigmoid512};
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 use tcc_ir::{BinaryOp, Function, Op, OpKind, UnaryOp, Value};
@@ -505,6 +505,102 @@ impl Bound<'_> {
                 unsafe { self.store(&mut vs[..n * NB], chan, at, y, base) }
             }
         }
+    }
+
+    /// [`Bound::store_tile`] for the 512-bit tiles: `acc[p][j]` holds pair `j` of pixel `p`,
+    /// channels `chan + 16j..` (two blocks), stored at `y + 2j * stride + 8p` and `y + (2j +
+    /// 1) * stride + 8p`; pixels `..n`. The common forms but GELU run on sixteen lanes at
+    /// once, with the same steps and so the same bits as on eight; for the others this stores
+    /// nothing and returns `false`, and the caller stores the halves through
+    /// [`Bound::store_tile`].
+    ///
+    /// # Safety
+    /// As for [`Bound::store`], for every vector stored; the CPU has AVX-512F.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn store_tile512<const NP: usize, const PX: usize>(
+        &self,
+        acc: &[[__m512; NP]; PX],
+        n: usize,
+        chan: usize,
+        stride: usize,
+        y: *mut f32,
+        base: usize,
+    ) -> bool {
+        // Every pixel's pairs through `f`, a whole tile's in a loop of constant length.
+        #[inline(always)]
+        fn tile<const NP: usize, const PX: usize>(
+            acc: &[[__m512; NP]; PX],
+            n: usize,
+            f: impl Fn(usize, usize, __m512),
+        ) {
+            if n == PX {
+                for (p, a) in acc.iter().enumerate() {
+                    (0..NP).for_each(|j| f(p, j, a[j]));
+                }
+            } else {
+                for (p, a) in acc.iter().enumerate().take(n) {
+                    (0..NP).for_each(|j| f(p, j, a[j]));
+                }
+            }
+        }
+        let at = |p: usize, j: usize, h: usize| (2 * j + h) * stride + p * B;
+        let high = |v: __m512| _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+        // SAFETY (every load and store): the caller's contract.
+        let store = |p: usize, j: usize, v: __m512| unsafe {
+            _mm256_storeu_ps(y.add(at(p, j, 0)), _mm512_castps512_ps256(v));
+            _mm256_storeu_ps(y.add(at(p, j, 1)), high(v));
+        };
+        let channel = |o: usize| -> [__m512; NP] {
+            std::array::from_fn(|j| unsafe {
+                _mm512_loadu_ps((*self.ptrs.get().add(o)).add(chan + j * 2 * B))
+            })
+        };
+        let tensor = |o: usize, p: usize, j: usize| unsafe {
+            let t = (*self.ptrs.get().add(o)).add(base);
+            let lo = _mm256_castps_pd(_mm256_loadu_ps(t.add(at(p, j, 0))));
+            let hi = _mm256_castps_pd(_mm256_loadu_ps(t.add(at(p, j, 1))));
+            _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castpd256_pd512(lo), hi))
+        };
+        let z = _mm512_setzero_ps();
+        match self.fast {
+            Some(Fast::Plain) => tile(acc, n, store),
+            Some(Fast::Bias(o)) => {
+                let c = channel(o);
+                tile(acc, n, |p, j, v| store(p, j, _mm512_add_ps(v, c[j])));
+            }
+            Some(Fast::BiasRelu(o)) => {
+                let c = channel(o);
+                tile(acc, n, |p, j, v| {
+                    store(p, j, _mm512_max_ps(z, _mm512_add_ps(v, c[j])))
+                });
+            }
+            Some(Fast::BiasClamp(o, lo, hi)) => {
+                let (c, lo, hi) = (channel(o), _mm512_set1_ps(lo), _mm512_set1_ps(hi));
+                tile(acc, n, |p, j, v| {
+                    let v = _mm512_max_ps(lo, _mm512_add_ps(v, c[j]));
+                    store(p, j, _mm512_min_ps(hi, v))
+                });
+            }
+            Some(Fast::BiasSilu(o)) => {
+                let c = channel(o);
+                tile(acc, n, |p, j, v| {
+                    let v = _mm512_add_ps(v, c[j]);
+                    store(p, j, _mm512_mul_ps(v, sigmoid512(v)))
+                });
+            }
+            Some(Fast::BiasResidual(o, r, relu)) => {
+                let c = channel(o);
+                tile(acc, n, |p, j, v| {
+                    let v = _mm512_add_ps(_mm512_add_ps(v, c[j]), tensor(r, p, j));
+                    store(p, j, if relu { _mm512_max_ps(z, v) } else { v })
+                });
+            }
+            _ => return false,
+        }
+        true
     }
 
     /// Applies the epilogue to vectors `vs`: vector `i` is of channels `chan(i)..` (the offset

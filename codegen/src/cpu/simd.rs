@@ -59,6 +59,34 @@ pub(crate) fn sigmoid(x: __m256) -> __m256 {
     _mm256_div_ps(one, _mm256_add_ps(one, e))
 }
 
+/// [`sigmoid`] on sixteen lanes, step for step (so the same bits in every lane), for the
+/// 512-bit kernels' epilogues.
+#[target_feature(enable = "avx512f")]
+pub(crate) fn sigmoid512(x: __m512) -> __m512 {
+    use crate::kernel::math::{EXP_LN2, EXP_POLY, SIGMOID_CLAMP};
+    let one = _mm512_set1_ps(1.0);
+    let x = _mm512_castsi512_ps(_mm512_xor_si512(
+        _mm512_castps_si512(x),
+        _mm512_set1_epi32(i32::MIN),
+    ));
+    // `exp_clamped::<1>` of the negation, as on eight lanes.
+    let x = _mm512_max_ps(_mm512_set1_ps(SIGMOID_CLAMP.0), x);
+    let x = _mm512_min_ps(_mm512_set1_ps(SIGMOID_CLAMP.1), x);
+    let t = _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E));
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
+    let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-EXP_LN2.0), x);
+    let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-EXP_LN2.1), r);
+    let mut p = _mm512_set1_ps(EXP_POLY[0]);
+    for &k in &EXP_POLY[1..] {
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(k));
+    }
+    let y = _mm512_fmadd_ps(_mm512_mul_ps(r, r), p, r);
+    let y = _mm512_add_ps(y, one);
+    let e = _mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127));
+    let e = _mm512_mul_ps(y, _mm512_castsi512_ps(_mm512_slli_epi32::<23>(e)));
+    _mm512_div_ps(one, _mm512_add_ps(one, e))
+}
+
 /// `erf(x)` on eight lanes, as [`crate::kernel::math::erf`] computes it: `x p(x²) / q(x²)` on
 /// `x` clamped to ±4.
 #[target_feature(enable = "avx2,fma")]
@@ -270,8 +298,30 @@ mod tests {
             f32::INFINITY,
             f32::NEG_INFINITY,
         ]);
-        xs.resize(xs.len().next_multiple_of(8), 1.0);
+        xs.resize(xs.len().next_multiple_of(16), 1.0);
         let n = xs.len();
+        if host.avx512f {
+            for chunk in xs.chunks_exact(16) {
+                let (mut narrow, mut wide) = ([0f32; 16], [0f32; 16]);
+                // SAFETY: the host has AVX-512F, AVX2 and FMA; each array holds 16 floats.
+                unsafe {
+                    for h in 0..2 {
+                        let v = sigmoid(_mm256_loadu_ps(chunk[8 * h..].as_ptr()));
+                        _mm256_storeu_ps(narrow[8 * h..].as_mut_ptr(), v);
+                    }
+                    _mm512_storeu_ps(
+                        wide.as_mut_ptr(),
+                        sigmoid512(_mm512_loadu_ps(chunk.as_ptr())),
+                    );
+                }
+                for ((a, b), x) in narrow.iter().zip(&wide).zip(chunk) {
+                    assert!(
+                        a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                        "sigmoid({x}): {a} on 8 lanes, {b} on 16"
+                    );
+                }
+            }
+        }
         for (op, f) in [
             ("exp", exp as unsafe fn(__m256) -> __m256),
             ("sigmoid", sigmoid),

@@ -108,9 +108,25 @@ pub fn both(f: &Function, inputs: &[Tensor]) -> (Vec<Tensor>, Vec<Tensor>, Execu
     (got, want, exe)
 }
 
+/// A target spec and the library kernels' width.
+pub type Target = (Option<&'static str>, tcc_codegen::VectorWidth);
+
+/// The host as the backend compiles for it by default.
+pub const HOST: Target = (None, tcc_codegen::VectorWidth::Auto);
+
+/// The targets every kernel path is tested on: the host with 512-bit library kernels where
+/// it has AVX-512F and with 256-bit ones (whichever it would choose itself), without AVX-512
+/// (the AVX2 paths an AVX2-only CPU runs), and without FMA.
+pub const TARGETS: [Target; 4] = [
+    (None, tcc_codegen::VectorWidth::W512),
+    (None, tcc_codegen::VectorWidth::W256),
+    (Some("host,-avx512f"), tcc_codegen::VectorWidth::Auto),
+    (Some("host,-avx512f,-fma"), tcc_codegen::VectorWidth::Auto),
+];
+
 /// Compiles `f` for `target`, in the function's own layout (`plain`) or with convolutions on
 /// channel-blocked tensors wherever the target has the kernels for them.
-pub fn compile(f: &Function, target: Option<&str>, plain: bool) -> Executable {
+pub fn compile(f: &Function, (target, width): Target, plain: bool) -> Executable {
     let cpu = tcc_codegen::Cpu {
         target: target.map(str::to_string),
         profile: false,
@@ -119,7 +135,7 @@ pub fn compile(f: &Function, target: Option<&str>, plain: bool) -> Executable {
         } else {
             tcc_codegen::Layout::Blocked
         },
-        ..Default::default()
+        vector_width: width,
     };
     tcc_codegen::compile(&cpu, f).unwrap_or_else(|e| panic!("{f}\n{e}"))
 }

@@ -39,19 +39,10 @@ fn case(params: &str, body: &str, out_ty: &str, seed: u64) {
         .map(|&p| random_tensor(f.ty(p), &mut rng))
         .collect();
     let want = tcc_ir::interp::run(&f, &inputs).unwrap_or_else(|e| panic!("{src}\n{e}"));
-    // The host with every feature, its library kernels 512 bits wide where it has AVX-512F
-    // and 256 bits wide (whichever it would choose itself), without AVX-512 (the AVX2 code and
-    // GEMM paths an AVX2-only CPU runs; the same as the host where it has no AVX-512), and
-    // without fused multiply-adds (the kernels' unfused versions).
-    // Each also in the function's own layout and in the one the backend chooses (convolutions
-    // on channel-blocked tensors).
-    use tcc_codegen::VectorWidth::{Auto, W256, W512};
-    let targets = [
-        (None, W512),
-        (None, W256),
-        (Some("host,-avx512f"), Auto),
-        (Some("host,-avx512f,-fma"), Auto),
-    ];
+    // Every target of `common::TARGETS` (the host's library kernels at both widths, the AVX2
+    // paths, no FMA), each in the function's own layout and in the one the backend chooses
+    // (convolutions on channel-blocked tensors).
+    let targets = common::TARGETS;
     let layouts = [tcc_codegen::Layout::Blocked, tcc_codegen::Layout::Plain];
     for ((target, width), layout) in targets.into_iter().flat_map(|t| layouts.map(|l| (t, l))) {
         let cpu = tcc_codegen::Cpu {
