@@ -269,7 +269,7 @@ fn library_step(
     if let LibOp::Nchwc(cv) = &mut lib
         && let Some((post, out)) = Post::of(f, Layout::Blocked, &kd.ops[1..], r, &kd.outputs)
     {
-        cv.post = post;
+        cv.set_post(post, features);
         cv.y = out;
         return Some((lib, None));
     }
