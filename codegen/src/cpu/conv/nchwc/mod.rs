@@ -367,13 +367,17 @@ impl NchwcConv {
         Filter::Direct { groups, data }
     }
 
-    /// Sets the epilogue. One with SiLU takes the 512-bit tiles wherever the CPU has AVX-512F,
+    /// Sets the epilogue (SiLU on sixteen lanes wherever the CPU has AVX-512F, as the
+    /// depthwise kernel stores too). One with SiLU takes the 512-bit tiles wherever it has it,
     /// whatever the library kernels' width: its sigmoid then runs on sixteen lanes an
     /// instruction, which pays even where 512-bit operations run in halves (Zen 4:
     /// efficientnet_b0 7.46 -> 6.87 ms with every layer at 512 bits).
     pub(in crate::cpu) fn set_post(&mut self, post: Post, features: &crate::cpu::Features) {
         self.zmm |= features.avx512f && post.ops.contains(&crate::cpu::post::PostOp::Silu);
-        self.post = post;
+        self.post = Post {
+            avx512: features.avx512f,
+            ..post
+        };
     }
 
     /// Runs the step, telling `finish` of each piece of the output once it is final.
