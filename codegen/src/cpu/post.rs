@@ -9,7 +9,10 @@
 //! [`Bound::store`]; and a row-major one whose last axis is the channel (`[.., N]`, a matmul's),
 //! which [`Bound::rows`] transforms in place as the product's rows become final. The commonest
 //! chains ([`Fast`]) each have a store loop of their own; any other goes through
-//! [`Bound::apply`], step by step over the vectors, before they are stored.
+//! [`Bound::apply`], step by step over the vectors, before they are stored. A kernel's register
+//! tile stores through [`Bound::store_tile`] (eight lanes) or [`Bound::store_tile512`]
+//! (sixteen), and with AVX-512F the general store computes SiLU sixteen lanes at a time: the
+//! same steps, so the same bits, on every path.
 
 use super::send_ptr::SendPtr;
 #[cfg(target_arch = "x86_64")]
