@@ -75,19 +75,22 @@ impl NchwcConv {
             row,
             first,
         } = input;
-        let taps: Vec<usize> = (0..self.taps())
-            .map(|t| {
-                let (blk, tap) = (t / (kh * kw), t % (kh * kw));
-                blk * plane + (tap / kw) * dh * row + (tap % kw) * dw * lanes
-            })
-            .collect();
+        // The offsets go into this thread's buffers, reused from band to band (allocating two
+        // vectors a band was 6% of a chain of small 1x1 layers), and back at the end.
+        let (mut taps, mut pixels) = OFFSETS.take();
+        taps.clear();
+        taps.extend((0..self.taps()).map(|t| {
+            let (blk, tap) = (t / (kh * kw), t % (kh * kw));
+            blk * plane + (tap / kw) * dh * row + (tap % kw) * dw * lanes
+        }));
         let start = rows.start * ow;
         let end = rows.end * ow;
         // Where each output pixel of the band reads its first tap, computed once for all the
         // groups (no division per tile).
-        let pixels: Vec<usize> = (0..rows.len())
-            .flat_map(|oy| (0..ow).map(move |ox| oy * sh * row + ox * sw * lanes))
-            .collect();
+        pixels.clear();
+        pixels.extend(
+            (0..rows.len()).flat_map(|oy| (0..ow).map(move |ox| oy * sh * row + ox * sw * lanes)),
+        );
         let steps = self.taps() * lanes;
         let pairs = tile_pixels(end - start);
         let mut gi = 0;
@@ -151,7 +154,14 @@ impl NchwcConv {
                 }
             }
         }
+        OFFSETS.set((taps, pixels));
     }
+}
+
+thread_local! {
+    /// Each thread's tap and pixel offsets of the band it computes (see `direct_band`).
+    static OFFSETS: std::cell::RefCell<(Vec<usize>, Vec<usize>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// The input the direct kernel reads: `src` with `plane` floats between blocks (or plain
