@@ -509,37 +509,17 @@ impl Bound<'_> {
                     store(p, b, if relu { _mm256_max_ps(z, v) } else { v })
                 });
             }
-            // SAFETY: the caller's contract.
-            _ => unsafe { self.store_tile_general(acc, n, chan, stride, y, base) },
+            _ => {
+                let mut vs = [z; 2 * P_MAX];
+                for (i, v) in vs.iter_mut().enumerate().take(n * NB) {
+                    *v = acc[i / NB][i % NB];
+                }
+                let chan = |i: usize| chan + (i % NB) * B;
+                let at = |i: usize| at(i / NB, i % NB);
+                // SAFETY: the caller's contract.
+                unsafe { self.store(&mut vs[..n * NB], chan, at, y, base) }
+            }
         }
-    }
-
-    /// [`Bound::store_tile`] for the epilogues without a form of their own: through
-    /// [`Bound::store`]. Apart, so that `store_tile` stays small enough to inline into the
-    /// kernels.
-    ///
-    /// # Safety
-    /// As for [`Bound::store_tile`].
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
-    #[inline(never)]
-    unsafe fn store_tile_general<const NB: usize, const PX: usize>(
-        &self,
-        acc: &[[__m256; NB]; PX],
-        n: usize,
-        chan: usize,
-        stride: usize,
-        y: *mut f32,
-        base: usize,
-    ) {
-        let mut vs = [_mm256_setzero_ps(); 2 * P_MAX];
-        for (i, v) in vs.iter_mut().enumerate().take(n * NB) {
-            *v = acc[i / NB][i % NB];
-        }
-        let chan = |i: usize| chan + (i % NB) * B;
-        let at = |i: usize| (i % NB) * stride + (i / NB) * B;
-        // SAFETY: the caller's contract.
-        unsafe { self.store(&mut vs[..n * NB], chan, at, y, base) }
     }
 
     /// [`Bound::store_tile`] for the 512-bit tiles: `acc[p][j]` holds pair `j` of pixel `p`,

@@ -88,9 +88,12 @@ impl NchwcConv {
         // Where each output pixel of the band reads its first tap, computed once for all the
         // groups (no division per tile).
         pixels.clear();
-        pixels.extend(
-            (0..rows.len()).flat_map(|oy| (0..ow).map(move |ox| oy * sh * row + ox * sw * lanes)),
-        );
+        pixels.resize(rows.len() * ow, 0);
+        for (oy, line) in pixels.chunks_exact_mut(ow).enumerate() {
+            for (ox, p) in line.iter_mut().enumerate() {
+                *p = oy * sh * row + ox * sw * lanes;
+            }
+        }
         let steps = self.taps() * lanes;
         let pairs = tile_pixels(end - start);
         let mut gi = 0;
