@@ -264,9 +264,9 @@ unsafe fn tile<const NB: usize, const L: usize, const PX: usize>(
 }
 
 /// [`tile`] with AVX-512F, for `NP` pairs of blocks (one or two), the filter of pair `j` at
-/// `w[j]`, `L` lanes of the input a step as there: each pixel's sixteen sums of a pair in one `zmm` register,
-/// each step one load of a pair's sixteen weights and one broadcast per pixel; the same sums
-/// in the same order as [`tile`].
+/// `w[j]`, `L` lanes of the input a step as there: each pixel's sixteen sums of a pair in one
+/// `zmm` register, each step one load of a pair's sixteen weights and one broadcast per pixel;
+/// the same sums in the same order as [`tile`].
 ///
 /// # Safety
 /// As for [`tile`] with `2 * NP` blocks, and the CPU has AVX-512F.
