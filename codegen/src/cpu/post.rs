@@ -436,8 +436,9 @@ impl Bound<'_> {
     /// channels `chan + 8b..` of pixel `p`, stored at `y + b * stride + 8p` (element `base +`
     /// the same offset); pixels `..n` are stored. The common forms load each per-channel
     /// operand once per block, not once per vector, and a whole tile (`n == PX`) is a loop of
-    /// constant length that unrolls, the sums never leaving the registers; the rest go through
-    /// [`Bound::store`].
+    /// constant length that unrolls (no index arithmetic per vector); the rest go through
+    /// [`Bound::store`]. LLVM does not inline this into the kernels: the callers pass a copy
+    /// of their sums, so that the sums they accumulate stay in registers.
     ///
     /// # Safety
     /// As for [`Bound::store`], for every vector stored.
