@@ -39,16 +39,24 @@ fn best(src: &str, target: Option<&str>, runs: usize) -> Result<Duration, Error>
     Ok(best)
 }
 
-/// The body of `n` dependent steps from `%x`: `step(i, prev)` gives the lines of step `i`,
-/// which define `%{last}{i}` from `prev`. Returns the body and the last step's value.
-fn chain(n: usize, last: &str, step: impl Fn(usize, &str) -> String) -> (String, String) {
+/// A probe function `@p` of `n` dependent steps from `%x: ty` to a result of `ty`: `params`
+/// are its other parameters (`, %w: ...`), `prelude` its first lines, and `step(i, prev)`
+/// gives the lines of step `i`, which define `%{last}{i}` from `prev`.
+fn chain(
+    ty: &str,
+    params: &str,
+    prelude: &str,
+    n: usize,
+    last: &str,
+    step: impl Fn(usize, &str) -> String,
+) -> String {
     let mut body = String::new();
     let mut prev = "%x".to_string();
     for i in 0..n {
         body += &step(i, &prev);
         prev = format!("%{last}{i}");
     }
-    (body, prev)
+    format!("func @p(%x: {ty}{params}) -> ({ty}) {{\n{prelude}{body}  return {prev}\n}}\n")
 }
 
 /// GB/s of an add of two `len`-element f32 vectors (three streams: two read, one written).
@@ -77,28 +85,20 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
     let gflops = 2.0 * (n * n * n) as f64 / gemm.as_secs_f64() / 1e9;
     // Generated kernels: 64 multiply-adds an element, fused into one kernel on 256 Ki elements.
     let len = 1u64 << 18;
-    let (body, prev) = chain(32, "a", |i, prev| {
-        format!("  %m{i} = mul {prev}, %k : f32[{len}]\n  %a{i} = add %m{i}, %c : f32[{len}]\n")
+    let ty = format!("f32[{len}]");
+    let consts = "  %k = const {value=0.999} : f32[]\n  %c = const {value=0.001} : f32[]\n";
+    let probe = chain(&ty, "", consts, 32, "a", |i, prev| {
+        format!("  %m{i} = mul {prev}, %k : {ty}\n  %a{i} = add %m{i}, %c : {ty}\n")
     });
-    let vector = best(
-        &format!(
-            "func @p(%x: f32[{len}]) -> (f32[{len}]) {{\n  %k = const {{value=0.999}} : f32[]\n  %c = const {{value=0.001}} : f32[]\n{body}  return {prev}\n}}\n"
-        ),
-        target,
-        20,
-    )?;
+    let vector = best(&probe, target, 20)?;
     let vector_gflops = (64 * len) as f64 / vector.as_secs_f64() / 1e9;
     // Memory: an add of two 64 MiB vectors (three streams).
     let gbps = add_gbps(1 << 24, target, 10)?;
     // Launches: 32 dependent tiny transposes (one kernel each).
-    let (body, prev) = chain(32, "t", |i, prev| {
+    let probe = chain("f32[2,2]", "", "", 32, "t", |i, prev| {
         format!("  %t{i} = transpose {prev} {{perm=[1,0]}} : f32[2,2]\n")
     });
-    let launches = best(
-        &format!("func @p(%x: f32[2,2]) -> (f32[2,2]) {{\n{body}  return {prev}\n}}\n"),
-        target,
-        200,
-    )?;
+    let launches = best(&probe, target, 200)?;
     let launch_us = launches.as_secs_f64() / 32.0 * 1e6;
     // Cache: the same add on 4 MiB vectors, which stay in the last-level cache between runs.
     let cache_gbps = add_gbps(1 << 20, target, 50)?;
@@ -108,14 +108,10 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
     // each with its own 256 x 256 weights (4 MiB in all: in the last-level cache, not in L2),
     // less a launch and the reading of the weights each.
     let params: String = (0..16).map(|i| format!(", %w{i}: f32[256,256]")).collect();
-    let (body, prev) = chain(16, "v", |i, prev| {
+    let probe = chain("f32[1,256]", &params, "", 16, "v", |i, prev| {
         format!("  %v{i} = matmul {prev}, %w{i} : f32[1,256]\n")
     });
-    let gemvs = best(
-        &format!("func @p(%x: f32[1,256]{params}) -> (f32[1,256]) {{\n{body}  return {prev}\n}}\n"),
-        target,
-        200,
-    )?;
+    let gemvs = best(&probe, target, 200)?;
     let read_us = (256.0 * 256.0 * 4.0) / (cache_gbps * 1e9) * 1e6;
     let sync_us = (gemvs.as_secs_f64() / 16.0 * 1e6 - launch_us - read_us).max(0.01);
     let _ = writeln!(
