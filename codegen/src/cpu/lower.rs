@@ -243,6 +243,12 @@ fn library_step(
     }
     // A depthwise convolution fused with the 1x1 convolution that reads its output (the
     // backend merged their kernels: see `Cpu::fuse`).
+    // Every epilogue knows whether the CPU has AVX-512F (SiLU then runs on sixteen lanes).
+    let post_of = |layout, ops: &[tcc_ir::Op], r, outputs: &[Value]| {
+        let (post, out) = Post::of(f, layout, ops, r, outputs)?;
+        let avx512 = features.avx512f;
+        Some((Post { avx512, ..post }, out))
+    };
     if let LibOp::Nchwc(dw) = &mut lib
         && let Some(i) = (kd.ops.iter().skip(1))
             .position(|&op| matches!(f.op(op).kind, OpKind::Conv2dNchwc { .. }))
@@ -253,21 +259,23 @@ fn library_step(
         };
         let mid = pd.args[0];
         let mut pw = NchwcConv::new(f, c, *block, [mid, pd.args[1], pd.results[0]], features)?;
-        (dw.post, dw.y) = Post::of(f, Layout::Blocked, &kd.ops[1..i], r, &[mid])?;
-        (pw.post, pw.y) = Post::of(
-            f,
+        let (dpost, dy) = post_of(Layout::Blocked, &kd.ops[1..i], r, &[mid])?;
+        let (ppost, py) = post_of(
             Layout::Blocked,
             &kd.ops[i + 1..],
             pd.results[0],
             &kd.outputs,
         )?;
+        (dw.y, pw.y) = (dy, py);
+        dw.set_post(dpost, features);
+        pw.set_post(ppost, features);
         dw.then = Some(Box::new(pw));
         return Some((lib, None));
     }
     // A blocked convolution applies a bias, scale, residual, clamps and activations itself as
     // it stores.
     if let LibOp::Nchwc(cv) = &mut lib
-        && let Some((post, out)) = Post::of(f, Layout::Blocked, &kd.ops[1..], r, &kd.outputs)
+        && let Some((post, out)) = post_of(Layout::Blocked, &kd.ops[1..], r, &kd.outputs)
     {
         cv.set_post(post, features);
         cv.y = out;
@@ -278,7 +286,7 @@ fn library_step(
         && dtype == DType::F32
         && features.avx2
         && features.fma
-        && let Some((post, out)) = Post::of(f, Layout::Rows, &kd.ops[1..], r, &kd.outputs)
+        && let Some((post, out)) = post_of(Layout::Rows, &kd.ops[1..], r, &kd.outputs)
     {
         mm.post = Some(post);
         mm.dst = out;

@@ -6,9 +6,10 @@
 //! blocks) in twelve accumulators; each step of the reduction broadcasts one input channel of
 //! each of the six pixels and multiplies it into two vectors of filter weights, as the 6x16
 //! GEMM microkernel does with a packed panel of A. With 512-bit library kernels
-//! ([`crate::cpu::Features::wide`]) a tile is six pixels by two such pairs, each pixel's 32 sums in two `zmm` registers (each pair's sixteen weights
-//! of a step are one 512-bit load): twice the channels per broadcast and half the
-//! instructions, the same sums in the same order. The six pixels are any six consecutive
+//! ([`crate::cpu::Features::wide`]) a tile is six pixels by two such pairs, each pixel's 32
+//! sums in two `zmm` registers (each pair's sixteen weights of a step are one 512-bit load):
+//! twice the channels per broadcast and half the instructions, the same sums in the same
+//! order. The six pixels are any six consecutive
 //! pixels of the output plane, each with its own input pointer, so small planes and row ends
 //! waste nothing but the plane's last tile (five pixels a tile where that wastes less, as on
 //! 7x7 planes). The reduction runs over the input's blocks, the filter's taps and the eight
@@ -367,17 +368,13 @@ impl NchwcConv {
         Filter::Direct { groups, data }
     }
 
-    /// Sets the epilogue (SiLU on sixteen lanes wherever the CPU has AVX-512F, as the
-    /// depthwise kernel stores too). One with SiLU takes the 512-bit tiles wherever it has it,
+    /// Sets the epilogue. One with SiLU takes the 512-bit tiles wherever the CPU has AVX-512F,
     /// whatever the library kernels' width: its sigmoid then runs on sixteen lanes an
     /// instruction, which pays even where 512-bit operations run in halves (Zen 4:
     /// efficientnet_b0 7.46 -> 6.87 ms with every layer at 512 bits).
     pub(in crate::cpu) fn set_post(&mut self, post: Post, features: &crate::cpu::Features) {
         self.zmm |= features.avx512f && post.ops.contains(&crate::cpu::post::PostOp::Silu);
-        self.post = Post {
-            avx512: features.avx512f,
-            ..post
-        };
+        self.post = post;
     }
 
     /// Runs the step, telling `finish` of each piece of the output once it is final.
