@@ -42,28 +42,22 @@ fn case(params: &str, body: &str, out_ty: &str, seed: u64) {
     // Every target of `common::TARGETS` (the host's library kernels at both widths, the AVX2
     // paths, no FMA), each in the function's own layout and in the one the backend chooses
     // (convolutions on channel-blocked tensors).
-    let targets = common::TARGETS;
-    let layouts = [tcc_codegen::Layout::Blocked, tcc_codegen::Layout::Plain];
-    for ((target, width), layout) in targets.into_iter().flat_map(|t| layouts.map(|l| (t, l))) {
-        let cpu = tcc_codegen::Cpu {
-            target: target.map(str::to_string),
-            profile: false,
-            layout,
-            vector_width: width,
-        };
-        let exe = tcc_codegen::compile(&cpu, &f).unwrap_or_else(|e| panic!("{src}\n{e}"));
-        let got = exe.run(&inputs).unwrap_or_else(|e| panic!("{src}\n{e}"));
-        let ok = match (got[0].data(), want[0].data()) {
-            (Data::F32(p), Data::F32(q)) => {
-                p.iter().zip(q).all(|(&x, &y)| close(x as f64, y as f64))
-            }
-            (Data::F64(p), Data::F64(q)) => p.iter().zip(q).all(|(&x, &y)| close(x, y)),
-            (p, q) => p == q,
-        };
-        assert!(
-            ok && got[0].ty() == want[0].ty(),
-            "{src}\ntarget {target:?}, {width:?}, layout {layout:?}: compiled and interpreted results differ"
-        );
+    for target in common::TARGETS {
+        for plain in common::LAYOUTS {
+            let exe = common::compile(&f, target, plain);
+            let got = exe.run(&inputs).unwrap_or_else(|e| panic!("{src}\n{e}"));
+            let ok = match (got[0].data(), want[0].data()) {
+                (Data::F32(p), Data::F32(q)) => {
+                    p.iter().zip(q).all(|(&x, &y)| close(x as f64, y as f64))
+                }
+                (Data::F64(p), Data::F64(q)) => p.iter().zip(q).all(|(&x, &y)| close(x, y)),
+                (p, q) => p == q,
+            };
+            assert!(
+                ok && got[0].ty() == want[0].ty(),
+                "{src}\ntarget {target:?}, plain {plain}: compiled and interpreted results differ"
+            );
+        }
     }
 }
 
