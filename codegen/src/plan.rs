@@ -18,7 +18,8 @@
 //! - **generic**: any other op, alone (transpose, slice, concat, gather, pooling, batch norm...).
 //!
 //! A backend may then merge kernels it runs as one step ([`Plan::merged`]; the CPU's depthwise
-//! convolution and the 1x1 convolution after it), before memory is planned.
+//! convolution and the 1x1 convolution after it, and runs of reductions over rows with the ops
+//! between them, [`crate::kernel::rows::group`]), before memory is planned.
 //!
 //! Constants belong to no kernel: small splats are inlined by backends and the rest are data.
 //! Only the most recent kernel grows, so kernels run in order without reordering the schedule;
@@ -50,6 +51,10 @@ pub enum KernelKind {
         /// The softmax or log_softmax op.
         root: Op,
     },
+    /// Reductions over the rows of one shape and the elementwise ops around them, one pass
+    /// over each row per reduction (formed by backends that run them:
+    /// [`crate::kernel::rows::group`]).
+    RowPasses,
     /// A matmul or conv2d, then an epilogue.
     Library {
         /// The matmul or conv2d op.
@@ -413,6 +418,7 @@ impl KernelKind {
                 format!("reduction ({})", f.op(*root).kind.mnemonic())
             }
             KernelKind::Row { root } => format!("row ({})", f.op(*root).kind.mnemonic()),
+            KernelKind::RowPasses => "row passes".into(),
             KernelKind::Library { root } => format!("library ({})", f.op(*root).kind.mnemonic()),
             KernelKind::View => "view".into(),
             KernelKind::Generic => "generic".into(),

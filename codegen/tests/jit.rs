@@ -714,3 +714,130 @@ fn masks_cross_kernels_as_bytes() {
         check(&got, &want, 0.0, 0.0).unwrap();
     }
 }
+
+/// Layer norm, RMS norm and a softmax written out as ops each run as one row-pass kernel (one
+/// step instead of four or five), on every target, and match the interpreter: rows whose length
+/// leaves an extra vector and a scalar tail, two trailing axes reduced together, a scale and
+/// bias along the row, a per-row input and a scalar one, and the row scalars returned too.
+#[test]
+fn row_passes_compile() {
+    let layer_norm = |rows: u64, len: u64| {
+        format!(
+            "func @f(%x: f32[{rows},{len}], %g: f32[{len}], %b: f32[{len}]) -> (f32[{rows},{len}]) {{
+  %m = reduce_mean %x {{axes=[1], keepdims=true}} : f32[{rows},1]
+  %d = sub %x, %m : f32[{rows},{len}]
+  %d2 = mul %d, %d : f32[{rows},{len}]
+  %v = reduce_mean %d2 {{axes=[1], keepdims=true}} : f32[{rows},1]
+  %e = const {{value=0.00001}} : f32[]
+  %ve = add %v, %e : f32[{rows},1]
+  %i = rsqrt %ve : f32[{rows},1]
+  %n = mul %d, %i : f32[{rows},{len}]
+  %s = mul %n, %g : f32[{rows},{len}]
+  %y = add %s, %b : f32[{rows},{len}]
+  return %y
+}}"
+        )
+    };
+    let mut cases = vec![
+        // Lengths: whole double vectors, an extra vector (100), a scalar tail (99), and
+        // enough rows to split across threads.
+        layer_norm(37, 96),
+        layer_norm(5, 100),
+        layer_norm(3, 99),
+        layer_norm(600, 768),
+        // RMS norm over two trailing axes, scaled along the row, as older exports write it:
+        // pow, sqrt and a division.
+        "func @f(%x: f32[2,5,7,9], %g: f32[7,9]) -> (f32[2,5,7,9]) {
+  %two = const {value=2.0} : f32[]
+  %sq = pow %x, %two : f32[2,5,7,9]
+  %ms = reduce_mean %sq {axes=[2,3], keepdims=true} : f32[2,5,1,1]
+  %e = const {value=0.000001} : f32[]
+  %me = add %ms, %e : f32[2,5,1,1]
+  %r = sqrt %me : f32[2,5,1,1]
+  %n = div %x, %r : f32[2,5,7,9]
+  %y = mul %n, %g : f32[2,5,7,9]
+  return %y
+}"
+        .to_string(),
+        // A softmax written out, with a temperature (a scalar input) and a per-row mask
+        // weight; the max and the sum are returned too.
+        "func @f(%x: f32[12,197], %t: f32[], %w: f32[12,1]) -> (f32[12,197], f32[12,1], f32[12,1]) {
+  %s = div %x, %t : f32[12,197]
+  %mx = reduce_max %s {axes=[1], keepdims=true} : f32[12,1]
+  %z = sub %s, %mx : f32[12,197]
+  %ez = exp %z : f32[12,197]
+  %sum = reduce_sum %ez {axes=[-1], keepdims=true} : f32[12,1]
+  %sw = mul %sum, %w : f32[12,1]
+  %p = div %ez, %sw : f32[12,197]
+  return %p, %mx, %sw
+}"
+        .to_string(),
+    ];
+    // The centred values are also returned: the last pass stores two results.
+    cases.push(
+        layer_norm(9, 64)
+            .replace("-> (f32[9,64]) {", "-> (f32[9,64], f32[9,64]) {")
+            .replace("return %y", "return %y, %d"),
+    );
+    for src in &cases {
+        let f = parse_function(src).unwrap();
+        let inputs = randoms(&f, 71);
+        let want = tcc_ir::interp::run(&f, &inputs).unwrap();
+        for target in common::TARGETS {
+            let exe = common::compile(&f, target, true);
+            let s = exe.stats();
+            assert_eq!(
+                (s.compiled, s.native, s.reference),
+                (1, 0, 0),
+                "{target:?}\n{src}"
+            );
+            // f32 sums along rows of up to 768 against the interpreter's.
+            check(&exe.run(&inputs).unwrap(), &want, 1e-5, 1e-5)
+                .unwrap_or_else(|e| panic!("{target:?}\n{src}\n{e}"));
+        }
+    }
+    // NaN and infinity: a NaN makes its row NaN, and an infinite element gives NaN (inf - inf)
+    // where the interpreter's does.
+    let f = parse_function(&layer_norm(3, 16)).unwrap();
+    let mut x: Vec<f32> = (0..48).map(|i| (i % 5) as f32 - 2.0).collect();
+    x[3] = f32::NAN;
+    x[20] = f32::INFINITY;
+    let g = Tensor::from_f32(&[16], vec![1.5; 16]).unwrap();
+    let b = Tensor::from_f32(&[16], vec![0.25; 16]).unwrap();
+    let inputs = [Tensor::from_f32(&[3, 16], x).unwrap(), g, b];
+    let (got, want, _) = both(&f, &inputs);
+    check(&got, &want, 1e-6, 1e-6).unwrap();
+    let y = got[0].as_f32().unwrap();
+    assert!(y[..32].iter().all(|v| v.is_nan()) && y[32..].iter().all(|v| v.is_finite()));
+}
+
+/// Reductions that row passes do not take stay kernels of their own and still match: rows too
+/// short, a reduction without `keepdims`, and one over leading axes.
+#[test]
+fn row_passes_leave_other_reductions() {
+    let cases = [
+        "func @f(%x: f32[40,4]) -> (f32[40,4]) {
+  %m = reduce_mean %x {axes=[1], keepdims=true} : f32[40,1]
+  %d = sub %x, %m : f32[40,4]
+  return %d
+}",
+        "func @f(%x: f32[6,32]) -> (f32[6,32]) {
+  %m = reduce_max %x {axes=[1]} : f32[6]
+  %r = reshape %m {shape=[6,1]} : f32[6,1]
+  %d = sub %x, %r : f32[6,32]
+  return %d
+}",
+        "func @f(%x: f32[32,6]) -> (f32[32,6]) {
+  %m = reduce_sum %x {axes=[0], keepdims=true} : f32[1,6]
+  %d = div %x, %m : f32[32,6]
+  return %d
+}",
+    ];
+    for src in cases {
+        let f = parse_function(src).unwrap();
+        let (got, want, exe) = both(&f, &randoms(&f, 72));
+        let s = exe.stats();
+        assert_eq!((s.compiled, s.reference), (2, 0), "{src}");
+        check(&got, &want, 1e-5, 1e-5).unwrap_or_else(|e| panic!("{src}\n{e}"));
+    }
+}

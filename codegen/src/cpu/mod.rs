@@ -2,7 +2,7 @@
 //!
 //! [`Executable::compile`] plans kernels and memory, JIT-compiles every kernel the Cranelift
 //! code generator supports (fused elementwise `f32` kernels, softmax rows and reductions, see
-//! `jit.rs`), calls tuned library code for matmuls and convolutions, and materialises constants.
+//! `jit/`), calls tuned library code for matmuls and convolutions, and materialises constants.
 //! Kernels it does not compile yet run through the reference interpreter's kernels on the same
 //! arena, so every function runs; [`Executable::stats`] says how many of each there are.
 //!
@@ -13,7 +13,7 @@
 //!
 //! The rooms, each with one job:
 //! - `lower.rs`: the step each kernel runs as (JIT loop, library call, native kernel, reference);
-//! - `jit.rs`, `render.rs`, `target.rs`: Cranelift loops around kernel bodies (from
+//! - `jit/`, `render.rs`, `target.rs`: Cranelift loops around kernel bodies (from
 //!   [`crate::kernel`]), the bodies' instructions, and the ISA they target;
 //! - `matmul.rs` and `sgemm/`, `conv/`, `native/`: library and hand-written kernels; `post.rs`:
 //!   epilogues a kernel applies in registers as it stores;
@@ -135,9 +135,11 @@ impl Backend for Cpu {
         conv::scratch_bytes(f, kd)
     }
 
-    /// Merges each depthwise convolution with the 1x1 convolution that alone reads its output,
-    /// where the pair runs fused ([`conv::fusible`]).
+    /// Merges runs of reductions over rows and the ops between them into row passes
+    /// ([`crate::kernel::rows::group`]), and each depthwise convolution with the 1x1
+    /// convolution that alone reads its output, where the pair runs fused ([`conv::fusible`]).
     fn fuse(&self, f: &Function, plan: Plan) -> Plan {
+        let plan = crate::kernel::rows::group(f, plan);
         let usable = self.features().is_ok_and(|t| t.avx2 && t.fma);
         if !usable {
             return plan;

@@ -2,15 +2,16 @@
 //! expression body, how their operands are indexed, and the bodies themselves.
 //!
 //! A backend takes a kernel's shape from here (elementwise; a softmax row; a reduction
-//! `[a, l, b]` over its middle axes), its operands' [`Access`] patterns, and the [`expr::Body`]
+//! `[a, l, b]` over its middle axes; reductions over rows with the ops around them, [`rows`]), its operands' [`Access`] patterns, and the [`expr::Body`]
 //! of each part (prologue, epilogue, the row's passes) built by [`lower`] from the ops. It then
-//! decides only how to loop and how to render each node: Cranelift in `cpu/jit.rs`, and the
+//! decides only how to loop and how to render each node: Cranelift in `cpu/jit/`, and the
 //! same bodies are what a GPU backend renders per thread. The transcendental functions are
 //! expanded here once ([`math`]).
 
 pub mod expr;
 pub mod lower;
 pub mod math;
+pub mod rows;
 
 use crate::plan::{KernelData, KernelKind};
 use expr::Lane;
@@ -289,6 +290,8 @@ pub enum Shape {
     Row(RowShape),
     /// A reduction kernel.
     Reduction(ReduceShape),
+    /// Reductions over rows with the elementwise ops around them.
+    RowPasses(rows::RowPasses),
 }
 
 /// The shape of kernel `k`, if it is in this form.
@@ -297,6 +300,7 @@ pub fn shape(f: &Function, k: &KernelData) -> Option<Shape> {
         KernelKind::Elementwise => elementwise_lane(f, k).map(Shape::Elementwise),
         KernelKind::Row { .. } => row_shape(f, k).map(Shape::Row),
         KernelKind::Reduction { .. } => reduce_shape(f, k).map(Shape::Reduction),
+        KernelKind::RowPasses => rows::row_passes(f, k).map(Shape::RowPasses),
         KernelKind::Library { .. } | KernelKind::View | KernelKind::Generic => None,
     }
 }

@@ -1,5 +1,5 @@
 //! Cranelift loops around kernel bodies: elementwise kernels (`f32`, `f64`, or integers in
-//! 32-bit lanes), softmax rows and reductions (`f32`). The bodies come from [`crate::kernel`];
+//! 32-bit lanes), softmax rows and reductions (`f32`), and row passes (`rows.rs`). The bodies come from [`crate::kernel`];
 //! `render.rs` emits them.
 //!
 //! A compiled kernel has the C signature `fn(ptrs: *const *mut u8, start: u64, end: u64)`:
@@ -22,6 +22,8 @@ use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{FuncId, Linkage, Module};
 use std::collections::HashMap;
 use tcc_ir::{DType, Function, OpKind, Value};
+
+mod rows;
 
 use super::render::{num_const, render};
 use crate::kernel::expr::{Bin, Body, Cmp, Lane};
@@ -46,7 +48,8 @@ pub(crate) struct Target {
 pub(crate) type Entries = HashMap<Kernel, (KernelFn, Space)>;
 
 /// The iteration space of a compiled kernel: indices `0..n` (split among threads), each
-/// covering `unit` elements (1 for elementwise loops, a row or a reduced extent otherwise).
+/// covering `unit` elements (1 for elementwise loops, a row or a reduced extent otherwise, a
+/// row times its passes for row passes).
 #[derive(Clone, Copy)]
 pub(crate) struct Space {
     pub n: u64,
@@ -80,7 +83,7 @@ impl Jit {
     }
 
     /// Compiles `kd` as the code of kernel `k` if this JIT compiles kernels of its shape
-    /// (elementwise, softmax rows, reductions), and returns its iteration space; `None` if not.
+    /// (elementwise, softmax rows, reductions, row passes), and returns its iteration space; `None` if not.
     pub(crate) fn compile(
         &mut self,
         f: &Function,
@@ -99,6 +102,14 @@ impl Jit {
                 let n = f.ty(f.op(row.root).args[0]).numel() / row.len;
                 let space = Space { n, unit: row.len };
                 (compile_row(m, tg, f, kd, &row, name)?, space)
+            }
+            Some(Shape::RowPasses(rp)) => {
+                // Each row is read once per stage.
+                let space = Space {
+                    n: rp.rows,
+                    unit: rp.len * rp.stages.len() as u64,
+                };
+                (rows::compile_row_passes(m, tg, f, kd, &rp, name)?, space)
             }
             Some(Shape::Reduction(red)) => {
                 let space = Space {
