@@ -432,6 +432,21 @@ impl Bound<'_> {
         }
     }
 
+    /// Whether [`Bound::store_tile`] has a loop of its own for this epilogue (the others it
+    /// hands to [`Bound::store`] through a copy of the sums).
+    pub(crate) fn tile_form(&self) -> bool {
+        matches!(
+            self.fast,
+            Some(
+                Fast::Plain
+                    | Fast::Bias(_)
+                    | Fast::BiasRelu(_)
+                    | Fast::BiasClamp(..)
+                    | Fast::BiasResidual(..)
+            )
+        )
+    }
+
     /// [`Bound::store`] for a register tile of a channel-blocked output: `acc[p][b]` holds
     /// channels `chan + 8b..` of pixel `p`, stored at `y + b * stride + 8p` (element `base +`
     /// the same offset); pixels `..n` are stored. The common forms load each per-channel

@@ -144,6 +144,40 @@ fn channel_blocked_layout() {
             "{strides=[2,2], pads=[2,2,2,2], groups=16}",
             "[1,2,7,11,8]",
         ),
+        // Rows wide enough that the depthwise kernel reads the image in place (tiles inside
+        // it unchecked, those reaching into the padding checked): 5x5 and 7x7 at stride 1,
+        // 5x5 at stride 2 unevenly padded, 3x3 dilated along the column at row stride 2, and
+        // a 5x3 filter.
+        (
+            "[1,16,10,40]",
+            "[16,1,5,5]",
+            "{pads=[2,2,2,2], groups=16}",
+            "[1,2,10,40,8]",
+        ),
+        (
+            "[1,16,8,44]",
+            "[16,1,7,7]",
+            "{pads=[3,3,3,3], groups=16}",
+            "[1,2,8,44,8]",
+        ),
+        (
+            "[1,16,9,83]",
+            "[16,1,5,5]",
+            "{strides=[2,2], pads=[2,1,2,1], groups=16}",
+            "[1,2,5,41,8]",
+        ),
+        (
+            "[1,16,15,33]",
+            "[16,1,3,3]",
+            "{strides=[2,1], pads=[2,1,2,1], dilations=[2,1], groups=16}",
+            "[1,2,8,33,8]",
+        ),
+        (
+            "[1,16,6,30]",
+            "[16,1,5,3]",
+            "{pads=[2,1,2,1], groups=16}",
+            "[1,2,6,30,8]",
+        ),
         // Groups of whole blocks: RegNet's eight channels a group, strided and padded (each
         // output block reads one input block); sixteen a group (pairs of blocks within a
         // group); eight in and 24 out a group unpadded (a pair and a single block per group,
