@@ -315,6 +315,15 @@ impl Fast {
     }
 }
 
+/// An epilogue of at most a bias and a clamp ([`Bound::simple`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Simple {
+    /// The bias's first channel.
+    pub bias: Option<*const f32>,
+    /// `min(hi, max(lo, x))`.
+    pub clamp: Option<(f32, f32)>,
+}
+
 /// An epilogue bound to one run's operands: what the kernels' threads share.
 #[derive(Clone, Copy)]
 pub(crate) struct Bound<'a> {
@@ -430,6 +439,34 @@ impl Bound<'_> {
                 }
             }
         }
+    }
+
+    /// The epilogue as a bias (at channel `chan` on) and a clamp, if it is one of those forms
+    /// (nothing, a bias, a bias then relu or relu6): simple enough for a kernel to apply in
+    /// its own loop, inlined, with the bits of [`Bound::store`] (relu as a clamp to `[0,
+    /// inf]`: the same `max`, and `min` with infinity keeps every value, NaN included).
+    pub(crate) fn simple(&self, chan: usize) -> Option<Simple> {
+        // SAFETY: operand `o` is a per-channel vector covering the output's channels.
+        let bias = |o: usize| Some(unsafe { (*self.ptrs.get().add(o)).add(chan) });
+        Some(match self.fast? {
+            Fast::Plain => Simple {
+                bias: None,
+                clamp: None,
+            },
+            Fast::Bias(o) => Simple {
+                bias: bias(o),
+                clamp: None,
+            },
+            Fast::BiasRelu(o) => Simple {
+                bias: bias(o),
+                clamp: Some((0.0, f32::INFINITY)),
+            },
+            Fast::BiasClamp(o, lo, hi) => Simple {
+                bias: bias(o),
+                clamp: Some((lo, hi)),
+            },
+            _ => return None,
+        })
     }
 
     /// Whether [`Bound::store_tile`] has a loop of its own for this epilogue (the others it

@@ -219,7 +219,30 @@ macro_rules! store_sums {
                 a[nb - 1] = _mm256_and_ps(a[nb - 1], keep);
             }
         }
-        (out.post).store_tile(&acc, t.n, t.block * B, t.stride, out.y, out.at)
+        match (out.post).simple(t.block * B) {
+            // A whole tile with a bias and a clamp at most: stored here, inlined, the sums
+            // still in registers (the call to the tile store takes them through memory: 7%
+            // of a 1x1 layer with sixteen input channels). The 512-bit tiles' store inlined
+            // so measured 5% slower on Zen 4 and is left a call.
+            Some(s) if t.n == acc.len() => {
+                for b in 0..nb {
+                    let c = s.bias.map(|p| _mm256_loadu_ps(p.add(b * B)));
+                    let (lo, hi) = s.clamp.unwrap_or((f32::NEG_INFINITY, f32::INFINITY));
+                    let (lo, hi) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
+                    for (p, a) in acc.iter().enumerate() {
+                        let mut v = a[b];
+                        if let Some(c) = c {
+                            v = _mm256_add_ps(v, c);
+                        }
+                        if s.clamp.is_some() {
+                            v = _mm256_min_ps(hi, _mm256_max_ps(lo, v));
+                        }
+                        _mm256_storeu_ps(out.y.add(b * t.stride + p * B), v);
+                    }
+                }
+            }
+            _ => (out.post).store_tile(&acc, t.n, t.block * B, t.stride, out.y, out.at),
+        }
     }};
 }
 
