@@ -2,7 +2,7 @@
 //! step of k one broadcast of A per row and two loads of B, leaving 3 of the 16 registers for
 //! the operands; edge tiles stored with masks.
 
-use super::{Im2col, Kernel, Segment, im2col_rows};
+use super::{APanel, Im2col, Kernel, Segment, im2col_rows};
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
@@ -17,7 +17,7 @@ impl Kernel for Avx2 {
 
     unsafe fn micro(
         kc: usize,
-        ap: *const f32,
+        a: APanel,
         bp: *const f32,
         c: *mut f32,
         ldc: usize,
@@ -26,7 +26,13 @@ impl Kernel for Avx2 {
         w: usize,
     ) {
         // SAFETY: the trait's contract.
-        unsafe { micro(kc, ap, bp, c, ldc, accumulate, h, w) }
+        unsafe {
+            if a.in_place() {
+                micro::<false>(kc, a, bp, c, ldc, accumulate, h, w)
+            } else {
+                micro::<true>(kc, a, bp, c, ldc, accumulate, h, w)
+            }
+        }
     }
 
     unsafe fn pack_im2col(
@@ -43,6 +49,21 @@ impl Kernel for Avx2 {
 }
 
 const MR: usize = Avx2::MR;
+
+/// The first element of each of a tile's MR rows of A, and the distance between depths: a
+/// packed panel's (its rows side by side, MR apart), or A's own rows (rows from `h` on, past
+/// the matrix, repeat row `h - 1`).
+#[inline(always)]
+fn a_rows<const PACKED: bool>(a: APanel, h: usize) -> ([*const f32; MR], usize) {
+    if PACKED {
+        (std::array::from_fn(|i| a.ptr.wrapping_add(i)), MR)
+    } else {
+        (
+            std::array::from_fn(|i| a.ptr.wrapping_add(i.min(h - 1) * a.rs)),
+            1,
+        )
+    }
+}
 const NR: usize = Avx2::NR;
 
 /// The lanes of half `half` (columns `8 * half..`) of a panel row that fall in `lo..hi`, as a
@@ -66,9 +87,9 @@ fn lanes(half: usize, lo: usize, hi: usize) -> __m256i {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn micro(
+unsafe fn micro<const PACKED: bool>(
     kc: usize,
-    ap: *const f32,
+    a: APanel,
     bp: *const f32,
     c: *mut f32,
     ldc: usize,
@@ -77,6 +98,9 @@ unsafe fn micro(
     w: usize,
 ) {
     let mut acc = [[_mm256_setzero_ps(); 2]; MR];
+    // Each row's element at depth 0, and the distance between depths (rows past `h` of A read
+    // in place repeat the last: their sums are never stored).
+    let (rows, ds) = a_rows::<PACKED>(a, h);
     for i in 0..h {
         // SAFETY: a hint only; row i < h of the tile is valid.
         _mm_prefetch::<_MM_HINT_T0>(unsafe { c.add(i * ldc) } as *const i8);
@@ -93,8 +117,8 @@ unsafe fn micro(
             )
         };
         for (i, row) in acc.iter_mut().enumerate() {
-            // SAFETY: element i of depth p of the A panel.
-            let av = _mm256_broadcast_ss(unsafe { &*ap.add(p * MR + i) });
+            // SAFETY: element i of depth p of the tile's rows of A.
+            let av = _mm256_broadcast_ss(unsafe { &*rows[i].add(p * ds) });
             row[0] = _mm256_fmadd_ps(av, b0, row[0]);
             row[1] = _mm256_fmadd_ps(av, b1, row[1]);
         }
@@ -144,9 +168,9 @@ unsafe fn micro(
 /// Never called: [`super::Isa::for_target`] picks no kernel off x86-64.
 #[cfg(not(target_arch = "x86_64"))]
 #[allow(clippy::too_many_arguments)]
-unsafe fn micro(
+unsafe fn micro<const PACKED: bool>(
     _: usize,
-    _: *const f32,
+    _: APanel,
     _: *const f32,
     _: *mut f32,
     _: usize,

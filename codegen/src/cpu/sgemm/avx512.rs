@@ -1,7 +1,7 @@
 //! The AVX-512F kernel: 12×32 tiles of C in 24 `zmm` accumulators (two vectors per row), each
 //! step of k one broadcast of A per row and two loads of B; edge tiles stored with masks.
 
-use super::{Im2col, Kernel, Segment, im2col_rows};
+use super::{APanel, Im2col, Kernel, Segment, im2col_rows};
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
@@ -16,7 +16,7 @@ impl Kernel for Avx512 {
 
     unsafe fn micro(
         kc: usize,
-        ap: *const f32,
+        a: APanel,
         bp: *const f32,
         c: *mut f32,
         ldc: usize,
@@ -25,7 +25,13 @@ impl Kernel for Avx512 {
         w: usize,
     ) {
         // SAFETY: the trait's contract.
-        unsafe { micro(kc, ap, bp, c, ldc, accumulate, h, w) }
+        unsafe {
+            if a.in_place() {
+                micro::<false>(kc, a, bp, c, ldc, accumulate, h, w)
+            } else {
+                micro::<true>(kc, a, bp, c, ldc, accumulate, h, w)
+            }
+        }
     }
 
     unsafe fn pack_im2col(
@@ -42,6 +48,21 @@ impl Kernel for Avx512 {
 }
 
 const MR: usize = Avx512::MR;
+
+/// The first element of each of a tile's MR rows of A, and the distance between depths: a
+/// packed panel's (its rows side by side, MR apart), or A's own rows (rows from `h` on, past
+/// the matrix, repeat row `h - 1`).
+#[inline(always)]
+fn a_rows<const PACKED: bool>(a: APanel, h: usize) -> ([*const f32; MR], usize) {
+    if PACKED {
+        (std::array::from_fn(|i| a.ptr.wrapping_add(i)), MR)
+    } else {
+        (
+            std::array::from_fn(|i| a.ptr.wrapping_add(i.min(h - 1) * a.rs)),
+            1,
+        )
+    }
+}
 const NR: usize = Avx512::NR;
 
 /// See [`Kernel::micro`].
@@ -51,9 +72,9 @@ const NR: usize = Avx512::NR;
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn micro(
+unsafe fn micro<const PACKED: bool>(
     kc: usize,
-    ap: *const f32,
+    a: APanel,
     bp: *const f32,
     c: *mut f32,
     ldc: usize,
@@ -62,6 +83,9 @@ unsafe fn micro(
     w: usize,
 ) {
     let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+    // Each row's element at depth 0, and the distance between depths (rows past `h` of A read
+    // in place repeat the last: their sums are never stored).
+    let (rows, ds) = a_rows::<PACKED>(a, h);
     for i in 0..h {
         // SAFETY: row i < h of the tile is valid (prefetching is only a hint).
         _mm_prefetch::<_MM_HINT_T0>(unsafe { c.add(i * ldc) } as *const i8);
@@ -77,8 +101,8 @@ unsafe fn micro(
             )
         };
         for (i, row) in acc.iter_mut().enumerate() {
-            // SAFETY: element i of depth p of the A panel.
-            let av = _mm512_set1_ps(unsafe { *ap.add(p * MR + i) });
+            // SAFETY: element i of depth p of the tile's rows of A.
+            let av = _mm512_set1_ps(unsafe { *rows[i].add(p * ds) });
             row[0] = _mm512_fmadd_ps(av, b0, row[0]);
             row[1] = _mm512_fmadd_ps(av, b1, row[1]);
         }
@@ -107,9 +131,9 @@ unsafe fn micro(
 /// Never called: [`super::Isa::for_target`] picks no kernel off x86-64.
 #[cfg(not(target_arch = "x86_64"))]
 #[allow(clippy::too_many_arguments)]
-unsafe fn micro(
+unsafe fn micro<const PACKED: bool>(
     _: usize,
-    _: *const f32,
+    _: APanel,
     _: *const f32,
     _: *mut f32,
     _: usize,
