@@ -2,7 +2,7 @@
 //! step of k one broadcast of A per row and two loads of B, leaving 3 of the 16 registers for
 //! the operands; edge tiles stored with masks.
 
-use super::{APanel, Im2col, Kernel, Segment, im2col_rows};
+use super::{APanel, Im2col, Kernel, Segment, a_rows, im2col_rows};
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
@@ -49,21 +49,6 @@ impl Kernel for Avx2 {
 }
 
 const MR: usize = Avx2::MR;
-
-/// The first element of each of a tile's MR rows of A, and the distance between depths: a
-/// packed panel's (its rows side by side, MR apart), or A's own rows (rows from `h` on, past
-/// the matrix, repeat row `h - 1`).
-#[inline(always)]
-fn a_rows<const PACKED: bool>(a: APanel, h: usize) -> ([*const f32; MR], usize) {
-    if PACKED {
-        (std::array::from_fn(|i| a.ptr.wrapping_add(i)), MR)
-    } else {
-        (
-            std::array::from_fn(|i| a.ptr.wrapping_add(i.min(h - 1) * a.rs)),
-            1,
-        )
-    }
-}
 const NR: usize = Avx2::NR;
 
 /// The lanes of half `half` (columns `8 * half..`) of a panel row that fall in `lo..hi`, as a
@@ -100,7 +85,7 @@ unsafe fn micro<const PACKED: bool>(
     let mut acc = [[_mm256_setzero_ps(); 2]; MR];
     // Each row's element at depth 0, and the distance between depths (rows past `h` of A read
     // in place repeat the last: their sums are never stored).
-    let (rows, ds) = a_rows::<PACKED>(a, h);
+    let (rows, ds) = a_rows::<MR, PACKED>(a, h);
     for i in 0..h {
         // SAFETY: a hint only; row i < h of the tile is valid.
         _mm_prefetch::<_MM_HINT_T0>(unsafe { c.add(i * ldc) } as *const i8);

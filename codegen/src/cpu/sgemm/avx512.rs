@@ -1,7 +1,7 @@
 //! The AVX-512F kernel: 12×32 tiles of C in 24 `zmm` accumulators (two vectors per row), each
 //! step of k one broadcast of A per row and two loads of B; edge tiles stored with masks.
 
-use super::{APanel, Im2col, Kernel, Segment, im2col_rows};
+use super::{APanel, Im2col, Kernel, Segment, a_rows, im2col_rows};
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
@@ -48,21 +48,6 @@ impl Kernel for Avx512 {
 }
 
 const MR: usize = Avx512::MR;
-
-/// The first element of each of a tile's MR rows of A, and the distance between depths: a
-/// packed panel's (its rows side by side, MR apart), or A's own rows (rows from `h` on, past
-/// the matrix, repeat row `h - 1`).
-#[inline(always)]
-fn a_rows<const PACKED: bool>(a: APanel, h: usize) -> ([*const f32; MR], usize) {
-    if PACKED {
-        (std::array::from_fn(|i| a.ptr.wrapping_add(i)), MR)
-    } else {
-        (
-            std::array::from_fn(|i| a.ptr.wrapping_add(i.min(h - 1) * a.rs)),
-            1,
-        )
-    }
-}
 const NR: usize = Avx512::NR;
 
 /// See [`Kernel::micro`].
@@ -85,7 +70,7 @@ unsafe fn micro<const PACKED: bool>(
     let mut acc = [[_mm512_setzero_ps(); 2]; MR];
     // Each row's element at depth 0, and the distance between depths (rows past `h` of A read
     // in place repeat the last: their sums are never stored).
-    let (rows, ds) = a_rows::<PACKED>(a, h);
+    let (rows, ds) = a_rows::<MR, PACKED>(a, h);
     for i in 0..h {
         // SAFETY: row i < h of the tile is valid (prefetching is only a hint).
         _mm_prefetch::<_MM_HINT_T0>(unsafe { c.add(i * ldc) } as *const i8);

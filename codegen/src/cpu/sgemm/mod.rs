@@ -102,6 +102,21 @@ impl APanel {
     }
 }
 
+/// The first element of each of a tile's `MR` rows of A, and the distance between depths: a
+/// packed panel's (its rows side by side, `MR` apart), or A's own rows read in place (rows
+/// from `h` on, past the matrix, repeat row `h - 1`; their sums are never stored).
+#[inline(always)]
+fn a_rows<const MR: usize, const PACKED: bool>(a: APanel, h: usize) -> ([*const f32; MR], usize) {
+    if PACKED {
+        (std::array::from_fn(|i| a.ptr.wrapping_add(i)), MR)
+    } else {
+        (
+            std::array::from_fn(|i| a.ptr.wrapping_add(i.min(h - 1) * a.rs)),
+            1,
+        )
+    }
+}
+
 /// Which of our kernels runs the f32 products of a compiled function.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Isa {
