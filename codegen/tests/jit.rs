@@ -841,3 +841,94 @@ fn row_passes_leave_other_reductions() {
         check(&got, &want, 1e-5, 1e-5).unwrap_or_else(|e| panic!("{src}\n{e}"));
     }
 }
+
+/// A random function of the form row passes take, as text: reductions over the rows of
+/// `[rows, len]` (sum, mean, max, kept as `[rows, 1]`) and elementwise ops on the row shape
+/// and on the row scalars, reading a scale along the row, a per-row input and a scalar one.
+/// The last wide value and the last row scalar are returned, with one more wide value now and
+/// then (stored by the last pass).
+fn random_rows(seed: u64, steps: usize) -> String {
+    let mut rng = Rng::new(seed);
+    let (rows, len) = (1 + rng.below(24), 8 + rng.below(90));
+    let (wt, nt) = (format!("f32[{rows},{len}]"), format!("f32[{rows},1]"));
+    let mut body = String::new();
+    let mut wide = vec!["%x".to_string()];
+    let mut narrow = vec!["%r".to_string()];
+    for i in 0..steps {
+        let w = rng.pick(&wide).clone();
+        let line = match rng.below(6) {
+            0 | 1 => {
+                let op = *rng.pick(&["reduce_sum", "reduce_mean", "reduce_max"]);
+                narrow.push(format!("%n{i}"));
+                format!("  %n{i} = {op} {w} {{axes=[1], keepdims=true}} : {nt}\n")
+            }
+            2 | 3 => {
+                let other = match rng.below(4) {
+                    0 => rng.pick(&wide).clone(),
+                    1 => rng.pick(&narrow).clone(),
+                    2 => "%g".to_string(),
+                    _ => "%s".to_string(),
+                };
+                let op = *rng.pick(&["add", "sub", "mul", "max", "min"]);
+                wide.push(format!("%w{i}"));
+                format!("  %w{i} = {op} {w}, {other} : {wt}\n")
+            }
+            4 => {
+                let op = *rng.pick(&["tanh", "sigmoid", "abs", "neg", "exp"]);
+                // exp of something bounded, so that sums stay finite.
+                let (pre, arg) = if op == "exp" {
+                    (format!("  %t{i} = tanh {w} : {wt}\n"), format!("%t{i}"))
+                } else {
+                    (String::new(), w)
+                };
+                wide.push(format!("%w{i}"));
+                format!("{pre}  %w{i} = {op} {arg} : {wt}\n")
+            }
+            _ => {
+                let n = rng.pick(&narrow).clone();
+                narrow.push(format!("%n{i}"));
+                match rng.below(3) {
+                    0 => format!(
+                        "  %a{i} = abs {n} : {nt}\n  %b{i} = add %a{i}, %s1 : {nt}\n  %n{i} = rsqrt %b{i} : {nt}\n"
+                    ),
+                    1 => format!("  %n{i} = mul {n}, %r : {nt}\n"),
+                    _ => format!("  %n{i} = add {n}, %s : {nt}\n"),
+                }
+            }
+        };
+        body.push_str(&line);
+    }
+    let mut results = vec![wide.last().unwrap().clone(), narrow.last().unwrap().clone()];
+    let mut types = vec![wt.clone(), nt.clone()];
+    if wide.len() > 2 && rng.chance(0.5) {
+        results.push(wide[1].clone());
+        types.push(wt.clone());
+    }
+    format!(
+        "func @f(%x: {wt}, %g: f32[{len}], %r: {nt}, %s: f32[]) -> ({}) {{\n  %s1 = const {{value=1.0}} : f32[]\n{body}  return {}\n}}",
+        types.join(", "),
+        results.join(", ")
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 120, ..ProptestConfig::default() })]
+
+    /// Random chains of reductions over rows and elementwise ops, which row passes merge into
+    /// one kernel (or several), match the interpreter on every target.
+    #[test]
+    fn random_row_passes_match_the_interpreter(seed in any::<u64>(), steps in 2usize..14) {
+        let src = random_rows(seed, steps);
+        let f = parse_function(&src).map_err(|e| TestCaseError::fail(format!("{e:?}\n{src}")))?;
+        let inputs = randoms(&f, seed ^ 1);
+        let want = tcc_ir::interp::run(&f, &inputs).unwrap();
+        let nudged = tcc_ir::interp::run(&f, &common::perturbed(&inputs, seed ^ 2)).unwrap();
+        for target in common::TARGETS {
+            let exe = common::compile(&f, target, true);
+            prop_assert_eq!(exe.stats().reference, 0);
+            let got = exe.run(&inputs).map_err(|e| TestCaseError::fail(format!("{e}\n{src}")))?;
+            check_conditioned(&got, &want, &nudged, (1e-4, 1e-5, 4.0))
+                .map_err(|e| TestCaseError::fail(format!("{target:?}: {e}\n{src}")))?;
+        }
+    }
+}
