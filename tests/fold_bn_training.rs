@@ -191,7 +191,7 @@ fn gradients_pass_finite_differences() {
             let c = g.create_op(
                 tcc::ir::OpKind::Const {
                     ty: ty.clone(),
-                    value: tcc::ir::Literal::Dense(value),
+                    value: tcc::ir::Literal::dense(value),
                 },
                 vec![],
                 vec![ty],

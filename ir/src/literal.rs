@@ -322,10 +322,17 @@ pub enum Literal {
     /// Every element equals this scalar. Written `value=0.5`.
     Splat(Scalar),
     /// Row-major elements; the count equals the shape's element count. Written `value=[1, 2]`.
-    Dense(Data),
+    /// Shared: cloning a function (a backend's rewrite of it, a pass's copy) does not copy its
+    /// weights.
+    Dense(std::sync::Arc<Data>),
 }
 
 impl Literal {
+    /// A dense literal of `d`.
+    pub fn dense(d: Data) -> Literal {
+        Literal::Dense(std::sync::Arc::new(d))
+    }
+
     /// The element type.
     pub fn dtype(&self) -> DType {
         match self {

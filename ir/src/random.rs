@@ -99,7 +99,7 @@ impl Gen {
             d.push(s).expect("float dtype");
         }
         self.b
-            .constant(ty.clone(), Literal::Dense(d))
+            .constant(ty.clone(), Literal::dense(d))
             .expect("dense constant")
     }
 
@@ -222,7 +222,7 @@ impl Gen {
                 let lty = TensorType::new(DType::I64, vec![n]).expect("small");
                 let lv = self
                     .b
-                    .constant(lty, Literal::Dense(Data::from_scalars(DType::I64, labels)?))
+                    .constant(lty, Literal::dense(Data::from_scalars(DType::I64, labels)?))
                     .ok()?;
                 let loss = self.b.op1(OpKind::SoftmaxCrossEntropy, &[x, lv]).ok()?;
                 if self.rng.chance(0.3) {
@@ -336,7 +336,7 @@ impl Gen {
                 let ity = TensorType::new(DType::I64, vec![n]).expect("small");
                 let iv = self
                     .b
-                    .constant(ity, Literal::Dense(Data::from_scalars(DType::I64, idx)?))
+                    .constant(ity, Literal::dense(Data::from_scalars(DType::I64, idx)?))
                     .ok()?;
                 let g = self
                     .b

@@ -94,7 +94,7 @@ impl Tensor {
     pub fn from_literal(ty: &TensorType, value: &Literal) -> Result<Tensor, TensorError> {
         match value {
             Literal::Splat(s) => Tensor::splat(ty.clone(), *s),
-            Literal::Dense(d) => Tensor::new(ty.clone(), d.clone()),
+            Literal::Dense(d) => Tensor::new(ty.clone(), Data::clone(d)),
         }
     }
 

@@ -102,7 +102,7 @@ impl Ctx {
     pub fn constant(&mut self, t: Tensor) -> Result<Value> {
         let ty = t.ty().clone();
         self.b
-            .constant(ty, Literal::Dense(t.into_data()))
+            .constant(ty, Literal::dense(t.into_data()))
             .map_err(|e| Error::invalid(e.0))
     }
 

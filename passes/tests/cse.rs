@@ -11,7 +11,7 @@ fn sum_of(a: Vec<f32>, b: Vec<f32>) -> Function {
     let konst = |f: &mut Function, v: Vec<f32>, name: &str| {
         let kind = OpKind::Const {
             ty: ty.clone(),
-            value: Literal::Dense(Data::F32(v)),
+            value: Literal::dense(Data::F32(v)),
         };
         let op = f.add_op(kind, vec![], vec![ty.clone()], &[name]);
         f.op(op).results[0]

@@ -142,7 +142,7 @@ fn p(b: &mut B, name: &str, dims: &[u64]) -> Value {
 
 fn ints(b: &mut B, dims: &[u64], v: &[i64]) -> Value {
     let ty = TensorType::new(DType::I64, dims.to_vec()).unwrap();
-    b.constant(ty, Literal::Dense(Data::I64(v.to_vec())))
+    b.constant(ty, Literal::dense(Data::I64(v.to_vec())))
         .unwrap()
 }
 
@@ -640,7 +640,7 @@ fn scalar_literals_and_constants_are_not_parameters() {
         let k = b
             .constant(
                 ty,
-                Literal::Dense(
+                Literal::dense(
                     Data::from_scalars(DType::F64, [1.0, 2.0, 3.0, 4.0].map(Scalar::F64)).unwrap(),
                 ),
             )

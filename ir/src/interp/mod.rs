@@ -348,7 +348,7 @@ pub fn fold(
     let refs: Vec<&Tensor> = tensors.iter().collect();
     Some(eval_op(kind, &refs, out).map(|r| {
         r.into_iter()
-            .map(|t| Literal::Dense(t.into_data()))
+            .map(|t| Literal::dense(t.into_data()))
             .collect()
     }))
 }

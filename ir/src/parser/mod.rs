@@ -750,7 +750,7 @@ impl ReadAttrs for Attrs<'_, '_> {
                     let x = Scalar::parse(dtype, s).map_err(|e| p.err(pos, e))?;
                     d.push(x).expect("parsed with the vector's dtype");
                 }
-                Literal::Dense(d)
+                Literal::dense(d)
             }
             None => return Err(self.missing(key)),
         };

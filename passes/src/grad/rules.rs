@@ -591,7 +591,7 @@ impl Rules<'_> {
             .map_err(|e| BuildError(e.to_string()))?;
         let offsets = self.b.constant(
             offsets,
-            tcc_ir::Literal::Dense(tcc_ir::Data::I64(
+            tcc_ir::Literal::dense(tcc_ir::Data::I64(
                 (0..lines as i64).map(|l| l * len as i64).collect(),
             )),
         )?;

@@ -451,7 +451,7 @@ fn const_value(f: &Function, v: Value) -> Option<Tensor> {
         OpKind::Const { ty, value } => Tensor::from_literal(ty, value).ok(),
         OpKind::Transpose { .. } | OpKind::Reshape { .. } => {
             let x = const_value(f, d.args[0])?;
-            let lit = Literal::Dense(x.data().clone());
+            let lit = Literal::dense(x.data().clone());
             let args = [ConstArg {
                 ty: x.ty(),
                 value: &lit,

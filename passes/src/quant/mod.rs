@@ -88,8 +88,8 @@ impl Emit<'_> {
     ) -> Result<Value, String> {
         let value = match (dtype, dims) {
             (_, []) => Literal::Splat(Scalar::from_f64(dtype, v[0])),
-            (DType::F64, _) => Literal::Dense(Data::F64(v)),
-            _ => Literal::Dense(Data::F32(v.into_iter().map(|x| x as f32).collect())),
+            (DType::F64, _) => Literal::dense(Data::F64(v)),
+            _ => Literal::dense(Data::F32(v.into_iter().map(|x| x as f32).collect())),
         };
         let ty =
             TensorType::new(dtype, dims.to_vec()).map_err(|e| format!("internal error: {e}"))?;
