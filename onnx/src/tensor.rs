@@ -58,10 +58,11 @@ pub(crate) fn from_proto(t: &TensorProto, dir: Option<&Path>, what: &str) -> Res
     let ty = tensor_type(dt, &t.dims, &what)?;
     let n = ty.numel() as usize;
     let external = t.data_location == Some(DataLocation::External as i32);
-    let raw: Option<Vec<u8>> = if external {
-        Some(read_external(t, dir, &what, n as u64 * dt.size_bytes())?)
+    // Inline raw data is read where it is (a model's weights are most of its bytes).
+    let raw: Option<std::borrow::Cow<[u8]>> = if external {
+        Some(read_external(t, dir, &what, n as u64 * dt.size_bytes())?.into())
     } else {
-        t.raw_data.clone()
+        t.raw_data.as_deref().map(Into::into)
     };
     let count = |len: usize, field: &str| -> Result<()> {
         if len == n {
@@ -107,7 +108,7 @@ pub(crate) fn from_proto(t: &TensorProto, dir: Option<&Path>, what: &str) -> Res
                     .collect(),
             ),
             DType::I8 => Data::I8(raw.iter().map(|&b| b as i8).collect()),
-            DType::U8 => Data::U8(raw),
+            DType::U8 => Data::U8(raw.into_owned()),
             DType::Bool => Data::Bool(raw.iter().map(|&b| b != 0).collect()),
         }
     } else {
