@@ -408,7 +408,7 @@ fn library_epilogues_run_on_finished_pieces() {
     }
 }
 
-/// A matmul applies the epilogues it recognises (`post.rs`, in the rows layout) to its
+/// A matmul applies the epilogues it recognises (`cpu/post/`, in the rows layout) to its
 /// product's rows in registers as they finish; any other runs as a compiled loop. The two give
 /// the same bits: each chain below runs both ways, once alone (in registers) and once with the
 /// product returned too (which keeps the chain in the compiled loop), on rows whose length is

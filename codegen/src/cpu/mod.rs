@@ -15,7 +15,7 @@
 //! - `lower.rs`: the step each kernel runs as (JIT loop, library call, native kernel, reference);
 //! - `jit/`, `render.rs`, `target.rs`: Cranelift loops around kernel bodies (from
 //!   [`crate::kernel`]), the bodies' instructions, and the ISA they target;
-//! - `matmul.rs` and `sgemm/`, `conv/`, `native/`: library and hand-written kernels; `post.rs`:
+//! - `matmul.rs` and `sgemm/`, `conv/`, `native/`: library and hand-written kernels; `post/`:
 //!   epilogues a kernel applies in registers as it stores;
 //! - `runtime.rs`: running the steps on a pooled arena, and the profile; `pool.rs`: the threads
 //!   parallel steps run on, which spin between steps;
