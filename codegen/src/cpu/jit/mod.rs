@@ -216,42 +216,33 @@ fn compile(
         // Scalars are loaded (or materialised) once.
         let scalars = preload_scalars(b, scalar, &mems, &accesses, &bases);
         let i = b.declare_var(types::I64);
-        b.def_var(i, start);
-        // The vector loop (where every operand allows it), then the scalar one.
-        let mut loops = Vec::new();
-        if vectorizable {
+        // The vector loop (where every operand allows it), then the scalar one from where it
+        // stopped.
+        let split = if vectorizable {
             let len = b.ins().isub(end, start);
             let whole = b.ins().band_imm(len, !(lanes as i64 - 1));
-            loops.push((vector, b.ins().iadd(start, whole)));
-        }
-        loops.push((scalar, end));
-        for (lane, limit) in loops {
-            let head = b.create_block();
-            let body = b.create_block();
-            let next = b.create_block();
-            b.ins().jump(head, &[]);
-            b.switch_to_block(head);
-            let iv = b.use_var(i);
-            let c = b.ins().icmp(IntCC::UnsignedLessThan, iv, limit);
-            b.ins().brif(c, body, &[], next, &[]);
-            b.switch_to_block(body);
-            let iv = b.use_var(i);
-            let args = load_operands(b, lane, iv, &mems, &accesses, &bases, &scalars);
-            let outs = render(b, tg, lane, &kernel, &args);
-            for (j, (&o, &d)) in outs.iter().zip(&out_mems).enumerate() {
-                let off = b.ins().ishl_imm(iv, shift_of(d));
-                let addr = b.ins().iadd(bases[n_in + j], off);
-                if matches!(d, DType::I8 | DType::U8) {
-                    b.ins().istore8(flags, o, addr, 0);
-                } else {
-                    b.ins().store(flags, o, addr, 0);
-                }
+            b.ins().iadd(start, whole)
+        } else {
+            start
+        };
+        for (lane, from, to) in [(vector, start, split), (scalar, split, end)] {
+            if lane == vector && !vectorizable {
+                continue;
             }
             let step = lane.lane_count() as i64;
-            let iv2 = b.ins().iadd_imm(iv, step);
-            b.def_var(i, iv2);
-            b.ins().jump(head, &[]);
-            b.switch_to_block(next);
+            emit_for(b, i, from, to, step, |b, iv| {
+                let args = load_operands(b, lane, iv, &mems, &accesses, &bases, &scalars);
+                let outs = render(b, tg, lane, &kernel, &args);
+                for (j, (&o, &d)) in outs.iter().zip(&out_mems).enumerate() {
+                    let off = b.ins().ishl_imm(iv, shift_of(d));
+                    let addr = b.ins().iadd(bases[n_in + j], off);
+                    if matches!(d, DType::I8 | DType::U8) {
+                        b.ins().istore8(flags, o, addr, 0);
+                    } else {
+                        b.ins().store(flags, o, addr, 0);
+                    }
+                }
+            });
         }
     })
 }
@@ -432,6 +423,64 @@ fn emit_for(
     b.def_var(var, v2);
     b.ins().jump(head, &[]);
     b.switch_to_block(next);
+}
+
+/// The variables [`fold_row`] loops with: the element index, the scalar accumulator and the
+/// two vector ones.
+#[derive(Clone, Copy)]
+struct FoldVars {
+    j: cranelift_frontend::Variable,
+    acc: cranelift_frontend::Variable,
+    pair: [cranelift_frontend::Variable; 2],
+}
+
+/// Folds the `len` values of a row with `step` (accumulator, value) from `init`: eight at a
+/// time in two `f32x4` accumulators, which are then combined and their lanes folded in order,
+/// then the scalar tail. `value_at(b, lane, j)` is the value at element `j` of the row, four
+/// lanes or one.
+fn fold_row(
+    b: &mut FunctionBuilder,
+    tg: Target,
+    step: &Body,
+    init: f64,
+    len: u64,
+    FoldVars { j, acc, pair }: FoldVars,
+    value_at: impl Fn(&mut FunctionBuilder, Type, CValue) -> CValue,
+) -> CValue {
+    let combine = |b: &mut FunctionBuilder, lane: Type, a: CValue, x: CValue| {
+        render(b, tg, lane, step, &[a, x])[0]
+    };
+    let i4 = num_const(b, types::F32X4, init);
+    b.def_var(pair[0], i4);
+    b.def_var(pair[1], i4);
+    let zero = b.ins().iconst(types::I64, 0);
+    let len8 = b.ins().iconst(types::I64, (len & !7) as i64);
+    let len_v = b.ins().iconst(types::I64, len as i64);
+    emit_for(b, j, zero, len8, 8, |b, jv| {
+        let x0 = value_at(b, types::F32X4, jv);
+        let j4 = b.ins().iadd_imm(jv, 4);
+        let x1 = value_at(b, types::F32X4, j4);
+        let (p, q) = (b.use_var(pair[0]), b.use_var(pair[1]));
+        let p = combine(b, types::F32X4, p, x0);
+        let q = combine(b, types::F32X4, q, x1);
+        b.def_var(pair[0], p);
+        b.def_var(pair[1], q);
+    });
+    let (p, q) = (b.use_var(pair[0]), b.use_var(pair[1]));
+    let v = combine(b, types::F32X4, p, q);
+    let mut s = b.ins().extractlane(v, 0);
+    for lane in 1..4 {
+        let x = b.ins().extractlane(v, lane);
+        s = combine(b, types::F32, s, x);
+    }
+    b.def_var(acc, s);
+    emit_for(b, j, len8, len_v, 1, |b, jv| {
+        let x = value_at(b, types::F32, jv);
+        let cur = b.use_var(acc);
+        let n = combine(b, types::F32, cur, x);
+        b.def_var(acc, n);
+    });
+    b.use_var(acc)
 }
 
 /// Combines the four lanes of `v` with the two-argument `step` body, lane 0 first.
@@ -740,39 +789,17 @@ fn compile_reduce(
         let l_v = b.ins().iconst(types::I64, l as i64);
         emit_for(b, av, start, end, 1, |b, a| {
             if rows {
-                // One output per row: two f32x4 accumulators along the row, then the tail.
+                // One output per row.
                 let row = b.ins().imul_imm(a, l as i64);
-                let i4 = num_const(b, types::F32X4, init as f64);
-                b.def_var(acc4a, i4);
-                b.def_var(acc4b, i4);
-                let l8 = b.ins().iconst(types::I64, (l & !7) as i64);
-                emit_for(b, lv, zero, l8, 8, |b, j| {
+                let vars = FoldVars {
+                    j: lv,
+                    acc,
+                    pair: [acc4a, acc4b],
+                };
+                let total = fold_row(b, tg, &step, init as f64, l, vars, |b, lane, j| {
                     let e = b.ins().iadd(row, j);
-                    let x0 = value_at(b, types::F32X4, e);
-                    let e4 = b.ins().iadd_imm(e, 4);
-                    let x1 = value_at(b, types::F32X4, e4);
-                    let (p, q) = (b.use_var(acc4a), b.use_var(acc4b));
-                    let p = combine(b, types::F32X4, p, x0);
-                    let q = combine(b, types::F32X4, q, x1);
-                    b.def_var(acc4a, p);
-                    b.def_var(acc4b, q);
+                    value_at(b, lane, e)
                 });
-                let (p, q) = (b.use_var(acc4a), b.use_var(acc4b));
-                let v = combine(b, types::F32X4, p, q);
-                let mut s = b.ins().extractlane(v, 0);
-                for lane in 1..4 {
-                    let x = b.ins().extractlane(v, lane);
-                    s = combine(b, types::F32, s, x);
-                }
-                b.def_var(acc, s);
-                emit_for(b, lv, l8, l_v, 1, |b, j| {
-                    let e = b.ins().iadd(row, j);
-                    let x = value_at(b, types::F32, e);
-                    let cur = b.use_var(acc);
-                    let n = combine(b, types::F32, cur, x);
-                    b.def_var(acc, n);
-                });
-                let total = b.use_var(acc);
                 finish(b, types::F32, a, total);
                 return;
             }

@@ -1,11 +1,11 @@
 //! Row-pass kernels ([`crate::kernel::rows`]) as Cranelift loops. For each row of the kernel's
 //! share: the row's scalars that are kernel inputs are loaded, then each stage's narrow ops run
-//! once on scalars, and its pass runs along the row four lanes at a time: a reduction's pass
-//! folds into two `f32x4` accumulators (then one more vector and a scalar tail), the last pass
-//! stores the wide outputs (four lanes, then a scalar tail). Wide values a pass needs are
+//! once on scalars, and its pass runs along the row: a reduction's pass folds as the reduction
+//! kernels fold ([`super::fold_row`]: two `f32x4` accumulators, then a scalar tail), the last
+//! pass stores the wide outputs (four lanes, then a scalar tail). Wide values a pass needs are
 //! recomputed from the row (in the cache by then), never stored between passes.
 
-use super::{Target, define_kernel, emit_for, load_operands};
+use super::{FoldVars, Target, define_kernel, emit_for, fold_row, load_operands};
 use crate::cpu::render::{num_const, render};
 use crate::kernel::expr::{Bin, Body, Lane};
 use crate::kernel::lower::{body as body_of, small_body};
@@ -85,7 +85,6 @@ pub(super) fn compile_row_passes(
         let zero = b.ins().iconst(types::I64, 0);
         let len_v = b.ins().iconst(types::I64, len as i64);
         let len4 = b.ins().iconst(types::I64, (len & !3) as i64);
-        let len8 = b.ins().iconst(types::I64, (len & !7) as i64);
         emit_for(b, r, start, end, 1, |b, rv| {
             let row = b.ins().imul_imm(rv, len as i64);
             // Where the row starts in each operand of the row shape, and in each output.
@@ -169,41 +168,14 @@ pub(super) fn compile_row_passes(
                     ReduceOp::Max => f64::NEG_INFINITY,
                     ReduceOp::Sum | ReduceOp::Mean => 0.0,
                 };
-                let combine = |b: &mut FunctionBuilder, lane: Type, a: CValue, x: CValue| {
-                    render(b, tg, lane, step, &[a, x])[0]
+                let vars = FoldVars {
+                    j,
+                    acc,
+                    pair: [acc_a, acc_b],
                 };
-                let i4 = num_const(b, types::F32X4, init);
-                b.def_var(acc_a, i4);
-                b.def_var(acc_b, i4);
-                emit_for(b, j, zero, len8, 8, |b, jv| {
-                    let x0 = value_at(b, types::F32X4, jv)[0];
-                    let j4 = b.ins().iadd_imm(jv, 4);
-                    let x1 = value_at(b, types::F32X4, j4)[0];
-                    let (p, q) = (b.use_var(acc_a), b.use_var(acc_b));
-                    let p = combine(b, types::F32X4, p, x0);
-                    let q = combine(b, types::F32X4, q, x1);
-                    b.def_var(acc_a, p);
-                    b.def_var(acc_b, q);
+                let mut total = fold_row(b, tg, step, init, len, vars, |b, lane, jv| {
+                    value_at(b, lane, jv)[0]
                 });
-                let (p, q) = (b.use_var(acc_a), b.use_var(acc_b));
-                let mut v = combine(b, types::F32X4, p, q);
-                if len & 4 != 0 {
-                    let x = value_at(b, types::F32X4, len8)[0];
-                    v = combine(b, types::F32X4, v, x);
-                }
-                let mut total = b.ins().extractlane(v, 0);
-                for lane in 1..4 {
-                    let x = b.ins().extractlane(v, lane);
-                    total = combine(b, types::F32, total, x);
-                }
-                b.def_var(acc, total);
-                emit_for(b, j, len4, len_v, 1, |b, jv| {
-                    let x = value_at(b, types::F32, jv)[0];
-                    let cur = b.use_var(acc);
-                    let n = combine(b, types::F32, cur, x);
-                    b.def_var(acc, n);
-                });
-                let mut total = b.use_var(acc);
                 if rop == ReduceOp::Mean {
                     // As the reduction kernels scale the sum.
                     let inv = b.ins().f32const(1.0 / len as f32);
