@@ -137,7 +137,7 @@ impl Backend for Cpu {
 
     /// Merges runs of reductions over rows and the ops between them into row passes
     /// ([`crate::kernel::rows::group`]), and each depthwise convolution with the 1x1
-    /// convolution that alone reads its output, where the pair runs fused ([`conv::fusible`]).
+    /// convolution that alone reads its output, where the pair runs fused (`conv::fusible`).
     fn fuse(&self, f: &Function, plan: Plan) -> Plan {
         let plan = crate::kernel::rows::group(f, plan);
         let usable = self.features().is_ok_and(|t| t.avx2 && t.fma);

@@ -5,7 +5,7 @@
 //! trip through memory: a mean, the centred values and their squares, a second mean, the
 //! normalised row. Where the rows are short enough to stay in the cache between passes,
 //! [`group`] merges such a run into one [`KernelKind::RowPasses`] kernel. Its ops have three
-//! roles ([`Role`]): *wide* ops produce values of the row shape `[.., len]`, reductions reduce
+//! roles: *wide* ops produce values of the row shape `[.., len]`, reductions reduce
 //! the trailing axes to a row scalar (`keepdims`), and *narrow* ops compute on row scalars
 //! (`var + eps`, `rsqrt`). For each row the kernel makes one pass per reduction, computing the
 //! wide values that reduction reads (recomputed in each pass, never stored), then one pass that

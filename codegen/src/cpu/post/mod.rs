@@ -327,6 +327,52 @@ pub(crate) struct Simple {
     pub clamp: Option<(f32, f32)>,
 }
 
+/// A [`Simple`] epilogue for one block of eight channels, in registers.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+pub(crate) struct SimpleBlock {
+    bias: Option<std::arch::x86_64::__m256>,
+    clamp: Option<(std::arch::x86_64::__m256, std::arch::x86_64::__m256)>,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Simple {
+    /// The epilogue for the block of channels `off..off + 8` past [`Simple::bias`]'s first.
+    ///
+    /// # Safety
+    /// The bias covers those channels.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    pub(crate) unsafe fn block(&self, off: usize) -> SimpleBlock {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's contract.
+        let bias = self.bias.map(|p| unsafe { _mm256_loadu_ps(p.add(off)) });
+        let clamp = self
+            .clamp
+            .map(|(lo, hi)| (_mm256_set1_ps(lo), _mm256_set1_ps(hi)));
+        SimpleBlock { bias, clamp }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl SimpleBlock {
+    /// The epilogue on the sums `v`: the bias, then `min(hi, max(lo, v))`, the steps of
+    /// [`Bound::store`] (so its bits).
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    pub(crate) fn apply(&self, v: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        let v = match self.bias {
+            Some(c) => _mm256_add_ps(v, c),
+            None => v,
+        };
+        match self.clamp {
+            Some((lo, hi)) => _mm256_min_ps(hi, _mm256_max_ps(lo, v)),
+            None => v,
+        }
+    }
+}
+
 /// An epilogue bound to one run's operands: what the kernels' threads share.
 #[derive(Clone, Copy)]
 pub(crate) struct Bound<'a> {

@@ -161,18 +161,9 @@ macro_rules! store8 {
             ($acc, $ox, $ow, $yrow, $b);
         match yrow.post.simple(b * B) {
             Some(s) => {
-                let c = s.bias.map(|p| _mm256_loadu_ps(p));
-                let (lo, hi) = s.clamp.unwrap_or((f32::NEG_INFINITY, f32::INFINITY));
-                let (lo, hi) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
+                let e = s.block(0);
                 for (j, &a) in acc.iter().enumerate().take(ow - ox) {
-                    let mut v = a;
-                    if let Some(c) = c {
-                        v = _mm256_add_ps(v, c);
-                    }
-                    if s.clamp.is_some() {
-                        v = _mm256_min_ps(hi, _mm256_max_ps(lo, v));
-                    }
-                    _mm256_storeu_ps(yrow.y.add((ox + j) * B), v);
+                    _mm256_storeu_ps(yrow.y.add((ox + j) * B), e.apply(a));
                 }
             }
             _ => depthwise_store(&mut acc, ox, ow, yrow, b),
