@@ -1,7 +1,7 @@
 """Per-layer times of one ONNX model, tcc against onnxruntime, from each one's own profiler.
 
     target/torch-venv/bin/python benches/layers.py MODEL.onnx [--rounds 3] [--runs 30]
-        [--threads 2] [--tcc target/release/tcc] [--top 30]
+        [--threads 2] [--tcc target/release/tcc] [--top 30] [--target host,-avx512f]
 
 MODEL_input.npy beside the model is the input (benches/onnx.rs writes one per model). Rounds
 alternate the two runtimes and keep each layer's smallest time, since the machines these run
@@ -74,9 +74,10 @@ def ort_layers(path, x, threads, runs):
     return per
 
 
-def tcc_layers(tcc, path, threads, runs):
+def tcc_layers(tcc, path, threads, runs, target):
+    extra = ["--target", target] if target else []
     out = subprocess.run([tcc, "bench", path, "--threads", str(threads), "--runs", str(runs),
-                          "--profile"], capture_output=True, text=True, check=True)
+                          "--profile", *extra], capture_output=True, text=True, check=True)
     per, joined = collections.defaultdict(float), {}
     for line in (out.stdout + out.stderr).splitlines():
         m = re.match(r"\s+([\d.]+) ms\s+[\d.]+%\s+\S+\s+\S+\s+.* : \S+ (%\S+(?: \+ %\S+)*)$",
@@ -98,11 +99,12 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--tcc", default="target/release/tcc")
     p.add_argument("--top", type=int, default=30)
+    p.add_argument("--target", help="tcc's instruction set, as `tcc bench --target` takes it")
     a = p.parse_args()
     x = np.load(a.model.replace(".onnx", "_input.npy"))
     best = {"ort": {}, "tcc": {}}
     for _ in range(a.rounds):
-        t_per, joined = tcc_layers(a.tcc, a.model, a.threads, a.runs)
+        t_per, joined = tcc_layers(a.tcc, a.model, a.threads, a.runs, a.target)
         o_per = collections.defaultdict(float)
         for k, v in ort_layers(a.model, x, a.threads, a.runs).items():
             o_per[joined.get(k, k)] += v

@@ -52,6 +52,7 @@ pub(crate) fn first(n: usize) -> __m256i {
 
 /// `1 / (1 + e^-x)` on eight lanes, as [`crate::kernel::math::sigmoid`] computes it.
 #[target_feature(enable = "avx2,fma")]
+#[inline]
 pub(crate) fn sigmoid(x: __m256) -> __m256 {
     use crate::kernel::math::SIGMOID_CLAMP;
     let one = _mm256_set1_ps(1.0);
@@ -62,6 +63,7 @@ pub(crate) fn sigmoid(x: __m256) -> __m256 {
 /// [`sigmoid`] on sixteen lanes, step for step (so the same bits in every lane), for the
 /// 512-bit kernels' epilogues.
 #[target_feature(enable = "avx512f")]
+#[inline]
 pub(crate) fn sigmoid512(x: __m512) -> __m512 {
     use crate::kernel::math::{EXP_LN2, EXP_POLY, SIGMOID_CLAMP};
     let one = _mm512_set1_ps(1.0);

@@ -186,6 +186,13 @@ impl Bound<'_> {
                     store(p, b, _mm256_min_ps(hi, v))
                 });
             }
+            Some(Fast::BiasSilu(o)) => {
+                let c = channel(o);
+                tile(acc, n, |p, b, v| {
+                    let v = _mm256_add_ps(v, c[b]);
+                    store(p, b, _mm256_mul_ps(v, sigmoid(v)))
+                });
+            }
             Some(Fast::BiasResidual(o, r, relu)) => {
                 let c = channel(o);
                 tile(acc, n, |p, b, v| {
