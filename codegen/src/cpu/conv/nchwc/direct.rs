@@ -114,46 +114,42 @@ impl NchwcConv {
             let valid = o - (g.start + nb - 1) * B;
             let wg = &data[g.at..g.at + second + steps * g.nb * B];
             let pp = if g.nb == 2 { pairs } else { P };
-            let input = (g.input - first) * plane;
-            for q0 in (start..end).step_by(pp) {
-                let n = pp.min(end - q0);
-                let px: [*const f32; P] = std::array::from_fn(|p| {
-                    // SAFETY (a pointer computation): the pixel's first tap lies in `src`.
-                    unsafe { src.as_ptr().add(input + pixels[q0 - start + p.min(n - 1)]) }
-                });
-                // SAFETY: every pixel's taps lie in `src` (the band covers the rows and columns
-                // the outputs read); the image's output holds blocks g.start.. .
-                unsafe {
-                    let at = (g.start * oh * ow + q0) * B;
-                    let out = Out {
+            // SAFETY (a pointer computation): the group's input blocks lie in `src`.
+            let base = unsafe { src.as_ptr().add((g.input - first) * plane) };
+            // SAFETY: every pixel's taps lie in `src` (the band covers the rows and columns
+            // the outputs read); the image's output holds blocks g.start.. .
+            unsafe {
+                let at = (g.start * oh * ow + start) * B;
+                let span = Span {
+                    base,
+                    pixels: &pixels,
+                    taps: &taps,
+                    out: Out {
                         y: out.y.add(at),
                         at: out.at + at,
                         post: out.post,
-                    };
-                    let t = Tile {
-                        stride: oh * ow * B,
-                        block: g.start,
-                        n,
-                        last: valid,
-                    };
-                    let w = wg.as_ptr();
-                    let w2 = w.add(second);
-                    match (nb, lanes, pp) {
-                        (4, B, P) => tile512::<2, B, P>(&px, &taps, [w, w2], out, t),
-                        (4, B, _) => tile512::<2, B, 5>(&px, &taps, [w, w2], out, t),
-                        (4, _, P) => tile512::<2, 1, P>(&px, &taps, [w, w2], out, t),
-                        (4, _, _) => tile512::<2, 1, 5>(&px, &taps, [w, w2], out, t),
-                        (2, B, P) if self.zmm => tile512::<1, B, P>(&px, &taps, [w], out, t),
-                        (2, B, _) if self.zmm => tile512::<1, B, 5>(&px, &taps, [w], out, t),
-                        (2, _, P) if self.zmm => tile512::<1, 1, P>(&px, &taps, [w], out, t),
-                        (2, _, _) if self.zmm => tile512::<1, 1, 5>(&px, &taps, [w], out, t),
-                        (2, B, P) => tile::<2, B, P>(&px, &taps, w, out, t),
-                        (2, B, _) => tile::<2, B, 5>(&px, &taps, w, out, t),
-                        (1, B, _) => tile::<1, B, P>(&px, &taps, w, out, t),
-                        (2, _, P) => tile::<2, 1, P>(&px, &taps, w, out, t),
-                        (2, _, _) => tile::<2, 1, 5>(&px, &taps, w, out, t),
-                        _ => tile::<1, 1, P>(&px, &taps, w, out, t),
-                    }
+                    },
+                    stride: oh * ow * B,
+                    block: g.start,
+                    last: valid,
+                };
+                let w = wg.as_ptr();
+                let w2 = w.add(second);
+                match (nb, lanes, pp) {
+                    (4, B, P) => tiles512::<2, B, P>(span, [w, w2]),
+                    (4, B, _) => tiles512::<2, B, 5>(span, [w, w2]),
+                    (4, _, P) => tiles512::<2, 1, P>(span, [w, w2]),
+                    (4, _, _) => tiles512::<2, 1, 5>(span, [w, w2]),
+                    (2, B, P) if self.zmm => tiles512::<1, B, P>(span, [w]),
+                    (2, B, _) if self.zmm => tiles512::<1, B, 5>(span, [w]),
+                    (2, _, P) if self.zmm => tiles512::<1, 1, P>(span, [w]),
+                    (2, _, _) if self.zmm => tiles512::<1, 1, 5>(span, [w]),
+                    (2, B, P) => tiles::<2, B, P>(span, w),
+                    (2, B, _) => tiles::<2, B, 5>(span, w),
+                    (1, B, _) => tiles::<1, B, P>(span, w),
+                    (2, _, P) => tiles::<2, 1, P>(span, w),
+                    (2, _, _) => tiles::<2, 1, 5>(span, w),
+                    _ => tiles::<1, 1, P>(span, w),
                 }
             }
         }
@@ -176,6 +172,51 @@ pub(super) struct Band<'a> {
     pub plane: usize,
     pub row: usize,
     pub first: usize,
+}
+
+/// What the tiles of one group over a band share: the group's first input block at `base`,
+/// where each output pixel of the band reads its first tap (`pixels`, from `base`) and the
+/// offsets of the taps from there (`taps`); the output of the band's first pixel in the
+/// group's first block (`out`), the floats between blocks (`stride`), the first block within
+/// the image (`block`) and the valid lanes of the group's last block (`last`).
+#[derive(Clone, Copy)]
+struct Span<'a> {
+    base: *const f32,
+    pixels: &'a [usize],
+    taps: &'a [usize],
+    out: Out<'a>,
+    stride: usize,
+    block: usize,
+    last: usize,
+}
+
+impl<'a> Span<'a> {
+    /// Tile `k` of `PX` pixels: its pixels' first taps (past `n`, the valid pixels, the last
+    /// repeated), where it stores, and its shape.
+    ///
+    /// # Safety
+    /// The span's contract (see `direct_band`).
+    #[inline(always)]
+    unsafe fn tile<const PX: usize>(&self, k: usize) -> ([*const f32; PX], Out<'a>, Tile) {
+        let q0 = k * PX;
+        let n = PX.min(self.pixels.len() - q0);
+        // SAFETY (pointer computations): the pixels' taps and outputs lie in the band.
+        unsafe {
+            let px = std::array::from_fn(|p| self.base.add(self.pixels[q0 + p.min(n - 1)]));
+            let out = Out {
+                y: self.out.y.add(q0 * B),
+                at: self.out.at + q0 * B,
+                post: self.out.post,
+            };
+            let t = Tile {
+                stride: self.stride,
+                block: self.block,
+                n,
+                last: self.last,
+            };
+            (px, out, t)
+        }
+    }
 }
 
 /// A tile's shape: `n` valid pixels, the first of its blocks (`block`, within the image) and
@@ -237,82 +278,97 @@ macro_rules! store_sums {
     }};
 }
 
-/// One tile of the direct kernel: pixels `px[..n]` (the rest repeat the last) by `NB` output
-/// blocks. Step `s` of the reduction reads lane `s % L` at offset `taps[s / L]` from each
-/// pixel and the `8 * NB` weights at `w + 8 * NB * s`; the sums go to output block `b` at
-/// `out.y + b * stride`, pixel `p` at `p * 8` on, with lanes from `last` on of the last block
-/// zero (past the output's channels), through the epilogue.
+/// The tiles of the direct kernel over a band for one group: pixels in tiles of `PX` (the last
+/// may have fewer, the rest repeat its last) by `NB` output blocks, in one function so that a
+/// tile costs no call (with sixteen input channels a tile is only 96 cycles of multiply-adds).
+/// Step `s` of a pixel's reduction reads lane `s % L` at offset `taps[s / L]` from its first
+/// tap and the `8 * NB` weights at `w + 8 * NB * s`; the sums go to output block `b` at
+/// `b * stride` from the pixel's output, with lanes from `last` on of the last block zero
+/// (past the output's channels), through the epilogue.
 ///
 /// # Safety
-/// The CPU has AVX2 and FMA; every read lies inside its buffer; `out` holds `n` pixels of each
-/// of the `NB` blocks.
+/// The CPU has AVX2 and FMA; every read lies inside its buffer; the span's output holds its
+/// pixels of each of the `NB` blocks.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn tile<const NB: usize, const L: usize, const PX: usize>(
-    px: &[*const f32; P],
-    taps: &[usize],
-    w: *const f32,
-    out: Out,
-    t: Tile,
-) {
+unsafe fn tiles<const NB: usize, const L: usize, const PX: usize>(span: Span, w: *const f32) {
     debug_assert!(PX <= P && PX * NB <= 12);
-    let mut acc = [[_mm256_setzero_ps(); NB]; PX];
-    let mut wp = w;
-    for &off in taps {
-        for l in 0..L {
-            // SAFETY (block): the caller's contract.
-            unsafe {
-                let wv: [__m256; NB] = std::array::from_fn(|b| _mm256_loadu_ps(wp.add(b * B)));
-                for (p, a) in acc.iter_mut().enumerate() {
-                    let xv = _mm256_broadcast_ss(&*px[p].add(off + l));
-                    for b in 0..NB {
-                        a[b] = _mm256_fmadd_ps(xv, wv[b], a[b]);
+    for k in 0..span.pixels.len().div_ceil(PX) {
+        // SAFETY: the caller's contract.
+        let (px, out, t) = unsafe { span.tile::<PX>(k) };
+        let mut acc = [[_mm256_setzero_ps(); NB]; PX];
+        let mut wp = w;
+        for &off in span.taps {
+            for l in 0..L {
+                // SAFETY (block): the caller's contract.
+                unsafe {
+                    let wv: [__m256; NB] = std::array::from_fn(|b| _mm256_loadu_ps(wp.add(b * B)));
+                    for (p, a) in acc.iter_mut().enumerate() {
+                        let xv = _mm256_broadcast_ss(&*px[p].add(off + l));
+                        for b in 0..NB {
+                            a[b] = _mm256_fmadd_ps(xv, wv[b], a[b]);
+                        }
                     }
+                    wp = wp.add(NB * B);
                 }
-                wp = wp.add(NB * B);
             }
         }
+        // SAFETY: pixel p < n of each block; the epilogue's operands cover the output.
+        unsafe { store_sums!(acc, out, t) }
     }
-    // SAFETY: pixel p < n of each block; the epilogue's operands cover the output.
-    unsafe { store_sums!(acc, out, t) }
 }
 
-/// [`tile`] with AVX-512F, for `NP` pairs of blocks (one or two), the filter of pair `j` at
+/// [`tiles`] with AVX-512F, for `NP` pairs of blocks (one or two), the filter of pair `j` at
 /// `w[j]`, `L` lanes of the input a step as there: each pixel's sixteen sums of a pair in one
 /// `zmm` register, each step one load of a pair's sixteen weights and one broadcast per pixel;
-/// the same sums in the same order as [`tile`].
+/// the same sums in the same order as [`tiles`].
 ///
 /// # Safety
-/// As for [`tile`] with `2 * NP` blocks, and the CPU has AVX-512F.
+/// As for [`tiles`] with `2 * NP` blocks, and the CPU has AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn tile512<const NP: usize, const L: usize, const PX: usize>(
-    px: &[*const f32; P],
-    taps: &[usize],
+unsafe fn tiles512<const NP: usize, const L: usize, const PX: usize>(
+    span: Span,
     w: [*const f32; NP],
-    out: Out,
-    t: Tile,
 ) {
-    let mut acc = [[_mm512_setzero_ps(); NP]; PX];
-    let mut at = 0;
-    for &off in taps {
-        for l in 0..L {
-            // SAFETY (block): the caller's contract.
-            unsafe {
-                let wv: [__m512; NP] = std::array::from_fn(|j| _mm512_loadu_ps(w[j].add(at)));
-                for (p, a) in acc.iter_mut().enumerate() {
-                    let xv = _mm512_set1_ps(*px[p].add(off + l));
-                    for j in 0..NP {
-                        a[j] = _mm512_fmadd_ps(xv, wv[j], a[j]);
+    for k in 0..span.pixels.len().div_ceil(PX) {
+        // SAFETY: the caller's contract.
+        let (px, out, t) = unsafe { span.tile::<PX>(k) };
+        let mut acc = [[_mm512_setzero_ps(); NP]; PX];
+        let mut at = 0;
+        for &off in span.taps {
+            for l in 0..L {
+                // SAFETY (block): the caller's contract.
+                unsafe {
+                    let wv: [__m512; NP] = std::array::from_fn(|j| _mm512_loadu_ps(w[j].add(at)));
+                    for (p, a) in acc.iter_mut().enumerate() {
+                        let xv = _mm512_set1_ps(*px[p].add(off + l));
+                        for j in 0..NP {
+                            a[j] = _mm512_fmadd_ps(xv, wv[j], a[j]);
+                        }
                     }
                 }
+                at += 2 * B;
             }
-            at += 2 * B;
         }
+        // SAFETY: pixel p < n of each block; the epilogue's operands cover the output.
+        unsafe { store512(acc, out, t) }
     }
-    // The sums' copy is what the store reads by reference: were it `acc` itself, LLVM would
-    // keep `acc` in memory through the whole reduction wherever it does not inline the store
-    // (1.5x slower).
+}
+
+/// Stores the sums of a [`tiles512`] tile: whole blocks through the 512-bit tile store where
+/// the epilogue has a form there, else each pair as a tile of two `ymm` blocks (the last
+/// block's padding lanes zeroed there).
+///
+/// # Safety
+/// As for [`tiles512`], for this tile.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+unsafe fn store512<const NP: usize, const PX: usize>(acc: [[__m512; NP]; PX], out: Out, t: Tile) {
+    // By value, and the store reads this copy by reference: were it the kernel's `acc`
+    // itself, LLVM would keep `acc` in memory through the whole reduction wherever it does not
+    // inline the store (1.5x slower).
     let sums = acc;
     // SAFETY: pixel p < n of each block; the epilogue's operands cover the output.
     if t.last >= B
@@ -320,8 +376,6 @@ unsafe fn tile512<const NP: usize, const L: usize, const PX: usize>(
     {
         return;
     }
-    // Else each pair stored as a tile of two `ymm` blocks (the last block's padding lanes
-    // zeroed there).
     for j in 0..NP {
         let high = |v: __m512| _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
         let halves: [[__m256; 2]; PX] =
@@ -346,12 +400,6 @@ unsafe fn tile512<const NP: usize, const L: usize, const PX: usize>(
 
 /// Never called: `NchwcConv::new` declines off x86-64.
 #[cfg(not(target_arch = "x86_64"))]
-unsafe fn tile<const NB: usize, const L: usize, const PX: usize>(
-    _: &[*const f32; P],
-    _: &[usize],
-    _: *const f32,
-    _: Out,
-    _: Tile,
-) {
+unsafe fn tiles<const NB: usize, const L: usize, const PX: usize>(_: Span, _: *const f32) {
     unreachable!("no AVX2 off x86-64")
 }
