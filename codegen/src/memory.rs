@@ -16,6 +16,9 @@
 //!   its kernel straight into its place in the concatenation's slot ([`in_place_concats`]).
 //! - Scratch: a kernel that needs working space while it runs (the backend says how much,
 //!   [`Backend::scratch_bytes`]) gets a slot live during that kernel only.
+//! - Host values (`swap_out`'s results) live in a second pool, host memory, placed the same
+//!   way (`host_bytes`): a swapped-out value's device slot is free from its `swap_out` to its
+//!   `swap_in`, and the arena is that much smaller.
 
 use crate::backend::Backend;
 use crate::plan::{KernelKind, Plan};
@@ -44,6 +47,8 @@ pub enum Storage {
     /// In output buffer `i` of the run, which becomes a returned result (its own allocation,
     /// so results are not copied out of the arena).
     Output(usize),
+    /// In the host pool at this byte offset (a `swap_out`'s result).
+    Host(u64),
 }
 
 /// One arena slot: values that share storage (an in-place chain), with their combined lifetime.
@@ -63,6 +68,8 @@ pub struct Slot {
     pub scratch_for: Option<crate::plan::Kernel>,
     /// For a slot holding a result, the output buffer it is (then it is not in the arena).
     pub output: Option<usize>,
+    /// Whether it is in the host pool (then `offset` is there).
+    pub host: bool,
 }
 
 /// The memory plan of one function.
@@ -79,6 +86,8 @@ pub struct MemoryPlan {
     pub output_bytes: u64,
     /// Arena size: the highest end offset of any slot.
     pub arena_bytes: u64,
+    /// Host pool size: the highest end offset of any host slot (0 without swaps).
+    pub host_bytes: u64,
     /// The most bytes live at any one kernel: a lower bound on `arena_bytes`.
     pub live_peak_bytes: u64,
     /// Bytes of parameters.
@@ -170,6 +179,7 @@ pub fn plan_memory<B: Backend + ?Sized>(f: &Function, plan: &Plan, backend: &B) 
                         offset: 0,
                         scratch_for: None,
                         output: None,
+                        host: false,
                     });
                     hosting.push(true);
                     slot_of[cat] = Some(slots.len() - 1);
@@ -179,6 +189,21 @@ pub fn plan_memory<B: Backend + ?Sized>(f: &Function, plan: &Plan, backend: &B) 
             if let Some(s) = slot_of[o] {
                 // A concatenation whose operands were placed in its slot first.
                 slots[s].values.push(o);
+                continue;
+            }
+            if f.is_host(o) {
+                slots.push(Slot {
+                    values: vec![o],
+                    size: align(ty.size_bytes()),
+                    first: ki,
+                    last: last_use[o],
+                    offset: 0,
+                    scratch_for: None,
+                    output: None,
+                    host: true,
+                });
+                hosting.push(false);
+                slot_of[o] = Some(slots.len() - 1);
                 continue;
             }
             let reuse = if kd.kind == KernelKind::Elementwise {
@@ -210,6 +235,7 @@ pub fn plan_memory<B: Backend + ?Sized>(f: &Function, plan: &Plan, backend: &B) 
                         offset: 0,
                         scratch_for: None,
                         output: None,
+                        host: false,
                     });
                     hosting.push(false);
                     slots.len() - 1
@@ -240,36 +266,51 @@ pub fn plan_memory<B: Backend + ?Sized>(f: &Function, plan: &Plan, backend: &B) 
                 offset: 0,
                 scratch_for: Some(k),
                 output: None,
+                host: false,
             });
         }
     }
-    let mut order: Vec<usize> = (0..slots.len())
-        .filter(|&i| slots[i].output.is_none())
-        .collect();
-    order.sort_by_key(|&i| (std::cmp::Reverse(slots[i].size), slots[i].first));
-    let mut placed: Vec<usize> = Vec::new(); // kept sorted by offset
+    // The arena's slots, then the host pool's, each placed on its own.
     let mut arena_bytes = 0;
-    for i in order {
-        let (first, last, size) = (slots[i].first, slots[i].last, slots[i].size);
-        let mut offset = 0;
-        for &j in &placed {
-            let sj = &slots[j];
-            if sj.first > last || first > sj.last {
-                continue;
+    let mut host_bytes = 0;
+    for host in [false, true] {
+        let mut order: Vec<usize> = (0..slots.len())
+            .filter(|&i| slots[i].output.is_none() && slots[i].host == host)
+            .collect();
+        order.sort_by_key(|&i| (std::cmp::Reverse(slots[i].size), slots[i].first));
+        let mut placed: Vec<usize> = Vec::new(); // kept sorted by offset
+        let mut end = 0;
+        for i in order {
+            let (first, last, size) = (slots[i].first, slots[i].last, slots[i].size);
+            let mut offset = 0;
+            for &j in &placed {
+                let sj = &slots[j];
+                if sj.first > last || first > sj.last {
+                    continue;
+                }
+                if offset + size <= sj.offset {
+                    break;
+                }
+                offset = offset.max(sj.offset + sj.size);
             }
-            if offset + size <= sj.offset {
-                break;
-            }
-            offset = offset.max(sj.offset + sj.size);
+            slots[i].offset = offset;
+            end = u64::max(end, offset + size);
+            let at = placed.partition_point(|&j| slots[j].offset <= offset);
+            placed.insert(at, i);
         }
-        slots[i].offset = offset;
-        arena_bytes = arena_bytes.max(offset + size);
-        let at = placed.partition_point(|&j| slots[j].offset <= offset);
-        placed.insert(at, i);
+        *(if host {
+            &mut host_bytes
+        } else {
+            &mut arena_bytes
+        }) = end;
     }
     for s in &slots {
         for &v in &s.values {
-            storage[v] = s.output.map_or(Storage::Arena(s.offset), Storage::Output);
+            storage[v] = match s.output {
+                Some(i) => Storage::Output(i),
+                None if s.host => Storage::Host(s.offset),
+                None => Storage::Arena(s.offset),
+            };
         }
     }
     // Operands written in place into a concatenation lie at their offset in its slot.
@@ -295,7 +336,7 @@ pub fn plan_memory<B: Backend + ?Sized>(f: &Function, plan: &Plan, backend: &B) 
         }
     }
     let mut live = vec![0u64; n_kernels + 1];
-    for s in slots.iter().filter(|s| s.output.is_none()) {
+    for s in slots.iter().filter(|s| s.output.is_none() && !s.host) {
         for l in &mut live[s.first..=s.last] {
             *l += s.size;
         }
@@ -312,6 +353,7 @@ pub fn plan_memory<B: Backend + ?Sized>(f: &Function, plan: &Plan, backend: &B) 
         live_peak_bytes: live.into_iter().max().unwrap_or(0),
         slots,
         arena_bytes,
+        host_bytes,
         param_bytes,
         const_bytes,
     }

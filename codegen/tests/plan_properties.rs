@@ -1,5 +1,6 @@
 //! Kernel and memory plans of random functions: every op is planned once and after what it
-//! needs; no two arena slots, and no two values, that are live at the same time overlap (but
+//! needs; host values (`swap_out`'s) are in the host pool and nothing else is; no two slots of
+//! one pool, and no two values, that are live at the same time overlap (but
 //! for a value written in place over one its kernel reads last); every value a kernel reads is
 //! stored somewhere.
 
@@ -51,7 +52,12 @@ proptest! {
                 }
             }
             for &o in &kd.outputs {
-                                prop_assert!(matches!(m.storage[o], Storage::Arena(_) | Storage::Output(_) | Storage::Param | Storage::Const));
+                                // Host values (`swap_out`'s) in the host pool, and only they.
+                                if f.is_host(o) {
+                                    prop_assert!(matches!(m.storage[o], Storage::Host(_)));
+                                } else {
+                                    prop_assert!(matches!(m.storage[o], Storage::Arena(_) | Storage::Output(_) | Storage::Param | Storage::Const));
+                                }
             }
         }
 
@@ -85,15 +91,18 @@ proptest! {
             }
         }
 
-        // Arena slots live at the same time do not overlap in memory.
-        let arena: Vec<_> = m.slots.iter().filter(|s| s.output.is_none()).collect();
-        for (a, sa) in arena.iter().enumerate() {
-            prop_assert!(sa.offset % 64 == 0 && sa.size % 64 == 0);
-            prop_assert!(sa.offset + sa.size <= m.arena_bytes);
-            for sb in &arena[a + 1..] {
-                let live_together = sa.first <= sb.last && sb.first <= sa.last;
-                let disjoint = sa.offset + sa.size <= sb.offset || sb.offset + sb.size <= sa.offset;
-                prop_assert!(!live_together || disjoint, "slots {sa:?} and {sb:?} overlap while both live");
+        // Slots of one pool (the arena, the host pool) live at the same time do not overlap in
+        // memory.
+        for (host, bytes) in [(false, m.arena_bytes), (true, m.host_bytes)] {
+            let pool: Vec<_> = m.slots.iter().filter(|s| s.output.is_none() && s.host == host).collect();
+            for (a, sa) in pool.iter().enumerate() {
+                prop_assert!(sa.offset % 64 == 0 && sa.size % 64 == 0);
+                prop_assert!(sa.offset + sa.size <= bytes);
+                for sb in &pool[a + 1..] {
+                    let live_together = sa.first <= sb.last && sb.first <= sa.last;
+                    let disjoint = sa.offset + sa.size <= sb.offset || sb.offset + sb.size <= sa.offset;
+                    prop_assert!(!live_together || disjoint, "slots {sa:?} and {sb:?} overlap while both live");
+                }
             }
         }
 
@@ -122,14 +131,17 @@ proptest! {
             .flat_map(|kd| kd.outputs.iter().copied())
             .filter_map(|v| match m.storage[v] {
                 Storage::Arena(at) if f.ty(v).size_bytes() > 0 => {
-                    Some((v, at, at + f.ty(v).size_bytes(), defined(v), last_read[&v]))
+                    Some((v, false, at, at + f.ty(v).size_bytes(), defined(v), last_read[&v]))
+                }
+                Storage::Host(at) if f.ty(v).size_bytes() > 0 => {
+                    Some((v, true, at, at + f.ty(v).size_bytes(), defined(v), last_read[&v]))
                 }
                 _ => None,
             })
             .collect();
-        for (i, &(a, a0, a1, da, la)) in stored.iter().enumerate() {
-            for &(b, b0, b1, db, lb) in &stored[i + 1..] {
-                if a0 < b1 && b0 < a1 {
+        for (i, &(a, ha, a0, a1, da, la)) in stored.iter().enumerate() {
+            for &(b, hb, b0, b1, db, lb) in &stored[i + 1..] {
+                if ha == hb && a0 < b1 && b0 < a1 {
                     prop_assert!(
                         la <= db || lb <= da,
                         "{:?} and {:?} share bytes while both live ({}..={} and {}..={})",

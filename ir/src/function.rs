@@ -260,6 +260,15 @@ impl Function {
         &self.values[v]
     }
 
+    /// Whether `v` lives in host memory: a `swap_out`'s result, which only `swap_in` reads.
+    /// Every other value lives in the device's memory.
+    pub fn is_host(&self, v: Value) -> bool {
+        match self.value(v).def {
+            ValueDef::Result(op, _) => matches!(self.op(op).kind, crate::OpKind::SwapOut),
+            ValueDef::Param(_) => false,
+        }
+    }
+
     /// A value's type.
     pub fn ty(&self, v: Value) -> &TensorType {
         &self.values[v].ty

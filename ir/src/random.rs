@@ -314,6 +314,11 @@ impl Gen {
                     Ok(c)
                 }
             }
+            14 if self.rng.chance(0.25) => {
+                // Out to host memory and back: the host value is read by the `swap_in` alone.
+                let h = self.b.op1(OpKind::SwapOut, &[x]).ok()?;
+                self.b.op1(OpKind::SwapIn, &[h])
+            }
             14 => {
                 let kind = if self.rng.chance(0.5) {
                     OpKind::Identity

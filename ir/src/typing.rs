@@ -319,6 +319,8 @@ pub fn infer(kind: &OpKind, args: &[&TensorType]) -> R<Vec<TensorType>> {
         }
         OpKind::Cast { to } => one(tt(*to, args[0].dims().to_vec())?),
         OpKind::StopGradient | OpKind::Identity => one(args[0].clone()),
+        // Which space a value lives in is the verifier's to check (`swap_in` reads host values).
+        OpKind::SwapOut | OpKind::SwapIn => one(args[0].clone()),
         OpKind::MatMul => {
             let (a, b) = (args[0], args[1]);
             same_dtype(a, b, "the operands")?;

@@ -3,7 +3,8 @@
 //! Checked: each scheduled op appears once; every operand is defined earlier in the schedule
 //! (or is a parameter); operand and result counts; the type rule of every op against its declared
 //! result types; control dependencies name scheduled ops that run earlier (a violation is traced
-//! to the cycle it closes, if any); results are defined. Each diagnostic names the function and
+//! to the cycle it closes, if any); results are defined; host values (`swap_out`'s results) are
+//! read only by `swap_in`, which reads nothing else, and are not results. Each diagnostic names the function and
 //! the op (`op7 (%h = matmul %x, %w)`) and carries the op's source location when it has one.
 
 use crate::diag::{Diagnostic, Diagnostics, clip};
@@ -106,6 +107,30 @@ pub fn verify_function(f: &Function) -> Result<(), Diagnostics> {
                 },
             }
         }
+        // Memory spaces: host values (`swap_out`'s results) are read by `swap_in` alone, and
+        // `swap_in` reads nothing else.
+        let swap_in = matches!(d.kind, crate::OpKind::SwapIn);
+        for &a in &d.args {
+            if f.is_host(a) && !swap_in {
+                c.at(
+                    op,
+                    format!(
+                        "reads {}, a host value (a `swap_out`'s result): only `swap_in` reads \
+                         host values, so swap it in first",
+                        vname(f, a)
+                    ),
+                );
+            } else if swap_in && !f.is_host(a) {
+                c.at(
+                    op,
+                    format!(
+                        "`swap_in` reads {}, which is in device memory already: its operand \
+                         must be a `swap_out`'s result",
+                        vname(f, a)
+                    ),
+                );
+            }
+        }
         for (k, &r) in d.results.iter().enumerate() {
             if f.value(r).def != ValueDef::Result(op, k) {
                 c.at(
@@ -204,6 +229,18 @@ pub fn verify_function(f: &Function) -> Result<(), Diagnostics> {
         );
     }
     for (k, &r) in f.results().iter().enumerate() {
+        if f.is_host(r)
+            && let Some(def) = f.def_op(r)
+        {
+            c.at(
+                def,
+                format!(
+                    "{} is returned (result {k}), but it is a host value: results are in \
+                     device memory, so return its `swap_in`",
+                    vname(f, r)
+                ),
+            );
+        }
         if let ValueDef::Result(def, _) = f.value(r).def
             && pos[def].is_none()
         {

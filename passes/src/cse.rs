@@ -34,7 +34,7 @@ pub fn cse(f: &mut Function) -> usize {
             }
         }
         let d = f.op(op);
-        if d.kind.has_side_effects() {
+        if d.kind.has_side_effects() || d.kind.is_swap() {
             continue;
         }
         let mut h = DefaultHasher::new();

@@ -180,8 +180,9 @@ pub struct Executable {
     /// The value whose storage each value uses (itself, or a view's source).
     origin: HashMap<Value, Value>,
     consts: HashMap<Value, Vec<Line>>,
-    /// Arenas of finished runs, reused by later ones (one per concurrent run at most).
-    arenas: std::sync::Mutex<Vec<Vec<Line>>>,
+    /// Arenas (and host pools) of finished runs, reused by later ones (one per concurrent run
+    /// at most).
+    arenas: std::sync::Mutex<Vec<(Vec<Line>, Vec<Line>)>>,
     /// With [`Cpu::profile`]: the runs so far and the time spent in each step over them.
     profile: Option<std::sync::Mutex<(u32, Vec<std::time::Duration>)>>,
     _code: jit::Code,
@@ -204,6 +205,8 @@ pub struct Stats {
     pub arena_bytes: u64,
     /// Bytes of results written straight into the returned tensors, per run.
     pub output_bytes: u64,
+    /// Host pool bytes per run (swapped-out values; 0 without swaps).
+    pub host_bytes: u64,
 }
 
 impl Executable {
@@ -242,6 +245,7 @@ impl Executable {
                 .count(),
             arena_bytes: self.mem.arena_bytes,
             output_bytes: self.mem.output_bytes,
+            host_bytes: self.mem.host_bytes,
         }
     }
 

@@ -90,12 +90,14 @@ impl Executable {
         let f = &self.func;
         check_inputs(f, inputs).map_err(|e| RunError(e.0))?;
         let pooled = self.arenas.lock().map(|mut p| p.pop()).unwrap_or(None);
-        let mut arena = pooled.unwrap_or_else(|| {
+        // The arena is the device's memory; the host pool holds swapped-out values.
+        let (mut arena, mut host) = pooled.unwrap_or_else(|| {
             let mut a = lines(self.mem.arena_bytes);
             advise_huge_pages(a.as_mut_ptr() as *mut u8, a.len() * 64);
-            a
+            (a, lines(self.mem.host_bytes))
         });
         let base = arena.as_mut_ptr() as *mut u8;
+        let host_base = host.as_mut_ptr() as *mut u8;
         // Output buffers: allocated with capacity only, written by the kernels, returned.
         let mut outs: Vec<Data> = self
             .mem
@@ -111,6 +113,7 @@ impl Executable {
             let v = self.origin.get(&v).copied().unwrap_or(v);
             match self.mem.storage[v] {
                 Storage::Arena(off) => base.wrapping_add(off as usize),
+                Storage::Host(off) => host_base.wrapping_add(off as usize),
                 Storage::Output(i) => out_ptrs[i],
                 Storage::Param => match f.value(v).def {
                     ValueDef::Param(i) => data_ptr(&inputs[i]) as *mut u8,
@@ -196,7 +199,7 @@ impl Executable {
             results.push(t);
         }
         if let Ok(mut pool) = self.arenas.lock() {
-            pool.push(arena);
+            pool.push((arena, host));
         }
         Ok(results)
     }

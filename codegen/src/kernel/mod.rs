@@ -132,6 +132,8 @@ pub fn supported_op(f: &Function, op: tcc_ir::Op) -> bool {
         | OpKind::Slice { .. }
         | OpKind::Gather { .. }
         | OpKind::ScatterAdd { .. }
+        | OpKind::SwapOut
+        | OpKind::SwapIn
         | OpKind::Conv2dGradInput { .. }
         | OpKind::Conv2dGradFilter { .. }
         | OpKind::SoftmaxCrossEntropyGrad

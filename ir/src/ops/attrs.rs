@@ -377,6 +377,8 @@ macro_rules! declare_attrs {
             | OpKind::Select
             | OpKind::StopGradient
             | OpKind::Identity
+            | OpKind::SwapOut
+            | OpKind::SwapIn
             | OpKind::MatMul
             | OpKind::GlobalAvgPool
             | OpKind::SoftmaxCrossEntropy

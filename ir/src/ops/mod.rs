@@ -315,6 +315,11 @@ pub enum OpKind {
         /// The axis of `data` indexed.
         axis: i64,
     },
+    /// The operand copied out to host memory: its result lives in the host space, outside the
+    /// device's memory, and only `swap_in` reads it (the verifier checks).
+    SwapOut,
+    /// A host value (a `swap_out`'s result) copied back into device memory.
+    SwapIn,
     /// `(data, indices, updates)`: a copy of `data` where `updates` (shaped like the result of
     /// `gather(data, indices, axis)`) is added at the indexed positions; repeats accumulate.
     ScatterAdd {

@@ -210,6 +210,8 @@ define_ops! {
     Slice "slice" Exactly(1), 1, DataMovement [DIFFERENTIABLE] "Python-style strided slice of every axis";
     Gather "gather" Exactly(2), 1, DataMovement [DIFFERENTIABLE] "`take(data, indices, axis)`";
     ScatterAdd "scatter_add" Exactly(3), 1, DataMovement [DIFFERENTIABLE] "a copy of `data` with `updates` added at `indices` along `axis`";
+    SwapOut "swap_out" Exactly(1), 1, DataMovement [] "the operand copied to host memory; only `swap_in` reads the result";
+    SwapIn "swap_in" Exactly(1), 1, DataMovement [] "a `swap_out`'s host value copied back to device memory";
 
     Conv2dGradInput "conv2d_grad_input" Exactly(2), 1, Gradient [DIFFERENTIABLE] "`(dy, filter) -> dx` of `conv2d` (a transposed convolution)";
     Conv2dGradFilter "conv2d_grad_filter" Exactly(2), 1, Gradient [DIFFERENTIABLE] "`(x, dy) -> dw` of `conv2d`";
@@ -326,6 +328,8 @@ impl OpId {
             },
             OpId::Gather => K::Gather { axis: 0 },
             OpId::ScatterAdd => K::ScatterAdd { axis: 0 },
+            OpId::SwapOut => K::SwapOut,
+            OpId::SwapIn => K::SwapIn,
             OpId::Conv2dGradInput => K::Conv2dGradInput {
                 conv: Conv2d::default(),
                 shape: Vec::new(),
@@ -449,6 +453,8 @@ impl OpKind {
             OpKind::Slice { .. } => OpId::Slice,
             OpKind::Gather { .. } => OpId::Gather,
             OpKind::ScatterAdd { .. } => OpId::ScatterAdd,
+            OpKind::SwapOut => OpId::SwapOut,
+            OpKind::SwapIn => OpId::SwapIn,
             OpKind::Conv2dGradInput { .. } => OpId::Conv2dGradInput,
             OpKind::Conv2dGradFilter { .. } => OpId::Conv2dGradFilter,
             OpKind::SoftmaxCrossEntropyGrad => OpId::SoftmaxCrossEntropyGrad,
@@ -494,6 +500,13 @@ impl OpKind {
     /// removed or merged with another.
     pub fn has_side_effects(&self) -> bool {
         self.schema().flags.contains(Flags::SIDE_EFFECTS)
+    }
+
+    /// Whether the op copies between memory spaces (`swap_out`, `swap_in`): where it sits in
+    /// the schedule is the point of it, so passes neither merge it with another nor move or
+    /// recompute it (it may still be removed when nothing reads it).
+    pub fn is_swap(&self) -> bool {
+        matches!(self, OpKind::SwapOut | OpKind::SwapIn)
     }
 }
 

@@ -41,6 +41,8 @@ pub fn op_flops(kind: &OpKind, args: &[&TensorType], results: &[&TensorType]) ->
         OpKind::Const { .. } | OpKind::Reshape { .. } | OpKind::Identity | OpKind::StopGradient => {
             0
         }
+        // Copies between memory spaces: bytes over a link, no arithmetic.
+        OpKind::SwapOut | OpKind::SwapIn => 0,
         OpKind::MatMul => {
             let k = args[0].dims().last().copied().unwrap_or(1);
             out().saturating_mul(k).saturating_mul(2)

@@ -6,6 +6,10 @@
 //! non-splat constants are counted apart from activations and temporaries. One pass over the
 //! schedule: linear in ops plus operands.
 //!
+//! Host values (`swap_out`'s results) live in host memory: they are counted apart (`host`,
+//! `host_peak`), not in the device's `live`, so a swap frees the device's bytes from the
+//! `swap_out` to the `swap_in`.
+//!
 //! This is the op-level model passes reason with (`remat` simulates its peak). The CPU
 //! backend's arena (`tcc_codegen::plan_memory`) differs in known ways: values used only inside a
 //! fused kernel are never stored (smaller), elementwise kernels write in place over a dead input
@@ -36,6 +40,10 @@ pub struct MemoryProfile {
     pub param_bytes: u64,
     /// Bytes of non-splat constants.
     pub const_bytes: u64,
+    /// `host[i]`: bytes of host values (`swap_out`'s results) live while op `i` runs.
+    pub host: Vec<u64>,
+    /// The largest entry of `host`, and where it is first reached.
+    pub host_peak: (u64, usize),
     /// For each value that owns a buffer: its size, and the schedule range it is live over
     /// (inclusive).
     pub buffers: Vec<Buffer>,
@@ -52,6 +60,8 @@ pub struct Buffer {
     pub first: usize,
     /// The index of its last reader (the schedule length for results of the function).
     pub last: usize,
+    /// Whether it is in host memory (a `swap_out`'s result).
+    pub host: bool,
 }
 
 /// Analyzes `f`, which must verify.
@@ -101,6 +111,7 @@ pub fn analyze(f: &Function) -> MemoryProfile {
     // Parameters own no activation buffer: `owner` stays `None` for them and for constants.
     let mut delta = vec![0i128; n + 2];
     let mut delta_temps = vec![0i128; n + 2];
+    let mut delta_host = vec![0i128; n + 2];
     let mut result_bytes = 0;
     let mut buffers = Vec::new();
     for &op in sched {
@@ -110,9 +121,17 @@ pub fn analyze(f: &Function) -> MemoryProfile {
             }
             let bytes = f.ty(r).size_bytes();
             let (a, b) = (first[r], last[r].unwrap_or(first[r]));
-            delta[a] += bytes as i128;
-            delta[b + 1] -= bytes as i128;
-            if b >= n {
+            let host = f.is_host(r);
+            if host {
+                delta_host[a] += bytes as i128;
+                delta_host[b + 1] -= bytes as i128;
+            } else {
+                delta[a] += bytes as i128;
+                delta[b + 1] -= bytes as i128;
+            }
+            if host {
+                // Neither a result (the verifier rejects that) nor a device temporary.
+            } else if b >= n {
                 result_bytes += bytes;
             } else {
                 delta_temps[a] += bytes as i128;
@@ -123,6 +142,7 @@ pub fn analyze(f: &Function) -> MemoryProfile {
                 bytes,
                 first: a,
                 last: b,
+                host,
             });
         }
     }
@@ -144,8 +164,10 @@ pub fn analyze(f: &Function) -> MemoryProfile {
         )
     };
     let (live, live_temps) = (prefix(&delta), prefix(&delta_temps));
+    let host = prefix(&delta_host);
     let (peak_at, peak) = argmax(&live);
     let (temps_at, temps) = argmax(&live_temps);
+    let (host_at, host_max) = argmax(&host);
     MemoryProfile {
         live,
         peak,
@@ -155,18 +177,20 @@ pub fn analyze(f: &Function) -> MemoryProfile {
         result_bytes,
         param_bytes,
         const_bytes,
+        host,
+        host_peak: (host_max, host_at),
         buffers,
     }
 }
 
 impl MemoryProfile {
-    /// The buffers live while op `at` runs, largest first.
+    /// The device buffers live while op `at` runs, largest first.
     pub fn live_at(&self, at: usize) -> Vec<Buffer> {
         let mut v: Vec<Buffer> = self
             .buffers
             .iter()
             .copied()
-            .filter(|b| b.first <= at && at <= b.last)
+            .filter(|b| !b.host && b.first <= at && at <= b.last)
             .collect();
         v.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.first.cmp(&b.first)));
         v

@@ -1,8 +1,8 @@
 //! A function into an e-graph: one e-node per scheduled op, in schedule order.
 //!
 //! Opaque (left exactly as they are, each result an `opaque{i}` node over its operands): ops
-//! with more than one result, ops with side effects, `stop_gradient` (a boundary autodiff
-//! reads), and every op that has control dependencies or is one. Everything else is an ordinary
+//! with more than one result, ops with side effects, swaps between memory spaces (placed where
+//! they are on purpose), `stop_gradient` (a boundary autodiff reads), and every op that has control dependencies or is one. Everything else is an ordinary
 //! node; two ops computing the same thing from the same operands share one e-class, so the pass
 //! subsumes `cse`.
 
@@ -32,6 +32,7 @@ fn is_opaque(f: &Function, op: Op, dep_target: &SecondaryMap<Op, bool>) -> bool 
         || !d.deps.is_empty()
         || dep_target[op]
         || d.kind.has_side_effects()
+        || d.kind.is_swap()
         || matches!(d.kind, OpKind::StopGradient)
 }
 

@@ -92,6 +92,19 @@ pub fn marked(name: &str) -> bool {
     name.split('/').any(|c| c == "checkpoint")
 }
 
+/// Remat plans a function without swaps: a recomputed `swap_in` or a moved `swap_out` would
+/// undo the swap's placement.
+fn no_swaps(f: &Function) -> Result<(), String> {
+    match f.schedule().iter().find(|&&op| f.op(op).kind.is_swap()) {
+        Some(&op) => Err(format!(
+            "`remat` runs before swapping, and this function swaps already ({}): run `remat` \
+             first",
+            f.describe_op(op)
+        )),
+        None => Ok(()),
+    }
+}
+
 fn no_backward() -> String {
     "the function has no backward part (a `backward:` line, which `grad` writes); run `grad` first, as in --passes='grad,remat{strategy=speed}'".to_string()
 }
@@ -517,6 +530,7 @@ fn apply(f: &mut Function, b: usize, plan: &Plan) -> RematStats {
 /// Rewrites `f` so that the backward ops read only `checkpoints`, parameters, constants and
 /// backward values from the forward pass; everything else is recomputed (see the module docs).
 pub fn remat(f: &mut Function, checkpoints: &[Value]) -> Result<RematStats, String> {
+    no_swaps(f)?;
     let b = f.backward_position().ok_or_else(no_backward)?;
     let j = Joint::new(f, b);
     let mut keep = vec![false; f.num_values_created()];
@@ -608,6 +622,7 @@ impl Remat {
 
     /// Chooses the checkpoints and rewrites `f`.
     pub fn run(&self, f: &mut Function) -> Result<RematStats, String> {
+        no_swaps(f)?;
         let c = choose(f, &self.0)?;
         remat(f, &c)
     }

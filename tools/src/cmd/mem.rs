@@ -54,14 +54,20 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
             continue;
         }
         let before_label = if pipeline.is_some() { " (before)" } else { "" };
-        let (text, live) = mem_report(f, before_label, top);
+        let (text, live, host) = mem_report(f, before_label, top);
         let _ = write!(io.stdout, "{text}");
         charts.push((format!("@{}{before_label}", f.name), live));
+        if let Some(host) = host {
+            charts.push((format!("@{}{before_label}, host", f.name), host));
+        }
         if let (Some(m2), Some(p)) = (&after, &pipeline) {
             let g = &m2.functions[i];
-            let (text, live) = mem_report(g, &format!(" (after {p})"), top);
+            let (text, live, host) = mem_report(g, &format!(" (after {p})"), top);
             let _ = write!(io.stdout, "{text}");
             charts.push((format!("@{} (after {p})", g.name), live));
+            if let Some(host) = host {
+                charts.push((format!("@{} (after {p}), host", g.name), host));
+            }
         }
     }
     if let Some(path) = &a.svg {
@@ -70,7 +76,10 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
             .map(|(l, v)| (l.as_str(), v.as_slice()))
             .collect();
         let text = tcc_passes::analysis::memory::svg(
-            &format!("live activation bytes: {}", input.name),
+            &format!(
+                "live activation bytes (device, and host where swapped): {}",
+                input.name
+            ),
             &series,
         );
         std::fs::write(path, text)
@@ -79,8 +88,9 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
     Ok(())
 }
 
-/// One function's memory report.
-fn mem_report(f: &Function, label: &str, top: usize) -> (String, Vec<u64>) {
+/// One function's memory report, its device bytes live over the schedule and, if it swaps, its
+/// host bytes.
+fn mem_report(f: &Function, label: &str, top: usize) -> (String, Vec<u64>, Option<Vec<u64>>) {
     use tcc_passes::analysis::memory::{analyze, human};
     let p = analyze(f);
     let mut s = String::new();
@@ -109,6 +119,16 @@ fn mem_report(f: &Function, label: &str, top: usize) -> (String, Vec<u64>) {
         human(p.temps_peak.0),
         p.temps_peak.1
     );
+    let swapped = p.buffers.iter().filter(|b| b.host).count();
+    if swapped > 0 {
+        let _ = writeln!(
+            s,
+            "  host memory: peak {} at schedule position {} ({swapped} value{} swapped out)",
+            human(p.host_peak.0),
+            p.host_peak.1,
+            if swapped == 1 { "" } else { "s" }
+        );
+    }
     let live = p.live_at(p.peak_at);
     let _ = writeln!(s, "  largest of the {} tensors live there:", live.len());
     for b in live.iter().take(top) {
@@ -132,10 +152,16 @@ fn mem_report(f: &Function, label: &str, top: usize) -> (String, Vec<u64>) {
     let m = tcc_codegen::plan_memory(f, &plan, &cpu);
     let _ = writeln!(
         s,
-        "  CPU backend: arena {} (live peak {}) plus {} of results, after fusion and in-place reuse",
+        "  CPU backend: arena {} (live peak {}) plus {} of results{}, after fusion and in-place reuse",
         human(m.arena_bytes),
         human(m.live_peak_bytes),
-        human(m.output_bytes)
+        human(m.output_bytes),
+        if m.host_bytes > 0 {
+            format!(", host pool {}", human(m.host_bytes))
+        } else {
+            String::new()
+        }
     );
-    (s, p.live)
+    let host = (swapped > 0).then_some(p.host);
+    (s, p.live, host)
 }

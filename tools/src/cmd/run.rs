@@ -196,8 +196,19 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
             let s = exe.stats();
             let _ = writeln!(
                 io.stderr,
-                "kernels: {} compiled, {} native, {} on reference kernels, {} views, {} dead; arena {} bytes, outputs {} bytes",
-                s.compiled, s.native, s.reference, s.views, s.dead, s.arena_bytes, s.output_bytes
+                "kernels: {} compiled, {} native, {} on reference kernels, {} views, {} dead; arena {} bytes, outputs {} bytes{}",
+                s.compiled,
+                s.native,
+                s.reference,
+                s.views,
+                s.dead,
+                s.arena_bytes,
+                s.output_bytes,
+                if s.host_bytes > 0 {
+                    format!(", host {} bytes", s.host_bytes)
+                } else {
+                    String::new()
+                }
             );
             let slow = exe.reference_ops();
             if !slow.is_empty() {

@@ -1,0 +1,63 @@
+//! Swapping on the CPU backend: a `swap_out`'s result is stored in the host pool, not the
+//! arena, so the arena shrinks by what is swapped out over the peak, and the results are the
+//! bits of the same function without the swap (and the interpreter's within rounding).
+
+mod common;
+
+use common::check;
+use tcc_codegen::Executable;
+use tcc_ir::random::{Rng, random_tensor};
+use tcc_ir::{Tensor, parse_function};
+
+/// `%a` is needed again at the end; while `%b` (twice its size) is computed and reduced it is
+/// either kept in device memory or swapped out to the host.
+fn src(swap: bool) -> String {
+    let (out, back) = if swap {
+        (
+            "  %h = swap_out %a : f32[64,64]\n",
+            "  %c = swap_in %h : f32[64,64]\n",
+        )
+    } else {
+        ("", "  %c = identity %a : f32[64,64]\n")
+    };
+    format!(
+        "func @f(%x: f32[64,64]) -> (f32[64,64]) {{
+  %a = matmul %x, %x : f32[64,64]
+{out}  %b = concat %x, %x {{axis=0}} : f32[128,64]
+  %r = reduce_max %b {{axes=[0, 1]}} : f32[]
+{back}  %z = mul %c, %r : f32[64,64]
+  %y = matmul %z, %x : f32[64,64]
+  return %y
+}}"
+    )
+}
+
+#[test]
+fn swapped_values_leave_the_arena_and_keep_their_bits() {
+    let kept = parse_function(&src(false)).unwrap();
+    let swapped = parse_function(&src(true)).unwrap();
+    let x: Vec<Tensor> = vec![random_tensor(kept.ty(kept.params()[0]), &mut Rng::new(3))];
+    let want = tcc_ir::interp::run(&swapped, &x).unwrap();
+    for target in [None, Some("host,-avx512f"), Some("host,-avx2,-fma")] {
+        let a = Executable::compile_for(&kept, target).unwrap();
+        let b = Executable::compile_for(&swapped, target).unwrap();
+        let (sa, sb) = (a.stats(), b.stats());
+        assert_eq!(sa.host_bytes, 0);
+        assert_eq!(sb.host_bytes, 64 * 64 * 4, "{target:?}");
+        assert!(
+            sb.arena_bytes + 64 * 64 * 4 <= sa.arena_bytes,
+            "{target:?}: arena {} with the swap, {} without",
+            sb.arena_bytes,
+            sa.arena_bytes
+        );
+        // Twice each: the second run reuses the first's arena and host pool.
+        for _ in 0..2 {
+            let (ya, yb) = (a.run(&x).unwrap(), b.run(&x).unwrap());
+            assert!(
+                ya[0].data() == yb[0].data(),
+                "{target:?}: other bits with the swap"
+            );
+            check(&yb, &want, 1e-5, 1e-5).unwrap_or_else(|e| panic!("{target:?}: {e}"));
+        }
+    }
+}
