@@ -19,6 +19,7 @@ pub mod manager;
 pub mod optim;
 pub mod quant;
 pub mod remat;
+pub mod swap;
 
 pub use canonicalize::canonicalize;
 pub use cse::cse;
@@ -110,5 +111,11 @@ pub(crate) static REGISTRY: &[PassInfo] = &[
         summary: "turn a gradient function into a plain SGD train step",
         options: optim::SGD_OPTIONS,
         create: optim::create_sgd,
+    },
+    PassInfo {
+        name: "swap",
+        summary: "host-memory swapping (TFLMS): activations the backward part reads go to host memory after their last forward use and come back when a trigger op runs",
+        options: swap::OPTIONS,
+        create: swap::create,
     },
 ];

@@ -210,8 +210,8 @@ define_ops! {
     Slice "slice" Exactly(1), 1, DataMovement [DIFFERENTIABLE] "Python-style strided slice of every axis";
     Gather "gather" Exactly(2), 1, DataMovement [DIFFERENTIABLE] "`take(data, indices, axis)`";
     ScatterAdd "scatter_add" Exactly(3), 1, DataMovement [DIFFERENTIABLE] "a copy of `data` with `updates` added at `indices` along `axis`";
-    SwapOut "swap_out" Exactly(1), 1, DataMovement [] "the operand copied to host memory; only `swap_in` reads the result";
-    SwapIn "swap_in" Exactly(1), 1, DataMovement [] "a `swap_out`'s host value copied back to device memory";
+    SwapOut "swap_out" Exactly(1), 1, DataMovement [DIFFERENTIABLE] "the operand copied to host memory; only `swap_in` reads the result";
+    SwapIn "swap_in" Exactly(1), 1, DataMovement [DIFFERENTIABLE] "a `swap_out`'s host value copied back to device memory";
 
     Conv2dGradInput "conv2d_grad_input" Exactly(2), 1, Gradient [DIFFERENTIABLE] "`(dy, filter) -> dx` of `conv2d` (a transposed convolution)";
     Conv2dGradFilter "conv2d_grad_filter" Exactly(2), 1, Gradient [DIFFERENTIABLE] "`(x, dy) -> dw` of `conv2d`";

@@ -182,9 +182,9 @@ impl Rules<'_> {
         let dyv = || dy.expect("single-result op with a cotangent");
         match g.kind {
             OpKind::Const { .. } | OpKind::StopGradient | OpKind::Compare(_) => {}
-            // Not differentiable (swapping is placed after `grad`): never asked.
-            OpKind::SwapOut | OpKind::SwapIn => {}
-            OpKind::Identity => out[0] = dy,
+            // Copies: the gradient passes by them unchanged, in device memory (a cotangent is
+            // never a host value, so no backward op reads one).
+            OpKind::SwapOut | OpKind::SwapIn | OpKind::Identity => out[0] = dy,
             OpKind::Unary(u) => out[0] = Some(self.unary(*u, a[0], y, dyv())?),
             OpKind::Binary(op) => {
                 let (da, db) = self.binary(*op, a[0], a[1], y, dyv(), g.needs)?;

@@ -39,23 +39,28 @@ impl Budget {
         if s.contains('.') {
             return fraction(s.parse::<f64>().map_err(|_| bad())?);
         }
-        let (num, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
-            Some(i) => (&s[..i], s[i..].trim()),
-            None => (s, ""),
-        };
-        let shift = match unit {
-            "" | "B" => 0,
-            "KiB" => 10,
-            "MiB" => 20,
-            "GiB" => 30,
-            _ => return Err(bad()),
-        };
-        let n: u64 = num.parse().map_err(|_| bad())?;
-        n.checked_mul(1 << shift)
+        parse_bytes(s)
             .filter(|&n| n > 0)
             .map(Budget::Bytes)
             .ok_or_else(bad)
     }
+}
+
+/// Bytes written as `1048576`, `4096B`, `64KiB`, `64MiB` or `2GiB`; `None` for anything else
+/// or a count that overflows.
+pub(crate) fn parse_bytes(s: &str) -> Option<u64> {
+    let (num, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => (&s[..i], s[i..].trim()),
+        None => (s, ""),
+    };
+    let shift = match unit {
+        "" | "B" => 0,
+        "KiB" => 10,
+        "MiB" => 20,
+        "GiB" => 30,
+        _ => return None,
+    };
+    num.parse::<u64>().ok()?.checked_mul(1 << shift)
 }
 
 /// What [`fit`] chose.

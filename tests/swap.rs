@@ -1,0 +1,324 @@
+//! `swap`: the swapped function gives bit-identical results and gradients (interpreter and
+//! compiled code), verifies, places each swap where the pass says (a swap-out right after the
+//! value's last forward reader, each swap-in right after its trigger and before its reader),
+//! and holds fewer device bytes across the backward pass; bad options say what is wrong.
+
+use tcc::codegen::Executable;
+use tcc::ir::random::{Rng, random_function, random_tensor};
+use tcc::ir::{Function, Module, OpKind, Tensor, parse_function};
+use tcc::passes::analysis::memory::analyze;
+use tcc::passes::{PassManager, Pipeline};
+
+/// A chain of `n` dense + tanh layers.
+fn chain(n: usize) -> String {
+    let mut s = String::from("func @chain(%x: f32[16,32]");
+    for i in 0..n {
+        s += &format!(", %w{i}: f32[32,32]");
+    }
+    s += ") -> (f32[]) {\n";
+    let mut prev = "%x".to_string();
+    for i in 0..n {
+        s += &format!("  %l{i}/mm = matmul {prev}, %w{i} : f32[16,32]\n");
+        s += &format!("  %l{i}/act = tanh %l{i}/mm : f32[16,32]\n");
+        prev = format!("%l{i}/act");
+    }
+    s += &format!("  %loss = reduce_mean {prev} {{axes=[0,1]}} : f32[]\n  return %loss\n}}\n");
+    s
+}
+
+fn run_pipeline(f: &Function, pipeline: &str) -> Result<Function, String> {
+    let mut m = Module::new();
+    m.functions.push(f.clone());
+    let mut pm = PassManager::new(Pipeline::parse(pipeline).map_err(|e| e.to_string())?);
+    pm.verify_each = true;
+    pm.run(&mut m, &mut std::io::sink())
+        .map_err(|e| e.to_string())?;
+    Ok(m.functions.remove(0))
+}
+
+fn bits(ts: &[Tensor]) -> Vec<Vec<u32>> {
+    ts.iter()
+        .map(|t| t.as_f32().unwrap().iter().map(|x| x.to_bits()).collect())
+        .collect()
+}
+
+fn inputs(f: &Function, seed: u64) -> Vec<Tensor> {
+    let mut rng = Rng::new(seed);
+    f.params()
+        .iter()
+        .map(|&p| random_tensor(f.ty(p), &mut rng))
+        .collect()
+}
+
+/// Every swap where the pass puts it: a swap-out right after the op it depends on (the value's
+/// last forward reader) or its producer, every swap-in right after its trigger and before each
+/// of its readers, and no backward op reading a swapped value itself.
+fn check_placement(f: &Function) {
+    let pos = f.positions();
+    let at = |op| pos[op].unwrap() as usize;
+    let b = f.backward_position().unwrap();
+    let sched = f.schedule();
+    for (i, &op) in sched.iter().enumerate() {
+        let d = f.op(op);
+        match d.kind {
+            OpKind::SwapOut => {
+                let anchor = d
+                    .deps
+                    .first()
+                    .copied()
+                    .unwrap_or_else(|| f.def_op(d.args[0]).unwrap());
+                assert!(
+                    i < b,
+                    "{}: a swap-out in the backward part",
+                    f.describe_op(op)
+                );
+                // Right after its anchor, other swap-outs anchored there aside.
+                assert!(
+                    sched[at(anchor) + 1..i]
+                        .iter()
+                        .all(|&o| f.op(o).kind == OpKind::SwapOut),
+                    "{} is not right after {}",
+                    f.describe_op(op),
+                    f.describe_op(anchor)
+                );
+                let v = d.args[0];
+                for &o in &sched[b..] {
+                    assert!(
+                        !f.op(o).args.contains(&v) || f.op(o).kind == OpKind::SwapOut,
+                        "{} reads the swapped value itself",
+                        f.describe_op(o)
+                    );
+                }
+            }
+            OpKind::SwapIn => {
+                let trigger = d.deps[0];
+                assert!(at(trigger) >= b && at(trigger) < i);
+                assert!(
+                    sched[at(trigger) + 1..i]
+                        .iter()
+                        .all(|&o| f.op(o).kind == OpKind::SwapIn),
+                    "{} is not right after its trigger",
+                    f.describe_op(op)
+                );
+                let r = d.results[0];
+                assert!(
+                    sched.iter().any(|&o| f.op(o).args.contains(&r)),
+                    "an unread swap-in"
+                );
+            }
+            _ => {}
+        }
+    }
+}
+
+#[test]
+fn swapping_keeps_results_bit_identical_and_frees_device_memory() {
+    let f = parse_function(&chain(12)).unwrap();
+    let joint = run_pipeline(&f, "grad{wrt=params}").unwrap();
+    let x = inputs(&f, 3);
+    let want = tcc::ir::interp::run(&joint, &x).unwrap();
+    let jwant = Executable::compile(&joint).unwrap().run(&x).unwrap();
+    let base = Executable::compile(&joint).unwrap().stats();
+    let peak = analyze(&joint).temps_peak.0;
+    for options in [
+        "swap",
+        "swap{order=direct}",
+        "swap{fuse-swapins=true}",
+        "swap{lb=2,ub=3}",
+        "swap{n-tensors=4}",
+        "swap{min-bytes=2KiB,exclude=[l0,l1]}",
+        "swap{include=[l5/,l6/]}",
+    ] {
+        let s = run_pipeline(&joint, options).unwrap();
+        check_placement(&s);
+        let outs = s
+            .schedule()
+            .iter()
+            .filter(|&&op| f_kind(&s, op) == OpKind::SwapOut)
+            .count();
+        assert!(outs > 0, "{options}: nothing swapped");
+        let got = tcc::ir::interp::run(&s, &x).unwrap();
+        assert_eq!(
+            bits(&want),
+            bits(&got),
+            "{options}: interpreter results differ"
+        );
+        let exe = Executable::compile(&s).unwrap();
+        assert_eq!(
+            bits(&jwant),
+            bits(&exe.run(&x).unwrap()),
+            "{options}: compiled results differ"
+        );
+        let m = analyze(&s);
+        assert!(
+            m.temps_peak.0 < peak,
+            "{options}: device peak {peak} -> {}",
+            m.temps_peak.0
+        );
+        assert!(m.host_peak.0 > 0, "{options}: nothing in host memory");
+        let st = exe.stats();
+        assert!(
+            st.arena_bytes < base.arena_bytes,
+            "{options}: arena {} -> {}",
+            base.arena_bytes,
+            st.arena_bytes
+        );
+        assert!(st.host_bytes > 0);
+    }
+}
+
+fn f_kind(f: &Function, op: tcc::ir::Op) -> OpKind {
+    f.op(op).kind.clone()
+}
+
+#[test]
+fn options_select_what_they_say() {
+    let f = parse_function(&chain(12)).unwrap();
+    let joint = run_pipeline(&f, "grad{wrt=params}").unwrap();
+    let swapped = |options: &str| -> Vec<String> {
+        let s = run_pipeline(&joint, options).unwrap();
+        s.schedule()
+            .iter()
+            .filter(|&&op| f_kind(&s, op) == OpKind::SwapOut)
+            .map(|&op| s.name(s.op(op).args[0]).to_string())
+            .collect()
+    };
+    let all = swapped("swap");
+    // Forward order, each value once; n-tensors takes the first.
+    assert_eq!(swapped("swap{n-tensors=3}"), all[..3]);
+    assert!(
+        swapped("swap{include=[l5]}")
+            .iter()
+            .all(|n| n.starts_with("l5/"))
+    );
+    assert!(
+        swapped("swap{exclude=[l5]}")
+            .iter()
+            .all(|n| !n.starts_with("l5/"))
+    );
+    // Every value here is 2 KiB.
+    assert_eq!(swapped("swap{min-bytes=2KiB}"), all);
+    // Fusing: each value has one swap-in per group of readers, never more than without.
+    let count_ins = |options: &str| {
+        let s = run_pipeline(&joint, options).unwrap();
+        s.schedule()
+            .iter()
+            .filter(|&&op| f_kind(&s, op) == OpKind::SwapIn)
+            .count()
+    };
+    assert!(count_ins("swap{fuse-swapins=true}") < count_ins("swap"));
+}
+
+#[test]
+fn bad_options_and_inputs_say_what_to_do() {
+    let f = parse_function(&chain(4)).unwrap();
+    let joint = run_pipeline(&f, "grad{wrt=params}").unwrap();
+    let err = |g: &Function, options: &str| run_pipeline(g, options).unwrap_err();
+    for (options, says) in [
+        ("swap{lb=5,ub=2}", "must not exceed `ub`"),
+        ("swap{n-tensors=0}", "at least 1"),
+        ("swap{order=sideways}", "the orders are chain and direct"),
+        ("swap{min-bytes=lots}", "must be bytes"),
+        ("swap{include=[nothing/here]}", "selected nothing"),
+        ("swap{min-bytes=1GiB}", "under min-bytes"),
+        ("swap{lb=10000}", "no trigger"),
+        ("swap{nope=1}", "nope"),
+    ] {
+        let e = err(&joint, options);
+        assert!(e.contains(says), "{options}: {e}");
+    }
+    assert!(err(&f, "swap").contains("run `grad` first"));
+    let once = run_pipeline(&joint, "swap").unwrap();
+    assert!(err(&once, "swap").contains("swaps already"));
+    assert!(err(&once, "remat{strategy=speed}").contains("run `remat` first"));
+}
+
+#[test]
+fn training_steps_swap_without_changing_a_bit() {
+    let src = std::fs::read_to_string("examples/digits_cnn.tir").unwrap();
+    let f = parse_function(&src).unwrap();
+    let joint = run_pipeline(&f, "grad{wrt=params,ys=[loss]}").unwrap();
+    let s = run_pipeline(&joint, "swap{min-bytes=64KiB}").unwrap();
+    check_placement(&s);
+    let x = inputs(&joint, 5);
+    let (a, b) = (
+        Executable::compile(&joint).unwrap(),
+        Executable::compile(&s).unwrap(),
+    );
+    assert_eq!(bits_any(&a.run(&x).unwrap()), bits_any(&b.run(&x).unwrap()));
+    assert!(b.stats().arena_bytes < a.stats().arena_bytes);
+}
+
+/// Bits of f32 results; other dtypes as their debug text.
+fn bits_any(ts: &[Tensor]) -> Vec<String> {
+    ts.iter()
+        .map(|t| match t.as_f32() {
+            Some(v) => format!("{:?}", v.iter().map(|x| x.to_bits()).collect::<Vec<_>>()),
+            None => format!("{:?}", t.data()),
+        })
+        .collect()
+}
+
+/// Random functions made training functions: `swap` either selects nothing (an error that says
+/// so) or keeps them valid and their interpreter results bit for bit.
+#[test]
+fn random_training_functions_swap_exactly() {
+    let mut swapped = 0;
+    for seed in 0..150 {
+        let mut f = random_function(seed, 40);
+        if f.schedule().iter().any(|&op| f.op(op).kind.is_swap()) {
+            continue; // the generator's own swaps: `swap` runs on functions without them
+        }
+        // A scalar loss: the sum of every float result's elements.
+        let mut loss = None;
+        for r in f.results().to_vec() {
+            let ty = f.ty(r).clone();
+            if !ty.dtype().is_float() {
+                continue;
+            }
+            let axes: Vec<i64> = (0..ty.rank() as i64).collect();
+            let s = tcc::ir::TensorType::new(ty.dtype(), vec![]).unwrap();
+            let kind = OpKind::Reduce {
+                op: tcc::ir::ReduceOp::Sum,
+                axes,
+                keepdims: false,
+            };
+            let op = f.add_op(kind, vec![r], vec![s.clone()], &["loss/part"]);
+            let part = f.op(op).results[0];
+            loss = Some(match loss {
+                None => part,
+                Some(l) => {
+                    let add = OpKind::Binary(tcc::ir::BinaryOp::Add);
+                    let op = f.add_op(add, vec![l, part], vec![s], &["loss"]);
+                    f.op(op).results[0]
+                }
+            });
+        }
+        let Some(loss) = loss else { continue };
+        f.set_results(vec![loss]);
+        let Ok(joint) = run_pipeline(&f, "grad{wrt=params}") else {
+            continue;
+        };
+        let s = match run_pipeline(&joint, "swap{lb=1}") {
+            Ok(s) => s,
+            Err(e) => {
+                assert!(e.contains("selected nothing"), "seed {seed}: {e}");
+                continue;
+            }
+        };
+        swapped += 1;
+        check_placement(&s);
+        let x = inputs(&joint, seed);
+        let (Ok(a), Ok(b)) = (
+            tcc::ir::interp::run(&joint, &x),
+            tcc::ir::interp::run(&s, &x),
+        ) else {
+            continue;
+        };
+        assert_eq!(bits_any(&a), bits_any(&b), "seed {seed}:\n{joint}\n{s}");
+    }
+    assert!(
+        swapped >= 20,
+        "only {swapped} random functions swapped anything"
+    );
+}
