@@ -238,6 +238,7 @@ impl Model {
             target: std::env::var("TCC_TARGET").ok(),
             layout,
             vector_width,
+            ..Default::default()
         };
         let exe = tcc::codegen::compile(&cpu, &m.functions[0]).map_err(|e| e.to_string())?;
         let compile = t0.elapsed();

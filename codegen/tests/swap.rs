@@ -61,3 +61,54 @@ fn swapped_values_leave_the_arena_and_keep_their_bits() {
         }
     }
 }
+
+/// The copies run on the copy thread, throttled here to a slow link (2 MB/s: 8 ms a copy), while
+/// the steps go on: the step that overwrites the swapped-out value's bytes waits for the
+/// swap-out, and the reader of the swap-in waits for it, so the results are the same bits.
+/// Without those waits the slow copies read overwritten bytes or deliver too late.
+#[test]
+fn slow_copies_still_give_the_same_bits() {
+    let kept = parse_function(&src(false)).unwrap();
+    let swapped = parse_function(&src(true)).unwrap();
+    let x: Vec<Tensor> = vec![random_tensor(kept.ty(kept.params()[0]), &mut Rng::new(4))];
+    let want = Executable::compile(&kept).unwrap().run(&x).unwrap();
+    for bandwidth in [None, Some(2e6)] {
+        let cpu = tcc_codegen::Cpu {
+            link_bandwidth: bandwidth,
+            ..Default::default()
+        };
+        let exe = tcc_codegen::compile(&cpu, &swapped).unwrap();
+        for _ in 0..3 {
+            let got = exe.run(&x).unwrap();
+            assert!(got[0].data() == want[0].data(), "{bandwidth:?}: other bits");
+        }
+    }
+}
+
+/// Several runs at once share the copy thread; each waits for its own copies.
+#[test]
+fn concurrent_runs_swap_independently() {
+    let swapped = parse_function(&src(true)).unwrap();
+    let kept = parse_function(&src(false)).unwrap();
+    let cpu = tcc_codegen::Cpu {
+        link_bandwidth: Some(20e6),
+        ..Default::default()
+    };
+    let exe = tcc_codegen::compile(&cpu, &swapped).unwrap();
+    let base = Executable::compile(&kept).unwrap();
+    std::thread::scope(|s| {
+        for seed in 0..4 {
+            let (exe, base, ty) = (&exe, &base, kept.ty(kept.params()[0]).clone());
+            s.spawn(move || {
+                let x = vec![random_tensor(&ty, &mut Rng::new(seed))];
+                let want = base.run(&x).unwrap();
+                for _ in 0..3 {
+                    assert!(
+                        exe.run(&x).unwrap()[0].data() == want[0].data(),
+                        "seed {seed}"
+                    );
+                }
+            });
+        }
+    });
+}

@@ -14,7 +14,7 @@ use super::matmul::{MatMul, matmul_step, own_gemm};
 use super::post::{Layout, Post};
 use super::{Cpu, Executable, native};
 use crate::backend::CompileError;
-use crate::memory::MemoryPlan;
+use crate::memory::{MemoryPlan, Storage};
 use crate::plan::{Kernel, KernelData, KernelKind, Plan};
 use std::collections::HashMap;
 use tcc_ir::{DType, Function, OpKind, Tensor, Value};
@@ -65,6 +65,13 @@ pub(super) enum Step {
     Library { op: LibOp, epilogue: Option<Loop> },
     /// One op on a hand-written kernel.
     Native(native::Native),
+    /// A `swap_out` or `swap_in`: a copy of `bytes` from `src`'s storage to `dst`'s, handed to
+    /// the copy thread (`cpu::copies`).
+    Swap {
+        src: Value,
+        dst: Value,
+        bytes: usize,
+    },
     /// The kernel on the reference kernels.
     Reference,
 }
@@ -115,6 +122,18 @@ pub(super) fn compile(
         }
         if kd.outputs.is_empty() {
             // Nothing it computes is used: dead code the planner kept, skipped at run time.
+            continue;
+        }
+        if let [op] = kd.ops[..]
+            && f.op(op).kind.is_swap()
+        {
+            let d = f.op(op);
+            let bytes = usize::try_from(f.ty(d.results[0]).size_bytes())
+                .map_err(|_| CompileError(format!("{} is too large", f.describe_op(op))))?;
+            let src = d.args[0];
+            let src = origin.get(&src).copied().unwrap_or(src);
+            let dst = d.results[0];
+            steps.push((k, Step::Swap { src, dst, bytes }));
             continue;
         }
         let step = match (libraries.remove(&k), compiled.get(&k)) {
@@ -195,10 +214,13 @@ pub(super) fn compile(
     let profile = cpu
         .profile
         .then(|| std::sync::Mutex::new((0, vec![std::time::Duration::ZERO; steps.len()])));
+    let waits = copy_waits(f, &plan, &mem, &steps, &origin);
     Ok(Executable {
         func: f.clone(),
         plan,
         mem,
+        waits,
+        link_bandwidth: cpu.link_bandwidth,
         steps,
         origin,
         consts,
@@ -358,6 +380,79 @@ pub(super) fn f32_constant(f: &Function, v: Value) -> Option<Tensor> {
 }
 
 /// The arena offset of the scratch space the memory plan set aside for kernel `k`.
+/// Where a value's bytes lie, for [`copy_waits`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// A byte range of the arena.
+    Arena(u64, u64),
+    /// A byte range of the host pool.
+    Host(u64, u64),
+    /// An output buffer.
+    Output(usize),
+    /// Storage no step writes (parameters, constants) or none.
+    Fixed,
+}
+
+impl Place {
+    fn of(f: &Function, mem: &MemoryPlan, v: Value) -> Place {
+        let n = f.ty(v).size_bytes();
+        match mem.storage[v] {
+            Storage::Arena(at) => Place::Arena(at, at + n),
+            Storage::Host(at) => Place::Host(at, at + n),
+            Storage::Output(i) => Place::Output(i),
+            Storage::Param | Storage::Const | Storage::None => Place::Fixed,
+        }
+    }
+
+    fn overlaps(self, other: Place) -> bool {
+        match (self, other) {
+            (Place::Arena(a, b), Place::Arena(c, d)) | (Place::Host(a, b), Place::Host(c, d)) => {
+                a < d && c < b
+            }
+            (Place::Output(i), Place::Output(j)) => i == j,
+            _ => false,
+        }
+    }
+}
+
+/// For each step, the swap steps whose copies must be done before it runs: a swap-in's before
+/// the first step that reads its result (through views), a swap-out's before the first step
+/// that writes any of the bytes it reads (an output or scratch placed over them). The copies
+/// among themselves need no waits: the copy thread runs them in order.
+fn copy_waits(
+    f: &Function,
+    plan: &Plan,
+    mem: &MemoryPlan,
+    steps: &[(Kernel, Step)],
+    origin: &HashMap<Value, Value>,
+) -> Vec<Vec<usize>> {
+    let mut waits = vec![Vec::new(); steps.len()];
+    let root = |v: Value| origin.get(&v).copied().unwrap_or(v);
+    for (s, (_, step)) in steps.iter().enumerate() {
+        let Step::Swap { src, dst, .. } = *step else {
+            continue;
+        };
+        let read = Place::of(f, mem, src);
+        let first = steps[s + 1..].iter().position(|&(k, _)| {
+            let kd = &plan.kernels[k];
+            if f.is_host(src) {
+                kd.inputs.iter().any(|&v| root(v) == dst)
+            } else {
+                let scratch = (mem.slots.iter())
+                    .filter(|slot| slot.scratch_for == Some(k))
+                    .map(|slot| Place::Arena(slot.offset, slot.offset + slot.size));
+                (kd.outputs.iter().map(|&v| Place::of(f, mem, v)))
+                    .chain(scratch)
+                    .any(|w| w.overlaps(read))
+            }
+        });
+        if let Some(j) = first {
+            waits[s + 1 + j].push(s);
+        }
+    }
+    waits
+}
+
 fn scratch_offset(mem: &MemoryPlan, k: Kernel) -> Option<u64> {
     mem.slots
         .iter()

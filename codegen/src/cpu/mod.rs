@@ -25,6 +25,7 @@
 mod accuracy;
 mod bytes;
 mod conv;
+mod copies;
 mod jit;
 mod lower;
 mod matmul;
@@ -65,6 +66,10 @@ pub struct Cpu {
     pub layout: Layout,
     /// The vector width of the library kernels.
     pub vector_width: VectorWidth,
+    /// With swaps: the bandwidth of the simulated link between the arena ("device" memory)
+    /// and the host pool, in bytes per second (each copy takes at least its bytes over it);
+    /// `None` copies as fast as memory does.
+    pub link_bandwidth: Option<f64>,
 }
 
 impl Cpu {
@@ -180,6 +185,10 @@ pub struct Executable {
     /// The value whose storage each value uses (itself, or a view's source).
     origin: HashMap<Value, Value>,
     consts: HashMap<Value, Vec<Line>>,
+    /// For each step, the swap steps whose copies it waits for (see `lower::copy_waits`).
+    waits: Vec<Vec<usize>>,
+    /// As [`Cpu::link_bandwidth`].
+    link_bandwidth: Option<f64>,
     /// Arenas (and host pools) of finished runs, reused by later ones (one per concurrent run
     /// at most).
     arenas: std::sync::Mutex<Vec<(Vec<Line>, Vec<Line>)>>,
@@ -229,7 +238,7 @@ impl Executable {
         let count = |pred: fn(&Step) -> bool| self.steps.iter().filter(|(_, s)| pred(s)).count();
         Stats {
             compiled: count(|s| matches!(s, Step::Jit(_) | Step::Library { .. })),
-            native: count(|s| matches!(s, Step::Native(_))),
+            native: count(|s| matches!(s, Step::Native(_) | Step::Swap { .. })),
             reference: count(|s| matches!(s, Step::Reference)),
             dead: self
                 .plan

@@ -7,6 +7,7 @@ use super::bytes::{
     advise_huge_pages, capacity_ptr, data_ptr, lines, read_data, set_len, write_data,
 };
 use super::conv::run_conv;
+use super::copies::Copies;
 use super::lower::{Finish, LibOp, Loop, Step};
 use super::matmul::run_matmul;
 use super::pool;
@@ -124,8 +125,19 @@ impl Executable {
             }
         };
         let profile = self.profile.is_some();
+        // Swaps run on the copy thread; a step waits for the copies it needs first.
+        let swaps = self
+            .steps
+            .iter()
+            .any(|(_, s)| matches!(s, Step::Swap { .. }));
+        let mut copies = swaps.then(|| Copies::new(self.steps.len(), self.link_bandwidth));
         for (si, (k, step)) in self.steps.iter().enumerate() {
             let t0 = profile.then(std::time::Instant::now);
+            if let Some(c) = &copies {
+                for &s in &self.waits[si] {
+                    c.wait(s);
+                }
+            }
             match step {
                 Step::Jit(l) => run_loop(l, &addr),
                 Step::Library { op, epilogue } => {
@@ -160,12 +172,25 @@ impl Executable {
                     ))
                 })?,
                 Step::Reference => self.run_reference(*k, &addr)?,
+                &Step::Swap { src, dst, bytes } => {
+                    let c = copies.as_mut().expect("a run with swaps has its copies");
+                    // SAFETY: the memory plan gives both values `bytes` of storage in different
+                    // places (the arena and the host pool, or the reverse); the steps that
+                    // would write either (or read the destination) wait for this copy first
+                    // (`lower::copy_waits`), and the run waits for all copies before it returns
+                    // or frees the arena (`Copies::finish`, and its `Drop` on an error).
+                    unsafe { c.issue(si, addr(src), addr(dst), bytes) }
+                }
             }
             if let (Some(t0), Some(p)) = (t0, &self.profile)
                 && let Ok(mut p) = p.lock()
             {
                 p.1[si] += t0.elapsed();
             }
+        }
+        // Results and the pooled arena are read and reused only once every copy is done.
+        if let Some(c) = copies.take() {
+            c.finish();
         }
         if let Some(p) = &self.profile
             && let Ok(mut p) = p.lock()
@@ -277,6 +302,7 @@ impl Executable {
                     Step::Library { .. } => "library",
                     Step::Native(_) => "native",
                     Step::Reference => "reference",
+                    Step::Swap { .. } => "copy",
                 };
                 // Named by the kernel's first op (the library call, the reduction or softmax
                 // root of its kind, or the first elementwise op): what it computes, its

@@ -136,6 +136,7 @@ pub fn compile(f: &Function, (target, width): Target, plain: bool) -> Executable
             tcc_codegen::Layout::Blocked
         },
         vector_width: width,
+        link_bandwidth: None,
     };
     tcc_codegen::compile(&cpu, f).unwrap_or_else(|e| panic!("{f}\n{e}"))
 }

@@ -42,6 +42,39 @@ pub(crate) struct Model {
     /// AVX-512F).
     #[arg(long, value_name = "BITS", default_value = "auto", value_parser = ["auto", "256", "512"])]
     pub vector_width: String,
+    /// For functions that swap to host memory: the bandwidth of the simulated link between
+    /// the arena and the host pool (`16GB/s`, `500MB/s`, or bytes per second); each copy takes
+    /// at least its bytes over it, on the copy thread, beside the compute.
+    #[arg(long, value_name = "RATE", value_parser = parse_bandwidth)]
+    pub link_bandwidth: Option<f64>,
+}
+
+/// A bandwidth: bytes per second, optionally with a decimal unit, `kB/s`, `MB/s` or `GB/s`
+/// (as links are quoted), or `KiB/s`, `MiB/s`, `GiB/s`.
+pub(crate) fn parse_bandwidth(s: &str) -> Result<f64, String> {
+    let units: [(&str, f64); 8] = [
+        ("GiB/s", (1u64 << 30) as f64),
+        ("MiB/s", (1u64 << 20) as f64),
+        ("KiB/s", 1024.0),
+        ("GB/s", 1e9),
+        ("MB/s", 1e6),
+        ("kB/s", 1e3),
+        ("KB/s", 1e3),
+        ("B/s", 1.0),
+    ];
+    let (num, scale) = units
+        .iter()
+        .find_map(|&(u, k)| s.strip_suffix(u).map(|n| (n.trim(), k)))
+        .unwrap_or((s.trim(), 1.0));
+    match num.parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 && (x * scale).is_finite() => Ok(x * scale),
+        Ok(_) => Err(format!(
+            "the link bandwidth must be positive and finite, found `{s}`"
+        )),
+        Err(_) => Err(format!(
+            "`{s}` is not a bandwidth: write bytes per second or 16GB/s, 500MB/s, 2GiB/s"
+        )),
+    }
 }
 
 impl Model {
@@ -52,6 +85,7 @@ impl Model {
             profile,
             layout: self.layout.parse().unwrap_or_default(),
             vector_width: self.vector_width.parse().unwrap_or_default(),
+            link_bandwidth: self.link_bandwidth,
         }
     }
 }
@@ -317,4 +351,20 @@ fn summary(t: &Tensor) -> String {
         s += &format!("  ({nans} NaN)");
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bandwidth;
+
+    #[test]
+    fn bandwidths_parse_with_their_units() {
+        assert_eq!(parse_bandwidth("16GB/s"), Ok(16e9));
+        assert_eq!(parse_bandwidth("500MB/s"), Ok(5e8));
+        assert_eq!(parse_bandwidth("2GiB/s"), Ok(2.0 * (1u64 << 30) as f64));
+        assert_eq!(parse_bandwidth("1e6"), Ok(1e6));
+        for bad in ["0", "-1GB/s", "inf", "fast", "GB/s", "1e400"] {
+            assert!(parse_bandwidth(bad).is_err(), "{bad}");
+        }
+    }
 }
