@@ -27,7 +27,7 @@
 //! skipped, and the report says why. Swapping selects nothing is an error that says what the
 //! options left out. Results are unchanged bit for bit: the copies carry the same values.
 
-use crate::manager::{OptionInfo, Options, Pass};
+use crate::manager::{OptionInfo, Options, Pass, PipelineError};
 use cranelift_entity::SecondaryMap;
 use std::collections::HashMap;
 use tcc_ir::edit::{Users, level_toposort};
@@ -211,6 +211,20 @@ struct Planned {
 }
 
 impl Swap {
+    /// Parses the options of `swap{...}` without the braces, as `tcc train --swap` takes them:
+    /// `min-bytes=1MiB,order=direct`.
+    pub fn parse(options: &str) -> Result<Swap, PipelineError> {
+        if options.trim().is_empty() {
+            return Ok(Swap::default());
+        }
+        let o = Options::parse_for("swap", options)?;
+        self::options(&o).map_err(|message| PipelineError {
+            text: options.to_string(),
+            pos: 0,
+            message,
+        })
+    }
+
     /// Swaps `f`'s activations as the options say; see the module docs.
     pub fn run(&self, f: &mut Function) -> Result<SwapStats, String> {
         let b = f.backward_position().ok_or_else(|| {

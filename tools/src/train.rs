@@ -21,6 +21,7 @@ use tcc_ir::{DType, Data, Function, Tensor, TensorType};
 use tcc_passes::grad::{GradOptions, Wrt, grad};
 use tcc_passes::optim::{Optimizer, apply_optimizer};
 use tcc_passes::remat::Remat;
+use tcc_passes::swap::Swap;
 
 /// What `tcc train` was asked to do.
 pub struct TrainArgs<'a> {
@@ -39,6 +40,10 @@ pub struct TrainArgs<'a> {
     pub every: usize,
     /// A `remat` pass run on the step after `grad` and the optimizer, if any.
     pub remat: Option<&'a Remat>,
+    /// A `swap` pass run on the step after `remat`, if any.
+    pub swap: Option<&'a Swap>,
+    /// The simulated link of the swaps, bytes per second (`Cpu::link_bandwidth`).
+    pub link_bandwidth: Option<f64>,
     /// Directory of held-out data (the same names as `data`), evaluated after training.
     pub eval: Option<&'a str>,
 }
@@ -173,6 +178,17 @@ pub fn train_step(
     opt: Optimizer,
     remat: Option<&Remat>,
 ) -> Result<(Function, Vec<String>), String> {
+    train_step_with(f, data_names, opt, remat, None)
+}
+
+/// [`train_step`], then `swap` on the step (after `remat`, if any).
+pub fn train_step_with(
+    f: &Function,
+    data_names: &[String],
+    opt: Optimizer,
+    remat: Option<&Remat>,
+    swap: Option<&Swap>,
+) -> Result<(Function, Vec<String>), String> {
     let Some(&loss) = f.results().first() else {
         return Err(format!(
             "error: `@{}` has no results; its first result must be the loss",
@@ -221,6 +237,9 @@ pub fn train_step(
     if let Some(r) = remat {
         r.run(&mut step).map_err(|e| format!("error: remat: {e}"))?;
     }
+    if let Some(s) = swap {
+        s.run(&mut step).map_err(|e| format!("error: swap: {e}"))?;
+    }
     tcc_ir::verify_function(&step)
         .map_err(|d| format!("internal compiler error: the train step does not verify:\n{d}"))?;
     Ok((step, trained))
@@ -256,9 +275,14 @@ pub fn train(
         .map(|&p| f.name(p).to_string())
         .filter(|n| data_dir.is_some_and(|d| d.join(format!("{}.npy", file_stem(n))).exists()))
         .collect();
-    let (step_fn, trained) = train_step(f, &data_names, args.optimizer, args.remat)?;
+    let (step_fn, trained) =
+        train_step_with(f, &data_names, args.optimizer, args.remat, args.swap)?;
     let is_trained: std::collections::HashSet<&str> = trained.iter().map(String::as_str).collect();
-    let exe = tcc_codegen::Executable::compile(&step_fn).map_err(|e| format!("error: {e}"))?;
+    let cpu = tcc_codegen::Cpu {
+        link_bandwidth: args.link_bandwidth,
+        ..Default::default()
+    };
+    let exe = tcc_codegen::compile(&cpu, &step_fn).map_err(|e| format!("error: {e}"))?;
     let next = carried(&step_fn);
 
     // Each parameter's source, and the step's inputs: state values move in from the results (no
@@ -353,6 +377,16 @@ pub fn train(
         step_fn.schedule().len(),
         tcc_passes::analysis::memory::human(exe.stats().arena_bytes)
     );
+    if exe.stats().host_bytes > 0 {
+        let swapped = (step_fn.schedule().iter())
+            .filter(|&&op| matches!(step_fn.op(op).kind, tcc_ir::OpKind::SwapOut))
+            .count();
+        let _ = writeln!(
+            out,
+            "swapping {swapped} values to host memory: host pool {}",
+            tcc_passes::analysis::memory::human(exe.stats().host_bytes)
+        );
+    }
     let every = if args.every > 0 {
         args.every
     } else {

@@ -42,6 +42,14 @@ pub(crate) struct Args {
     /// `--remat budget=0.5` or `--remat strategy=memory`.
     #[arg(long, value_name = "OPTIONS")]
     pub remat: Option<String>,
+    /// Host-memory swapping: the options of a `swap` pass run after `grad` (and `--remat`), as
+    /// in `--swap ''` (TFLMS's defaults) or `--swap 'min-bytes=1MiB,order=direct'`.
+    #[arg(long, value_name = "OPTIONS")]
+    pub swap: Option<String>,
+    /// With --swap: the bandwidth of the simulated link to host memory (`16GB/s`); see `tcc
+    /// run --link-bandwidth`.
+    #[arg(long, value_name = "RATE", value_parser = super::run::parse_bandwidth)]
+    pub link_bandwidth: Option<f64>,
     /// Fold training batch norm into the layer before it with TensorFlow's corrections: the
     /// options of `fold-bn{training=true,...}`, as in `--fold-bn 'freeze-delay=200'` (or `''`).
     #[arg(long, value_name = "OPTIONS")]
@@ -79,6 +87,13 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
         .map(|spec| {
             tcc_passes::remat::Remat::parse(&spec)
                 .map_err(|e| Error::input(format!("error: --remat {spec}: {}", e.message)))
+        })
+        .transpose()?;
+    let swap = a
+        .swap
+        .map(|spec| {
+            tcc_passes::swap::Swap::parse(&spec)
+                .map_err(|e| Error::input(format!("error: --swap {spec}: {}", e.message)))
         })
         .transpose()?;
     let onnx = a.onnx.options()?;
@@ -127,6 +142,8 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
         weights: &m.weights.values,
         every: a.every,
         remat: remat.as_ref(),
+        swap: swap.as_ref(),
+        link_bandwidth: a.link_bandwidth,
         eval: a.eval.as_deref(),
     };
     let trained = train(f, &args, io.stdout, io.stderr).map_err(Error::input)?;
