@@ -23,10 +23,15 @@ pub(crate) struct Args {
     /// How many of the largest live tensors to list.
     #[arg(long, default_value_t = 8)]
     pub top: usize,
+    /// For a function that swaps: the link the predicted timeline copies over (`16GB/s`, the
+    /// default, a PCIe 4.0 x16 link's order).
+    #[arg(long, value_name = "RATE", value_parser = super::run::parse_bandwidth)]
+    pub link_bandwidth: Option<f64>,
 }
 
 pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
     let (func, top) = (a.func.as_deref(), a.top);
+    let link = a.link_bandwidth.unwrap_or(16e9);
     let pipeline = a
         .passes
         .as_deref()
@@ -54,7 +59,7 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
             continue;
         }
         let before_label = if pipeline.is_some() { " (before)" } else { "" };
-        let (text, live, host) = mem_report(f, before_label, top);
+        let (text, live, host) = mem_report(f, before_label, top, link);
         let _ = write!(io.stdout, "{text}");
         charts.push((format!("@{}{before_label}", f.name), live));
         if let Some(host) = host {
@@ -62,7 +67,7 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
         }
         if let (Some(m2), Some(p)) = (&after, &pipeline) {
             let g = &m2.functions[i];
-            let (text, live, host) = mem_report(g, &format!(" (after {p})"), top);
+            let (text, live, host) = mem_report(g, &format!(" (after {p})"), top, link);
             let _ = write!(io.stdout, "{text}");
             charts.push((format!("@{} (after {p})", g.name), live));
             if let Some(host) = host {
@@ -90,7 +95,12 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
 
 /// One function's memory report, its device bytes live over the schedule and, if it swaps, its
 /// host bytes.
-fn mem_report(f: &Function, label: &str, top: usize) -> (String, Vec<u64>, Option<Vec<u64>>) {
+fn mem_report(
+    f: &Function,
+    label: &str,
+    top: usize,
+    link: f64,
+) -> (String, Vec<u64>, Option<Vec<u64>>) {
     use tcc_passes::analysis::memory::{analyze, human};
     let p = analyze(f);
     let mut s = String::new();
@@ -127,6 +137,25 @@ fn mem_report(f: &Function, label: &str, top: usize) -> (String, Vec<u64>, Optio
             human(p.host_peak.0),
             p.host_peak.1,
             if swapped == 1 { "" } else { "s" }
+        );
+        let m = tcc_passes::analysis::cost::Machine::DEFAULT;
+        let t = tcc_passes::analysis::timeline::timeline(f, &m, link / 1e9);
+        let secs = |x: f64| {
+            if x >= 1e-3 {
+                format!("{:.3} ms", x * 1e3)
+            } else {
+                format!("{:.2} µs", x * 1e6)
+            }
+        };
+        let _ = writeln!(
+            s,
+            "  predicted at {:.1} GB/s: compute {}, copies {} ({:.0}% hidden), stalls {}, step {}",
+            link / 1e9,
+            secs(t.compute),
+            secs(t.copies),
+            t.hidden() * 100.0,
+            secs(t.stalls),
+            secs(t.total)
         );
     }
     let live = p.live_at(p.peak_at);
