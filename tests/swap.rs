@@ -51,8 +51,9 @@ fn inputs(f: &Function, seed: u64) -> Vec<Tensor> {
 }
 
 /// Every swap where the pass puts it: a swap-out right after the op it depends on (the value's
-/// last forward reader) or its producer, every swap-in right after its trigger and before each
-/// of its readers, and no backward op reading a swapped value itself.
+/// last near forward reader) or its producer, every swap-in right after its trigger, which is
+/// after the swap-out, and before each of its readers, and no backward op reading a swapped
+/// value itself.
 fn check_placement(f: &Function) {
     let pos = f.positions();
     let at = |op| pos[op].unwrap() as usize;
@@ -91,8 +92,11 @@ fn check_placement(f: &Function) {
                 }
             }
             OpKind::SwapIn => {
+                // After its host value's swap-out (in the backward part, or in the forward part
+                // for a far forward reader), and before it.
                 let trigger = d.deps[0];
-                assert!(at(trigger) >= b && at(trigger) < i);
+                let out = f.def_op(d.args[0]).unwrap();
+                assert!(at(trigger) > at(out) && at(trigger) < i);
                 assert!(
                     sched[at(trigger) + 1..i]
                         .iter()
@@ -321,4 +325,75 @@ fn random_training_functions_swap_exactly() {
         swapped >= 20,
         "only {swapped} random functions swapped anything"
     );
+}
+
+/// A U-Net's long skip connection: the encoder's first activation is read again by the
+/// decoder's last layer. With branch swapping it is swapped out after its near reader and
+/// swapped in for the far one, so it holds no device memory in between.
+#[test]
+fn branch_swapping_frees_skip_connections() {
+    let src = "func @unet(%x: f32[16,256], %w0: f32[256,256], %w1: f32[256,256], %w2: f32[256,256], %w3: f32[256,256], %w4: f32[256,256]) -> (f32[]) {
+  %e1/mm = matmul %x, %w0 : f32[16,256]
+  %e1 = tanh %e1/mm : f32[16,256]
+  %e2/mm = matmul %e1, %w1 : f32[16,256]
+  %e2 = tanh %e2/mm : f32[16,256]
+  %e3/mm = matmul %e2, %w2 : f32[16,256]
+  %e3 = tanh %e3/mm : f32[16,256]
+  %d/mm = matmul %e3, %w3 : f32[16,256]
+  %d = tanh %d/mm : f32[16,256]
+  %skip = add %d, %e1 : f32[16,256]
+  %out/mm = matmul %skip, %w4 : f32[16,256]
+  %out = tanh %out/mm : f32[16,256]
+  %loss = reduce_sum %out {axes=[0,1]} : f32[]
+  return %loss
+}";
+    let f = parse_function(src).unwrap();
+    let joint = run_pipeline(&f, "grad{wrt=params}").unwrap();
+    let s = run_pipeline(&joint, "swap{include=[e1],branch-threshold=3}").unwrap();
+    check_placement(&s);
+    let b = s.backward_position().unwrap();
+    let pos = s.positions();
+    // %e1's forward swap-in: read by %skip in the forward part.
+    let skip = s
+        .schedule()
+        .iter()
+        .copied()
+        .find(|&op| s.name(s.op(op).results[0]) == "skip")
+        .unwrap();
+    let reads = s.op(skip).args[1];
+    let def = s.def_op(reads).unwrap();
+    assert_eq!(
+        s.op(def).kind,
+        OpKind::SwapIn,
+        "%skip reads {}",
+        s.name(reads)
+    );
+    assert!((pos[def].unwrap() as usize) < b);
+    // Without branch swapping %e1 stays in device memory until %skip.
+    let plain = run_pipeline(&joint, "swap{include=[e1]}").unwrap();
+    let at_skip = |g: &Function| {
+        let m = analyze(g);
+        let op = g
+            .schedule()
+            .iter()
+            .position(|&op| g.name(g.op(op).results[0]) == "skip")
+            .unwrap();
+        m.live[op - 1]
+    };
+    assert!(
+        at_skip(&s) < at_skip(&plain),
+        "{} vs {}",
+        at_skip(&s),
+        at_skip(&plain)
+    );
+    let x = inputs(&f, 7);
+    assert_eq!(
+        bits(&tcc::ir::interp::run(&joint, &x).unwrap()),
+        bits(&tcc::ir::interp::run(&s, &x).unwrap())
+    );
+    let (a, c) = (
+        Executable::compile(&joint).unwrap(),
+        Executable::compile(&s).unwrap(),
+    );
+    assert_eq!(bits(&a.run(&x).unwrap()), bits(&c.run(&x).unwrap()));
 }

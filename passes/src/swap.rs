@@ -21,6 +21,11 @@
 //!   (`edit::level_toposort`).
 //! - with `fuse-swapins=true`, backward readers within `lb` levels of an earlier reader of the
 //!   same value share that reader's `swap_in` (one copy serving several readers).
+//! - with `branch-threshold=N` (TFLMS's branch swapping, for the long skip connections of a
+//!   U-Net), forward readers more than `N` levels after the value's producer read a `swap_in`
+//!   too, and the `swap_out` follows the last of the *near* forward readers; their triggers are
+//!   found in direct order among the ops between the `swap_out` and the reader. A value with
+//!   such far forward readers is a candidate even if no backward op reads it.
 //!
 //! A value is swapped for all of its backward readers or not at all (a reader left on the
 //! original would keep its device memory live); where a reader has no trigger the value is
@@ -67,6 +72,10 @@ pub const OPTIONS: &[OptionInfo] = &[
         name: "fuse-swapins",
         help: "true: readers within lb levels of an earlier reader share its swap-in (default false)",
     },
+    OptionInfo {
+        name: "branch-threshold",
+        help: "N: forward readers more than N levels after a value's producer read a swap-in too (TFLMS's branch swapping; default off)",
+    },
 ];
 
 /// How a swap-in's trigger is found (see the module docs).
@@ -97,6 +106,9 @@ pub struct Swap {
     pub order: Order,
     /// One swap-in for readers close together.
     pub fuse_swapins: bool,
+    /// Branch swapping: forward readers more than this many levels after the producer read
+    /// a swap-in too (`None`: off).
+    pub branch_threshold: Option<u32>,
 }
 
 impl Default for Swap {
@@ -111,6 +123,7 @@ impl Default for Swap {
             ub: 10_000,
             order: Order::Chain,
             fuse_swapins: false,
+            branch_threshold: None,
         }
     }
 }
@@ -179,6 +192,9 @@ pub fn options(o: &Options) -> Result<Swap, String> {
     };
     if let Some(v) = o.get("fuse-swapins") {
         s.fuse_swapins = crate::grad::parse_bool("fuse-swapins", v)?;
+    }
+    if o.get("branch-threshold").is_some() {
+        s.branch_threshold = Some(levels("branch-threshold", 0)?);
     }
     Ok(s)
 }
@@ -259,7 +275,13 @@ impl Swap {
             for &v in &d.results {
                 let readers = users.consumers(v);
                 let (fw, bw): (Vec<Op>, Vec<Op>) = readers.iter().partition(|&&r| at(r) < b);
-                if bw.is_empty() || users.is_returned(v) {
+                // Forward readers far from the producer, with branch swapping.
+                let far = |r: Op| {
+                    self.branch_threshold
+                        .is_some_and(|n| level[r] > level[p] + n)
+                };
+                let (far_fw, near_fw): (Vec<Op>, Vec<Op>) = fw.iter().partition(|&&r| far(r));
+                if (bw.is_empty() && far_fw.is_empty()) || users.is_returned(v) {
                     continue;
                 }
                 in_backward += 1;
@@ -275,10 +297,12 @@ impl Swap {
                     continue;
                 }
                 // Readers grouped by swap-in (each its own, or with fusing those within `lb`
-                // levels of the group's first), each group with its first reader's trigger.
+                // levels of the group's first), each group with its first reader's trigger: far
+                // forward readers first (in schedule order), then the backward ones.
+                let after = near_fw.iter().copied().max_by_key(|&r| at(r)).unwrap_or(p);
                 let mut groups: Vec<(Op, Vec<Op>)> = Vec::new();
                 let mut first_level = 0;
-                for &r in &bw {
+                for &r in far_fw.iter().chain(&bw) {
                     if self.fuse_swapins
                         && let Some(g) = groups.last_mut()
                         && level[r] <= first_level + self.lb
@@ -286,11 +310,16 @@ impl Swap {
                         g.1.push(r);
                         continue;
                     }
-                    let Some(t) = self.trigger(f, &users, &level, &pos, b, bw_start, p, r) else {
+                    let t = if at(r) < b {
+                        self.direct(f, &level, &pos, at(after) + 1, r)
+                    } else {
+                        self.trigger(f, &users, &level, &pos, b, bw_start, p, r)
+                    };
+                    let Some(t) = t else {
                         stats.skipped.push((
                             v,
                             format!(
-                                "no trigger for its reader {}: nothing in the backward part {}..={} levels before it",
+                                "no trigger for its reader {}: nothing {}..={} levels before it after the swap-out",
                                 f.describe_op(r),
                                 self.lb,
                                 self.ub
@@ -303,7 +332,7 @@ impl Swap {
                 }
                 plans.push(Planned {
                     value: v,
-                    after: fw.iter().copied().max_by_key(|&r| at(r)).unwrap_or(p),
+                    after,
                     groups,
                 });
                 if self.n_tensors.is_some_and(|n| plans.len() >= n) {
@@ -424,16 +453,27 @@ impl Swap {
                 frontier = next;
             }
         }
-        // Direct order: `lb..=ub` levels before the reader.
+        // Direct order, in the backward part.
+        self.direct(f, level, pos, b, r)
+    }
+
+    /// The latest op scheduled from position `from` up to reader `r` (exclusive) whose level is
+    /// `lb..=ub` below `r`'s: the trigger in direct order.
+    fn direct(
+        &self,
+        f: &Function,
+        level: &SecondaryMap<Op, u32>,
+        pos: &SecondaryMap<Op, Option<u32>>,
+        from: usize,
+        r: Op,
+    ) -> Option<Op> {
+        let hi = pos[r].expect("scheduled") as usize;
         let (top, bottom) = (
             level[r].checked_sub(self.lb)?,
             level[r].saturating_sub(self.ub),
         );
-        latest(
-            &mut f.schedule()[b..hi]
-                .iter()
-                .copied()
-                .filter(|&o| (bottom..=top).contains(&level[o])),
-        )
+        (f.schedule().get(from..hi)?.iter().rev())
+            .copied()
+            .find(|&o| (bottom..=top).contains(&level[o]))
     }
 }
