@@ -397,3 +397,90 @@ fn branch_swapping_frees_skip_connections() {
     );
     assert_eq!(bits(&a.run(&x).unwrap()), bits(&c.run(&x).unwrap()));
 }
+
+/// `offload`: the device peak meets the budget, results stay bit-identical, every saved
+/// activation gets a decision, and the plan's predicted step is compared with `remat`'s at the
+/// same budget (printed; the joint plan must not be slower).
+#[test]
+fn offload_meets_budgets_exactly() {
+    use tcc::passes::analysis::cost::Machine;
+    use tcc::passes::analysis::timeline::timeline;
+    use tcc::passes::offload::{Decision, Offload, options};
+    let f = parse_function(&chain(12)).unwrap();
+    let joint = run_pipeline(&f, "grad{wrt=params}").unwrap();
+    let peak = analyze(&joint).temps_peak.0;
+    let x = inputs(&f, 3);
+    let want = bits(&tcc::ir::interp::run(&joint, &x).unwrap());
+    for budget in ["0.8", "0.6", "0.45"] {
+        let o: Offload = options(
+            &tcc::passes::Options::parse_for("offload", &format!("budget={budget}")).unwrap(),
+        )
+        .unwrap();
+        let mut g = joint.clone();
+        let plan = o.run(&mut g).unwrap();
+        tcc::ir::verify_function(&g).unwrap();
+        let after = analyze(&g).temps_peak.0;
+        assert!(
+            after <= plan.budget
+                && plan.budget as f64 <= peak as f64 * budget.parse::<f64>().unwrap()
+        );
+        assert_eq!(plan.peak, (peak, after));
+        assert!(plan.decisions.iter().any(|(_, d)| *d != Decision::Keep));
+        assert_eq!(
+            bits(&tcc::ir::interp::run(&g, &x).unwrap()),
+            want,
+            "budget {budget}"
+        );
+        let jit = Executable::compile(&g).unwrap().run(&x).unwrap();
+        assert_eq!(
+            bits(&jit),
+            bits(&Executable::compile(&joint).unwrap().run(&x).unwrap()),
+            "budget {budget}"
+        );
+        // remat alone at the same budget, under the same time model (where remat reaches it:
+        // at 45% only swapping does).
+        let r = match run_pipeline(&joint, &format!("remat{{budget={}}}", plan.budget)) {
+            Ok(r) => r,
+            Err(e) => {
+                assert!(e.contains("below the smallest peak remat found"), "{e}");
+                eprintln!(
+                    "budget {budget}: offload {:.4} ms, remat cannot",
+                    plan.time.1 * 1e3
+                );
+                continue;
+            }
+        };
+        let rt = timeline(&r, &Machine::DEFAULT, 16.0).total;
+        eprintln!(
+            "budget {budget}: offload {:.4} ms, remat {:.4} ms",
+            plan.time.1 * 1e3,
+            rt * 1e3
+        );
+        assert!(
+            plan.time.1 <= rt * (1.0 + 1e-9),
+            "budget {budget}: offload {} s, remat {} s",
+            plan.time.1,
+            rt
+        );
+    }
+}
+
+#[test]
+fn offload_errors_say_what_to_do() {
+    let f = parse_function(&chain(4)).unwrap();
+    let joint = run_pipeline(&f, "grad{wrt=params}").unwrap();
+    for (options, says) in [
+        ("offload", "budget=BYTES"),
+        ("offload{budget=0.5,link=0}", "positive bandwidth"),
+        ("offload{budget=0.01}", "lowest device peak it reached"),
+        ("offload{budget=lots}", "neither bytes"),
+    ] {
+        let e = run_pipeline(&joint, options).unwrap_err();
+        assert!(e.contains(says), "{options}: {e}");
+    }
+    assert!(
+        run_pipeline(&f, "offload{budget=0.5}")
+            .unwrap_err()
+            .contains("run `grad` first")
+    );
+}

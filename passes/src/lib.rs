@@ -16,6 +16,7 @@ pub mod grad;
 pub mod layout;
 
 pub mod manager;
+pub mod offload;
 pub mod optim;
 pub mod quant;
 pub mod remat;
@@ -93,6 +94,12 @@ pub(crate) static REGISTRY: &[PassInfo] = &[
         summary: "convolutions and the elementwise ops around them on channel-blocked tensors (NCHWc), the layout CPU convolution kernels read",
         options: layout::OPTIONS,
         create: layout::create,
+    },
+    PassInfo {
+        name: "offload",
+        summary: "keep, recompute or swap each activation the backward part reads, for the least predicted step under a device-memory budget",
+        options: offload::OPTIONS,
+        create: offload::create,
     },
     PassInfo {
         name: "quantize",

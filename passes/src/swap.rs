@@ -109,6 +109,8 @@ pub struct Swap {
     /// Branch swapping: forward readers more than this many levels after the producer read
     /// a swap-in too (`None`: off).
     pub branch_threshold: Option<u32>,
+    /// Only these values, if set (a planner's choice; no text option).
+    pub only: Option<Vec<Value>>,
 }
 
 impl Default for Swap {
@@ -124,6 +126,7 @@ impl Default for Swap {
             order: Order::Chain,
             fuse_swapins: false,
             branch_threshold: None,
+            only: None,
         }
     }
 }
@@ -285,6 +288,10 @@ impl Swap {
                     continue;
                 }
                 in_backward += 1;
+                if self.only.as_ref().is_some_and(|only| !only.contains(&v)) {
+                    by_scope += 1;
+                    continue;
+                }
                 let name = f.name(v);
                 if (!self.include.is_empty() && !self.include.iter().any(|s| in_scope(name, s)))
                     || self.exclude.iter().any(|s| in_scope(name, s))

@@ -45,9 +45,15 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
     let after = match &pipeline {
         Some(p) => {
             let mut m2 = m.clone();
-            PassManager::new(p.clone())
+            let runs = PassManager::new(p.clone())
                 .run(&mut m2, &mut std::io::sink())
                 .map_err(|e| Error::input(format!("{}: error: {e}", input.name)))?;
+            // What the planners chose (`offload` lists each saved activation's decision).
+            for r in runs.iter().filter(|r| r.label.starts_with("offload")) {
+                for n in &r.notes {
+                    let _ = writeln!(io.stdout, "{}: {n}", r.label);
+                }
+            }
             Some(m2)
         }
         None => None,

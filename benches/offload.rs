@@ -1,0 +1,164 @@
+//! Keep, recompute or swap (`offload`) against recomputation alone (`remat{budget}`) and
+//! swapping alone (`offload{only=swap}`), on the remat benchmark's training graphs, at device
+//! budgets of 50%, 25% and 10% of the peak without either and links of 16 and 32 GB/s.
+//!
+//! `cargo bench --bench offload` (a few minutes). For each plan: the device peak reached
+//! (activations and temporaries, `analysis::memory`), the predicted overhead over the step
+//! without offloading (`analysis::timeline`: compute at the time model's rates, copies over the
+//! link, stalls where a reader waits for its swap-in), and the pass's time. Then, for the
+//! joint plans of the smaller graphs, the measured step time of the CPU runtime with its copy
+//! thread throttled to the link (`Cpu::link_bandwidth`) against the step without offloading
+//! (the best of a few runs each, alternating). The peer is the remat pass; PyTorch has no
+//! planner with a budget to run here. Figures go in docs/perf.md.
+
+#[path = "common/graphs.rs"]
+mod graphs;
+
+use graphs::{chain, residual, transformer, unet};
+use std::time::Instant;
+use tcc::codegen::Executable;
+use tcc::ir::random::{Rng, random_tensor};
+use tcc::ir::{Function, Module, Tensor, parse_function};
+use tcc::passes::analysis::cost::Machine;
+use tcc::passes::analysis::memory::{analyze, human};
+use tcc::passes::analysis::timeline::timeline;
+use tcc::passes::{Options, PassManager, Pipeline};
+
+fn joint(src: &str) -> Function {
+    let mut m = Module::new();
+    m.functions.push(parse_function(src).unwrap());
+    PassManager::new(Pipeline::parse("grad{wrt=params}").unwrap())
+        .run(&mut m, &mut std::io::sink())
+        .unwrap();
+    m.functions.remove(0)
+}
+
+/// The plan of `pass{options}` on `joint`: the function, its peak, predicted time at `link`
+/// GB/s, and the pass's seconds; or the error's first line.
+fn plan(
+    joint: &Function,
+    pass: &str,
+    options: &str,
+    link: f64,
+) -> Result<(Function, u64, f64, f64), String> {
+    let mut g = joint.clone();
+    let t0 = Instant::now();
+    match pass {
+        "remat" => {
+            let r = tcc::passes::remat::Remat::parse(options).map_err(|e| e.message)?;
+            r.run(&mut g)?;
+        }
+        _ => {
+            let o = Options::parse_for("offload", options).map_err(|e| e.message)?;
+            tcc::passes::offload::options(&o)?.run(&mut g)?;
+        }
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let t = timeline(&g, &Machine::DEFAULT, link).total;
+    Ok((analyze(&g).temps_peak.0, t, secs)).map(|(p, t, s)| (g, p, t, s))
+}
+
+fn inputs(f: &Function) -> Vec<Tensor> {
+    let mut rng = Rng::new(1);
+    f.params()
+        .iter()
+        .map(|&p| random_tensor(f.ty(p), &mut rng))
+        .collect()
+}
+
+/// The best of `rounds` alternating rounds of a few runs each: the step without offloading and
+/// with, on the CPU runtime, copies throttled to `link` GB/s.
+fn measure(base: &Function, planned: &Function, link: f64, rounds: usize) -> (f64, f64) {
+    let x = inputs(base);
+    let a = Executable::compile(base).unwrap();
+    let cpu = tcc::codegen::Cpu {
+        link_bandwidth: Some(link * 1e9),
+        ..Default::default()
+    };
+    let b = tcc::codegen::compile(&cpu, planned).unwrap();
+    let time = |e: &Executable| {
+        (0..5)
+            .map(|_| {
+                let t = Instant::now();
+                e.run(&x).unwrap();
+                t.elapsed().as_secs_f64()
+            })
+            .fold(f64::INFINITY, f64::min)
+    };
+    let (mut ta, mut tb) = (f64::INFINITY, f64::INFINITY);
+    for _ in 0..rounds {
+        ta = ta.min(time(&a));
+        tb = tb.min(time(&b));
+    }
+    (ta, tb)
+}
+
+fn main() {
+    println!(
+        "peak: device activations and temporaries; overhead: predicted step over the step without offloading (time model, copies over the link)"
+    );
+    let graphs = [
+        ("chain 64", chain(64), true),
+        ("residual 32", residual(32), true),
+        ("transformer 8", transformer(8), true),
+        ("unet 5x3", unet(5), false),
+    ];
+    for (name, src, measured) in &graphs {
+        let j = joint(src);
+        let base_peak = analyze(&j).temps_peak.0;
+        let base_time = timeline(&j, &Machine::DEFAULT, 16.0).total;
+        println!(
+            "\n{name}: {} ops with gradients; peak {} ; predicted step {:.3} ms",
+            j.schedule().len(),
+            human(base_peak),
+            base_time * 1e3
+        );
+        println!(
+            "  {:<8} {:>6}  {:>22} {:>22} {:>22}  {:>16}",
+            "budget", "link", "remat only", "swap only", "joint", "measured (ms)"
+        );
+        for budget in ["50%", "25%", "10%"] {
+            for link in [16.0, 32.0] {
+                let cell = |r: &Result<(Function, u64, f64, f64), String>| match r {
+                    Ok((_, p, t, s)) => format!(
+                        "{:>9} {:>+6.1}% {:>4.0}ms",
+                        human(*p),
+                        100.0 * (t / base_time - 1.0),
+                        s * 1e3
+                    ),
+                    Err(e) if e.contains("lowest") || e.contains("below the smallest") => {
+                        "infeasible".to_string()
+                    }
+                    Err(e) => format!("error: {}", &e[..e.len().min(14)]),
+                };
+                let remat = plan(&j, "remat", &format!("budget={budget}"), link);
+                let swap = plan(
+                    &j,
+                    "offload",
+                    &format!("budget={budget},link={link}GB/s,only=swap"),
+                    link,
+                );
+                let both = plan(
+                    &j,
+                    "offload",
+                    &format!("budget={budget},link={link}GB/s"),
+                    link,
+                );
+                let meas = match (&both, measured) {
+                    (Ok((g, ..)), true) => {
+                        let (a, b) = measure(&j, g, link, 3);
+                        format!("{:.2} -> {:.2}", a * 1e3, b * 1e3)
+                    }
+                    _ => String::new(),
+                };
+                println!(
+                    "  {budget:<8} {:>4}GB  {:>22} {:>22} {:>22}  {meas:>16}",
+                    link,
+                    cell(&remat),
+                    cell(&swap),
+                    cell(&both)
+                );
+            }
+        }
+    }
+}

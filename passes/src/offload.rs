@@ -1,0 +1,367 @@
+//! `offload`: for each activation a training step saves for its backward part, keep it,
+//! recompute it or swap it to host memory, so that the device peak meets a budget for the
+//! least predicted step time (a first, greedy version of issue 17's joint planner).
+//!
+//! The candidates are `swap`'s: op results of the forward part that a backward op reads (not
+//! constants, views or returned values). A plan gives each one a decision and is judged by
+//! building it: `remat` with every candidate not recomputed as a checkpoint, then `swap` of the
+//! swapped ones (with this pass's `lb`, `ub` and `order`), then the device peak of activations
+//! and temporaries (`analysis::memory`, results aside, as `remat{budget}` measures) and the
+//! predicted step (`analysis::timeline`: compute, recomputation included, on one stream, copies
+//! over the `link` on another, stalls where a reader waits for its swap-in).
+//!
+//! The search starts from keeping everything and, while the peak is over the budget, makes the
+//! one change (a kept value swapped, or recomputed) that saves the most peak bytes per second
+//! of predicted time it adds; a change that adds none (a swap hidden behind compute) comes
+//! first. It stops at the budget, or when no change lowers the peak: then it fails and says the
+//! lowest peak it reached. Deterministic; each step builds every change, so it is quadratic in
+//! the candidates times the function's size: meant for graphs of hundreds to a few thousand
+//! ops, not yet for 10^4.
+//!
+//! The pass notes each function's outcome: peaks and predicted steps before and after, and
+//! every candidate's decision (`tcc opt`, `tcc mem --passes` print them).
+
+use crate::analysis::cost::Machine;
+use crate::analysis::memory::{analyze, human};
+use crate::analysis::timeline::timeline;
+use crate::manager::{OptionInfo, Options, Pass};
+use crate::remat::{Budget, remat};
+use crate::swap::{Order, Swap};
+use std::sync::Mutex;
+use tcc_ir::edit::Users;
+use tcc_ir::{Function, OpKind, Value};
+
+/// The options `offload` accepts.
+pub const OPTIONS: &[OptionInfo] = &[
+    OptionInfo {
+        name: "budget",
+        help: "bytes (64MiB) or a fraction of the peak without offloading (0.5, 50%): the device peak to meet",
+    },
+    OptionInfo {
+        name: "link",
+        help: "the bandwidth of the link to host memory, as 16GB/s (default 16GB/s)",
+    },
+    OptionInfo {
+        name: "lb",
+        help: "as swap's: levels between a swap-in's trigger and its reader, at least (default 2)",
+    },
+    OptionInfo {
+        name: "ub",
+        help: "and at most (default 10000)",
+    },
+    OptionInfo {
+        name: "order",
+        help: "as swap's: chain (default) or direct",
+    },
+    OptionInfo {
+        name: "only",
+        help: "swap or recompute: offload by that means alone (default both)",
+    },
+];
+
+/// What becomes of a saved activation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Stays in device memory until the backward part reads it.
+    Keep,
+    /// Copied to host memory and back.
+    Swap,
+    /// Recomputed from the kept and swapped values before the backward part reads it.
+    Recompute,
+}
+
+impl std::fmt::Display for Decision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(match self {
+            Decision::Keep => "keep",
+            Decision::Swap => "swap",
+            Decision::Recompute => "recompute",
+        })
+    }
+}
+
+/// The `offload` pass and its options.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Offload {
+    /// The device peak to meet.
+    pub budget: Budget,
+    /// Bytes per second of the link to host memory.
+    pub link: f64,
+    /// The swaps' placement.
+    pub lb: u32,
+    /// See `lb`.
+    pub ub: u32,
+    /// See `lb`.
+    pub order: Order,
+    /// The time model's machine.
+    pub machine: Machine,
+    /// The changes the search may make (both by default; one alone to compare).
+    pub moves: Vec<Decision>,
+}
+
+/// What one run of [`Offload`] chose.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OffloadPlan {
+    /// Each candidate's decision, in forward order.
+    pub decisions: Vec<(Value, Decision)>,
+    /// Device peak of activations and temporaries before and after, bytes.
+    pub peak: (u64, u64),
+    /// The budget in bytes.
+    pub budget: u64,
+    /// Predicted step before and after, seconds.
+    pub time: (f64, f64),
+    /// Predicted stalls waiting for swap-ins after, seconds.
+    pub stalls: f64,
+}
+
+/// A built plan: the rewritten function, its peak and predicted time.
+struct Built {
+    f: Function,
+    peak: u64,
+    time: f64,
+    stalls: f64,
+}
+
+impl Offload {
+    /// Plans and rewrites `f`; see the module docs.
+    pub fn run(&self, f: &mut Function) -> Result<OffloadPlan, String> {
+        let b = f.backward_position().ok_or_else(|| {
+            "`offload` plans a training function, and this one has no backward part: run `grad` first"
+                .to_string()
+        })?;
+        let candidates = candidates(f, b);
+        let mut state = vec![Decision::Keep; candidates.len()];
+        let start = self.build(f, &candidates, &state)?;
+        let budget = match self.budget {
+            Budget::Bytes(n) => n,
+            Budget::Fraction(x) => (start.peak as f64 * x) as u64,
+        };
+        let mut best = Built {
+            f: start.f.clone(),
+            ..start
+        };
+        let before = (start.peak, start.time);
+        while best.peak > budget {
+            let mut choice: Option<(f64, usize, Decision, Built)> = None;
+            for i in 0..candidates.len() {
+                if state[i] != Decision::Keep {
+                    continue;
+                }
+                for &d in &self.moves {
+                    state[i] = d;
+                    let built = self.build(f, &candidates, &state);
+                    state[i] = Decision::Keep;
+                    let Ok(built) = built else { continue };
+                    if built.peak >= best.peak {
+                        continue;
+                    }
+                    // Bytes saved per second added; a change that adds no time ranks by the
+                    // bytes alone, above every change that adds some.
+                    let saved = (best.peak - built.peak) as f64;
+                    let added = built.time - best.time;
+                    let score = if added <= 0.0 {
+                        f64::INFINITY
+                    } else {
+                        saved / added
+                    };
+                    let better = choice.as_ref().is_none_or(|(s, _, _, c)| {
+                        score > *s || (score == *s && built.peak < c.peak)
+                    });
+                    if better {
+                        choice = Some((score, i, d, built));
+                    }
+                }
+            }
+            let Some((_, i, d, built)) = choice else {
+                return Err(format!(
+                    "`offload` cannot meet the budget of {}: the lowest device peak it reached is {} \
+                     (from {} with nothing offloaded)",
+                    human(budget),
+                    human(best.peak),
+                    human(before.0)
+                ));
+            };
+            state[i] = d;
+            best = built;
+        }
+        *f = best.f;
+        Ok(OffloadPlan {
+            decisions: candidates.iter().copied().zip(state).collect(),
+            peak: (before.0, best.peak),
+            budget,
+            time: (before.1, best.time),
+            stalls: best.stalls,
+        })
+    }
+
+    /// `f` with `state`'s decisions for `candidates`, built and measured.
+    fn build(
+        &self,
+        f: &Function,
+        candidates: &[Value],
+        state: &[Decision],
+    ) -> Result<Built, String> {
+        let mut g = f.clone();
+        let kept: Vec<Value> = (candidates.iter().zip(state))
+            .filter(|(_, d)| **d != Decision::Recompute)
+            .map(|(&v, _)| v)
+            .collect();
+        if kept.len() < candidates.len() {
+            remat(&mut g, &kept)?;
+        }
+        let swapped: Vec<Value> = (candidates.iter().zip(state))
+            .filter(|(_, d)| **d == Decision::Swap)
+            .map(|(&v, _)| v)
+            .collect();
+        if !swapped.is_empty() {
+            let swap = Swap {
+                lb: self.lb,
+                ub: self.ub,
+                order: self.order,
+                only: Some(swapped.clone()),
+                ..Swap::default()
+            };
+            let stats = swap.run(&mut g)?;
+            if stats.swapped.len() < swapped.len() {
+                return Err("a swapped value has a reader with no trigger".into());
+            }
+        }
+        let t = timeline(&g, &self.machine, self.link / 1e9);
+        Ok(Built {
+            peak: analyze(&g).temps_peak.0,
+            time: t.total,
+            stalls: t.stalls,
+            f: g,
+        })
+    }
+}
+
+/// The saved activations: op results of the forward part (positions `..b`) a backward op reads,
+/// not constants, views or returned values, in forward order.
+fn candidates(f: &Function, b: usize) -> Vec<Value> {
+    let users = Users::new(f);
+    let pos = f.positions();
+    let sched = f.schedule();
+    let mut out = Vec::new();
+    for &p in &sched[..b] {
+        if matches!(f.op(p).kind, OpKind::Const { .. } | OpKind::Reshape { .. }) {
+            continue;
+        }
+        for &v in &f.op(p).results {
+            let read_back =
+                (users.consumers(v).iter()).any(|&r| pos[r].is_some_and(|i| i as usize >= b));
+            if read_back && !users.is_returned(v) {
+                out.push(v);
+            }
+        }
+    }
+    out
+}
+
+/// Reads [`Offload`] from pipeline options.
+pub fn options(o: &Options) -> Result<Offload, String> {
+    let budget = Budget::parse(o.get("budget").ok_or(
+        "say the device peak to meet: budget=BYTES (64MiB) or budget=FRACTION (0.5, 50%)",
+    )?)?;
+    let link = match o.get("link") {
+        None => 16e9,
+        Some(v) => parse_rate(v).ok_or_else(|| {
+            format!(
+                "option `link` must be a positive bandwidth such as 16GB/s or 500MB/s, found `{v}`"
+            )
+        })?,
+    };
+    let mut swap_opts = Options::default();
+    for key in ["lb", "ub", "order"] {
+        if let Some(v) = o.get(key) {
+            swap_opts.0.push((key.to_string(), v.to_string()));
+        }
+    }
+    if o.get("lb").is_none() {
+        swap_opts.0.push(("lb".into(), "2".into()));
+    }
+    let s = crate::swap::options(&swap_opts)?;
+    let moves = match o.get("only") {
+        None => vec![Decision::Swap, Decision::Recompute],
+        Some("swap") => vec![Decision::Swap],
+        Some("recompute") => vec![Decision::Recompute],
+        Some(v) => return Err(format!("option `only` is swap or recompute, found `{v}`")),
+    };
+    Ok(Offload {
+        budget,
+        link,
+        lb: s.lb,
+        ub: s.ub,
+        order: s.order,
+        machine: Machine::DEFAULT,
+        moves,
+    })
+}
+
+/// A bandwidth: bytes per second, or with `kB/s`, `MB/s`, `GB/s` (decimal) or `KiB/s`, `MiB/s`,
+/// `GiB/s`; `None` unless positive and finite.
+pub fn parse_rate(s: &str) -> Option<f64> {
+    let units: [(&str, f64); 8] = [
+        ("GiB/s", (1u64 << 30) as f64),
+        ("MiB/s", (1u64 << 20) as f64),
+        ("KiB/s", 1024.0),
+        ("GB/s", 1e9),
+        ("MB/s", 1e6),
+        ("kB/s", 1e3),
+        ("KB/s", 1e3),
+        ("B/s", 1.0),
+    ];
+    let (num, scale) = units
+        .iter()
+        .find_map(|&(u, k)| s.strip_suffix(u).map(|n| (n.trim(), k)))
+        .unwrap_or((s.trim(), 1.0));
+    let x = num.parse::<f64>().ok()? * scale;
+    (x.is_finite() && x > 0.0).then_some(x)
+}
+
+pub(crate) fn create(o: &Options) -> Result<Box<dyn Pass>, String> {
+    Ok(Box::new(OffloadPass {
+        offload: options(o)?,
+        notes: Mutex::new(Vec::new()),
+    }))
+}
+
+struct OffloadPass {
+    offload: Offload,
+    notes: Mutex<Vec<String>>,
+}
+
+impl Pass for OffloadPass {
+    fn name(&self) -> &'static str {
+        "offload"
+    }
+
+    fn run_on_function(&self, f: &mut Function) -> Result<(), String> {
+        let plan = self.offload.run(f)?;
+        let count = |d: Decision| plan.decisions.iter().filter(|(_, x)| *x == d).count();
+        let mut note = format!(
+            "@{}: device peak {} -> {} (budget {}), predicted step {:.3} -> {:.3} ms ({:.3} ms stalled); keep {}, swap {}, recompute {}",
+            f.name,
+            human(plan.peak.0),
+            human(plan.peak.1),
+            human(plan.budget),
+            plan.time.0 * 1e3,
+            plan.time.1 * 1e3,
+            plan.stalls * 1e3,
+            count(Decision::Keep),
+            count(Decision::Swap),
+            count(Decision::Recompute),
+        );
+        for (v, d) in &plan.decisions {
+            let mut name = String::new();
+            let _ = tcc_ir::printer::write_name(&mut name, '%', f.name(*v));
+            note += &format!("\n  {d:<9} {name}  {}", f.ty(*v));
+        }
+        self.notes.lock().expect("not poisoned").push(note);
+        Ok(())
+    }
+
+    fn notes(&self) -> Vec<String> {
+        std::mem::take(&mut *self.notes.lock().expect("not poisoned"))
+    }
+}
