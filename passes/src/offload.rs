@@ -10,13 +10,15 @@
 //! predicted step (`analysis::timeline`: compute, recomputation included, on one stream, copies
 //! over the `link` on another, stalls where a reader waits for its swap-in).
 //!
-//! The search starts from keeping everything and, while the peak is over the budget, makes the
-//! one change (a kept value swapped, or recomputed) that saves the most peak bytes per second
-//! of predicted time it adds; a change that adds none (a swap hidden behind compute) comes
-//! first. It stops at the budget, or when no change lowers the peak: then it fails and says the
-//! lowest peak it reached. Deterministic; each step builds every change, so it is quadratic in
-//! the candidates times the function's size: meant for graphs of hundreds to a few thousand
-//! ops, not yet for 10^4.
+//! The search starts from keeping everything. First it builds each change alone (a kept value
+//! swapped, or recomputed), ranks them by the bytes they take off the device per second of
+//! predicted time they add (hidden swaps first, the larger first) and takes them in that order
+//! while over budget, keeping one that adds no time if it does not raise the peak and another
+//! only if it lowers it. If that leaves the peak over budget, it goes on one change at a time,
+//! each time building every change and making the one that saves the most peak bytes per second
+//! added. It stops at the budget, or when no change lowers the peak: then it fails and says the
+//! lowest peak it reached. Deterministic; the first phase builds each change a constant number
+//! of times (linear in the candidates times the function's size), the second is quadratic.
 //!
 //! The pass notes each function's outcome: peaks and predicted steps before and after, and
 //! every candidate's decision (`tcc opt`, `tcc mem --passes` print them).
@@ -141,6 +143,47 @@ impl Offload {
             ..start
         };
         let before = (start.peak, start.time);
+        // First each change alone, ranked by the bytes it takes off the device per second it
+        // adds (hidden ones first, the larger first), then taken in that order while over
+        // budget: one that adds no time if it does not raise the peak, another only if it
+        // lowers it. Linear in the candidates, builds included.
+        if best.peak > budget {
+            let mut ranked: Vec<(f64, u64, usize, Decision)> = Vec::new();
+            for i in 0..candidates.len() {
+                for &d in &self.moves {
+                    state[i] = d;
+                    let built = self.build(f, &candidates, &state);
+                    state[i] = Decision::Keep;
+                    let Ok(built) = built else { continue };
+                    let bytes = f.ty(candidates[i]).size_bytes();
+                    let added = built.time - start.time;
+                    let score = if added <= 0.0 {
+                        f64::INFINITY
+                    } else {
+                        bytes as f64 / added
+                    };
+                    ranked.push((score, bytes, i, d));
+                }
+            }
+            ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)));
+            for (_, _, i, d) in ranked {
+                if best.peak <= budget {
+                    break;
+                }
+                if state[i] != Decision::Keep {
+                    continue;
+                }
+                state[i] = d;
+                match self.build(f, &candidates, &state) {
+                    Ok(b) if b.peak < best.peak || (b.peak == best.peak && b.time <= best.time) => {
+                        best = b
+                    }
+                    _ => state[i] = Decision::Keep,
+                }
+            }
+        }
+        // Then, while still over budget, the best single change from where that left off,
+        // every change built at each step (quadratic; rarely needed).
         while best.peak > budget {
             let mut choice: Option<(f64, usize, Decision, Built)> = None;
             for i in 0..candidates.len() {
