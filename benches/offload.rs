@@ -8,8 +8,9 @@
 //! link, stalls where a reader waits for its swap-in), and the pass's time. Then, for the
 //! joint plans of the smaller graphs, the measured step time of the CPU runtime with its copy
 //! thread throttled to the link (`Cpu::link_bandwidth`) against the step without offloading
-//! (the best of a few runs each, alternating). The peer is the remat pass; PyTorch has no
-//! planner with a budget to run here. Figures go in docs/perf.md.
+//! (the best of a few runs each, alternating). Last, the pass's time alone on chains of 10^3
+//! and 10^4 forward ops against `remat{budget}`'s (`-- --scale 33333`: 10^5, once). The peer is the remat pass; PyTorch has
+//! no planner with a budget to run here. Figures go in docs/perf.md.
 
 #[path = "common/graphs.rs"]
 mod graphs;
@@ -94,6 +95,15 @@ fn measure(base: &Function, planned: &Function, link: f64, rounds: usize) -> (f6
 }
 
 fn main() {
+    // `-- --scale N`: only the pass times on a chain of N layers, once.
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--scale") {
+        let layers: usize = args
+            .get(i + 1)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(33_333);
+        return scale(&[layers], 1);
+    }
     println!(
         "peak: device activations and temporaries; overhead: predicted step over the step without offloading (time model, copies over the link)"
     );
@@ -160,5 +170,39 @@ fn main() {
                 );
             }
         }
+    }
+    scale(&[333, 3_333], 3);
+}
+
+/// The pass times alone on chains of `layers` layers (matmul + add + tanh: three forward ops
+/// each), budget 50%, 16 GB/s: the best of `rounds`.
+fn scale(layers: &[usize], rounds: usize) {
+    println!(
+        "\npass time alone (ms, best of {rounds}) on chains of matmul + add + tanh layers, budget 50%, 16 GB/s:"
+    );
+    println!(
+        "  {:>12} {:>12} {:>10} {:>10}",
+        "forward ops", "joint ops", "offload", "remat"
+    );
+    for &n in layers {
+        let src = chain(n);
+        let f = parse_function(&src).unwrap();
+        let j = joint(&src);
+        let time = |pass: &str, options: &str| {
+            (0..rounds)
+                .map(|_| {
+                    plan(&j, pass, options, 16.0)
+                        .map(|r| r.3 * 1e3)
+                        .unwrap_or(f64::NAN)
+                })
+                .fold(f64::INFINITY, f64::min)
+        };
+        println!(
+            "  {:>12} {:>12} {:>10.1} {:>10.1}",
+            f.schedule().len(),
+            j.schedule().len(),
+            time("offload", "budget=50%,link=16GB/s"),
+            time("remat", "budget=50%")
+        );
     }
 }

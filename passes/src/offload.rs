@@ -10,15 +10,22 @@
 //! predicted step (`analysis::timeline`: compute, recomputation included, on one stream, copies
 //! over the `link` on another, stalls where a reader waits for its swap-in).
 //!
-//! The search starts from keeping everything. First it builds each change alone (a kept value
-//! swapped, or recomputed), ranks them by the bytes they take off the device per second of
-//! predicted time they add (hidden swaps first, the larger first) and takes them in that order
-//! while over budget, keeping one that adds no time if it does not raise the peak and another
-//! only if it lowers it. If that leaves the peak over budget, it goes on one change at a time,
-//! each time building every change and making the one that saves the most peak bytes per second
-//! added. It stops at the budget, or when no change lowers the peak: then it fails and says the
-//! lowest peak it reached. Deterministic; the first phase builds each change a constant number
-//! of times (linear in the candidates times the function's size), the second is quadratic.
+//! The search starts from keeping everything, in up to three phases, each only if the one
+//! before left the peak over budget:
+//!
+//! 1. Every change (a kept value swapped, or recomputed) *estimated* without building it: a
+//!    swap's stalls from the compute time between each of its triggers and its reader against
+//!    the copy's time, a recomputation's time its producer's. Each value's best change, ranked
+//!    by the bytes it takes off the device per second it adds (hidden swaps first, the larger
+//!    first); the shortest prefix of the ranking that meets the budget, by bisection (more of
+//!    the prefix never holds more device memory): O(log n) builds.
+//! 2. Each change built alone and ranked by its built times, then taken in that order, keeping
+//!    one that adds no time if it does not raise the peak and another only if it lowers it.
+//! 3. One change at a time, each time building every change and making the one that saves the
+//!    most peak bytes per second added (quadratic).
+//!
+//! It stops at the budget, or when no change lowers the peak: then it fails and says the lowest
+//! peak it reached. Deterministic.
 //!
 //! The pass notes each function's outcome: peaks and predicted steps before and after, and
 //! every candidate's decision (`tcc opt`, `tcc mem --passes` print them).
@@ -143,7 +150,28 @@ impl Offload {
             ..start
         };
         let before = (start.peak, start.time);
-        // First each change alone, ranked by the bytes it takes off the device per second it
+        // The fast way first: every change estimated without building, then the shortest
+        // prefix of the ranking that meets the budget, found by bisection.
+        if best.peak > budget
+            && let Some((fast_state, built)) = self.fast(f, &candidates, budget)
+        {
+            state = fast_state;
+            best = built;
+        }
+        // The slower phases rebuild the whole function for every candidate: past this size that
+        // is hours, so the pass says so instead.
+        const EXHAUSTIVE_OPS: usize = 20_000;
+        if best.peak > budget && f.schedule().len() > EXHAUSTIVE_OPS {
+            return Err(format!(
+                "`offload`'s fast search found no plan within the budget of {} for this function \
+                 of {} ops, and its exhaustive search is for functions of at most {EXHAUSTIVE_OPS}: \
+                 give a larger budget (the peak without offloading is {})",
+                human(budget),
+                f.schedule().len(),
+                human(before.0)
+            ));
+        }
+        // Else each change built alone, ranked by the bytes it takes off the device per second it
         // adds (hidden ones first, the larger first), then taken in that order while over
         // budget: one that adds no time if it does not raise the peak, another only if it
         // lowers it. Linear in the candidates, builds included.
@@ -235,6 +263,117 @@ impl Offload {
             time: (before.1, best.time),
             stalls: best.stalls,
         })
+    }
+
+    /// Each candidate's best change estimated without building it (a swap's stalls from the
+    /// compute time between each trigger and its reader against the copy's time, a
+    /// recomputation's time its producer's, its operands all kept), ranked by bytes per second
+    /// added (hidden swaps first, larger first); then the shortest prefix of that ranking whose
+    /// plan meets `budget`, by bisection (a plan with more of the prefix holds no more device
+    /// memory), building O(log n) plans. `None` if the whole ranking does not meet it.
+    fn fast(
+        &self,
+        f: &Function,
+        candidates: &[Value],
+        budget: u64,
+    ) -> Option<(Vec<Decision>, Built)> {
+        use crate::analysis::cost::{Traffic, is_free, time_flops};
+        let pos = f.positions();
+        let at = |op| pos[op].expect("scheduled") as usize;
+        // When each scheduled op ends on the compute stream, and its own time.
+        let mut end = Vec::with_capacity(f.schedule().len());
+        let mut own = Vec::with_capacity(f.schedule().len());
+        let mut now = 0.0;
+        for &op in f.schedule() {
+            let d = f.op(op);
+            let secs = if d.kind.is_swap() || is_free(&d.kind) {
+                0.0
+            } else {
+                let args: Vec<_> = d.args.iter().map(|&a| f.ty(a)).collect();
+                let results: Vec<_> = d.results.iter().map(|&r| f.ty(r)).collect();
+                let bytes = (args.iter().chain(&results)).map(|t| t.size_bytes()).sum();
+                let flops = time_flops(&d.kind, &args, &results);
+                self.machine
+                    .kernel_time(&d.kind, flops, Traffic::memory(bytes))
+            };
+            now += secs;
+            end.push(now);
+            own.push(secs);
+        }
+        let start = |op| end[at(op)] - own[at(op)];
+        let index: std::collections::HashMap<Value, usize> = candidates
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| (v, i))
+            .collect();
+        let mut ranked: Vec<(f64, u64, usize, Decision)> = Vec::new();
+        let score = |bytes: u64, added: f64| {
+            if added <= 0.0 {
+                f64::INFINITY
+            } else {
+                bytes as f64 / added
+            }
+        };
+        if self.moves.contains(&Decision::Swap) {
+            let swap = Swap {
+                lb: self.lb,
+                ub: self.ub,
+                order: self.order,
+                only: Some(candidates.to_vec()),
+                ..Swap::default()
+            };
+            for p in swap.plan(f).ok()?.plans {
+                let bytes = f.ty(p.value).size_bytes();
+                let copy = bytes as f64 / self.link;
+                let stalls: f64 = (p.groups.iter())
+                    .map(|(t, readers)| {
+                        let first = readers
+                            .iter()
+                            .map(|&r| start(r))
+                            .fold(f64::INFINITY, f64::min);
+                        (copy - (first - end[at(*t)])).max(0.0)
+                    })
+                    .sum();
+                ranked.push((score(bytes, stalls), bytes, index[&p.value], Decision::Swap));
+            }
+        }
+        if self.moves.contains(&Decision::Recompute) {
+            for (i, &v) in candidates.iter().enumerate() {
+                let p = f.def_op(v).expect("an op result");
+                let bytes = f.ty(v).size_bytes();
+                ranked.push((score(bytes, own[at(p)]), bytes, i, Decision::Recompute));
+            }
+        }
+        // Each value's best change, the best values first.
+        ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)));
+        let mut seen = vec![false; candidates.len()];
+        ranked.retain(|r| !std::mem::replace(&mut seen[r.2], true));
+        let state_of = |k: usize| {
+            let mut state = vec![Decision::Keep; candidates.len()];
+            for &(_, _, i, d) in &ranked[..k] {
+                state[i] = d;
+            }
+            state
+        };
+        let fits = |k: usize| {
+            let state = state_of(k);
+            let built = self.build(f, candidates, &state).ok()?;
+            (built.peak <= budget).then_some((state, built))
+        };
+        let mut hi = fits(ranked.len())?;
+        let (mut lo, mut hi_k) = (0, ranked.len());
+        // Invariant: the first `lo` do not fit (or `lo` is 0), the first `hi_k` do.
+        while hi_k - lo > 1 {
+            let mid = lo + (hi_k - lo) / 2;
+            match fits(mid) {
+                Some(found) => {
+                    hi = found;
+                    hi_k = mid;
+                }
+                None => lo = mid,
+            }
+        }
+        Some(hi)
     }
 
     /// `f` with `state`'s decisions for `candidates`, built and measured.

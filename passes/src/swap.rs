@@ -222,11 +222,20 @@ fn in_scope(name: &str, scope: &str) -> bool {
 
 /// One value to swap: its readers in the backward part grouped by swap-in, each group with its
 /// trigger.
-struct Planned {
-    value: Value,
-    /// The last forward op reading it, if any (else its producer).
-    after: Op,
-    groups: Vec<(Op, Vec<Op>)>,
+pub(crate) struct Planned {
+    pub value: Value,
+    /// The last (near) forward op reading it, if any (else its producer).
+    pub after: Op,
+    /// Each swap-in's trigger and the readers it serves.
+    pub groups: Vec<(Op, Vec<Op>)>,
+}
+
+/// The values [`Swap::plan`] chose, what it passed over, and its candidates: those the backward
+/// part reads, those outside the scopes, those under `min-bytes`.
+pub(crate) struct Plan {
+    pub plans: Vec<Planned>,
+    pub stats: SwapStats,
+    pub counts: (usize, usize, usize),
 }
 
 impl Swap {
@@ -246,6 +255,76 @@ impl Swap {
 
     /// Swaps `f`'s activations as the options say; see the module docs.
     pub fn run(&self, f: &mut Function) -> Result<SwapStats, String> {
+        let Plan {
+            plans,
+            mut stats,
+            counts: (in_backward, by_scope, by_size),
+        } = self.plan(f)?;
+        let sched = f.schedule().to_vec();
+        if plans.is_empty() {
+            return Err(format!(
+                "`swap` selected nothing: of {in_backward} forward values the backward part (or a far \
+                 forward reader) reads, {by_scope} are outside the scopes, {by_size} are under min-bytes ({}), and {} have \
+                 a backward reader with no trigger {}..={} levels before it",
+                self.min_bytes,
+                stats.skipped.len(),
+                self.lb,
+                self.ub
+            ));
+        }
+        // The rewrite: new ops scheduled after their anchors, readers moved to the swap-ins.
+        let mut after: HashMap<Op, Vec<Op>> = HashMap::new();
+        for plan in &plans {
+            let v = plan.value;
+            let (ty, name) = (f.ty(v).clone(), f.name(v).to_string());
+            let out = f.create_op(
+                OpKind::SwapOut,
+                vec![v],
+                vec![ty.clone()],
+                &[&format!("{name}/host")],
+            );
+            if plan.after != f.def_op(v).expect("an op result") {
+                f.op_mut(out).deps.push(plan.after);
+            }
+            after.entry(plan.after).or_default().push(out);
+            let host = f.op(out).results[0];
+            for (trigger, readers) in &plan.groups {
+                let inp = f.create_op(
+                    OpKind::SwapIn,
+                    vec![host],
+                    vec![ty.clone()],
+                    &[&format!("{name}/device")],
+                );
+                f.op_mut(inp).deps.push(*trigger);
+                after.entry(*trigger).or_default().push(inp);
+                let back = f.op(inp).results[0];
+                for &r in readers {
+                    for a in &mut f.op_mut(r).args {
+                        if *a == v {
+                            *a = back;
+                        }
+                    }
+                }
+                stats.swap_ins += 1;
+            }
+            stats.bytes += ty.size_bytes();
+            stats.swapped.push(v);
+        }
+        let mut order =
+            Vec::with_capacity(sched.len() + after.values().map(Vec::len).sum::<usize>());
+        for &op in &sched {
+            order.push(op);
+            if let Some(new) = after.get(&op) {
+                order.extend(new);
+            }
+        }
+        f.set_schedule(order);
+        Ok(stats)
+    }
+
+    /// What [`Swap::run`] would do to `f`, without doing it: each value to swap with its
+    /// swap-out's anchor and its swap-ins' triggers and readers.
+    pub(crate) fn plan(&self, f: &Function) -> Result<Plan, String> {
         let b = f.backward_position().ok_or_else(|| {
             "`swap` rewrites a training function, and this one has no backward part: run `grad` first"
                 .to_string()
@@ -347,65 +426,11 @@ impl Swap {
                 }
             }
         }
-        if plans.is_empty() {
-            return Err(format!(
-                "`swap` selected nothing: of {in_backward} forward values the backward part reads, \
-                 {by_scope} are outside the scopes, {by_size} are under min-bytes ({}), and {} have \
-                 a backward reader with no trigger {}..={} levels before it",
-                self.min_bytes,
-                stats.skipped.len(),
-                self.lb,
-                self.ub
-            ));
-        }
-        // The rewrite: new ops scheduled after their anchors, readers moved to the swap-ins.
-        let mut after: HashMap<Op, Vec<Op>> = HashMap::new();
-        for plan in &plans {
-            let v = plan.value;
-            let (ty, name) = (f.ty(v).clone(), f.name(v).to_string());
-            let out = f.create_op(
-                OpKind::SwapOut,
-                vec![v],
-                vec![ty.clone()],
-                &[&format!("{name}/host")],
-            );
-            if plan.after != f.def_op(v).expect("an op result") {
-                f.op_mut(out).deps.push(plan.after);
-            }
-            after.entry(plan.after).or_default().push(out);
-            let host = f.op(out).results[0];
-            for (trigger, readers) in &plan.groups {
-                let inp = f.create_op(
-                    OpKind::SwapIn,
-                    vec![host],
-                    vec![ty.clone()],
-                    &[&format!("{name}/device")],
-                );
-                f.op_mut(inp).deps.push(*trigger);
-                after.entry(*trigger).or_default().push(inp);
-                let back = f.op(inp).results[0];
-                for &r in readers {
-                    for a in &mut f.op_mut(r).args {
-                        if *a == v {
-                            *a = back;
-                        }
-                    }
-                }
-                stats.swap_ins += 1;
-            }
-            stats.bytes += ty.size_bytes();
-            stats.swapped.push(v);
-        }
-        let mut order =
-            Vec::with_capacity(sched.len() + after.values().map(Vec::len).sum::<usize>());
-        for &op in &sched {
-            order.push(op);
-            if let Some(new) = after.get(&op) {
-                order.extend(new);
-            }
-        }
-        f.set_schedule(order);
-        Ok(stats)
+        Ok(Plan {
+            plans,
+            stats,
+            counts: (in_backward, by_scope, by_size),
+        })
     }
 
     /// The op whose completion starts the swap-in for backward reader `r` of a value produced
