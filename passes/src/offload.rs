@@ -123,12 +123,15 @@ pub struct OffloadPlan {
     pub stalls: f64,
 }
 
-/// A built plan: the rewritten function, its peak and predicted time.
+/// A built plan: the rewritten function, its peak and predicted time, and the values it swaps
+/// (a value planned for swapping whose reader has no trigger once the recomputation is in
+/// place stays in device memory).
 struct Built {
     f: Function,
     peak: u64,
     time: f64,
     stalls: f64,
+    swapped: Vec<Value>,
 }
 
 impl Offload {
@@ -254,6 +257,13 @@ impl Offload {
             };
             state[i] = d;
             best = built;
+        }
+        // A value planned for swapping that the built plan could not swap is kept.
+        let swapped: std::collections::HashSet<Value> = best.swapped.iter().copied().collect();
+        for (d, v) in state.iter_mut().zip(&candidates) {
+            if *d == Decision::Swap && !swapped.contains(v) {
+                *d = Decision::Keep;
+            }
         }
         *f = best.f;
         Ok(OffloadPlan {
@@ -395,6 +405,7 @@ impl Offload {
             .filter(|(_, d)| **d == Decision::Swap)
             .map(|(&v, _)| v)
             .collect();
+        let mut done = Vec::new();
         if !swapped.is_empty() {
             let swap = Swap {
                 lb: self.lb,
@@ -403,10 +414,7 @@ impl Offload {
                 only: Some(swapped.clone()),
                 ..Swap::default()
             };
-            let stats = swap.run(&mut g)?;
-            if stats.swapped.len() < swapped.len() {
-                return Err("a swapped value has a reader with no trigger".into());
-            }
+            done = swap.run(&mut g)?.swapped;
         }
         let t = timeline(&g, &self.machine, self.link / 1e9);
         Ok(Built {
@@ -414,6 +422,7 @@ impl Offload {
             time: t.total,
             stalls: t.stalls,
             f: g,
+            swapped: done,
         })
     }
 }
