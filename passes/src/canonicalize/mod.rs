@@ -203,7 +203,23 @@ fn share_concat_prefixes(f: &mut Function) -> usize {
 
 /// Canonicalizes `f`; returns how many rewrites were applied.
 pub fn canonicalize(f: &mut Function, fold_limit: u64) -> usize {
-    let mut total = share_concat_prefixes(f);
+    // Sharing concatenations' prefixes and the rewrites feed each other (a rewrite can leave a
+    // concatenation whose operands an earlier one now joins), so both run until neither changes
+    // anything, a few times at most: the pass is idempotent.
+    let mut total = 0;
+    for _ in 0..4 {
+        let changed = share_concat_prefixes(f) + rewrite_rounds(f, fold_limit);
+        total += changed;
+        if changed == 0 {
+            break;
+        }
+    }
+    total
+}
+
+/// The rewrites, round after round until a round changes nothing (eight at most).
+fn rewrite_rounds(f: &mut Function, fold_limit: u64) -> usize {
+    let mut total = 0;
     for _round in 0..8 {
         let mut subst: SecondaryMap<Value, Option<Value>> =
             SecondaryMap::with_capacity(f.num_values_created());
