@@ -49,32 +49,14 @@ pub(crate) struct Model {
     pub link_bandwidth: Option<f64>,
 }
 
-/// A bandwidth: bytes per second, optionally with a decimal unit, `kB/s`, `MB/s` or `GB/s`
-/// (as links are quoted), or `KiB/s`, `MiB/s`, `GiB/s`.
+/// A bandwidth for `--link-bandwidth`: bytes per second, optionally with a unit, as
+/// [`tcc_passes::offload::parse_rate`] reads it.
 pub(crate) fn parse_bandwidth(s: &str) -> Result<f64, String> {
-    let units: [(&str, f64); 8] = [
-        ("GiB/s", (1u64 << 30) as f64),
-        ("MiB/s", (1u64 << 20) as f64),
-        ("KiB/s", 1024.0),
-        ("GB/s", 1e9),
-        ("MB/s", 1e6),
-        ("kB/s", 1e3),
-        ("KB/s", 1e3),
-        ("B/s", 1.0),
-    ];
-    let (num, scale) = units
-        .iter()
-        .find_map(|&(u, k)| s.strip_suffix(u).map(|n| (n.trim(), k)))
-        .unwrap_or((s.trim(), 1.0));
-    match num.parse::<f64>() {
-        Ok(x) if x.is_finite() && x > 0.0 && (x * scale).is_finite() => Ok(x * scale),
-        Ok(_) => Err(format!(
-            "the link bandwidth must be positive and finite, found `{s}`"
-        )),
-        Err(_) => Err(format!(
-            "`{s}` is not a bandwidth: write bytes per second or 16GB/s, 500MB/s, 2GiB/s"
-        )),
-    }
+    tcc_passes::offload::parse_rate(s).ok_or_else(|| {
+        format!(
+            "`{s}` is not a positive bandwidth: write bytes per second or 16GB/s, 500MB/s, 2GiB/s"
+        )
+    })
 }
 
 impl Model {
