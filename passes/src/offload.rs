@@ -32,7 +32,7 @@
 
 use crate::analysis::cost::Machine;
 use crate::analysis::memory::{analyze, human};
-use crate::analysis::timeline::timeline;
+use crate::analysis::timeline::{compute_time, timeline};
 use crate::manager::{OptionInfo, Options, Pass};
 use crate::remat::{Budget, remat};
 use crate::swap::{Order, Swap};
@@ -287,7 +287,6 @@ impl Offload {
         candidates: &[Value],
         budget: u64,
     ) -> Option<(Vec<Decision>, Built)> {
-        use crate::analysis::cost::{Traffic, is_free, time_flops};
         let pos = f.positions();
         let at = |op| pos[op].expect("scheduled") as usize;
         // When each scheduled op ends on the compute stream, and its own time.
@@ -295,17 +294,7 @@ impl Offload {
         let mut own = Vec::with_capacity(f.schedule().len());
         let mut now = 0.0;
         for &op in f.schedule() {
-            let d = f.op(op);
-            let secs = if d.kind.is_swap() || is_free(&d.kind) {
-                0.0
-            } else {
-                let args: Vec<_> = d.args.iter().map(|&a| f.ty(a)).collect();
-                let results: Vec<_> = d.results.iter().map(|&r| f.ty(r)).collect();
-                let bytes = (args.iter().chain(&results)).map(|t| t.size_bytes()).sum();
-                let flops = time_flops(&d.kind, &args, &results);
-                self.machine
-                    .kernel_time(&d.kind, flops, Traffic::memory(bytes))
-            };
+            let secs = compute_time(f, op, &self.machine);
             now += secs;
             end.push(now);
             own.push(secs);

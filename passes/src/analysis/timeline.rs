@@ -15,7 +15,7 @@
 
 use super::cost::{Machine, Traffic, is_free, time_flops};
 use cranelift_entity::SecondaryMap;
-use tcc_ir::{Function, OpKind, Value};
+use tcc_ir::{Function, Op, OpKind, Value};
 
 /// The predicted time of a function, in seconds.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -63,19 +63,26 @@ pub fn timeline(f: &Function, m: &Machine, link_gbps: f64) -> Timeline {
         let wait = d.args.iter().map(|&a| ready[a]).fold(now, f64::max);
         t.stalls += wait - now;
         now = wait;
-        if is_free(&d.kind) {
-            continue;
-        }
-        let args: Vec<_> = d.args.iter().map(|&a| f.ty(a)).collect();
-        let results: Vec<_> = d.results.iter().map(|&r| f.ty(r)).collect();
-        let flops = time_flops(&d.kind, &args, &results);
-        let moved = Traffic::memory(bytes(&d.args) + bytes(&d.results));
-        let secs = m.kernel_time(&d.kind, flops, moved);
+        let secs = compute_time(f, op, m);
         t.compute += secs;
         now += secs;
     }
     t.total = now.max(copy_free);
     t
+}
+
+/// Seconds `op` takes on the compute stream: the time model's kernel time, none for a swap
+/// (the copy stream's) or an op that only relabels a buffer.
+pub fn compute_time(f: &Function, op: Op, m: &Machine) -> f64 {
+    let d = f.op(op);
+    if d.kind.is_swap() || is_free(&d.kind) {
+        return 0.0;
+    }
+    let args: Vec<_> = d.args.iter().map(|&a| f.ty(a)).collect();
+    let results: Vec<_> = d.results.iter().map(|&r| f.ty(r)).collect();
+    let flops = time_flops(&d.kind, &args, &results);
+    let moved = (args.iter().chain(&results)).map(|t| t.size_bytes()).sum();
+    m.kernel_time(&d.kind, flops, Traffic::memory(moved))
 }
 
 #[cfg(test)]
@@ -104,37 +111,32 @@ mod tests {
     fn copies_overlap_compute_and_readers_wait_for_them() {
         // Five adds of 1 µs each; %a's swap-out (1 µs) runs during %b, its swap-in (1 µs)
         // starts after %c and is done during %d, before %e reads it: nothing stalls.
-        let hidden = parse_function(
-            "func @f(%x: f32[1024]) -> (f32[1024]) {
+        let src = |late: bool| {
+            let (early, last) = if late {
+                ("", "  %i = swap_in %h : f32[1024]\n")
+            } else {
+                ("  %i = swap_in %h : f32[1024]\n", "")
+            };
+            parse_function(&format!(
+                "func @f(%x: f32[1024]) -> (f32[1024]) {{
   %a = add %x, %x : f32[1024]
   %h = swap_out %a : f32[1024]
   %b = add %x, %x : f32[1024]
   %c = add %b, %x : f32[1024]
-  %i = swap_in %h : f32[1024]
-  %d = add %c, %x : f32[1024]
-  %e = add %i, %d : f32[1024]
+{early}  %d = add %c, %x : f32[1024]
+{last}  %e = add %i, %d : f32[1024]
   return %e
-}",
-        )
-        .unwrap();
+}}"
+            ))
+            .unwrap()
+        };
+        let hidden = src(false);
         let t = timeline(&hidden, &M, 4.096);
         assert!(close(t.compute, 5e-6) && close(t.copies, 2e-6), "{t:?}");
         assert!(close(t.stalls, 0.0) && close(t.total, 5e-6), "{t:?}");
         assert!(close(t.hidden(), 1.0));
         // The swap-in issued just before its reader: the reader waits the whole copy, 1 µs.
-        let late = parse_function(
-            "func @f(%x: f32[1024]) -> (f32[1024]) {
-  %a = add %x, %x : f32[1024]
-  %h = swap_out %a : f32[1024]
-  %b = add %x, %x : f32[1024]
-  %c = add %b, %x : f32[1024]
-  %d = add %c, %x : f32[1024]
-  %i = swap_in %h : f32[1024]
-  %e = add %i, %d : f32[1024]
-  return %e
-}",
-        )
-        .unwrap();
+        let late = src(true);
         let t = timeline(&late, &M, 4.096);
         assert!(close(t.stalls, 1e-6) && close(t.total, 6e-6), "{t:?}");
         assert!(close(t.hidden(), 0.5));
