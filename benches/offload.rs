@@ -5,7 +5,10 @@
 //! `cargo bench --bench offload` (a few minutes). For each plan: the device peak reached
 //! (activations and temporaries, `analysis::memory`), the predicted overhead over the step
 //! without offloading (`analysis::timeline`: compute at the time model's rates, copies over the
-//! link, stalls where a reader waits for its swap-in), and the pass's time. Then, for the
+//! link, stalls where a reader waits for its swap-in), and the pass's time; per graph, the floor
+//! no plan of keeping, recomputing and swapping goes below (`remat::floor`), and since no plan
+//! is faster than the step without offloading, a plan's predicted overhead bounds its gap to
+//! the optimum. Then, for the
 //! joint plans of the smaller graphs, the measured step time of the CPU runtime with its copy
 //! thread throttled to the link (`Cpu::link_bandwidth`) against the step without offloading
 //! (the best of a few runs each, alternating). Last, the pass's time alone on chains of 10^3
@@ -117,10 +120,13 @@ fn main() {
         let j = joint(src);
         let base_peak = analyze(&j).temps_peak.0;
         let base_time = timeline(&j, &Machine::DEFAULT, 16.0).total;
+        let floor = tcc::passes::remat::floor(&j).unwrap();
         println!(
-            "\n{name}: {} ops with gradients; peak {} ; predicted step {:.3} ms",
+            "\n{name}: {} ops with gradients; peak {}; floor {} ({:.1}%); predicted step {:.3} ms",
             j.schedule().len(),
             human(base_peak),
+            human(floor),
+            100.0 * floor as f64 / base_peak as f64,
             base_time * 1e3
         );
         println!(

@@ -21,6 +21,9 @@
 //!
 //! Then the pass time alone (grad excluded) on chains of elementwise layers with 10^3, 10^4
 //! and 10^5 forward ops.
+//!
+//! `cargo bench --bench remat -- --exact` (a few minutes) measures the budget search against
+//! the exact optimum of remat's plans (`remat::exact`) on smaller versions of the graphs.
 
 #[path = "common/graphs.rs"]
 mod graphs;
@@ -34,7 +37,7 @@ use std::time::Instant;
 use tcc::ir::{Function, Module, parse_function};
 use tcc::passes::analysis::cost::flops;
 use tcc::passes::analysis::memory::{analyze, human};
-use tcc::passes::remat::{Budget, Strategy, choose, remat};
+use tcc::passes::remat::{Budget, Goal, Space, Strategy, choose, exact, fit, remat};
 use tcc::passes::{PassManager, Pipeline};
 
 /// A chain of `n` elementwise layers (mul by a weight, tanh): 2n forward ops.
@@ -120,6 +123,9 @@ fn table(name: &str, src: &str, act: u64, layers: usize) {
 fn main() {
     if std::env::args().any(|a| a == "--jit") {
         return jit();
+    }
+    if std::env::args().any(|a| a == "--exact") {
+        return gaps();
     }
     println!(
         "peak: activations and temporaries (analysis::memory temps_peak); layers: peak over one layer's activation; extra fwd: recomputed FLOPs over forward FLOPs"
@@ -303,5 +309,88 @@ fn jit() {
     let vgg = vgg();
     for spec in ["budget=0.75", "budget=0.6", "strategy=memory"] {
         jit_training("vgg", &vgg, spec);
+    }
+}
+
+/// `--exact`: the budget search against the exact optimum of remat's plans (branch and bound,
+/// `remat::exact`) on small graphs, at 50% and 25% of the peak without remat and at the lowest
+/// peak the exact search finds. Recomputation in forward passes. Two exact spaces: the values
+/// backward ops read (what the search chooses among) and all forward values; "stopped" where
+/// the search hit its node limit (the plan is then the best it found, not proven optimal). The
+/// gap is the budget search's recomputation over the best proven optimum (all forward values
+/// where that search finished).
+fn gaps() {
+    const NODES: u64 = 20_000_000;
+    println!(
+        "{:<14} {:>4} {:>7} {:>8} {:>22} {:>22} {:>7} {:>8}",
+        "graph", "ops", "budget", "search", "exact, values read", "exact, all forward", "gap", "ms"
+    );
+    for (name, src) in [
+        ("chain 16", chain(16)),
+        ("chain 24", chain(24)),
+        ("residual 8", residual(8)),
+        ("residual 16", residual(16)),
+        ("transformer 1", transformer(1)),
+        ("transformer 2", transformer(2)),
+        ("unet 3x3", unet(3)),
+        ("unet 4x3", unet(4)),
+    ] {
+        let (f, joint) = joint(&src);
+        let fwd: u64 = f.schedule().iter().map(|&op| flops(&f, op)).sum();
+        let passes = |x: u64| x as f64 / fwd as f64;
+        let lowest = [Space::Read, Space::Forward]
+            .map(|space| exact(&joint, Goal::LowestPeak, space, None, NODES).unwrap());
+        let base = lowest[0].peak_before;
+        let tight = lowest[0].peak.min(lowest[1].peak);
+        let mut budgets: Vec<(String, u64)> = [0.5, 0.25]
+            .iter()
+            .map(|&x| {
+                (
+                    format!("{:.0}%", x * 100.0),
+                    (base as f64 * x).floor() as u64,
+                )
+            })
+            .collect();
+        let proven = if lowest[1].proven { "" } else { "~" };
+        budgets.push((
+            format!("{proven}{:.1}%", 100.0 * tight as f64 / base as f64),
+            tight,
+        ));
+        for (label, limit) in budgets {
+            let t = Instant::now();
+            let search = fit(&joint, Budget::Bytes(limit));
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            let hint = search.as_ref().ok().map(|s| s.checkpoints.clone());
+            let e = [Space::Read, Space::Forward].map(|space| {
+                exact(&joint, Goal::Cheapest(limit), space, hint.as_deref(), NODES).unwrap()
+            });
+            let cell = |e: &tcc::passes::remat::Exact| {
+                let stopped = if e.proven { "" } else { " stopped" };
+                match &e.checkpoints {
+                    Some(_) => format!("{:.3}{stopped}", passes(e.extra_flops)),
+                    None => format!("none{stopped}"),
+                }
+            };
+            let reference = if e[1].proven { &e[1] } else { &e[0] };
+            let gap = match (&search, &reference.checkpoints, reference.proven) {
+                (Ok(s), Some(_), true) => {
+                    let g = passes(s.extra_flops) - passes(reference.extra_flops);
+                    let mark = if e[1].proven { "" } else { "r" };
+                    format!("{g:+.3}{mark}")
+                }
+                (Err(_), Some(_), _) => "missed".into(),
+                _ => "-".into(),
+            };
+            let se = match &search {
+                Ok(s) => format!("{:.3}", passes(s.extra_flops)),
+                Err(_) => "none".into(),
+            };
+            println!(
+                "{name:<14} {:>4} {label:>7} {se:>8} {:>22} {:>22} {gap:>7} {ms:>8.1}",
+                f.schedule().len(),
+                cell(&e[0]),
+                cell(&e[1]),
+            );
+        }
     }
 }

@@ -312,6 +312,12 @@ fn random_training_functions_swap_exactly() {
         };
         swapped += 1;
         check_placement(&s);
+        // No plan goes below remat's floor, swaps included.
+        let floor = tcc::passes::remat::floor(&joint).unwrap();
+        assert!(
+            analyze(&s).temps_peak.0 >= floor,
+            "seed {seed}: below the floor {floor}"
+        );
         let x = inputs(&joint, seed);
         let (Ok(a), Ok(b)) = (
             tcc::ir::interp::run(&joint, &x),
@@ -425,6 +431,7 @@ fn offload_meets_budgets_exactly() {
         let plan = o.run(&mut g).unwrap();
         tcc::ir::verify_function(&g).unwrap();
         let after = analyze(&g).temps_peak.0;
+        assert!(after >= tcc::passes::remat::floor(&joint).unwrap());
         assert!(
             after <= plan.budget
                 && plan.budget as f64 <= peak as f64 * budget.parse::<f64>().unwrap()

@@ -34,11 +34,19 @@
 //!   it is dropped. For each of eight quantiles of λ, `t` doubles from the smallest value until
 //!   the peak fits and is bisected back (recomputation grows with `t`): about 30 simulations per
 //!   λ at most;
+//! - where at most 256 values are read by the backward pass, the optimum of checkpointing's
+//!   classic model (runs of dropped values between kept ones, each recomputed while everything
+//!   kept up to its end is held) by dynamic programming, for model limits bisected against the
+//!   simulated peak (`budget::Segments`);
 //! - where at most 64 values are read by the backward pass (and 64² simulations stay cheap), a
 //!   greedy descent: from keeping all of them, drop one at a time the value that leaves the
-//!   lowest peak.
+//!   lowest peak; then a local search from the best plan (toggle one value, or move a
+//!   checkpoint to a neighbour);
+//! - on functions of at most 320 forward ops, the branch and bound of [`exact`] from the best
+//!   plan so far, with a node limit: the optimum among remat's plans when it finishes.
 //!
-//! The cheapest candidate that fits wins; when none does, the error gives the lowest peak seen.
+//! The cheapest candidate that fits wins; when none does, the error gives the lowest peak seen
+//! (and says when the branch and bound has shown that no plan fits).
 //!
 //! Recomputed ops are copies of the originals (same kinds, same operands up to copies), so
 //! results and gradients are bit-identical. The first copies of each recomputation carry a
@@ -52,8 +60,10 @@ use std::collections::{HashMap, HashSet};
 use tcc_ir::edit::{Placement, copy_ops};
 
 pub(crate) mod budget;
+mod exact;
 
 pub use budget::{Budget, Fit, fit};
+pub use exact::{Goal, Space};
 
 use tcc_ir::{Function, Op, OpKind, Value};
 
@@ -543,6 +553,75 @@ pub fn remat(f: &mut Function, checkpoints: &[Value]) -> Result<RematStats, Stri
     Ok(stats)
 }
 
+/// What [`exact`] found.
+#[derive(Clone, Debug)]
+pub struct Exact {
+    /// The values to keep; `None` when no plan meets the goal's limit.
+    pub checkpoints: Option<Vec<Value>>,
+    /// Peak bytes of activations and temporaries without remat.
+    pub peak_before: u64,
+    /// The plan's peak and recomputed FLOPs (zero without a plan).
+    pub peak: u64,
+    /// See `peak`.
+    pub extra_flops: u64,
+    /// The search finished, so the plan is optimal among remat's plans (or, without one, none
+    /// exists); false when it stopped at the node limit.
+    pub proven: bool,
+    /// Nodes the search visited.
+    pub nodes: u64,
+}
+
+/// The optimum among remat's plans (a set of forward values of `space` kept, the rest
+/// recomputed once before their first backward reader) for `goal`, by branch and bound:
+/// exponential in the worst case, meant for functions of up to a few hundred ops, and stopped
+/// after `max_nodes` nodes. `hint` (checkpoints, say [`fit`]'s) is tried first.
+pub fn exact(
+    f: &Function,
+    goal: Goal,
+    space: Space,
+    hint: Option<&[Value]>,
+    max_nodes: u64,
+) -> Result<Exact, String> {
+    no_swaps(f)?;
+    let b = f.backward_position().ok_or_else(no_backward)?;
+    let j = Joint::new(f, b);
+    let nv = f.num_values_created();
+    let (peak_before, _) = j.simulate(&j.plan(&vec![true; nv]));
+    let hint = hint.map(|c| {
+        let mut keep = vec![false; nv];
+        for v in c {
+            keep[v.index()] = true;
+        }
+        keep
+    });
+    let found = exact::search(&j, goal, space, hint.as_deref(), max_nodes);
+    Ok(Exact {
+        checkpoints: found.keep.map(|keep| {
+            (0..nv)
+                .filter(|&v| keep[v] && j.forward[v])
+                .map(Value::new)
+                .collect()
+        }),
+        peak_before,
+        peak: found.peak,
+        extra_flops: found.extra,
+        proven: found.proven,
+        nodes: found.nodes,
+    })
+}
+
+/// A lower bound on the peak of activations and temporaries (`temps_peak`) that any plan can
+/// reach which keeps, recomputes or swaps the values the backward pass reads: every value on
+/// the device at least while the ops that must read it run (forward values from their
+/// definition through their forward readers, backward values through their readers, saved
+/// values at each backward reader). A budget below it is out of reach of `remat`, `offload`
+/// and `swap` alike, except `swap`'s branch swapping, which also takes a value off the device
+/// between two forward readers.
+pub fn floor(f: &Function) -> Result<u64, String> {
+    let b = f.backward_position().ok_or_else(no_backward)?;
+    Ok(exact::floor(&Joint::new(f, b)))
+}
+
 fn options(o: &Options) -> Result<Strategy, String> {
     if o.get("min-bytes").is_some() && o.get("strategy") != Some("memory") {
         return Err("min-bytes applies to strategy=memory only".into());
@@ -723,6 +802,143 @@ mod tests {
         // The test's power: about a quarter of the trials recompute something (287 of 1200 with
         // the generator of 2026-11-23); below a fifth, the check above would be too weak.
         assert!(with_copies > checked / 5, "{with_copies} of {checked}");
+    }
+
+    /// The branch and bound finds what trying every set of kept values finds (all forward
+    /// values, and the values backward ops read), on small chains and residual blocks and the
+    /// random functions of the property tests with at most 16 forward values, for the lowest
+    /// peak and for budgets from it to the peak without remat. Its bound is checked against
+    /// the simulated peak at every leaf (a debug assertion).
+    #[test]
+    fn exact_matches_enumeration() {
+        // Chains and residual blocks, where recomputation pays, then random functions.
+        let chain = |n: usize| {
+            let mut s = String::from("func @chain(%x: f32[8]");
+            for i in 0..n {
+                s += &format!(", %w{i}: f32[8]");
+            }
+            s += ") -> (f32[]) {\n";
+            let mut prev = "%x".to_string();
+            for i in 0..n {
+                s += &format!(
+                    "  %m{i} = mul {prev}, %w{i} : f32[8]\n  %t{i} = tanh %m{i} : f32[8]\n"
+                );
+                prev = format!("%t{i}");
+            }
+            s + &format!("  %l = reduce_sum {prev} {{axes=[0]}} : f32[]\n  return %l\n}}")
+        };
+        let residual = |n: usize| {
+            let mut s = String::from("func @res(%x: f32[4,8]");
+            for i in 0..n {
+                s += &format!(", %w{i}: f32[8,8]");
+            }
+            s += ") -> (f32[]) {\n";
+            let mut prev = "%x".to_string();
+            for i in 0..n {
+                s += &format!(
+                    "  %m{i} = matmul {prev}, %w{i} : f32[4,8]\n  %r{i} = relu %m{i} : f32[4,8]\n  %o{i} = add {prev}, %r{i} : f32[4,8]\n"
+                );
+                prev = format!("%o{i}");
+            }
+            s + &format!("  %l = reduce_sum {prev} {{axes=[0,1]}} : f32[]\n  return %l\n}}")
+        };
+        let structured =
+            [chain(4), chain(7), residual(3), residual(4)].map(|src| parse_function(&src).unwrap());
+        let random = (0..300).map(|seed| random_function(seed, 16));
+        let mut checked = 0;
+        let mut recomputing = 0;
+        for f in structured.into_iter().chain(random) {
+            let floats = f.params().iter().any(|&p| f.ty(p).dtype().is_float())
+                && f.results().iter().all(|&r| f.ty(r).dtype().is_float());
+            let swaps = f.schedule().iter().any(|&op| f.op(op).kind.is_swap());
+            let Some(f) = (floats && !swaps).then(|| joint(f)).flatten() else {
+                continue;
+            };
+            let Some(b) = f.backward_position() else {
+                continue;
+            };
+            let j = Joint::new(&f, b);
+            let vars: Vec<usize> = (0..f.num_values_created())
+                .filter(|&v| j.forward[v])
+                .collect();
+            if vars.is_empty() || vars.len() > 16 {
+                continue;
+            }
+            // Every plan: (peak, extra).
+            let plans: Vec<(u64, u64)> = (0u32..1 << vars.len())
+                .map(|mask| {
+                    let mut keep = vec![false; f.num_values_created()];
+                    for (i, &v) in vars.iter().enumerate() {
+                        keep[v] = mask >> i & 1 == 1;
+                    }
+                    j.simulate(&j.plan(&keep))
+                })
+                .collect();
+            let lowest = plans.iter().map(|p| p.0).min().unwrap();
+            assert!(floor(&f).unwrap() <= lowest, "{f}");
+            let e = exact(&f, Goal::LowestPeak, Space::Forward, None, u64::MAX).unwrap();
+            assert!(e.proven);
+            assert_eq!(e.peak, lowest, "{f}");
+            let base = plans.last().unwrap().0;
+            for limit in (0..5).map(|q| lowest + q * (base - lowest) / 4) {
+                let best = plans
+                    .iter()
+                    .filter(|p| p.0 <= limit)
+                    .map(|&(p, x)| (x, p))
+                    .min()
+                    .unwrap();
+                let e = exact(&f, Goal::Cheapest(limit), Space::Forward, None, u64::MAX).unwrap();
+                assert!(e.proven && e.checkpoints.is_some());
+                assert_eq!((e.extra_flops, e.peak), best, "limit {limit}\n{f}");
+                // The plan is what it says.
+                let mut g = f.clone();
+                let stats = remat(&mut g, e.checkpoints.as_ref().unwrap()).unwrap();
+                assert_eq!(analyze(&g).temps_peak.0, e.peak);
+                assert_eq!(stats.extra_flops, e.extra_flops);
+                recomputing += usize::from(best.0 > 0);
+                checked += 1;
+            }
+            if lowest > 0 {
+                let e = exact(
+                    &f,
+                    Goal::Cheapest(lowest - 1),
+                    Space::Forward,
+                    None,
+                    u64::MAX,
+                )
+                .unwrap();
+                assert!(e.proven && e.checkpoints.is_none());
+            }
+            // The same over the values backward ops read (the others dropped).
+            let read = read_by_backward(&f, b);
+            let plans: Vec<(u64, u64)> = (0u32..1 << read.len())
+                .map(|mask| {
+                    let mut keep = vec![false; f.num_values_created()];
+                    for (i, &v) in read.iter().enumerate() {
+                        keep[v.index()] = mask >> i & 1 == 1;
+                    }
+                    j.simulate(&j.plan(&keep))
+                })
+                .collect();
+            let lowest_read = plans.iter().map(|p| p.0).min().unwrap();
+            let e = exact(&f, Goal::LowestPeak, Space::Read, None, u64::MAX).unwrap();
+            assert_eq!(e.peak, lowest_read, "{f}");
+            for limit in (0..5).map(|q| lowest_read + q * (base - lowest_read) / 4) {
+                let best = plans
+                    .iter()
+                    .filter(|p| p.0 <= limit)
+                    .map(|&(p, x)| (x, p))
+                    .min()
+                    .unwrap();
+                let e = exact(&f, Goal::Cheapest(limit), Space::Read, None, u64::MAX).unwrap();
+                assert_eq!((e.extra_flops, e.peak), best, "limit {limit}\n{f}");
+            }
+        }
+        // The test's power: the optimum recomputes something in 152 of 1115 cases (2026-11-26).
+        assert!(
+            checked > 800 && recomputing > 100,
+            "{recomputing} of {checked}"
+        );
     }
 
     #[test]
