@@ -24,8 +24,15 @@
 //! 3. One change at a time, each time building every change and making the one that saves the
 //!    most peak bytes per second added (quadratic).
 //!
-//! It stops at the budget, or when no change lowers the peak: then it fails and says the lowest
-//! peak it reached. Deterministic.
+//! It stops at the budget, or when no change lowers the peak: then it tries `remat{budget}`'s
+//! plan with swaps in place of recomputations where they keep the budget and save time
+//! (changes that help only together, as two recomputations in a row), and fails, saying the
+//! lowest peak it reached, if that misses too. A plan that costs over 0.5% of the step is
+//! compared with that remat-seeded plan, and on functions with at most 24 candidates polished
+//! by steepest descent (one decision changed, or moved to a kept activation). Deterministic.
+//!
+//! [`Offload::exhaustive`] is the exact optimum of the same space for small functions, to
+//! measure the search against.
 //!
 //! The pass notes each function's outcome: peaks and predicted steps before and after, and
 //! every candidate's decision (`tcc opt`, `tcc mem --passes` print them).
@@ -39,6 +46,9 @@ use crate::swap::{Order, Swap};
 use std::sync::Mutex;
 use tcc_ir::edit::Users;
 use tcc_ir::{Function, OpKind, Value};
+
+/// The largest function (ops) the build-based phases of the search run on.
+const EXHAUSTIVE_OPS: usize = 20_000;
 
 /// The options `offload` accepts.
 pub const OPTIONS: &[OptionInfo] = &[
@@ -163,7 +173,6 @@ impl Offload {
         }
         // The slower phases rebuild the whole function for every candidate: past this size that
         // is hours, so the pass says so instead.
-        const EXHAUSTIVE_OPS: usize = 20_000;
         if best.peak > budget && f.schedule().len() > EXHAUSTIVE_OPS {
             return Err(format!(
                 "`offload`'s fast search found no plan within the budget of {} for this function \
@@ -247,6 +256,12 @@ impl Offload {
                 }
             }
             let Some((_, i, d, built)) = choice else {
+                // Changes that help only together (two recomputations in a row): remat's plan.
+                if let Some((s, built)) = self.remat_seeded(f, &candidates, budget) {
+                    state = s;
+                    best = built;
+                    break;
+                }
                 return Err(format!(
                     "`offload` cannot meet the budget of {}: the lowest device peak it reached is {} \
                      (from {} with nothing offloaded)",
@@ -257,6 +272,21 @@ impl Offload {
             };
             state[i] = d;
             best = built;
+        }
+        // A plan that costs time (over 0.5% of the step: less is not worth a second search):
+        // remat's, with swaps for its recomputations, may cost less.
+        let costly = |b: &Built| b.time > before.1 * 1.005;
+        if costly(&best)
+            && f.schedule().len() <= EXHAUSTIVE_OPS
+            && let Some((s, built)) = self.remat_seeded(f, &candidates, budget)
+            && (built.time, built.peak) < (best.time, best.peak)
+        {
+            state = s;
+            best = built;
+        }
+        // On small functions, moves of one decision from an activation to another.
+        if costly(&best) && candidates.len() <= 24 && f.schedule().len() <= 5_000 {
+            (state, best) = self.polish(f, &candidates, budget, state, best);
         }
         // A value planned for swapping that the built plan could not swap is kept.
         let swapped: std::collections::HashSet<Value> = best.swapped.iter().copied().collect();
@@ -273,6 +303,208 @@ impl Offload {
             time: (before.1, best.time),
             stalls: best.stalls,
         })
+    }
+
+    /// `remat{budget}`'s plan for `budget`, then each recomputed activation swapped instead
+    /// (the most expensive to recompute first) where that keeps the budget and shortens the
+    /// predicted step. `None` where remat cannot meet the budget. O(n) builds.
+    fn remat_seeded(
+        &self,
+        f: &Function,
+        candidates: &[Value],
+        budget: u64,
+    ) -> Option<(Vec<Decision>, Built)> {
+        if !self.moves.contains(&Decision::Recompute) {
+            return None;
+        }
+        let fit = crate::remat::fit(f, Budget::Bytes(budget)).ok()?;
+        let kept: std::collections::HashSet<Value> = fit.checkpoints.into_iter().collect();
+        let mut state: Vec<Decision> = (candidates.iter())
+            .map(|v| {
+                if kept.contains(v) {
+                    Decision::Keep
+                } else {
+                    Decision::Recompute
+                }
+            })
+            .collect();
+        let mut best = self.build(f, candidates, &state).ok()?;
+        if best.peak > budget {
+            return None;
+        }
+        if self.moves.contains(&Decision::Swap) {
+            let mut order: Vec<(f64, usize)> = (0..candidates.len())
+                .filter(|&i| state[i] == Decision::Recompute)
+                .map(|i| {
+                    let p = f.def_op(candidates[i]).expect("an op result");
+                    (compute_time(f, p, &self.machine), i)
+                })
+                .collect();
+            order.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            for (_, i) in order {
+                state[i] = Decision::Swap;
+                match self.build(f, candidates, &state) {
+                    Ok(b) if b.peak <= budget && b.time < best.time => best = b,
+                    _ => state[i] = Decision::Recompute,
+                }
+            }
+        }
+        Some((state, best))
+    }
+
+    /// Steepest descent on a plan that meets `budget`: while some move shortens the predicted
+    /// step within the budget, take the best, a move being one activation's decision changed,
+    /// or one activation's decision moved to a kept one (which is then kept no more). O(n²)
+    /// builds a step, at most n steps.
+    fn polish(
+        &self,
+        f: &Function,
+        candidates: &[Value],
+        budget: u64,
+        mut state: Vec<Decision>,
+        mut best: Built,
+    ) -> (Vec<Decision>, Built) {
+        let n = candidates.len();
+        for _ in 0..n {
+            let mut moves: Vec<Vec<(usize, Decision)>> = Vec::new();
+            for i in 0..n {
+                for &d in std::iter::once(&Decision::Keep).chain(&self.moves) {
+                    if d != state[i] {
+                        moves.push(vec![(i, d)]);
+                    }
+                }
+                if state[i] != Decision::Keep {
+                    for j in (0..n).filter(|&j| state[j] == Decision::Keep) {
+                        moves.push(vec![(i, Decision::Keep), (j, state[i])]);
+                    }
+                }
+            }
+            let mut choice: Option<(Vec<(usize, Decision)>, Built)> = None;
+            for m in moves {
+                let mut s = state.clone();
+                for &(i, d) in &m {
+                    s[i] = d;
+                }
+                let Ok(b) = self.build(f, candidates, &s) else {
+                    continue;
+                };
+                let target = choice.as_ref().map_or(&best, |(_, c)| c);
+                if b.peak <= budget && (b.time, b.peak) < (target.time, target.peak) {
+                    choice = Some((m, b));
+                }
+            }
+            let Some((m, b)) = choice else { break };
+            for (i, d) in m {
+                state[i] = d;
+            }
+            best = b;
+        }
+        (state, best)
+    }
+
+    /// The exact optimum of the joint space on small functions, to measure [`Offload::run`]
+    /// against: every assignment of keep, recompute or swap (those of `moves`) to the saved
+    /// activations, each built as `run` builds its plans, the fastest predicted step whose
+    /// device peak meets the budget (then the lowest peak). Branch and bound over the
+    /// activations in forward order: a partial assignment whose recomputed producers alone
+    /// would make the step no faster than the best plan so far is cut (every recomputed
+    /// value's op runs at least once more; swaps add no compute). `None` when no assignment
+    /// meets the budget. An error for more than 12 activations (3^12 builds).
+    pub fn exhaustive(&self, f: &Function) -> Result<Option<OffloadPlan>, String> {
+        let b = f.backward_position().ok_or_else(|| {
+            "`offload` plans a training function, and this one has no backward part: run `grad` first"
+                .to_string()
+        })?;
+        let candidates = candidates(f, b);
+        if candidates.len() > 12 {
+            return Err(format!(
+                "the exhaustive search is for at most 12 saved activations, and this function has {}",
+                candidates.len()
+            ));
+        }
+        let start = self.build(f, &candidates, &vec![Decision::Keep; candidates.len()])?;
+        let budget = match self.budget {
+            Budget::Bytes(n) => n,
+            Budget::Fraction(x) => (start.peak as f64 * x) as u64,
+        };
+        let pos = f.positions();
+        let own: Vec<f64> = (candidates.iter())
+            .map(|&v| {
+                let p = f.def_op(v).expect("an op result");
+                debug_assert!(pos[p].is_some());
+                compute_time(f, p, &self.machine)
+            })
+            .collect();
+        struct Search<'a> {
+            o: &'a Offload,
+            f: &'a Function,
+            candidates: &'a [Value],
+            own: &'a [f64],
+            budget: u64,
+            state: Vec<Decision>,
+            best: Option<(Vec<Decision>, Built)>,
+        }
+        impl Search<'_> {
+            fn go(&mut self, i: usize, lower: f64) {
+                if let Some((_, b)) = &self.best
+                    && lower >= b.time
+                {
+                    return;
+                }
+                if i == self.candidates.len() {
+                    let Ok(built) = self.o.build(self.f, self.candidates, &self.state) else {
+                        return;
+                    };
+                    let better = built.peak <= self.budget
+                        && self
+                            .best
+                            .as_ref()
+                            .is_none_or(|(_, b)| (built.time, built.peak) < (b.time, b.peak));
+                    if better {
+                        self.best = Some((self.state.clone(), built));
+                    }
+                    return;
+                }
+                for d in [Decision::Keep, Decision::Swap, Decision::Recompute] {
+                    if d != Decision::Keep && !self.o.moves.contains(&d) {
+                        continue;
+                    }
+                    self.state[i] = d;
+                    let added = if d == Decision::Recompute {
+                        self.own[i]
+                    } else {
+                        0.0
+                    };
+                    self.go(i + 1, lower + added);
+                }
+                self.state[i] = Decision::Keep;
+            }
+        }
+        let mut s = Search {
+            o: self,
+            f,
+            candidates: &candidates,
+            own: &own,
+            budget,
+            state: vec![Decision::Keep; candidates.len()],
+            best: None,
+        };
+        s.go(0, start.time);
+        Ok(s.best.map(|(mut state, built)| {
+            // As in `run`: a swap the plan could not place is a kept value.
+            for (d, v) in state.iter_mut().zip(&candidates) {
+                if *d == Decision::Swap && !built.swapped.contains(v) {
+                    *d = Decision::Keep;
+                }
+            }
+            OffloadPlan {
+                decisions: candidates.iter().copied().zip(state).collect(),
+                peak: (start.peak, built.peak),
+                budget,
+                time: (start.time, built.time),
+                stalls: built.stalls,
+            }
+        }))
     }
 
     /// Each candidate's best change estimated without building it (a swap's stalls from the

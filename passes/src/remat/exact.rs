@@ -296,55 +296,40 @@ pub(super) fn search(
     max_nodes: u64,
 ) -> Found {
     let facts = Facts::new(j);
+    // `tree`: what every plan holds. `pot`: that plus, for each value the backward pass reads,
+    // its span between forward and backward readers (where it is held if kept).
     let mut tree = MaxTree::new(j.len());
-    // What every plan holds.
-    for v in 0..j.bytes.len() {
-        if !facts.counted[v] {
-            continue;
-        }
-        let bytes = j.bytes[v] as i64;
-        let d = j.def[v];
-        if (d as usize) < j.b {
-            tree.range(d, facts.last_fwd[v], bytes);
-            if facts.first_bwd[v] != NONE && j.results(d as usize).len() == 1 {
-                tree.range(facts.first_bwd[v], facts.last_bwd[v], bytes);
-            }
-        } else {
-            let end = facts.last_bwd[v].max(d);
-            tree.range(d, end, bytes);
-        }
-    }
     let mut pot = MaxTree::new(j.len());
-    let mut by_ratio = Vec::new();
-    for v in 0..j.bytes.len() {
-        if facts.kept_span(j, v).is_some() {
-            by_ratio.push(v as u32);
-        }
-    }
-    by_ratio.sort_by(|&a, &b| {
-        let ratio =
-            |v: u32| j.flops[j.def[v as usize] as usize] as f64 / j.bytes[v as usize] as f64;
-        ratio(a).total_cmp(&ratio(b))
-    });
-    // `pot` starts as `tree` plus every such span; built from the same intervals.
     for v in 0..j.bytes.len() {
         if !facts.counted[v] {
             continue;
         }
         let bytes = j.bytes[v] as i64;
         let d = j.def[v];
+        let mut both = |lo, hi| {
+            tree.range(lo, hi, bytes);
+            pot.range(lo, hi, bytes);
+        };
         if (d as usize) < j.b {
-            pot.range(d, facts.last_fwd[v], bytes);
+            both(d, facts.last_fwd[v]);
             if facts.first_bwd[v] != NONE && j.results(d as usize).len() == 1 {
-                pot.range(facts.first_bwd[v], facts.last_bwd[v], bytes);
+                both(facts.first_bwd[v], facts.last_bwd[v]);
             }
         } else {
-            pot.range(d, facts.last_bwd[v].max(d), bytes);
+            both(d, facts.last_bwd[v].max(d));
         }
         if let Some((lo, hi)) = facts.kept_span(j, v) {
             pot.range(lo, hi, bytes);
         }
     }
+    let mut by_ratio: Vec<u32> = (0..j.bytes.len() as u32)
+        .filter(|&v| facts.kept_span(j, v as usize).is_some())
+        .collect();
+    by_ratio.sort_by(|&a, &b| {
+        let ratio =
+            |v: u32| j.flops[j.def[v as usize] as usize] as f64 / j.bytes[v as usize] as f64;
+        ratio(a).total_cmp(&ratio(b))
+    });
     let mut s = Search {
         j,
         facts,
