@@ -12,7 +12,8 @@
 //! joint plans of the smaller graphs, the measured step time of the CPU runtime with its copy
 //! thread throttled to the link (`Cpu::link_bandwidth`) against the step without offloading
 //! (the best of a few runs each, alternating). Last, the pass's time alone on chains of 10^3
-//! and 10^4 forward ops against `remat{budget}`'s (`-- --scale 33333`: 10^5, once). The peer is the remat pass; PyTorch has
+//! and 10^4 forward ops against `remat{budget}`'s (`-- --scale 33333`: 10^5, once).
+//! `-- --exact`: instead, the remat-only plans against the exact search over remat's plans. The peer is the remat pass; PyTorch has
 //! no planner with a budget to run here. Figures go in docs/perf.md.
 
 #[path = "common/graphs.rs"]
@@ -118,6 +119,11 @@ fn main() {
     ];
     for (name, src, measured) in &graphs {
         let j = joint(src);
+        if args.iter().any(|a| a == "--exact") {
+            println!("\n{name}:");
+            remat_gaps(&j);
+            continue;
+        }
         let base_peak = analyze(&j).temps_peak.0;
         let base_time = timeline(&j, &Machine::DEFAULT, 16.0).total;
         let floor = tcc::passes::remat::floor(&j).unwrap();
@@ -177,7 +183,46 @@ fn main() {
             }
         }
     }
-    scale(&[333, 3_333], 3);
+    if !args.iter().any(|a| a == "--exact") {
+        scale(&[333, 3_333], 3);
+    }
+}
+
+/// `remat{budget}`'s plans against the exact search over remat's plans (`remat::exact`, two
+/// million nodes per space) at each budget: extra forward passes of recomputation, "proven"
+/// where the exact search finished.
+fn remat_gaps(j: &Function) {
+    use tcc::passes::remat::{Budget, Exact, Goal, Space, exact, fit};
+    let b = j.backward_position().unwrap();
+    let fwd: u64 = (j.schedule()[..b].iter())
+        .map(|&op| tcc::passes::analysis::cost::flops(j, op))
+        .sum();
+    let base = analyze(j).temps_peak.0;
+    let cell = |e: &Exact| {
+        let how = if e.proven { "proven" } else { "stopped" };
+        match e.checkpoints {
+            Some(_) => format!("{:.3} {how}", e.extra_flops as f64 / fwd as f64),
+            None => format!("none {how}"),
+        }
+    };
+    for x in [0.5, 0.25, 0.1] {
+        let limit = (base as f64 * x).floor() as u64;
+        let search = fit(j, Budget::Bytes(limit));
+        let hint = search.as_ref().ok().map(|s| s.checkpoints.clone());
+        let e = [Space::Read, Space::Forward].map(|space| {
+            exact(j, Goal::Cheapest(limit), space, hint.as_deref(), 2_000_000).unwrap()
+        });
+        println!(
+            "  remat only at {:.0}%, extra forward passes: search {}, exact over values read {}, over all forward values {}",
+            x * 100.0,
+            search.map_or("none".to_string(), |s| format!(
+                "{:.3}",
+                s.extra_flops as f64 / fwd as f64
+            )),
+            cell(&e[0]),
+            cell(&e[1])
+        );
+    }
 }
 
 /// The pass times alone on chains of `layers` layers (matmul + add + tanh: three forward ops
