@@ -7,13 +7,19 @@
 //! decides the forward ops in reverse schedule order, so that when an op is decided all its
 //! forward readers are, and with them whether it is copied, where its copy is made and how long
 //! each of its values lives. That gives two bounds on every completion of a partial choice:
-//! - the recomputed FLOPs so far (deciding earlier ops only adds copies);
-//! - a profile over the original schedule's positions: the values every plan holds (each
-//!   forward value from its definition to its last forward reader, each value the backward
-//!   pass reads from its first to its last backward reader, the backward values), plus what
-//!   the decided ops add (a kept value held through the gap, a copy from where it is made).
-//!   Its maximum is at most the peak of any completion: copies made and freed between two
-//!   original ops, and buffers shared through reshapes, are left out, which only lowers it.
+//! - a profile over the original schedule's positions (`tree`): the values every plan holds
+//!   (each forward value from its definition to its last forward reader, each value the
+//!   backward pass reads from its first to its last backward reader, the backward values),
+//!   plus what the decided ops add (a kept value held through the gap, a copy from where it is
+//!   made), plus, for an undecided value the backward pass reads that a decided copy reads,
+//!   the span from that copy to its first backward reader (held as original or copy either
+//!   way). Its maximum is at most the peak of any completion: copies made and freed between
+//!   two original ops, and buffers shared through reshapes, are left out, which only lowers
+//!   it;
+//! - the recomputed FLOPs so far (deciding earlier ops only adds copies), plus, under a limit,
+//!   a fractional knapsack: where keeping every undecided value the backward pass reads would
+//!   pass the limit (`pot`), enough of them must be dropped, each recomputing at least its own
+//!   op.
 //!
 //! Leaves are judged by the parent's simulator (the same peak `analysis::memory` reports),
 //! never by the bound. The search stops after a number of nodes; the result then says it is
