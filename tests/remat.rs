@@ -196,6 +196,17 @@ fn the_budget_search_is_near_the_exact_optimum() {
         }
     }
     assert_eq!(compared, 12);
+    // Past its size limit the exact search says so.
+    let mut long = String::from("func @long(%x: f32[4], %w: f32[4]) -> (f32[]) {\n");
+    let mut prev = "%x".to_string();
+    for i in 0..2100 {
+        long += &format!("  %m{i} = mul {prev}, %w : f32[4]\n  %t{i} = tanh %m{i} : f32[4]\n");
+        prev = format!("%t{i}");
+    }
+    long += &format!("  %l = reduce_sum {prev} {{axes=[0]}} : f32[]\n  return %l\n}}\n");
+    let joint = run_pipeline(&parse_function(&long).unwrap(), "grad{wrt=params}");
+    let e = exact(&joint, Goal::LowestPeak, Space::Read, None, 10).unwrap_err();
+    assert!(e.contains("at most 4096 forward ops"), "{e}");
 }
 
 #[test]

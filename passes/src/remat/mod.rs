@@ -573,8 +573,9 @@ pub struct Exact {
 
 /// The optimum among remat's plans (a set of forward values of `space` kept, the rest
 /// recomputed once before their first backward reader) for `goal`, by branch and bound:
-/// exponential in the worst case, meant for functions of up to a few hundred ops, and stopped
-/// after `max_nodes` nodes. `hint` (checkpoints, say [`fit`]'s) is tried first.
+/// exponential in the worst case, meant for functions of up to a few hundred ops (an error past
+/// 4096 forward ops), and stopped after `max_nodes` nodes. `hint` (checkpoints, say [`fit`]'s)
+/// is tried first.
 pub fn exact(
     f: &Function,
     goal: Goal,
@@ -584,6 +585,13 @@ pub fn exact(
 ) -> Result<Exact, String> {
     no_swaps(f)?;
     let b = f.backward_position().ok_or_else(no_backward)?;
+    // The search recurses once per forward op.
+    const MAX_FORWARD_OPS: usize = 4096;
+    if b > MAX_FORWARD_OPS {
+        return Err(format!(
+            "the exact search is for functions of at most {MAX_FORWARD_OPS} forward ops, and this one has {b}"
+        ));
+    }
     let j = Joint::new(f, b);
     let nv = f.num_values_created();
     let (peak_before, _) = j.simulate(&j.plan(&vec![true; nv]));
