@@ -9,9 +9,9 @@
 //! no plan of keeping, recomputing and swapping goes below (`remat::floor`), and since no plan
 //! is faster than the step without offloading, a plan's predicted overhead bounds its gap to
 //! the optimum. Then, for the
-//! joint plans of the smaller graphs, the measured step time of the CPU runtime with its copy
-//! thread throttled to the link (`Cpu::link_bandwidth`) against the step without offloading
-//! (the best of a few runs each, alternating). Last, the pass's time alone on chains of 10^3
+//! joint plans of the smaller graphs, the measured step time of the CPU runtime over the
+//! simulated link (`Cpu::link_bandwidth`) against the step without offloading, with the copies
+//! on the copy thread and inline (`Cpu::copies`; medians of 25 runs each, interleaved). Last, the pass's time alone on chains of 10^3
 //! and 10^4 forward ops against `remat{budget}`'s (`-- --scale 33333`: 10^5, once).
 //! `-- --exact`: instead, the remat-only plans against the exact search over remat's plans. The peer is the remat pass; PyTorch has
 //! no planner with a budget to run here. Figures go in docs/perf.md.
@@ -71,31 +71,39 @@ fn inputs(f: &Function) -> Vec<Tensor> {
         .collect()
 }
 
-/// The best of `rounds` alternating rounds of a few runs each: the step without offloading and
-/// with, on the CPU runtime, copies throttled to `link` GB/s.
-fn measure(base: &Function, planned: &Function, link: f64, rounds: usize) -> (f64, f64) {
+/// The median of `rounds` runs of each, interleaved: the step without offloading, and with, on
+/// the CPU runtime over a simulated `link` GB/s, the copies on the copy thread and inline
+/// (`Copying`).
+fn measure(base: &Function, planned: &Function, link: f64, rounds: usize) -> [f64; 3] {
     let x = inputs(base);
     let a = Executable::compile(base).unwrap();
-    let cpu = tcc::codegen::Cpu {
-        link_bandwidth: Some(link * 1e9),
-        ..Default::default()
+    let with = |copies| {
+        let cpu = tcc::codegen::Cpu {
+            link_bandwidth: Some(link * 1e9),
+            copies,
+            ..Default::default()
+        };
+        tcc::codegen::compile(&cpu, planned).unwrap()
     };
-    let b = tcc::codegen::compile(&cpu, planned).unwrap();
-    let time = |e: &Executable| {
-        (0..5)
-            .map(|_| {
-                let t = Instant::now();
-                e.run(&x).unwrap();
-                t.elapsed().as_secs_f64()
-            })
-            .fold(f64::INFINITY, f64::min)
-    };
-    let (mut ta, mut tb) = (f64::INFINITY, f64::INFINITY);
+    let exes = [
+        a,
+        with(tcc::codegen::Copying::Thread),
+        with(tcc::codegen::Copying::Inline),
+    ];
+    // One run of each in turn, `rounds` times (the VM's slow phases then hit all three alike);
+    // the medians.
+    let mut times = [const { Vec::new() }; 3];
     for _ in 0..rounds {
-        ta = ta.min(time(&a));
-        tb = tb.min(time(&b));
+        for (t, e) in times.iter_mut().zip(&exes) {
+            let start = Instant::now();
+            e.run(&x).unwrap();
+            t.push(start.elapsed().as_secs_f64());
+        }
     }
-    (ta, tb)
+    times.map(|mut t| {
+        t.sort_by(f64::total_cmp);
+        t[t.len() / 2]
+    })
 }
 
 fn main() {
@@ -136,8 +144,8 @@ fn main() {
             base_time * 1e3
         );
         println!(
-            "  {:<8} {:>6}  {:>22} {:>22} {:>22}  {:>16}",
-            "budget", "link", "remat only", "swap only", "joint", "measured (ms)"
+            "  {:<8} {:>6}  {:>22} {:>22} {:>22}  {:>24}",
+            "budget", "link", "remat only", "swap only", "joint", "ms: none -> thread / inline"
         );
         for budget in ["50%", "25%", "10%"] {
             for link in [16.0, 32.0] {
@@ -168,13 +176,13 @@ fn main() {
                 );
                 let meas = match (&both, measured) {
                     (Ok((g, ..)), true) => {
-                        let (a, b) = measure(&j, g, link, 3);
-                        format!("{:.2} -> {:.2}", a * 1e3, b * 1e3)
+                        let [a, t, i] = measure(&j, g, link, 25);
+                        format!("{:.2} -> {:.2} / {:.2}", a * 1e3, t * 1e3, i * 1e3)
                     }
                     _ => String::new(),
                 };
                 println!(
-                    "  {budget:<8} {:>4}GB  {:>22} {:>22} {:>22}  {meas:>16}",
+                    "  {budget:<8} {:>4}GB  {:>22} {:>22} {:>22}  {meas:>24}",
                     link,
                     cell(&remat),
                     cell(&swap),

@@ -15,6 +15,6 @@ pub mod memory;
 pub mod plan;
 
 pub use backend::{Backend, CompileError, RunError, compile};
-pub use cpu::{Cpu, Executable, Features, Layout, Profile, Stats, VectorWidth};
+pub use cpu::{Copying, Cpu, Executable, Features, Layout, Profile, Stats, VectorWidth};
 pub use memory::{MemoryPlan, Storage, plan_memory, write_memory};
 pub use plan::{Kernel, KernelData, KernelKind, Plan, plan, write_plan};

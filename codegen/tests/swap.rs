@@ -62,25 +62,31 @@ fn swapped_values_leave_the_arena_and_keep_their_bits() {
     }
 }
 
-/// The copies run on the copy thread, throttled here to a slow link (2 MB/s: 8 ms a copy), while
-/// the steps go on: the step that overwrites the swapped-out value's bytes waits for the
+/// The copies run on the copy thread, which sleeps out a slow link here (2 MB/s: 8 ms a copy)
+/// while the steps go on: the step that overwrites the swapped-out value's bytes waits for the
 /// swap-out, and the reader of the swap-in waits for it, so the results are the same bits.
-/// Without those waits the slow copies read overwritten bytes or deliver too late.
+/// Without those waits the slow copies read overwritten bytes or deliver too late. The same
+/// with the copies made inline (the steps then wait for the simulated link alone).
 #[test]
 fn slow_copies_still_give_the_same_bits() {
+    use tcc_codegen::Copying;
     let kept = parse_function(&src(false)).unwrap();
     let swapped = parse_function(&src(true)).unwrap();
     let x: Vec<Tensor> = vec![random_tensor(kept.ty(kept.params()[0]), &mut Rng::new(4))];
     let want = Executable::compile(&kept).unwrap().run(&x).unwrap();
-    for bandwidth in [None, Some(2e6)] {
-        let cpu = tcc_codegen::Cpu {
-            link_bandwidth: bandwidth,
-            ..Default::default()
-        };
-        let exe = tcc_codegen::compile(&cpu, &swapped).unwrap();
-        for _ in 0..3 {
-            let got = exe.run(&x).unwrap();
-            assert!(got[0].data() == want[0].data(), "{bandwidth:?}: other bits");
+    for copies in [Copying::Thread, Copying::Inline, Copying::Auto] {
+        for bandwidth in [None, Some(2e6)] {
+            let cpu = tcc_codegen::Cpu {
+                link_bandwidth: bandwidth,
+                copies,
+                ..Default::default()
+            };
+            let exe = tcc_codegen::compile(&cpu, &swapped).unwrap();
+            for _ in 0..3 {
+                let got = exe.run(&x).unwrap();
+                let what = format!("{copies:?}, {bandwidth:?}: other bits");
+                assert!(got[0].data() == want[0].data(), "{what}");
+            }
         }
     }
 }
@@ -92,6 +98,7 @@ fn concurrent_runs_swap_independently() {
     let kept = parse_function(&src(false)).unwrap();
     let cpu = tcc_codegen::Cpu {
         link_bandwidth: Some(20e6),
+        copies: tcc_codegen::Copying::Thread,
         ..Default::default()
     };
     let exe = tcc_codegen::compile(&cpu, &swapped).unwrap();

@@ -1,5 +1,6 @@
 //! Swaps between the arena (device memory) and the host pool, on a copy thread that runs
-//! beside the steps, as a GPU's copy engine runs beside its compute stream.
+//! beside the steps, as a GPU's copy engine runs beside its compute stream, or inline where no
+//! core is left for that thread ([`Copying`](super::Copying)).
 //!
 //! One thread serves every run of every executable, first in first out: a run's swap step
 //! hands it a copy and goes on; a later step that needs the copy done (the reader of a
@@ -9,14 +10,20 @@
 //! among themselves: a swap-in starts after the swap-out that filled its host value, and a
 //! swap-out's bytes are read before a later swap-in overwrites them.
 //!
-//! With a link bandwidth (`Cpu::link_bandwidth`), a copy of `n` bytes takes at least `n /
-//! bandwidth` seconds (it sleeps for the rest): a PCIe link simulated honestly on a machine
-//! without one.
+//! With a link bandwidth (`Cpu::link_bandwidth`), the run keeps a link clock: a copy occupies
+//! the link for `n / bandwidth` seconds from when it is handed over or the link is free,
+//! whichever is later, and a step that waits for it waits until then, even though the bytes
+//! arrived sooner: a PCIe link simulated honestly on a machine without one. The copy thread
+//! itself sleeps out a copy's link time only when that is over a millisecond (sleeping a few
+//! microseconds costs tens on Linux, which turned a 4-microsecond copy into a 60-microsecond
+//! one and stalled the readers); then the bytes really arrive late, which the tests of slow
+//! links rely on to exercise the waits.
 
 use super::send_ptr::SendPtr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::Instant;
 
 /// Checks of a copy's completion before a waiting step blocks (some tens of microseconds).
 const SPINS: u32 = 20_000;
@@ -26,8 +33,8 @@ struct Job {
     src: SendPtr<*const u8>,
     dst: SendPtr<*mut u8>,
     len: usize,
-    /// Bytes per second, if the copy is throttled.
-    bandwidth: Option<f64>,
+    /// The copy's time on the link, where the copy thread sleeps it out.
+    hold: Option<std::time::Duration>,
     /// The run's completions, and this copy's ticket among them.
     done: Arc<Done>,
     ticket: u64,
@@ -41,6 +48,46 @@ struct Done {
     last: AtomicU64,
     lock: Mutex<()>,
     more: Condvar,
+}
+
+/// A run's simulated link: when it is next free, and when each copy (by ticket) has crossed
+/// it, in nanoseconds from `start`.
+struct Link {
+    bandwidth: f64,
+    start: Instant,
+    free: u64,
+    ready: Vec<u64>,
+}
+
+impl Link {
+    fn now(&self) -> u64 {
+        self.start.elapsed().as_nanos() as u64
+    }
+
+    /// Books a copy of `len` bytes handed over now; when it has crossed.
+    fn book(&mut self, len: usize) -> u64 {
+        let begin = self.free.max(self.now());
+        self.free = begin + (len as f64 / self.bandwidth * 1e9) as u64;
+        self.free
+    }
+
+    /// Waits until the copy with `ticket` has crossed: sleeping while far off (less the
+    /// timer's slack), spinning for the last stretch.
+    fn wait(&self, ticket: u64) {
+        let until = self.ready[ticket as usize];
+        loop {
+            let now = self.now();
+            if now >= until {
+                return;
+            }
+            let left = until - now;
+            if left > 200_000 {
+                std::thread::sleep(std::time::Duration::from_nanos(left - 100_000));
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
 }
 
 impl Done {
@@ -62,16 +109,13 @@ fn queue() -> &'static Sender<Job> {
             .name("tcc-copy".into())
             .spawn(move || {
                 for job in rx {
-                    let start = std::time::Instant::now();
+                    let start = Instant::now();
                     // SAFETY: the run that issued the job keeps both buffers alive and leaves
                     // them alone until the job is done (it waits for its ticket before any
                     // step that writes them, and before it returns).
                     unsafe { std::ptr::copy_nonoverlapping(job.src.get(), job.dst.get(), job.len) };
-                    if let Some(bw) = job.bandwidth {
-                        let least = std::time::Duration::from_secs_f64(job.len as f64 / bw);
-                        if let Some(rest) = least.checked_sub(start.elapsed()) {
-                            std::thread::sleep(rest);
-                        }
+                    if let Some(rest) = job.hold.and_then(|h| h.checked_sub(start.elapsed())) {
+                        std::thread::sleep(rest);
                     }
                     job.done.complete(job.ticket);
                 }
@@ -87,17 +131,27 @@ pub(super) struct Copies {
     issued: u64,
     /// The ticket of each swap step issued, by step index.
     tickets: Vec<u64>,
-    bandwidth: Option<f64>,
+    /// The simulated link, with a bandwidth.
+    link: Option<Link>,
+    /// Copies made by the issuing thread, not the copy thread.
+    inline: bool,
 }
 
 impl Copies {
-    /// A run's copies, for an executable of `steps` steps.
-    pub(super) fn new(steps: usize, bandwidth: Option<f64>) -> Copies {
+    /// A run's copies, for an executable of `steps` steps; `inline`: made by the thread that
+    /// issues them.
+    pub(super) fn new(steps: usize, bandwidth: Option<f64>, inline: bool) -> Copies {
         Copies {
             done: Arc::default(),
             issued: 0,
             tickets: vec![0; steps],
-            bandwidth,
+            link: bandwidth.map(|bandwidth| Link {
+                bandwidth,
+                start: Instant::now(),
+                free: 0,
+                ready: vec![0],
+            }),
+            inline,
         }
     }
 
@@ -110,12 +164,25 @@ impl Copies {
     pub(super) unsafe fn issue(&mut self, step: usize, src: *const u8, dst: *mut u8, len: usize) {
         self.issued += 1;
         self.tickets[step] = self.issued;
+        let mut hold = None;
+        if let Some(link) = &mut self.link {
+            let ready = link.book(len);
+            link.ready.push(ready);
+            let secs = len as f64 / link.bandwidth;
+            hold = (secs > 1e-3).then(|| std::time::Duration::from_secs_f64(secs));
+        }
+        if self.inline {
+            // SAFETY: the caller's contract.
+            unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+            self.done.last.store(self.issued, Ordering::Release);
+            return;
+        }
         let job = Job {
             // SAFETY: the caller's contract: only the copy thread touches these bytes meanwhile.
             src: unsafe { SendPtr::new(src) },
             dst: unsafe { SendPtr::new(dst) },
             len,
-            bandwidth: self.bandwidth,
+            hold,
             done: self.done.clone(),
             ticket: self.issued,
         };
@@ -139,6 +206,9 @@ impl Copies {
     }
 
     fn wait_for(&self, ticket: u64) {
+        if let Some(link) = &self.link {
+            link.wait(ticket);
+        }
         let done = || self.done.last.load(Ordering::Acquire) >= ticket;
         for _ in 0..SPINS {
             if done() {

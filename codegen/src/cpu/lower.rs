@@ -221,6 +221,7 @@ pub(super) fn compile(
         mem,
         waits,
         link_bandwidth: cpu.link_bandwidth,
+        copying: cpu.copies,
         steps,
         origin,
         consts,

@@ -67,9 +67,28 @@ pub struct Cpu {
     /// The vector width of the library kernels.
     pub vector_width: VectorWidth,
     /// With swaps: the bandwidth of the simulated link between the arena ("device" memory)
-    /// and the host pool, in bytes per second (each copy takes at least its bytes over it);
-    /// `None` copies as fast as memory does.
+    /// and the host pool, in bytes per second (a step that needs a copy waits until the copy
+    /// would have crossed the link, the copies crossing one after another); `None` copies as
+    /// fast as memory does.
     pub link_bandwidth: Option<f64>,
+    /// Which thread makes the swaps' copies.
+    pub copies: Copying,
+}
+
+/// Which thread makes the swaps' copies (a step that needs one waits for it either way, and
+/// for the simulated link's time with [`Cpu::link_bandwidth`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Copying {
+    /// The copy thread where a core is left for it beside the compute threads, else inline:
+    /// on two cores with two compute threads a third thread preempts a compute thread, and
+    /// every parallel step waits for the one descheduled (a step of the benchmark's chain
+    /// took 23 ms swapping against 17 ms not; with one compute thread, 24.6 against 25.0).
+    #[default]
+    Auto,
+    /// The copy thread, beside the steps, as a GPU's copy engine beside its compute stream.
+    Thread,
+    /// The step that issues the copy makes it before the next step runs.
+    Inline,
 }
 
 impl Cpu {
@@ -189,6 +208,8 @@ pub struct Executable {
     waits: Vec<Vec<usize>>,
     /// As [`Cpu::link_bandwidth`].
     link_bandwidth: Option<f64>,
+    /// As [`Cpu::copies`].
+    copying: Copying,
     /// Arenas (and host pools) of finished runs, reused by later ones (one per concurrent run
     /// at most).
     arenas: std::sync::Mutex<Vec<(Vec<Line>, Vec<Line>)>>,

@@ -2,7 +2,6 @@
 //! the steps in order, and the results copied out. Also the per-step profile that
 //! [`Cpu::profile`](super::Cpu) turns on.
 
-use super::Executable;
 use super::bytes::{
     advise_huge_pages, capacity_ptr, data_ptr, lines, read_data, set_len, write_data,
 };
@@ -12,6 +11,7 @@ use super::lower::{Finish, LibOp, Loop, Step};
 use super::matmul::run_matmul;
 use super::pool;
 use super::send_ptr::SendPtr;
+use super::{Copying, Executable};
 use crate::backend::RunError;
 use crate::memory::Storage;
 use crate::plan::Kernel;
@@ -125,12 +125,21 @@ impl Executable {
             }
         };
         let profile = self.profile.is_some();
-        // Swaps run on the copy thread; a step waits for the copies it needs first.
+        // Swaps run on the copy thread (or inline, `Copying`); a step waits for the copies it
+        // needs first.
         let swaps = self
             .steps
             .iter()
             .any(|(_, s)| matches!(s, Step::Swap { .. }));
-        let mut copies = swaps.then(|| Copies::new(self.steps.len(), self.link_bandwidth));
+        let inline = match self.copying {
+            Copying::Thread => false,
+            Copying::Inline => true,
+            Copying::Auto => {
+                let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+                pool::threads() >= cores
+            }
+        };
+        let mut copies = swaps.then(|| Copies::new(self.steps.len(), self.link_bandwidth, inline));
         for (si, (k, step)) in self.steps.iter().enumerate() {
             let t0 = profile.then(std::time::Instant::now);
             if let Some(c) = &copies {

@@ -137,6 +137,7 @@ pub fn compile(f: &Function, (target, width): Target, plain: bool) -> Executable
         },
         vector_width: width,
         link_bandwidth: None,
+        copies: tcc_codegen::Copying::Auto,
     };
     tcc_codegen::compile(&cpu, f).unwrap_or_else(|e| panic!("{f}\n{e}"))
 }

@@ -68,6 +68,7 @@ impl Model {
             layout: self.layout.parse().unwrap_or_default(),
             vector_width: self.vector_width.parse().unwrap_or_default(),
             link_bandwidth: self.link_bandwidth,
+            copies: tcc_codegen::Copying::Auto,
         }
     }
 }
