@@ -768,3 +768,31 @@ fn stop_gradient_and_stop_values_block() {
     let out = interp::run(&f, &[x]).unwrap();
     assert_eq!(f64s(&out[1]), [2.25, 4.0]);
 }
+
+/// Tensors with no elements differentiate too (no division by a zero extent): batch norm over
+/// no channels, as the random-function generator makes them.
+#[test]
+fn empty_tensors_differentiate() {
+    let mut f = tcc_ir::parse_function(
+        "func @f(%x: f32[2,0,3,3], %g: f32[0], %b: f32[0]) -> (f32[]) {
+  %y, %m, %v = batch_norm_train %x, %g, %b : f32[2,0,3,3], f32[0], f32[0]
+  %l = reduce_sum %y {axes=[0,1,2,3]} : f32[]
+  return %l
+}",
+    )
+    .unwrap();
+    let opts = GradOptions {
+        wrt: Wrt::Params,
+        ..Default::default()
+    };
+    grad(&mut f, &opts).unwrap();
+    tcc_ir::verify_function(&f).unwrap();
+    let mut rng = Rng::new(1);
+    let xs: Vec<Tensor> = f
+        .params()
+        .iter()
+        .map(|&p| random_input(&f, p, &mut rng))
+        .collect();
+    let out = interp::run(&f, &xs).unwrap();
+    assert!(out.iter().skip(1).all(|t| t.ty().numel() == 0), "{f}");
+}

@@ -829,7 +829,11 @@ impl Rules<'_> {
         let (mean, var) = (results[1], results[2]);
         let d = self.dims(x);
         let r = d.len();
-        let m = (d.iter().product::<u64>() / d[1]) as f64;
+        // Elements per channel (by product, not a division: a tensor may have no channels).
+        let m = (d.iter().enumerate())
+            .filter(|&(i, _)| i != 1)
+            .map(|(_, &n)| n)
+            .product::<u64>() as f64;
         let axes: Vec<i64> = (0..r as i64).filter(|&i| i != 1).collect();
         let mb = self.per_channel(mean, r)?;
         let xc = self.b.sub(x, mb)?;

@@ -949,6 +949,35 @@ mod tests {
         );
     }
 
+    /// On larger random functions (too many values to enumerate), the exact search's bound
+    /// stays under the simulated peak at every leaf (its debug assertion) and neither it nor
+    /// the budget search fails, in both spaces, for the lowest peak and at budgets.
+    #[test]
+    fn exact_search_bounds_hold_on_larger_functions() {
+        let mut searched = 0;
+        for seed in 1000..1150 {
+            for size in [24, 40] {
+                let f = random_function(seed, size);
+                let floats = f.params().iter().any(|&p| f.ty(p).dtype().is_float())
+                    && f.results().iter().all(|&r| f.ty(r).dtype().is_float());
+                let swaps = f.schedule().iter().any(|&op| f.op(op).kind.is_swap());
+                let Some(f) = (floats && !swaps).then(|| joint(f)).flatten() else {
+                    continue;
+                };
+                if f.backward_position().is_none() {
+                    continue;
+                }
+                for space in [Space::Read, Space::Forward] {
+                    let e = exact(&f, Goal::LowestPeak, space, None, 5_000).unwrap();
+                    assert!(e.checkpoints.is_some());
+                    let _ = fit(&f, Budget::Bytes(e.peak.max(1)));
+                    searched += 1;
+                }
+            }
+        }
+        assert!(searched > 200, "{searched}");
+    }
+
     #[test]
     fn budgets_parse() {
         assert_eq!(Budget::parse("4096"), Ok(Budget::Bytes(4096)));
