@@ -378,3 +378,28 @@ fn training_with_a_budget_keeps_the_losses_and_shrinks_the_arena() {
     // The loss moves: the steps really train.
     assert_ne!(la[0], la[3]);
 }
+
+/// In a pipeline, `remat` notes what it kept and recomputed and, with a budget, the peaks and
+/// which candidate of the search won (`tcc mem --passes` and `tcc opt --time-passes` print it).
+#[test]
+fn the_pass_notes_its_plan() {
+    let f = parse_function(&chain(8)).unwrap();
+    for (pipeline, says) in [
+        ("grad{wrt=params},remat{budget=0.6}", "chosen by"),
+        ("grad{wrt=params},remat{strategy=memory}", "strategy=memory"),
+        ("grad{wrt=params},remat{names=[l1/]}", "names=[l1/]"),
+    ] {
+        let mut m = tcc::ir::Module::new();
+        m.functions.push(f.clone());
+        let runs = PassManager::new(Pipeline::parse(pipeline).unwrap())
+            .run(&mut m, &mut std::io::sink())
+            .unwrap();
+        let notes = &runs.last().unwrap().notes;
+        assert_eq!(notes.len(), 1, "{pipeline}");
+        let n = &notes[0];
+        assert!(
+            n.starts_with("@chain: ") && n.contains("ops recomputed") && n.contains(says),
+            "{n}"
+        );
+    }
+}

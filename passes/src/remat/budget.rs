@@ -75,6 +75,8 @@ pub struct Fit {
     pub peak_after: u64,
     /// FLOPs of the recomputation (the cost model of `analysis::cost`).
     pub extra_flops: u64,
+    /// Which candidate of the search it is (as the error names the lowest peak's).
+    pub chosen_by: String,
 }
 
 /// Chooses checkpoints that bring the peak of activations and temporaries (`temps_peak` of
@@ -104,6 +106,7 @@ pub fn fit(f: &Function, budget: Budget) -> Result<Fit, String> {
             peak_before: base,
             peak_after: base,
             extra_flops: 0,
+            chosen_by: "no remat: the peak is within the budget".to_string(),
         });
     }
     let mut seen = Seen {
@@ -302,7 +305,7 @@ pub fn fit(f: &Function, budget: Budget) -> Result<Fit, String> {
     // step keeping or dropping one value or moving a checkpoint to the next value either side.
     if stash.len() <= 64 && stash.len().pow(2) * j.len() <= 1 << 24 {
         let start = match &seen.best {
-            Some((_, _, keep)) => keep.clone(),
+            Some((_, _, keep, _)) => keep.clone(),
             None => seen.lowest.2.clone(),
         };
         let (found, how) = descend(start, &stash, limit, &eval);
@@ -317,7 +320,7 @@ pub fn fit(f: &Function, budget: Budget) -> Result<Fit, String> {
         for space in [Space::Read, Space::Forward] {
             // Without a plan that fits, the lowest peak seen leads the way.
             let hint = match &seen.best {
-                Some((_, _, keep)) => keep.clone(),
+                Some((_, _, keep, _)) => keep.clone(),
                 None => seen.lowest.2.clone(),
             };
             let found = exact::search(&j, Goal::Cheapest(limit), space, Some(&hint), EXACT_NODES);
@@ -342,11 +345,12 @@ pub fn fit(f: &Function, budget: Budget) -> Result<Fit, String> {
     }
     let lowest = seen.lowest;
     match seen.best {
-        Some((extra, peak, keep)) => Ok(Fit {
+        Some((extra, peak, keep, how)) => Ok(Fit {
             checkpoints: values_of(&keep),
             peak_before: base,
             peak_after: peak,
             extra_flops: extra,
+            chosen_by: how,
         }),
         None => Err(format!(
             "budget {} ({limit} bytes) is below the smallest peak remat found, {} ({} bytes, {}){}; the peak without remat is {}: give a budget of at least {} bytes",
@@ -369,7 +373,7 @@ pub fn fit(f: &Function, budget: Budget) -> Result<Fit, String> {
 /// the lowest peak (with how it was chosen).
 struct Seen {
     limit: u64,
-    best: Option<(u64, u64, Vec<bool>)>,
+    best: Option<(u64, u64, Vec<bool>, String)>,
     lowest: (u64, String, Vec<bool>),
 }
 
@@ -389,9 +393,9 @@ impl Seen {
             && self
                 .best
                 .as_ref()
-                .is_none_or(|(e, p, _)| (extra, peak) < (*e, *p))
+                .is_none_or(|(e, p, _, _)| (extra, peak) < (*e, *p))
         {
-            self.best = Some((extra, peak, keep));
+            self.best = Some((extra, peak, keep, how()));
         }
         ok
     }

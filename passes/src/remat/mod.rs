@@ -725,7 +725,68 @@ impl Pass for Remat {
 }
 
 pub(crate) fn create(o: &Options) -> Result<Box<dyn Pass>, String> {
-    Ok(Box::new(Remat(options(o)?)))
+    Ok(Box::new(RematPass {
+        remat: Remat(options(o)?),
+        notes: std::sync::Mutex::new(Vec::new()),
+    }))
+}
+
+/// `remat` in a pipeline: [`Remat`], noting for each function what it kept and recomputed
+/// and, with a budget, the peaks and which candidate of the search won.
+struct RematPass {
+    remat: Remat,
+    notes: std::sync::Mutex<Vec<String>>,
+}
+
+impl Pass for RematPass {
+    fn name(&self) -> &'static str {
+        "remat"
+    }
+
+    fn run_on_function(&self, f: &mut Function) -> Result<(), String> {
+        no_swaps(f)?;
+        let b = f.backward_position().ok_or_else(no_backward)?;
+        let forward: u64 = f.schedule()[..b].iter().map(|&op| flops(f, op)).sum();
+        let (checkpoints, how) = match &self.remat.0 {
+            Strategy::Budget(budget) => {
+                let fit = fit(f, *budget)?;
+                let how = format!(
+                    "peak {} -> {}, chosen by {}",
+                    crate::analysis::memory::human(fit.peak_before),
+                    crate::analysis::memory::human(fit.peak_after),
+                    fit.chosen_by
+                );
+                (fit.checkpoints, how)
+            }
+            s => {
+                let how = match s {
+                    Strategy::Collection => "strategy=collection".to_string(),
+                    Strategy::Names(frags) => format!("names=[{}]", frags.join(",")),
+                    Strategy::Speed => "strategy=speed".to_string(),
+                    Strategy::Memory { min_bytes: 0 } => "strategy=memory".to_string(),
+                    Strategy::Memory { min_bytes } => {
+                        format!("strategy=memory, min-bytes={min_bytes}")
+                    }
+                    Strategy::Budget(_) => unreachable!("handled above"),
+                };
+                (choose(f, s)?, how)
+            }
+        };
+        let stats = remat(f, &checkpoints)?;
+        let note = format!(
+            "@{}: {} values kept, {} ops recomputed ({:.3} forward passes); {how}",
+            f.name,
+            stats.checkpoints,
+            stats.recomputed_ops,
+            stats.extra_flops as f64 / forward.max(1) as f64,
+        );
+        self.notes.lock().expect("not poisoned").push(note);
+        Ok(())
+    }
+
+    fn notes(&self) -> Vec<String> {
+        std::mem::take(&mut *self.notes.lock().expect("not poisoned"))
+    }
 }
 
 #[cfg(test)]

@@ -49,7 +49,11 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
                 .run(&mut m2, &mut std::io::sink())
                 .map_err(|e| Error::input(format!("{}: error: {e}", input.name)))?;
             // What the planners chose (`offload` lists each saved activation's decision).
-            for r in runs.iter().filter(|r| r.label.starts_with("offload")) {
+            let planners = ["offload", "remat"];
+            for r in runs
+                .iter()
+                .filter(|r| planners.iter().any(|p| r.label.starts_with(p)))
+            {
                 for n in &r.notes {
                     let _ = writeln!(io.stdout, "{}: {n}", r.label);
                 }
