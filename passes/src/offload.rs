@@ -28,7 +28,7 @@
 //! plan with swaps in place of recomputations where they keep the budget and save time
 //! (changes that help only together, as two recomputations in a row), and fails, saying the
 //! lowest peak it reached, if that misses too. A plan that costs over 0.5% of the step is
-//! compared with that remat-seeded plan, and on functions with at most 24 candidates polished
+//! compared with that remat-seeded plan, and on functions with at most 16 candidates (and 1,000 ops) polished
 //! by steepest descent (one decision changed, or moved to a kept activation). Deterministic.
 //!
 //! [`Offload::exhaustive`] is the exact optimum of the same space for small functions, to
@@ -284,8 +284,9 @@ impl Offload {
             state = s;
             best = built;
         }
-        // On small functions, moves of one decision from an activation to another.
-        if costly(&best) && candidates.len() <= 24 && f.schedule().len() <= 5_000 {
+        // On small functions, moves of one decision from an activation to another (at most
+        // 16² + 32 builds a step, 8 steps).
+        if costly(&best) && candidates.len() <= 16 && f.schedule().len() <= 1_000 {
             (state, best) = self.polish(f, &candidates, budget, state, best);
         }
         // A value planned for swapping that the built plan could not swap is kept.
@@ -355,7 +356,7 @@ impl Offload {
     /// Steepest descent on a plan that meets `budget`: while some move shortens the predicted
     /// step within the budget, take the best, a move being one activation's decision changed,
     /// or one activation's decision moved to a kept one (which is then kept no more). O(n²)
-    /// builds a step, at most n steps.
+    /// builds a step, at most 8 steps.
     fn polish(
         &self,
         f: &Function,
@@ -365,7 +366,7 @@ impl Offload {
         mut best: Built,
     ) -> (Vec<Decision>, Built) {
         let n = candidates.len();
-        for _ in 0..n {
+        for _ in 0..8 {
             let mut moves: Vec<Vec<(usize, Decision)>> = Vec::new();
             for i in 0..n {
                 for &d in std::iter::once(&Decision::Keep).chain(&self.moves) {
