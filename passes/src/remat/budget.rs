@@ -1,9 +1,10 @@
 //! `remat{budget=...}`: the [`Budget`] type and [`fit`], the search for the least recomputation
 //! whose simulated peak fits (the candidates are listed in the parent module's docs). Every
-//! candidate is judged by the parent's `Joint` simulator; nothing is rewritten here.
+//! candidate is judged by `joint::Joint`'s simulator; nothing is rewritten here.
 
 use super::exact::{self, Goal, Space};
-use super::{Joint, NONE, Strategy, choose, no_backward, read_by_backward};
+use super::joint::{Joint, NONE};
+use super::{Strategy, choose, no_backward, read_by_backward};
 use crate::analysis::memory::human;
 use cranelift_entity::EntityRef;
 use tcc_ir::{Function, Value};

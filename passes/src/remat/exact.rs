@@ -1,7 +1,7 @@
 //! The exact optimum of remat's plans on small functions: branch and bound over which forward
 //! values are kept.
 //!
-//! The space is the one `remat` rewrites to (the parent module's `Joint::plan`): any set of
+//! The space is the one `remat` rewrites to (`joint::Joint::plan`): any set of
 //! forward values is kept; every other one a backward op needs is recomputed once, just before
 //! the first backward op that needs it, and its copy lives until its last reader. The search
 //! decides the forward ops in reverse schedule order, so that when an op is decided all its
@@ -21,11 +21,14 @@
 //!   pass the limit (`pot`), enough of them must be dropped, each recomputing at least its own
 //!   op.
 //!
-//! Leaves are judged by the parent's simulator (the same peak `analysis::memory` reports),
+//! Leaves are judged by `joint::Joint`'s simulator (the same peak `analysis::memory` reports),
 //! never by the bound. The search stops after a number of nodes; the result then says it is
 //! not proven.
 
-use super::{Joint, Kind, NONE};
+use super::joint::{Joint, Kind, NONE};
+use super::{no_backward, no_swaps};
+use cranelift_entity::EntityRef;
+use tcc_ir::{Function, Value};
 
 /// What the search is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,7 +71,7 @@ pub(super) struct Found {
 /// definition to its last reader, and each forward value the backward pass reads (as original,
 /// copy or swapped-in copy) at every backward op that reads it. Buffers shared through reshapes
 /// and returned buffers are left out.
-pub(super) fn floor(j: &Joint) -> u64 {
+fn profile_floor(j: &Joint) -> u64 {
     let facts = Facts::new(j);
     let mut delta = vec![0i64; j.len() + 1];
     let mut add = |lo: u32, hi: u32, bytes: i64| {
@@ -644,4 +647,81 @@ impl Search<'_> {
             self.best = Some((extra, peak, self.keep.clone()));
         }
     }
+}
+
+/// What [`exact`] found.
+#[derive(Clone, Debug)]
+pub struct Exact {
+    /// The values to keep; `None` when no plan meets the goal's limit.
+    pub checkpoints: Option<Vec<Value>>,
+    /// Peak bytes of activations and temporaries without remat.
+    pub peak_before: u64,
+    /// The plan's peak and recomputed FLOPs (zero without a plan).
+    pub peak: u64,
+    /// See `peak`.
+    pub extra_flops: u64,
+    /// The search finished, so the plan is optimal among remat's plans (or, without one, none
+    /// exists); false when it stopped at the node limit.
+    pub proven: bool,
+    /// Nodes the search visited.
+    pub nodes: u64,
+}
+
+/// The optimum among remat's plans (a set of forward values of `space` kept, the rest
+/// recomputed once before their first backward reader) for `goal`, by branch and bound:
+/// exponential in the worst case, meant for functions of up to a few hundred ops (an error past
+/// 4096 forward ops), and stopped after `max_nodes` nodes. `hint` (checkpoints, say [`fit`]'s)
+/// is tried first.
+pub fn exact(
+    f: &Function,
+    goal: Goal,
+    space: Space,
+    hint: Option<&[Value]>,
+    max_nodes: u64,
+) -> Result<Exact, String> {
+    no_swaps(f)?;
+    let b = f.backward_position().ok_or_else(no_backward)?;
+    // The search recurses once per forward op.
+    const MAX_FORWARD_OPS: usize = 4096;
+    if b > MAX_FORWARD_OPS {
+        return Err(format!(
+            "the exact search is for functions of at most {MAX_FORWARD_OPS} forward ops, and this one has {b}"
+        ));
+    }
+    let j = Joint::new(f, b);
+    let nv = f.num_values_created();
+    let (peak_before, _) = j.simulate(&j.plan(&vec![true; nv]));
+    let hint = hint.map(|c| {
+        let mut keep = vec![false; nv];
+        for v in c {
+            keep[v.index()] = true;
+        }
+        keep
+    });
+    let found = search(&j, goal, space, hint.as_deref(), max_nodes);
+    Ok(Exact {
+        checkpoints: found.keep.map(|keep| {
+            (0..nv)
+                .filter(|&v| keep[v] && j.forward[v])
+                .map(Value::new)
+                .collect()
+        }),
+        peak_before,
+        peak: found.peak,
+        extra_flops: found.extra,
+        proven: found.proven,
+        nodes: found.nodes,
+    })
+}
+
+/// A lower bound on the peak of activations and temporaries (`temps_peak`) that any plan can
+/// reach which keeps, recomputes or swaps the values the backward pass reads: every value on
+/// the device at least while the ops that must read it run (forward values from their
+/// definition through their forward readers, backward values through their readers, saved
+/// values at each backward reader). A budget below it is out of reach of `remat`, `offload`
+/// and `swap` alike, except `swap`'s branch swapping, which also takes a value off the device
+/// between two forward readers.
+pub fn floor(f: &Function) -> Result<u64, String> {
+    let b = f.backward_position().ok_or_else(no_backward)?;
+    Ok(profile_floor(&Joint::new(f, b)))
 }
