@@ -6,7 +6,6 @@
 
 mod common;
 
-use tcc::ir::random::{Rng, random_tensor};
 use tcc::ir::{Data, Function, Tensor, interp, parse_function};
 use tcc::passes::grad::{GradOptions, Wrt, grad};
 use tcc::passes::quant::fold_bn::Training;
@@ -43,11 +42,7 @@ fn floats(t: &Tensor) -> Vec<f64> {
 }
 
 fn inputs(f: &Function, seed: u64) -> Vec<Tensor> {
-    let mut rng = Rng::new(seed);
-    f.params()
-        .iter()
-        .map(|&p| random_tensor(f.ty(p), &mut rng))
-        .collect()
+    common::random_inputs(f, seed)
 }
 
 fn state(dt_f64: bool, step: f64) -> Vec<Tensor> {

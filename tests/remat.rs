@@ -1,6 +1,8 @@
 //! `remat`: the rematerialized function gives bit-identical results and gradients (interpreter
 //! and compiled code), verifies, and holds fewer activation bytes across the backward pass.
 
+mod common;
+
 use tcc::codegen::Executable;
 use tcc::ir::random::{Rng, random_tensor};
 use tcc::ir::{Function, Tensor, parse_function};
@@ -140,21 +142,7 @@ fn budgets_are_met_for_the_least_recomputation() {
 
 /// A residual block stack `x + W2 relu(W1 x)`, batch 8, width 16.
 fn residual(n: usize) -> String {
-    let mut s = String::from("func @res(%x: f32[8,16]");
-    for i in 0..n {
-        s += &format!(", %w{i}: f32[16,16], %v{i}: f32[16,16]");
-    }
-    s += ") -> (f32[]) {\n";
-    let mut prev = "%x".to_string();
-    for i in 0..n {
-        s += &format!("  %b{i}/mm1 = matmul {prev}, %w{i} : f32[8,16]\n");
-        s += &format!("  %b{i}/relu = relu %b{i}/mm1 : f32[8,16]\n");
-        s += &format!("  %b{i}/mm2 = matmul %b{i}/relu, %v{i} : f32[8,16]\n");
-        s += &format!("  %b{i}/out = add {prev}, %b{i}/mm2 : f32[8,16]\n");
-        prev = format!("%b{i}/out");
-    }
-    s += &format!("  %loss = reduce_mean {prev} {{axes=[0,1]}} : f32[]\n  return %loss\n}}\n");
-    s
+    common::residual_stack(n, 8, 16)
 }
 
 /// The budget search against the exact optimum (branch and bound over every set of kept forward

@@ -3,8 +3,10 @@
 //! value's last forward reader, each swap-in right after its trigger and before its reader),
 //! and holds fewer device bytes across the backward pass; bad options say what is wrong.
 
+mod common;
+
 use tcc::codegen::Executable;
-use tcc::ir::random::{Rng, random_function, random_tensor};
+use tcc::ir::random::random_function;
 use tcc::ir::{Function, Module, OpKind, Tensor, parse_function};
 use tcc::passes::analysis::memory::analyze;
 use tcc::passes::{PassManager, Pipeline};
@@ -43,11 +45,7 @@ fn bits(ts: &[Tensor]) -> Vec<Vec<u32>> {
 }
 
 fn inputs(f: &Function, seed: u64) -> Vec<Tensor> {
-    let mut rng = Rng::new(seed);
-    f.params()
-        .iter()
-        .map(|&p| random_tensor(f.ty(p), &mut rng))
-        .collect()
+    common::random_inputs(f, seed)
 }
 
 /// Every swap where the pass puts it: a swap-out right after the op it depends on (the value's
@@ -512,22 +510,7 @@ fn offload_errors_say_what_to_do() {
 #[test]
 fn offload_is_near_the_exhaustive_optimum() {
     use tcc::passes::offload::options;
-    let residual = |n: usize| {
-        let mut s = String::from("func @res(%x: f32[16,32]");
-        for i in 0..n {
-            s += &format!(", %w{i}: f32[32,32], %v{i}: f32[32,32]");
-        }
-        s += ") -> (f32[]) {\n";
-        let mut prev = "%x".to_string();
-        for i in 0..n {
-            s += &format!("  %b{i}/mm1 = matmul {prev}, %w{i} : f32[16,32]\n");
-            s += &format!("  %b{i}/relu = relu %b{i}/mm1 : f32[16,32]\n");
-            s += &format!("  %b{i}/mm2 = matmul %b{i}/relu, %v{i} : f32[16,32]\n");
-            s += &format!("  %b{i}/out = add {prev}, %b{i}/mm2 : f32[16,32]\n");
-            prev = format!("%b{i}/out");
-        }
-        s + &format!("  %loss = reduce_mean {prev} {{axes=[0,1]}} : f32[]\n  return %loss\n}}\n")
-    };
+    let residual = |n| common::residual_stack(n, 16, 32);
     let (mut costly, mut none) = (0, 0);
     for src in [chain(4), chain(6), residual(2), residual(3)] {
         let f = parse_function(&src).unwrap();

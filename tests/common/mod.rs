@@ -4,7 +4,7 @@
 
 pub mod onnx;
 
-use tcc::ir::random::Rng;
+use tcc::ir::random::{Rng, random_tensor};
 use tcc::ir::{Data, Function, Tensor, interp};
 use tcc::passes::grad::{GradOptions, Wrt, grad};
 
@@ -112,4 +112,33 @@ pub fn gradcheck(what: &str, f: &Function) {
         }
     }
     assert!(checked > 0, "{what}: no parameter to check");
+}
+
+/// A random tensor for each parameter of `f`, from `seed`.
+pub fn random_inputs(f: &Function, seed: u64) -> Vec<Tensor> {
+    let mut rng = Rng::new(seed);
+    f.params()
+        .iter()
+        .map(|&p| random_tensor(f.ty(p), &mut rng))
+        .collect()
+}
+
+/// `n` residual blocks `x + relu(x W) V` on a `[batch, width]` input, named `%b{i}/...`, with
+/// a mean as the loss.
+pub fn residual_stack(n: usize, batch: u64, width: u64) -> String {
+    let t = format!("f32[{batch},{width}]");
+    let mut s = format!("func @res(%x: {t}");
+    for i in 0..n {
+        s += &format!(", %w{i}: f32[{width},{width}], %v{i}: f32[{width},{width}]");
+    }
+    s += ") -> (f32[]) {\n";
+    let mut prev = "%x".to_string();
+    for i in 0..n {
+        s += &format!("  %b{i}/mm1 = matmul {prev}, %w{i} : {t}\n");
+        s += &format!("  %b{i}/relu = relu %b{i}/mm1 : {t}\n");
+        s += &format!("  %b{i}/mm2 = matmul %b{i}/relu, %v{i} : {t}\n");
+        s += &format!("  %b{i}/out = add {prev}, %b{i}/mm2 : {t}\n");
+        prev = format!("%b{i}/out");
+    }
+    s + &format!("  %loss = reduce_mean {prev} {{axes=[0,1]}} : f32[]\n  return %loss\n}}\n")
 }
