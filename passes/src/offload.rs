@@ -144,20 +144,30 @@ struct Built {
     swapped: Vec<Value>,
 }
 
+/// Where `f`'s backward part starts, or the error for a function without one.
+fn backward(f: &Function) -> Result<usize, String> {
+    f.backward_position().ok_or_else(|| {
+        "`offload` plans a training function, and this one has no backward part: run `grad` first"
+            .to_string()
+    })
+}
+
 impl Offload {
+    /// The budget in bytes, for a peak of `peak` without offloading.
+    fn limit(&self, peak: u64) -> u64 {
+        match self.budget {
+            Budget::Bytes(n) => n,
+            Budget::Fraction(x) => (peak as f64 * x) as u64,
+        }
+    }
+
     /// Plans and rewrites `f`; see the module docs.
     pub fn run(&self, f: &mut Function) -> Result<OffloadPlan, String> {
-        let b = f.backward_position().ok_or_else(|| {
-            "`offload` plans a training function, and this one has no backward part: run `grad` first"
-                .to_string()
-        })?;
+        let b = backward(f)?;
         let candidates = candidates(f, b);
         let mut state = vec![Decision::Keep; candidates.len()];
         let start = self.build(f, &candidates, &state)?;
-        let budget = match self.budget {
-            Budget::Bytes(n) => n,
-            Budget::Fraction(x) => (start.peak as f64 * x) as u64,
-        };
+        let budget = self.limit(start.peak);
         let mut best = Built {
             f: start.f.clone(),
             ..start
@@ -412,10 +422,7 @@ impl Offload {
     /// value's op runs at least once more; swaps add no compute). `None` when no assignment
     /// meets the budget. An error for more than 12 activations (3^12 builds).
     pub fn exhaustive(&self, f: &Function) -> Result<Option<OffloadPlan>, String> {
-        let b = f.backward_position().ok_or_else(|| {
-            "`offload` plans a training function, and this one has no backward part: run `grad` first"
-                .to_string()
-        })?;
+        let b = backward(f)?;
         let candidates = candidates(f, b);
         if candidates.len() > 12 {
             return Err(format!(
@@ -424,17 +431,9 @@ impl Offload {
             ));
         }
         let start = self.build(f, &candidates, &vec![Decision::Keep; candidates.len()])?;
-        let budget = match self.budget {
-            Budget::Bytes(n) => n,
-            Budget::Fraction(x) => (start.peak as f64 * x) as u64,
-        };
-        let pos = f.positions();
+        let budget = self.limit(start.peak);
         let own: Vec<f64> = (candidates.iter())
-            .map(|&v| {
-                let p = f.def_op(v).expect("an op result");
-                debug_assert!(pos[p].is_some());
-                compute_time(f, p, &self.machine)
-            })
+            .map(|&v| compute_time(f, f.def_op(v).expect("an op result"), &self.machine))
             .collect();
         struct Search<'a> {
             o: &'a Offload,
