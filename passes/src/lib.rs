@@ -27,7 +27,8 @@ pub use cse::cse;
 pub use dce::dce;
 pub use grad::{GradOptions, grad};
 pub use manager::{
-    Options, Pass, PassError, PassInfo, PassManager, PassRun, Pipeline, PipelineError, registry,
+    Notes, Options, Pass, PassError, PassInfo, PassManager, PassRun, Pipeline, PipelineError,
+    registry,
 };
 
 /// The pipeline `tcc run` and `tcc::Program::from_onnx` run before compiling, as onnxruntime

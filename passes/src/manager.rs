@@ -32,6 +32,23 @@ pub trait Pass {
     }
 }
 
+/// What a pass has noted since the pass manager last took its notes ([`Pass::notes`]); passes
+/// run on `&self`, so the notes sit behind a lock.
+#[derive(Debug, Default)]
+pub struct Notes(std::sync::Mutex<Vec<String>>);
+
+impl Notes {
+    /// Adds a note (one function's outcome).
+    pub fn push(&self, note: String) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(note);
+    }
+
+    /// The notes so far, leaving none.
+    pub fn take(&self) -> Vec<String> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
 /// An option a pass accepts.
 pub struct OptionInfo {
     /// Its key.

@@ -40,10 +40,9 @@
 use crate::analysis::cost::Machine;
 use crate::analysis::memory::{analyze, human};
 use crate::analysis::timeline::{compute_time, timeline};
-use crate::manager::{OptionInfo, Options, Pass};
+use crate::manager::{Notes, OptionInfo, Options, Pass};
 use crate::remat::{Budget, remat};
 use crate::swap::{Order, Swap};
-use std::sync::Mutex;
 use tcc_ir::edit::Users;
 use tcc_ir::{Function, OpKind, Value};
 
@@ -734,13 +733,13 @@ pub fn parse_rate(s: &str) -> Option<f64> {
 pub(crate) fn create(o: &Options) -> Result<Box<dyn Pass>, String> {
     Ok(Box::new(OffloadPass {
         offload: options(o)?,
-        notes: Mutex::new(Vec::new()),
+        notes: Notes::default(),
     }))
 }
 
 struct OffloadPass {
     offload: Offload,
-    notes: Mutex<Vec<String>>,
+    notes: Notes,
 }
 
 impl Pass for OffloadPass {
@@ -769,11 +768,11 @@ impl Pass for OffloadPass {
             let _ = tcc_ir::printer::write_name(&mut name, '%', f.name(*v));
             note += &format!("\n  {d:<9} {name}  {}", f.ty(*v));
         }
-        self.notes.lock().expect("not poisoned").push(note);
+        self.notes.push(note);
         Ok(())
     }
 
     fn notes(&self) -> Vec<String> {
-        std::mem::take(&mut *self.notes.lock().expect("not poisoned"))
+        self.notes.take()
     }
 }

@@ -33,10 +33,9 @@ pub mod lang;
 pub mod rules;
 
 use crate::analysis::cost::{Machine, estimate};
-use crate::manager::{OptionInfo, Options, Pass};
+use crate::manager::{Notes, OptionInfo, Options, Pass};
 use egg::{BackoffScheduler, Runner, StopReason};
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tcc_ir::Function;
 
@@ -408,13 +407,13 @@ pub fn options(o: &Options) -> Result<EqsatOptions, String> {
 pub(crate) fn create(o: &Options) -> Result<Box<dyn Pass>, String> {
     Ok(Box::new(Eqsat {
         options: options(o)?,
-        notes: Mutex::new(Vec::new()),
+        notes: Notes::default(),
     }))
 }
 
 struct Eqsat {
     options: EqsatOptions,
-    notes: Mutex<Vec<String>>,
+    notes: Notes,
 }
 
 impl Pass for Eqsat {
@@ -425,11 +424,11 @@ impl Pass for Eqsat {
     fn run_on_function(&self, f: &mut Function) -> Result<(), String> {
         let report = eqsat(f, &self.options)?;
         let note = format!("@{}: {report}", f.name);
-        self.notes.lock().expect("not poisoned").push(note);
+        self.notes.push(note);
         Ok(())
     }
 
     fn notes(&self) -> Vec<String> {
-        std::mem::take(&mut *self.notes.lock().expect("not poisoned"))
+        self.notes.take()
     }
 }

@@ -3,7 +3,7 @@
 
 use super::{Budget, RematStats, Strategy, choose, fit, no_backward, no_swaps, remat};
 use crate::analysis::cost::flops;
-use crate::manager::{OptionInfo, Options, Pass, PipelineError};
+use crate::manager::{Notes, OptionInfo, Options, Pass, PipelineError};
 use tcc_ir::Function;
 
 fn options(o: &Options) -> Result<Strategy, String> {
@@ -103,7 +103,7 @@ impl Pass for Remat {
 pub(crate) fn create(o: &Options) -> Result<Box<dyn Pass>, String> {
     Ok(Box::new(RematPass {
         remat: Remat(options(o)?),
-        notes: std::sync::Mutex::new(Vec::new()),
+        notes: Notes::default(),
     }))
 }
 
@@ -111,7 +111,7 @@ pub(crate) fn create(o: &Options) -> Result<Box<dyn Pass>, String> {
 /// and, with a budget, the peaks and which candidate of the search won.
 struct RematPass {
     remat: Remat,
-    notes: std::sync::Mutex<Vec<String>>,
+    notes: Notes,
 }
 
 impl Pass for RematPass {
@@ -156,11 +156,11 @@ impl Pass for RematPass {
             stats.recomputed_ops,
             stats.extra_flops as f64 / forward.max(1) as f64,
         );
-        self.notes.lock().expect("not poisoned").push(note);
+        self.notes.push(note);
         Ok(())
     }
 
     fn notes(&self) -> Vec<String> {
-        std::mem::take(&mut *self.notes.lock().expect("not poisoned"))
+        self.notes.take()
     }
 }
