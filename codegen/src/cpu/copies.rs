@@ -64,11 +64,14 @@ impl Link {
         self.start.elapsed().as_nanos() as u64
     }
 
-    /// Books a copy of `len` bytes handed over now; when it has crossed.
-    fn book(&mut self, len: usize) -> u64 {
+    /// Books a copy of `len` bytes handed over now, recording when it will have crossed;
+    /// returns its time on the link.
+    fn book(&mut self, len: usize) -> std::time::Duration {
+        let secs = len as f64 / self.bandwidth;
         let begin = self.free.max(self.now());
-        self.free = begin + (len as f64 / self.bandwidth * 1e9) as u64;
-        self.free
+        self.free = begin + (secs * 1e9) as u64;
+        self.ready.push(self.free);
+        std::time::Duration::from_secs_f64(secs)
     }
 
     /// Waits until the copy with `ticket` has crossed: sleeping while far off (less the
@@ -155,7 +158,8 @@ impl Copies {
         }
     }
 
-    /// Hands step `step`'s copy of `len` bytes from `src` to `dst` to the copy thread.
+    /// Hands step `step`'s copy of `len` bytes from `src` to `dst` to the copy thread, or
+    /// makes it here when the copies are inline.
     ///
     /// # Safety
     /// `src` and `dst` hold `len` bytes and do not overlap; they stay alive, and nothing else
@@ -164,13 +168,10 @@ impl Copies {
     pub(super) unsafe fn issue(&mut self, step: usize, src: *const u8, dst: *mut u8, len: usize) {
         self.issued += 1;
         self.tickets[step] = self.issued;
-        let mut hold = None;
-        if let Some(link) = &mut self.link {
-            let ready = link.book(len);
-            link.ready.push(ready);
-            let secs = len as f64 / link.bandwidth;
-            hold = (secs > 1e-3).then(|| std::time::Duration::from_secs_f64(secs));
-        }
+        // The copy thread sleeps out only long link times (see the module docs).
+        let hold = (self.link.as_mut())
+            .map(|link| link.book(len))
+            .filter(|t| t.as_secs_f64() > 1e-3);
         if self.inline {
             // SAFETY: the caller's contract.
             unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
