@@ -483,6 +483,60 @@ fn offload_meets_budgets_exactly() {
     }
 }
 
+/// Swaps fetched just in time (`swap late`): where swaps fetched ahead of their readers cannot
+/// meet a budget (each copy back holds device memory while the ops before its reader run, and
+/// on a chain those are the weight gradient's transposes), the pass fetches them just before
+/// each reader instead and meets it, here at the floor of every plan, with the same bits in
+/// the interpreter and the JIT and an arena within the budget.
+#[test]
+fn late_swaps_meet_budgets_ahead_swaps_cannot() {
+    use tcc::passes::offload::{Decision, options};
+    let f = parse_function(&chain(12)).unwrap();
+    let joint = run_pipeline(&f, "grad{wrt=params}").unwrap();
+    let floor = tcc::passes::remat::floor(&joint).unwrap();
+    let o =
+        options(&tcc::passes::Options::parse_for("offload", &format!("budget={floor}")).unwrap())
+            .unwrap();
+    let mut ahead = o.clone();
+    ahead.moves = vec![Decision::Swap, Decision::Recompute];
+    let e = ahead.run(&mut joint.clone()).unwrap_err();
+    assert!(e.contains("cannot meet the budget"), "{e}");
+    let mut g = joint.clone();
+    let plan = o.run(&mut g).unwrap();
+    tcc::ir::verify_function(&g).unwrap();
+    assert_eq!(plan.peak.1, floor);
+    assert_eq!(analyze(&g).temps_peak.0, floor);
+    let late = (plan.decisions.iter())
+        .filter(|(_, d)| *d == Decision::SwapLate)
+        .count();
+    assert!(late > 0, "{:?}", plan.decisions);
+    check_placement(&g);
+    // Every late swap-in is read by the first op after it that is not a swap-in.
+    let sched = g.schedule();
+    let just_in_time = (0..sched.len())
+        .filter(|&i| g.op(sched[i]).kind == OpKind::SwapIn)
+        .filter(|&i| {
+            let r = g.op(sched[i]).results[0];
+            sched[i + 1..]
+                .iter()
+                .find(|&&o| g.op(o).kind != OpKind::SwapIn)
+                .is_some_and(|&o| g.op(o).args.contains(&r))
+        })
+        .count();
+    assert!(just_in_time >= late, "{just_in_time} < {late}");
+    let x = inputs(&f, 5);
+    assert_eq!(
+        bits(&tcc::ir::interp::run(&g, &x).unwrap()),
+        bits(&tcc::ir::interp::run(&joint, &x).unwrap())
+    );
+    let exe = Executable::compile(&g).unwrap();
+    assert!(exe.stats().arena_bytes <= floor);
+    assert_eq!(
+        bits(&exe.run(&x).unwrap()),
+        bits(&Executable::compile(&joint).unwrap().run(&x).unwrap())
+    );
+}
+
 #[test]
 fn offload_errors_say_what_to_do() {
     let f = parse_function(&chain(4)).unwrap();

@@ -1,6 +1,7 @@
 //! `offload`: for each activation a training step saves for its backward part, keep it,
-//! recompute it or swap it to host memory, so that the device peak meets a budget for the
-//! least predicted step time (a first, greedy version of issue 17's joint planner).
+//! recompute it or swap it to host memory (fetched back ahead of its reader, or just in time),
+//! so that the device peak meets a budget for the least predicted step time (issue 17's joint
+//! planner).
 //!
 //! The candidates are `swap`'s: op results of the forward part that a backward op reads (not
 //! constants, views or returned values). A plan gives each one a decision and is judged by
@@ -18,11 +19,15 @@
 //!    the copy's time, a recomputation's time its producer's. Each value's best change, ranked
 //!    by the bytes it takes off the device per second it adds (hidden swaps first, the larger
 //!    first); the shortest prefix of the ranking that meets the budget, by bisection (more of
-//!    the prefix never holds more device memory): O(log n) builds.
+//!    the prefix never holds more device memory): O(log n) builds. If the whole ranking misses
+//!    the budget, the same with every swap fetched just in time ("swap late": a swap fetched
+//!    ahead holds device memory while the ops before its reader run), then each late swap
+//!    fetched ahead again where the budget allows.
 //! 2. Each change built alone and ranked by its built times, then taken in that order, keeping
 //!    one that adds no time if it does not raise the peak and another only if it lowers it.
-//! 3. One change at a time, each time building every change and making the one that saves the
-//!    most peak bytes per second added (quadratic).
+//! 3. One change at a time (a kept value changed, or a swap fetched ahead made late), each
+//!    time building every change and making the one that saves the most peak bytes per second
+//!    added (quadratic).
 //!
 //! It stops at the budget, or when no change lowers the peak: then it tries `remat{budget}`'s
 //! plan with swaps in place of recomputations where they keep the budget and save time
@@ -49,6 +54,9 @@ use tcc_ir::{Function, OpKind, Value};
 /// The largest function (ops) the build-based phases of the search run on.
 const EXHAUSTIVE_OPS: usize = 20_000;
 
+/// The most candidates on which the fast search tries fetching each late swap ahead instead.
+const LATE_REVERTS: usize = 256;
+
 /// The options `offload` accepts.
 pub const OPTIONS: &[OptionInfo] = &[
     OptionInfo {
@@ -73,7 +81,7 @@ pub const OPTIONS: &[OptionInfo] = &[
     },
     OptionInfo {
         name: "only",
-        help: "swap or recompute: offload by that means alone (default both)",
+        help: "swap or recompute: offload by that means alone (swap: early and late; default both)",
     },
 ];
 
@@ -82,10 +90,21 @@ pub const OPTIONS: &[OptionInfo] = &[
 pub enum Decision {
     /// Stays in device memory until the backward part reads it.
     Keep,
-    /// Copied to host memory and back.
+    /// Copied to host memory and back, the copy back started ahead of the reader (`lb`,
+    /// `ub`, `order`) so that it can be hidden.
     Swap,
+    /// Copied to host memory and back just in time: each backward reader waits for its own
+    /// copy, started by the op before it, and the value takes no device memory ahead of it.
+    SwapLate,
     /// Recomputed from the kept and swapped values before the backward part reads it.
     Recompute,
+}
+
+impl Decision {
+    /// Whether the value goes to host memory (early or late).
+    pub fn swaps(self) -> bool {
+        matches!(self, Decision::Swap | Decision::SwapLate)
+    }
 }
 
 impl std::fmt::Display for Decision {
@@ -93,6 +112,7 @@ impl std::fmt::Display for Decision {
         f.pad(match self {
             Decision::Keep => "keep",
             Decision::Swap => "swap",
+            Decision::SwapLate => "swap late",
             Decision::Recompute => "recompute",
         })
     }
@@ -174,11 +194,16 @@ impl Offload {
         let before = (start.peak, start.time);
         // The fast way first: every change estimated without building, then the shortest
         // prefix of the ranking that meets the budget, found by bisection.
-        if best.peak > budget
-            && let Some((fast_state, built)) = self.fast(f, &candidates, budget)
-        {
-            state = fast_state;
-            best = built;
+        // The lowest peak any plan built so far reached, for the error.
+        let mut lowest = best.peak;
+        if best.peak > budget {
+            match self.fast(f, &candidates, budget) {
+                Ok((fast_state, built)) => {
+                    state = fast_state;
+                    best = built;
+                }
+                Err(peak) => lowest = lowest.min(peak),
+            }
         }
         // The slower phases rebuild the whole function for every candidate: past this size that
         // is hours, so the pass says so instead.
@@ -236,13 +261,17 @@ impl Offload {
         while best.peak > budget {
             let mut choice: Option<(f64, usize, Decision, Built)> = None;
             for i in 0..candidates.len() {
-                if state[i] != Decision::Keep {
-                    continue;
-                }
+                let was = state[i];
                 for &d in &self.moves {
+                    // From keeping, any change; from swapping ahead, swapping just in time.
+                    if !(was == Decision::Keep
+                        || (was == Decision::Swap && d == Decision::SwapLate))
+                    {
+                        continue;
+                    }
                     state[i] = d;
                     let built = self.build(f, &candidates, &state);
-                    state[i] = Decision::Keep;
+                    state[i] = was;
                     let Ok(built) = built else { continue };
                     if built.peak >= best.peak {
                         continue;
@@ -275,7 +304,7 @@ impl Offload {
                     "`offload` cannot meet the budget of {}: the lowest device peak it reached is {} \
                      (from {} with nothing offloaded)",
                     human(budget),
-                    human(best.peak),
+                    human(lowest.min(best.peak)),
                     human(before.0)
                 ));
             };
@@ -301,7 +330,7 @@ impl Offload {
         // A value planned for swapping that the built plan could not swap is kept.
         let swapped: std::collections::HashSet<Value> = best.swapped.iter().copied().collect();
         for (d, v) in state.iter_mut().zip(&candidates) {
-            if *d == Decision::Swap && !swapped.contains(v) {
+            if d.swaps() && !swapped.contains(v) {
                 *d = Decision::Keep;
             }
         }
@@ -352,10 +381,15 @@ impl Offload {
                 .collect();
             order.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
             for (_, i) in order {
-                state[i] = Decision::Swap;
-                match self.build(f, candidates, &state) {
-                    Ok(b) if b.peak <= budget && b.time < best.time => best = b,
-                    _ => state[i] = Decision::Recompute,
+                for d in [Decision::Swap, Decision::SwapLate] {
+                    state[i] = d;
+                    match self.build(f, candidates, &state) {
+                        Ok(b) if b.peak <= budget && b.time < best.time => {
+                            best = b;
+                            break;
+                        }
+                        _ => state[i] = Decision::Recompute,
+                    }
                 }
             }
         }
@@ -413,13 +447,14 @@ impl Offload {
     }
 
     /// The exact optimum of the joint space on small functions, to measure [`Offload::run`]
-    /// against: every assignment of keep, recompute or swap (those of `moves`) to the saved
-    /// activations, each built as `run` builds its plans, the fastest predicted step whose
-    /// device peak meets the budget (then the lowest peak). Branch and bound over the
-    /// activations in forward order: a partial assignment whose recomputed producers alone
-    /// would make the step no faster than the best plan so far is cut (every recomputed
-    /// value's op runs at least once more; swaps add no compute). `None` when no assignment
-    /// meets the budget. An error for more than 12 activations (3^12 builds).
+    /// against: every assignment of keep, recompute, swap or swap late (those of `moves`) to
+    /// the saved activations, each built as `run` builds its plans, the fastest predicted step
+    /// whose device peak meets the budget (then the lowest peak). Branch and bound over the
+    /// activations in forward order: a partial assignment whose recomputed producers and late
+    /// swaps' copies alone would make the step no faster than the best plan so far is cut
+    /// (every recomputed value's op runs at least once more; a late swap's first reader waits
+    /// for its copy; swaps fetched ahead add no compute). `None` when no assignment meets the
+    /// budget. An error for more than 12 activations (4^12 assignments).
     pub fn exhaustive(&self, f: &Function) -> Result<Option<OffloadPlan>, String> {
         let b = backward(f)?;
         let candidates = candidates(f, b);
@@ -431,14 +466,21 @@ impl Offload {
         }
         let start = self.build(f, &candidates, &vec![Decision::Keep; candidates.len()])?;
         let budget = self.limit(start.peak);
-        let own: Vec<f64> = (candidates.iter())
-            .map(|&v| compute_time(f, f.def_op(v).expect("an op result"), &self.machine))
+        // What each decision adds to the step at least: a recomputation its producer's time
+        // (it runs once more); a late swap its copy (its first reader waits for it, and
+        // readers' waits and copies over the one link do not overlap).
+        let own: Vec<(f64, f64)> = (candidates.iter())
+            .map(|&v| {
+                let p = f.def_op(v).expect("an op result");
+                let copy = f.ty(v).size_bytes() as f64 / self.link;
+                (compute_time(f, p, &self.machine), copy)
+            })
             .collect();
         struct Search<'a> {
             o: &'a Offload,
             f: &'a Function,
             candidates: &'a [Value],
-            own: &'a [f64],
+            own: &'a [(f64, f64)],
             budget: u64,
             state: Vec<Decision>,
             best: Option<(Vec<Decision>, Built)>,
@@ -464,15 +506,20 @@ impl Offload {
                     }
                     return;
                 }
-                for d in [Decision::Keep, Decision::Swap, Decision::Recompute] {
+                for d in [
+                    Decision::Keep,
+                    Decision::Swap,
+                    Decision::SwapLate,
+                    Decision::Recompute,
+                ] {
                     if d != Decision::Keep && !self.o.moves.contains(&d) {
                         continue;
                     }
                     self.state[i] = d;
-                    let added = if d == Decision::Recompute {
-                        self.own[i]
-                    } else {
-                        0.0
+                    let added = match d {
+                        Decision::Recompute => self.own[i].0,
+                        Decision::SwapLate => self.own[i].1,
+                        _ => 0.0,
                     };
                     self.go(i + 1, lower + added);
                 }
@@ -492,7 +539,7 @@ impl Offload {
         Ok(s.best.map(|(mut state, built)| {
             // As in `run`: a swap the plan could not place is a kept value.
             for (d, v) in state.iter_mut().zip(&candidates) {
-                if *d == Decision::Swap && !built.swapped.contains(v) {
+                if d.swaps() && !built.swapped.contains(v) {
                     *d = Decision::Keep;
                 }
             }
@@ -511,13 +558,14 @@ impl Offload {
     /// recomputation's time its producer's, its operands all kept), ranked by bytes per second
     /// added (hidden swaps first, larger first); then the shortest prefix of that ranking whose
     /// plan meets `budget`, by bisection (a plan with more of the prefix holds no more device
-    /// memory), building O(log n) plans. `None` if the whole ranking does not meet it.
+    /// memory), building O(log n) plans. If the whole ranking does not meet it, the lowest
+    /// peak it reached (`u64::MAX` if none was built).
     fn fast(
         &self,
         f: &Function,
         candidates: &[Value],
         budget: u64,
-    ) -> Option<(Vec<Decision>, Built)> {
+    ) -> Result<(Vec<Decision>, Built), u64> {
         let pos = f.positions();
         let at = |op| pos[op].expect("scheduled") as usize;
         // When each scheduled op ends on the compute stream, and its own time.
@@ -552,7 +600,7 @@ impl Offload {
                 only: Some(candidates.to_vec()),
                 ..Swap::default()
             };
-            for p in swap.plan(f).ok()?.plans {
+            for p in swap.plan(f).map_err(|_| u64::MAX)?.plans {
                 let bytes = f.ty(p.value).size_bytes();
                 let copy = bytes as f64 / self.link;
                 let stalls: f64 = (p.groups.iter())
@@ -578,32 +626,65 @@ impl Offload {
         ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)));
         let mut seen = vec![false; candidates.len()];
         ranked.retain(|r| !std::mem::replace(&mut seen[r.2], true));
-        let state_of = |k: usize| {
+        // The first `k` of the ranking, swaps ahead of their readers or (`late`) just in time.
+        let state_of = |k: usize, late: bool| {
             let mut state = vec![Decision::Keep; candidates.len()];
             for &(_, _, i, d) in &ranked[..k] {
-                state[i] = d;
+                state[i] = if late && d == Decision::Swap {
+                    Decision::SwapLate
+                } else {
+                    d
+                };
             }
             state
         };
-        let fits = |k: usize| {
-            let state = state_of(k);
-            let built = self.build(f, candidates, &state).ok()?;
-            (built.peak <= budget).then_some((state, built))
+        // The plan, if it meets the budget; else its peak.
+        let fits = |k: usize, late: bool| {
+            let state = state_of(k, late);
+            let built = self.build(f, candidates, &state).map_err(|_| u64::MAX)?;
+            if built.peak <= budget {
+                Ok((state, built))
+            } else {
+                Err(built.peak)
+            }
         };
-        let mut hi = fits(ranked.len())?;
+        // Swaps fetched just in time hold less device memory, and make their readers wait: only
+        // if the whole ranking misses the budget with every swap ahead.
+        let (late, mut hi) = match fits(ranked.len(), false) {
+            Ok(found) => (false, found),
+            Err(ahead) if self.moves.contains(&Decision::SwapLate) => {
+                (true, fits(ranked.len(), true).map_err(|p| p.min(ahead))?)
+            }
+            Err(ahead) => return Err(ahead),
+        };
         let (mut lo, mut hi_k) = (0, ranked.len());
         // Invariant: the first `lo` do not fit (or `lo` is 0), the first `hi_k` do.
         while hi_k - lo > 1 {
             let mid = lo + (hi_k - lo) / 2;
-            match fits(mid) {
-                Some(found) => {
+            match fits(mid, late) {
+                Ok(found) => {
                     hi = found;
                     hi_k = mid;
                 }
-                None => lo = mid,
+                Err(_) => lo = mid,
             }
         }
-        Some(hi)
+        // Then each late swap, in forward order, fetched ahead instead where the budget allows
+        // (one build each, on functions of at most `LATE_REVERTS` candidates).
+        if late && candidates.len() <= LATE_REVERTS {
+            let (state, best) = &mut hi;
+            for i in 0..candidates.len() {
+                if state[i] != Decision::SwapLate {
+                    continue;
+                }
+                state[i] = Decision::Swap;
+                match self.build(f, candidates, state) {
+                    Ok(b) if b.peak <= budget && b.time <= best.time => *best = b,
+                    _ => state[i] = Decision::SwapLate,
+                }
+            }
+        }
+        Ok(hi)
     }
 
     /// `f` with `state`'s decisions for `candidates`, built and measured.
@@ -621,17 +702,21 @@ impl Offload {
         if kept.len() < candidates.len() {
             remat(&mut g, &kept)?;
         }
-        let swapped: Vec<Value> = (candidates.iter().zip(state))
-            .filter(|(_, d)| **d == Decision::Swap)
-            .map(|(&v, _)| v)
-            .collect();
+        let with = |want: &dyn Fn(Decision) -> bool| -> Vec<Value> {
+            (candidates.iter().zip(state))
+                .filter(|(_, d)| want(**d))
+                .map(|(&v, _)| v)
+                .collect()
+        };
+        let swapped = with(&|d| d.swaps());
         let mut done = Vec::new();
         if !swapped.is_empty() {
             let swap = Swap {
                 lb: self.lb,
                 ub: self.ub,
                 order: self.order,
-                only: Some(swapped.clone()),
+                only: Some(swapped),
+                late: with(&|d| d == Decision::SwapLate),
                 ..Swap::default()
             };
             done = swap.run(&mut g)?.swapped;
@@ -693,8 +778,8 @@ pub fn options(o: &Options) -> Result<Offload, String> {
     }
     let s = crate::swap::options(&swap_opts)?;
     let moves = match o.get("only") {
-        None => vec![Decision::Swap, Decision::Recompute],
-        Some("swap") => vec![Decision::Swap],
+        None => vec![Decision::Swap, Decision::SwapLate, Decision::Recompute],
+        Some("swap") => vec![Decision::Swap, Decision::SwapLate],
         Some("recompute") => vec![Decision::Recompute],
         Some(v) => return Err(format!("option `only` is swap or recompute, found `{v}`")),
     };
@@ -751,7 +836,7 @@ impl Pass for OffloadPass {
         let plan = self.offload.run(f)?;
         let count = |d: Decision| plan.decisions.iter().filter(|(_, x)| *x == d).count();
         let mut note = format!(
-            "@{}: device peak {} -> {} (budget {}), predicted step {:.3} -> {:.3} ms ({:.3} ms stalled); keep {}, swap {}, recompute {}",
+            "@{}: device peak {} -> {} (budget {}), predicted step {:.3} -> {:.3} ms ({:.3} ms stalled); keep {}, swap {}{}, recompute {}",
             f.name,
             human(plan.peak.0),
             human(plan.peak.1),
@@ -761,6 +846,10 @@ impl Pass for OffloadPass {
             plan.stalls * 1e3,
             count(Decision::Keep),
             count(Decision::Swap),
+            match count(Decision::SwapLate) {
+                0 => String::new(),
+                n => format!(", swap late {n}"),
+            },
             count(Decision::Recompute),
         );
         for (v, d) in &plan.decisions {

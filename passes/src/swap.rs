@@ -26,6 +26,9 @@
 //!   too, and the `swap_out` follows the last of the *near* forward readers; their triggers are
 //!   found in direct order among the ops between the `swap_out` and the reader. A value with
 //!   such far forward readers is a candidate even if no backward op reads it.
+//! - values a planner marks *late* (`Swap::late`, `offload`'s "swap late") are fetched just in
+//!   time: a `swap_in` per backward reader, triggered by the op scheduled just before it. The
+//!   value takes no device memory ahead of its readers, and each reader waits for its copy.
 //!
 //! A value is swapped for all of its backward readers or not at all (a reader left on the
 //! original would keep its device memory live); where a reader has no trigger the value is
@@ -34,7 +37,7 @@
 
 use crate::manager::{OptionInfo, Options, Pass, PipelineError};
 use cranelift_entity::SecondaryMap;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use tcc_ir::edit::{Users, level_toposort};
 use tcc_ir::{Function, Op, OpKind, Value};
 
@@ -111,6 +114,10 @@ pub struct Swap {
     pub branch_threshold: Option<u32>,
     /// Only these values, if set (a planner's choice; no text option).
     pub only: Option<Vec<Value>>,
+    /// Values fetched just in time: each backward reader gets its own swap-in, triggered by
+    /// the op scheduled just before it, so the value holds no device memory ahead of its
+    /// reader (which waits for the copy). A planner's choice; no text option.
+    pub late: Vec<Value>,
 }
 
 impl Default for Swap {
@@ -127,6 +134,7 @@ impl Default for Swap {
             fuse_swapins: false,
             branch_threshold: None,
             only: None,
+            late: Vec::new(),
         }
     }
 }
@@ -346,6 +354,8 @@ impl Swap {
         }
         let bw_start = sched[b..].iter().map(|&op| level[op]).min().unwrap_or(0);
         let users = Users::new(f);
+        let only: Option<HashSet<Value>> = self.only.as_ref().map(|o| o.iter().copied().collect());
+        let late: HashSet<Value> = self.late.iter().copied().collect();
         let mut stats = SwapStats::default();
         let mut plans: Vec<Planned> = Vec::new();
         let (mut in_backward, mut by_scope, mut by_size) = (0, 0, 0);
@@ -367,7 +377,7 @@ impl Swap {
                     continue;
                 }
                 in_backward += 1;
-                if self.only.as_ref().is_some_and(|only| !only.contains(&v)) {
+                if only.as_ref().is_some_and(|only| !only.contains(&v)) {
                     by_scope += 1;
                     continue;
                 }
@@ -389,6 +399,12 @@ impl Swap {
                 let mut groups: Vec<(Op, Vec<Op>)> = Vec::new();
                 let mut first_level = 0;
                 for &r in far_fw.iter().chain(&bw) {
+                    if at(r) >= b && late.contains(&v) {
+                        // Just in time: the op before the reader (at or after the swap-out's
+                        // anchor, which is a forward op).
+                        groups.push((sched[at(r) - 1], vec![r]));
+                        continue;
+                    }
                     if self.fuse_swapins
                         && let Some(g) = groups.last_mut()
                         && level[r] <= first_level + self.lb
