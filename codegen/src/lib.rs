@@ -13,6 +13,7 @@ pub mod cpu;
 pub mod kernel;
 pub mod memory;
 pub mod plan;
+pub mod ptx;
 
 pub use backend::{Backend, CompileError, RunError, compile};
 pub use cpu::{Copying, Cpu, Executable, Features, Layout, Profile, Stats, VectorWidth};

@@ -130,4 +130,75 @@ impl Tensor {
             _ => None,
         }
     }
+
+    /// The elements as little-endian bytes, a `bool` as one byte (0 or 1): how they lie in
+    /// memory, and in an ONNX tensor's raw data.
+    pub fn to_le_bytes(&self) -> Vec<u8> {
+        match &self.data {
+            Data::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Data::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Data::I8(v) => v.iter().map(|&x| x as u8).collect(),
+            Data::U8(v) => v.clone(),
+            Data::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Data::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Data::Bool(v) => v.iter().map(|&x| x as u8).collect(),
+        }
+    }
+
+    /// A tensor of type `ty` from its elements' little-endian bytes (a `bool` is any byte, true
+    /// unless 0); an error unless there are exactly `ty.size_bytes()` of them.
+    pub fn from_le_bytes(ty: &TensorType, b: &[u8]) -> Result<Tensor, TensorError> {
+        if b.len() as u64 != ty.size_bytes() {
+            return Err(TensorError(format!(
+                "{} bytes for a tensor of type {ty}, which takes {}",
+                b.len(),
+                ty.size_bytes()
+            )));
+        }
+        fn words<const N: usize, T>(b: &[u8], from: fn([u8; N]) -> T) -> Vec<T> {
+            (b.chunks_exact(N))
+                .map(|c| from(c.try_into().expect("chunks of N bytes")))
+                .collect()
+        }
+        let data = match ty.dtype() {
+            DType::F32 => Data::F32(words(b, f32::from_le_bytes)),
+            DType::F64 => Data::F64(words(b, f64::from_le_bytes)),
+            DType::I8 => Data::I8(b.iter().map(|&x| x as i8).collect()),
+            DType::U8 => Data::U8(b.to_vec()),
+            DType::I32 => Data::I32(words(b, i32::from_le_bytes)),
+            DType::I64 => Data::I64(words(b, i64::from_le_bytes)),
+            DType::Bool => Data::Bool(b.iter().map(|&x| x != 0).collect()),
+        };
+        Tensor::new(ty.clone(), data)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn little_endian_bytes_round_trip() {
+        let cases = [
+            Data::F32(vec![1.5, -0.0, f32::NAN]),
+            Data::F64(vec![1e300, -2.0]),
+            Data::I8(vec![-128, 7]),
+            Data::U8(vec![255, 0]),
+            Data::I32(vec![i32::MIN, 1]),
+            Data::I64(vec![i64::MAX]),
+            Data::Bool(vec![true, false, true]),
+        ];
+        for data in cases {
+            let n = data.len() as u64;
+            let t = Tensor::from_data(&[n], data).unwrap();
+            let b = t.to_le_bytes();
+            assert_eq!(b.len() as u64, t.ty().size_bytes());
+            let back = Tensor::from_le_bytes(t.ty(), &b).unwrap();
+            assert_eq!(back.to_le_bytes(), b, "{:?}", t.dtype());
+        }
+        let t = Tensor::from_f32(&[2], vec![1.0, 2.0]).unwrap();
+        assert_eq!(t.to_le_bytes()[4..], 2.0f32.to_le_bytes());
+        let e = Tensor::from_le_bytes(t.ty(), &[0; 7]).unwrap_err();
+        assert!(e.0.contains("7 bytes"), "{e}");
+    }
 }

@@ -219,15 +219,7 @@ pub(crate) fn to_proto(name: &str, t: &Tensor) -> TensorProto {
         DType::I64 => DataType::Int64,
         DType::Bool => DataType::Bool,
     };
-    let raw: Vec<u8> = match t.data() {
-        Data::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        Data::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        Data::I8(v) => v.iter().map(|&x| x as u8).collect(),
-        Data::U8(v) => v.clone(),
-        Data::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        Data::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        Data::Bool(v) => v.iter().map(|&x| x as u8).collect(),
-    };
+    let raw = t.to_le_bytes();
     TensorProto {
         name: Some(name.to_string()),
         dims: t.dims().iter().map(|&d| d as i64).collect(),

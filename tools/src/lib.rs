@@ -100,6 +100,11 @@ enum Cmd {
     /// Print how each function is cut into kernels and where its values live in the arena.
     #[command(after_help = "Example:\n  tcc plan examples/mlp.tir")]
     Plan(cmd::plan::Args),
+    /// Compile for NVIDIA GPUs: print the PTX module and its launch manifest.
+    #[command(
+        after_help = "Examples:\n  tcc ptx examples/elementwise.tir\n  tcc ptx f.tir --sm 90 -o f.ptx\n\nThe manifest (comment lines first) gives each kernel's grid, block, shared memory and the\nstorage of each parameter. So far only elementwise kernels have a GPU form; any other op is an\nerror naming it. See docs/codegen.md."
+    )]
+    Ptx(cmd::ptx::Args),
     /// Differentiate: print each function with d(loss)/d(x) appended to its results.
     #[command(
         after_help = "Examples:\n  tcc grad examples/spirals_mlp.tir\n  tcc grad examples/spirals_mlp.tir --wrt fc1/w,fc2/ --stop %h\n\nThe same as `tcc opt --passes='grad{...}'`; the op counts before and after go to stderr."
@@ -155,6 +160,7 @@ pub fn run(
         Cmd::Bench(a) => cmd::bench::run(a, io),
         Cmd::Calibrate(a) => cmd::calibrate::run(a, io),
         Cmd::Plan(a) => cmd::plan::run(a, io),
+        Cmd::Ptx(a) => cmd::ptx::run(a, io),
         Cmd::Grad(a) => cmd::grad::run(a, io),
         Cmd::Train(a) => cmd::train::run(a, io),
         Cmd::Mem(a) => cmd::mem::run(a, io),

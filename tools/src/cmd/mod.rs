@@ -9,6 +9,7 @@ pub(crate) mod mem;
 pub(crate) mod opt;
 pub(crate) mod passes;
 pub(crate) mod plan;
+pub(crate) mod ptx;
 pub(crate) mod run;
 pub(crate) mod train;
 pub(crate) mod verify;

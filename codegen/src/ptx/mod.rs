@@ -1,0 +1,288 @@
+//! The PTX backend: the kernel plan as NVIDIA PTX, with a launch manifest, and the same
+//! kernels run by an emulator on the CPU.
+//!
+//! Each kernel of the plan is lowered to the GPU kernel form ([`prog`]: typed instructions
+//! over virtual registers, what one thread runs), which [`print`] writes as a PTX `.entry`
+//! and [`emu`] runs on the CPU, block by block and thread by thread with barrier semantics.
+//! Memory comes from the same plan as the CPU backend's ([`crate::memory`]): one arena, the
+//! caller's parameters, constants and output buffers; the [`Launch`] manifest gives each
+//! kernel's grid, block, shared memory and the storage of each of its parameters.
+//!
+//! So far elementwise kernels are lowered ([`lower`]); a function with any other kernel is
+//! a compile error naming the op. [`Ptx`] is a [`Backend`]: `compile` makes a [`Module`]
+//! and `run` runs it in the emulator, so every test of a backend applies to it.
+
+pub mod emu;
+pub mod lower;
+pub mod print;
+pub mod prog;
+
+use crate::backend::{Backend, CompileError, RunError};
+use crate::kernel::{Shape, shape};
+use crate::memory::{MemoryPlan, Storage};
+use crate::plan::{KernelData, KernelKind, Plan};
+use std::collections::HashMap;
+use std::fmt::{self, Write};
+use tcc_ir::{Function, OpKind, Tensor, Value, ValueDef};
+
+/// The PTX backend and its options.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ptx {
+    /// The GPU architecture, as in `sm_80` (80) or `sm_90` (90).
+    pub sm: u32,
+}
+
+impl Default for Ptx {
+    fn default() -> Ptx {
+        Ptx { sm: 80 }
+    }
+}
+
+/// The architectures modules may target: the PTX ISA version [`print::VERSION`] covers them.
+pub const ARCHS: &[u32] = &[80, 86, 87, 89, 90];
+
+/// One kernel launch of a run: which kernel, its grid and block, its shared memory, and
+/// its parameters, each a value whose storage the memory plan gives.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Launch {
+    /// Index of the kernel in [`Module::kernels`].
+    pub kernel: usize,
+    /// Blocks in the grid (x).
+    pub grid: u32,
+    /// Threads per block (x).
+    pub block: u32,
+    /// Bytes of shared memory per block.
+    pub shared: u32,
+    /// The values whose addresses the parameters are, in order (views resolved to the value
+    /// holding the storage).
+    pub args: Vec<Value>,
+}
+
+/// A function compiled for the GPU: the kernels, their launches in order, and the memory plan
+/// their operands live in.
+pub struct Module {
+    func: Function,
+    mem: MemoryPlan,
+    sm: u32,
+    /// The kernels, in launch order.
+    pub kernels: Vec<prog::Kernel>,
+    /// The launches, in order.
+    pub launches: Vec<Launch>,
+    /// The constants kernels read, by value.
+    consts: HashMap<Value, Tensor>,
+    /// The value whose storage each view uses.
+    origin: HashMap<Value, Value>,
+}
+
+impl Module {
+    /// The PTX module's text.
+    pub fn text(&self) -> String {
+        print::module(&self.kernels, self.sm)
+    }
+
+    /// The memory plan.
+    pub fn memory(&self) -> &MemoryPlan {
+        &self.mem
+    }
+
+    /// Where value `v` lives, as the manifest says it.
+    fn place(&self, v: Value) -> String {
+        let f = &self.func;
+        match self.mem.storage[v] {
+            Storage::Arena(off) => format!("arena+{off}"),
+            Storage::Output(i) => format!("output {i}"),
+            Storage::Param => match f.value(v).def {
+                ValueDef::Param(i) => format!("param {i}"),
+                ValueDef::Result(..) => "param".to_string(),
+            },
+            Storage::Const => "const".to_string(),
+            Storage::Host(off) => format!("host+{off}"),
+            Storage::None => "none".to_string(),
+        }
+    }
+
+    /// The launch manifest as text: the arena's size, then per launch its kernel, grid,
+    /// block, shared memory and each parameter's value and storage.
+    pub fn manifest(&self) -> String {
+        let f = &self.func;
+        let mut s = format!(
+            "// manifest: @{}, arena {} bytes, {} launches\n",
+            f.name,
+            self.mem.arena_bytes,
+            self.launches.len()
+        );
+        for l in &self.launches {
+            let k = &self.kernels[l.kernel];
+            let _ = write!(
+                s,
+                "// {} grid {} block {} shared {}:",
+                k.name, l.grid, l.block, l.shared
+            );
+            for (j, &v) in l.args.iter().enumerate() {
+                let sep = if j == 0 { " " } else { ", " };
+                let mut name = String::new();
+                let _ = tcc_ir::printer::write_name(&mut name, '%', f.name(v));
+                let _ = write!(s, "{sep}{name} {}", self.place(v));
+            }
+            s.push('\n');
+        }
+        s
+    }
+}
+
+impl fmt::Debug for Module {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str(&self.manifest())
+    }
+}
+
+/// `name` with every character PTX identifiers may not hold replaced by `_`.
+fn identifier(name: &str) -> String {
+    let s: String = name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    if s.starts_with(|c: char| c.is_ascii_digit()) || s.is_empty() {
+        format!("_{s}")
+    } else {
+        s
+    }
+}
+
+/// Why kernel `kd` of `f` has no GPU form yet.
+fn unsupported(f: &Function, kd: &KernelData) -> CompileError {
+    let op = match kd.kind {
+        KernelKind::Reduction { root }
+        | KernelKind::Row { root }
+        | KernelKind::Library { root } => root,
+        _ => kd.ops[0],
+    };
+    CompileError(format!(
+        "the PTX backend has no kernel for {} yet (so far: elementwise kernels)",
+        f.describe_op(op)
+    ))
+}
+
+impl Backend for Ptx {
+    type Compiled = Module;
+
+    fn scratch_bytes(&self, _f: &Function, _kd: &KernelData) -> u64 {
+        0
+    }
+
+    fn compile(&self, f: &Function, plan: Plan, mem: MemoryPlan) -> Result<Module, CompileError> {
+        if !ARCHS.contains(&self.sm) {
+            return Err(CompileError(format!(
+                "no PTX target sm_{}: the targets are {}",
+                self.sm,
+                ARCHS
+                    .iter()
+                    .map(|a| format!("sm_{a}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        let mut origin: HashMap<Value, Value> = HashMap::new();
+        let mut kernels = Vec::new();
+        let mut launches = Vec::new();
+        for (k, kd) in plan.kernels.iter() {
+            if kd.kind == KernelKind::View {
+                let d = f.op(kd.ops[0]);
+                let root = origin.get(&d.args[0]).copied().unwrap_or(d.args[0]);
+                origin.insert(d.results[0], root);
+                continue;
+            }
+            if kd.outputs.is_empty() {
+                // Nothing it computes is used.
+                continue;
+            }
+            let Some(Shape::Elementwise(lane)) = shape(f, kd) else {
+                return Err(unsupported(f, kd));
+            };
+            let name = identifier(&format!("{}_{k}", f.name));
+            let low = lower::elementwise(f, kd, lane, name).map_err(|e| {
+                CompileError(format!("kernel {k} ({}): {e}", f.describe_op(kd.ops[0])))
+            })?;
+            let args = (kd.inputs.iter().chain(&kd.outputs))
+                .map(|v| origin.get(v).copied().unwrap_or(*v))
+                .collect();
+            launches.push(Launch {
+                kernel: kernels.len(),
+                grid: low.grid,
+                block: low.kernel.block,
+                shared: low.kernel.shared,
+                args,
+            });
+            kernels.push(low.kernel);
+        }
+        let mut consts = HashMap::new();
+        for &op in &plan.constants {
+            let OpKind::Const { ty, value } = &f.op(op).kind else {
+                unreachable!("planned as a constant")
+            };
+            let v = f.op(op).results[0];
+            if mem.storage[v] != Storage::Const {
+                continue;
+            }
+            let t = Tensor::from_literal(ty, value).map_err(|e| CompileError(e.to_string()))?;
+            consts.insert(v, t);
+        }
+        Ok(Module {
+            func: f.clone(),
+            mem,
+            sm: self.sm,
+            kernels,
+            launches,
+            consts,
+            origin,
+        })
+    }
+
+    /// Runs `m` in the emulator.
+    fn run(&self, m: &Module, inputs: &[Tensor]) -> Result<Vec<Tensor>, RunError> {
+        let f = &m.func;
+        tcc_ir::interp::check_inputs(f, inputs).map_err(|e| RunError(e.0))?;
+        let mut dev = emu::Memory::default();
+        let arena = dev.alloc(vec![0; m.mem.arena_bytes as usize]);
+        let params: Vec<u64> = inputs.iter().map(|t| dev.alloc(t.to_le_bytes())).collect();
+        let consts: HashMap<Value, u64> = (m.consts.iter())
+            .map(|(&v, t)| (v, dev.alloc(t.to_le_bytes())))
+            .collect();
+        let outputs: Vec<u64> = (m.mem.outputs.iter())
+            .map(|&v| dev.alloc(vec![0; f.ty(v).size_bytes() as usize]))
+            .collect();
+        let addr = |v: Value| -> Result<u64, RunError> {
+            let v = m.origin.get(&v).copied().unwrap_or(v);
+            Ok(match m.mem.storage[v] {
+                Storage::Arena(off) => arena + off,
+                Storage::Output(i) => outputs[i],
+                Storage::Param => match f.value(v).def {
+                    ValueDef::Param(i) => params[i],
+                    ValueDef::Result(..) => unreachable!("parameter storage for an op result"),
+                },
+                Storage::Const => *consts.get(&v).ok_or_else(|| {
+                    RunError(format!("constant %{} was not materialised", f.name(v)))
+                })?,
+                Storage::Host(_) | Storage::None => {
+                    return Err(RunError(format!("%{} has no device storage", f.name(v))));
+                }
+            })
+        };
+        for l in &m.launches {
+            let args = l
+                .args
+                .iter()
+                .map(|&v| addr(v))
+                .collect::<Result<Vec<_>, _>>()?;
+            emu::run(&m.kernels[l.kernel], l.grid, &args, &mut dev).map_err(RunError)?;
+        }
+        f.results()
+            .iter()
+            .map(|&r| {
+                let ty = f.ty(r);
+                let bytes = dev.read(addr(r)?, ty.size_bytes()).map_err(RunError)?;
+                Tensor::from_le_bytes(ty, bytes).map_err(|e| RunError(e.0))
+            })
+            .collect()
+    }
+}
