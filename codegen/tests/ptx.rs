@@ -330,6 +330,79 @@ fn random_elementwise_functions_match() {
     }
 }
 
+/// Reductions with a thread per output (short rows) and a block per output (a tree in shared
+/// memory), over leading, middle and trailing axes, with prologues and epilogues: against the
+/// interpreter (sums in another order than the CPU's, so within rounding) and, for maxima,
+/// the CPU bit for bit.
+#[test]
+fn reductions_match() {
+    let cases = [
+        // (input, reduce op and attributes, output): thread per output, rows.
+        ("f32[9,7]", "reduce_sum %p {axes=[1]}", "f32[9]"),
+        // A block per output: a row of 1000, b = 1.
+        ("f32[3,1000]", "reduce_mean %p {axes=[1]}", "f32[3]"),
+        ("f32[2,700,5]", "reduce_max %p {axes=[1]}", "f32[2,5]"),
+        (
+            "f32[2,3,4,5]",
+            "reduce_max %p {axes=[1,2], keepdims=true}",
+            "f32[2,1,1,5]",
+        ),
+        ("f32[300,2]", "reduce_sum %p {axes=[0]}", "f32[2]"),
+        ("f32[257,3]", "reduce_mean %p {axes=[0,1]}", "f32[]"),
+        ("f32[5000]", "reduce_sum %p {axes=[0]}", "f32[]"),
+    ];
+    for (i, (input, red, out)) in cases.iter().enumerate() {
+        // A prologue (square, a bias), then an epilogue (sqrt of the result plus one).
+        let src = format!(
+            "func @f(%x: {input}, %c: f32[]) -> ({out}) {{
+  %q = mul %x, %x : {input}
+  %p = add %q, %c : {input}
+  %r = {red} : {out}
+  %s = add %r, %c : {out}
+  %y = sqrt %s : {out}
+  return %y
+}}"
+        );
+        let f = parse_function(&src).unwrap();
+        let inputs = randoms(&f, i as u64);
+        let m = module(&f, 80);
+        assert_eq!(
+            m.kernels.len(),
+            1,
+            "one reduction kernel:\n{}",
+            m.manifest()
+        );
+        let got = emulate(&f, &inputs);
+        let want = tcc_ir::interp::run(&f, &inputs).unwrap();
+        check(&got, &want, 2e-6, 1e-7).unwrap_or_else(|e| panic!("{red}: {e}"));
+        if red.starts_with("reduce_max") {
+            let jit = tcc_codegen::Executable::compile(&f)
+                .unwrap()
+                .run(&inputs)
+                .unwrap();
+            same_bits(&got, &jit).unwrap_or_else(|e| panic!("{red}: {e}"));
+        }
+    }
+    // NaN and infinities in a maximum and a sum.
+    let f = parse_function(
+        "func @f(%x: f32[4,100]) -> (f32[4], f32[4]) {
+  %m = reduce_max %x {axes=[1]} : f32[4]
+  %s = reduce_sum %x {axes=[1]} : f32[4]
+  return %m, %s
+}",
+    )
+    .unwrap();
+    let mut xs = vec![1.0f32; 400];
+    xs[5] = f32::NAN;
+    xs[150] = f32::INFINITY;
+    xs[250] = f32::NEG_INFINITY;
+    xs[399] = -3.0;
+    let x = Tensor::from_f32(&[4, 100], xs).unwrap();
+    let got = emulate(&f, std::slice::from_ref(&x));
+    let want = tcc_ir::interp::run(&f, &[x]).unwrap();
+    check(&got, &want, 1e-6, 0.0).unwrap();
+}
+
 #[test]
 fn unsupported_kernels_are_errors_naming_the_op() {
     let f = parse_function(
@@ -423,6 +496,18 @@ fn ptxas_assembles_every_module_without_spills() {
     let mut functions: Vec<(String, Function)> =
         cases().into_iter().map(|(n, f, _)| (n, f)).collect();
     functions.extend((0..10).map(|s| (format!("random {s}"), random_elementwise(s))));
+    for (i, red) in ["reduce_sum %x {axes=[1]}", "reduce_max %x {axes=[0]}"]
+        .iter()
+        .enumerate()
+    {
+        // Rows of 10 (a thread per output) and columns of 300 (a block per output).
+        let src = format!(
+            "func @f(%x: f32[300,10]) -> (f32[{}]) {{\n  %r = {red} : f32[{}]\n  return %r\n}}",
+            [300, 10][i],
+            [300, 10][i]
+        );
+        functions.push((red.to_string(), parse_function(&src).unwrap()));
+    }
     for sm in [80, 90] {
         for (i, (name, f)) in functions.iter().enumerate() {
             let text = module(f, sm).text();

@@ -528,7 +528,7 @@ mod tests {
         let o = b.ibin(IOp::Add, dst, off);
         b.push(Inst::St(Space::Global, Mem::B32, o, y));
         b.push(Inst::Ret);
-        b.k
+        b.finish()
     }
 
     fn floats(bytes: &[u8]) -> Vec<f32> {
@@ -581,7 +581,7 @@ mod tests {
         b.push(Inst::Bar);
         b.place(end);
         b.push(Inst::Ret);
-        let e = run(&b.k, 2, &[], &mut mem).unwrap_err();
+        let e = run(&b.finish(), 2, &[], &mut mem).unwrap_err();
         assert!(e.contains("after others ended"), "{e}");
     }
 

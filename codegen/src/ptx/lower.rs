@@ -3,18 +3,17 @@
 //! An elementwise kernel is a grid-stride loop: thread `t` of block `b` handles elements
 //! `b * block + t`, then that plus the grid's size, and so on, each loading its operands as
 //! their access patterns say ([`crate::kernel::Access`]), computing the kernel layer's body and
-//! storing the results. Index arithmetic is 32-bit where every index fits (elements below
-//! 2^31), else 64-bit.
+//! storing the results. A reduction is a thread or a block per output ([`reduction`]). Index
+//! arithmetic is 32-bit where every index fits (elements below 2^31), else 64-bit.
 
 use super::prog::{
     Builder, Cmp, CmpTy, Cvt, FOp, FUn, IOp, IUn, Inst, Kernel, Mem, Reg, RegTy, Space, Sreg,
 };
 use crate::kernel::expr::{self, Body, Class, Lane, Node};
-use crate::kernel::lower::body as body_of;
-use crate::kernel::{Access, access, int_bits, splat_number};
+use crate::kernel::lower::{body as body_of, lower_ops, small_body};
+use crate::kernel::{Access, ReduceShape, access, int_bits, reduce_inputs, splat_number};
 use crate::plan::KernelData;
-use std::collections::HashMap;
-use tcc_ir::{DType, Function};
+use tcc_ir::{DType, Function, ReduceOp, Value};
 
 /// Threads per block of elementwise kernels.
 pub const BLOCK: u32 = 256;
@@ -64,6 +63,240 @@ fn num_bits(x: f64, ty: RegTy) -> u64 {
     }
 }
 
+/// An operand of a kernel as a loop reads it: its address, how it is indexed, how it is
+/// loaded, and its register if it is read once before the loop.
+struct Operand {
+    base: Reg,
+    access: Access,
+    mem: Mem,
+    ty: RegTy,
+    scalar: Option<Reg>,
+}
+
+/// A kernel being lowered: the builder, the index width, and the parameters' addresses.
+struct Ctx {
+    b: Builder,
+    /// The type of element indices: 32-bit where every index fits.
+    it: RegTy,
+    /// Each parameter's global address.
+    bases: Vec<Reg>,
+}
+
+impl Ctx {
+    /// A kernel of `params` address parameters, its indices below `n`, `block` threads.
+    fn new(name: String, params: u32, block: u32, n: u64) -> Ctx {
+        let mut b = Builder::new(name, params, block);
+        let it = if n <= i32::MAX as u64 {
+            RegTy::I32
+        } else {
+            RegTy::I64
+        };
+        let bases = (0..params)
+            .map(|j| {
+                let p = b.reg(RegTy::I64);
+                b.push(Inst::Param(p, j));
+                b.cvt(Cvt::ToGlobal, RegTy::I64, p)
+            })
+            .collect();
+        Ctx { b, it, bases }
+    }
+
+    /// A special register.
+    fn sreg(&mut self, s: Sreg) -> Reg {
+        let r = self.b.reg(RegTy::I32);
+        self.b.push(Inst::Sreg(r, s));
+        r
+    }
+
+    /// A 32-bit special register widened to the index type.
+    fn index_of(&mut self, r: Reg) -> Reg {
+        if self.it == RegTy::I64 {
+            self.b.cvt(Cvt::U32ToU64, RegTy::I64, r)
+        } else {
+            r
+        }
+    }
+
+    /// The index constant `n`.
+    fn n(&mut self, n: u64) -> Reg {
+        self.b.imm(self.it, n)
+    }
+
+    /// `a op n` on indices.
+    fn op_n(&mut self, op: IOp, a: Reg, n: u64) -> Reg {
+        let c = self.n(n);
+        self.b.ibin(op, a, c)
+    }
+
+    /// The address of element `idx` of a `mem` buffer at `base`.
+    fn address(&mut self, base: Reg, idx: Reg, mem: Mem) -> Reg {
+        let wide = if self.it == RegTy::I32 {
+            self.b.cvt(Cvt::U32ToU64, RegTy::I64, idx)
+        } else {
+            idx
+        };
+        let off = match mem.bytes() {
+            1 => wide,
+            k => {
+                let sh = self.b.imm(RegTy::I32, k.trailing_zeros() as u64);
+                self.b.ibin(IOp::Shl, wide, sh)
+            }
+        };
+        self.b.ibin(IOp::Add, base, off)
+    }
+
+    /// Kernel values `vals` (parameters `params`) read over the iteration space `dims` by a
+    /// body computing in `lane`: scalars loaded or set here, once.
+    fn operands(
+        &mut self,
+        f: &Function,
+        lane: Lane,
+        vals: &[Value],
+        params: &[usize],
+        dims: &[u64],
+    ) -> Result<Vec<Operand>, String> {
+        let mut out = Vec::with_capacity(vals.len());
+        for (&v, &j) in vals.iter().zip(params) {
+            let access = match access(f.ty(v).dims(), dims) {
+                Some(Access::Scalar(_)) if int_bits(f, v, lane) => Access::Scalar(None),
+                Some(Access::Scalar(_)) => Access::Scalar(splat_number(f, v)),
+                Some(a) => a,
+                None => return Err(format!("operand %{} cannot be indexed", f.name(v))),
+            };
+            let (mem, ty) = load_kind(f.ty(v).dtype(), lane, int_bits(f, v, lane))?;
+            let base = self.bases[j];
+            let scalar = match access {
+                Access::Scalar(Some(x)) => Some(self.b.imm(ty, num_bits(x, ty))),
+                Access::Scalar(None) => Some(self.b.ld(Space::Global, mem, ty, base)),
+                _ => None,
+            };
+            out.push(Operand {
+                base,
+                access,
+                mem,
+                ty,
+                scalar,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Every operand's value at element `i` of the iteration space.
+    fn load(&mut self, ops: &[Operand], i: Reg) -> Vec<Reg> {
+        let mut args = Vec::with_capacity(ops.len());
+        for op in ops {
+            if let Some(s) = op.scalar {
+                args.push(s);
+                continue;
+            }
+            let idx = match op.access {
+                Access::Same => i,
+                Access::Block { inner, n } | Access::Gapped { inner, n, .. } => {
+                    let q = if inner == 1 {
+                        i
+                    } else {
+                        self.op_n(IOp::DivU, i, inner)
+                    };
+                    let mut idx = self.op_n(IOp::RemU, q, n);
+                    if let Access::Gapped {
+                        outer_inner,
+                        outer_n,
+                        ..
+                    } = op.access
+                    {
+                        let q = self.op_n(IOp::DivU, i, outer_inner);
+                        let hi = self.op_n(IOp::RemU, q, outer_n);
+                        let cn = self.n(n);
+                        let sum = self.b.reg(self.it);
+                        self.b.push(Inst::IMad(sum, hi, cn, idx));
+                        idx = sum;
+                    }
+                    idx
+                }
+                Access::Scalar(_) => unreachable!("loaded before the loop"),
+            };
+            let addr = self.address(op.base, idx, op.mem);
+            args.push(self.b.ld(Space::Global, op.mem, op.ty, addr));
+        }
+        args
+    }
+
+    /// Stores the results `outs` of `body` to the kernel's outputs `vals` (parameters from
+    /// `first` on) at element `i`.
+    fn store(
+        &mut self,
+        f: &Function,
+        body: &Body,
+        outs: &[Reg],
+        vals: &[Value],
+        first: usize,
+        i: Reg,
+    ) -> Result<(), String> {
+        for (o, (&r, &v)) in outs.iter().zip(vals).enumerate() {
+            let d = f.ty(v).dtype();
+            let (mem, val) = match (d, body.class(body.results[o])) {
+                (DType::Bool, Class::Mask) => {
+                    let one = self.b.imm(RegTy::I32, 1);
+                    let zero = self.b.imm(RegTy::I32, 0);
+                    (Mem::U8, self.b.selp(one, zero, r))
+                }
+                (DType::F32 | DType::I32, Class::Num) => (Mem::B32, r),
+                (DType::F64, Class::Num) => (Mem::B64, r),
+                (DType::I8 | DType::U8, Class::Num) => (Mem::U8, r),
+                (d, c) => return Err(format!("no GPU store of a {c:?} as {d}")),
+            };
+            let addr = self.address(self.bases[first + o], i, mem);
+            self.b.push(Inst::St(Space::Global, mem, addr, val));
+        }
+        Ok(())
+    }
+
+    /// `for i = start; i < n; i += step { body(i) }` on register `i` (modified in place).
+    fn for_loop(
+        &mut self,
+        i: Reg,
+        n: Reg,
+        step: Reg,
+        body: impl FnOnce(&mut Ctx) -> Result<(), String>,
+    ) -> Result<(), String> {
+        let (top, end) = (self.b.label(), self.b.label());
+        self.b.place(top);
+        let done = self.b.setp(CmpTy::Unsigned, Cmp::Ge, i, n);
+        self.b.push(Inst::Bra(end, Some((done, true))));
+        body(self)?;
+        self.b.push(Inst::IBin(IOp::Add, i, i, step));
+        self.b.push(Inst::Bra(top, None));
+        self.b.place(end);
+        Ok(())
+    }
+
+    /// The grid-stride loop over `n` elements: `body` for each element this thread takes.
+    fn grid_stride(
+        &mut self,
+        n: u64,
+        body: impl FnOnce(&mut Ctx, Reg) -> Result<(), String>,
+    ) -> Result<(), String> {
+        let tid = self.sreg(Sreg::Tid);
+        let ntid = self.sreg(Sreg::Ntid);
+        let ctaid = self.sreg(Sreg::Ctaid);
+        let nctaid = self.sreg(Sreg::Nctaid);
+        let first = self.b.reg(RegTy::I32);
+        self.b.push(Inst::IMad(first, ctaid, ntid, tid));
+        let stride = self.b.ibin(IOp::Mul, nctaid, ntid);
+        let (i, stride) = (self.index_of(first), self.index_of(stride));
+        let count = self.n(n);
+        self.for_loop(i, count, stride, |c| body(c, i))
+    }
+
+    fn finish(mut self, grid: u64) -> Lowered {
+        self.b.push(Inst::Ret);
+        Lowered {
+            kernel: self.b.finish(),
+            grid: grid.clamp(1, MAX_BLOCKS) as u32,
+        }
+    }
+}
+
 /// Kernel `kd` of `f`, elementwise in `lane`, as a grid-stride loop named `name`: its
 /// parameters are the addresses of its inputs, then of its outputs.
 pub fn elementwise(
@@ -74,164 +307,198 @@ pub fn elementwise(
 ) -> Result<Lowered, String> {
     let out_dims = f.ty(f.op(kd.ops[0]).results[0]).dims().to_vec();
     let n: u64 = out_dims.iter().product();
-    let accesses: Vec<Access> = (kd.inputs.iter())
-        .map(|&v| match access(f.ty(v).dims(), &out_dims) {
-            Some(Access::Scalar(_)) if int_bits(f, v, lane) => Ok(Access::Scalar(None)),
-            Some(Access::Scalar(_)) => Ok(Access::Scalar(splat_number(f, v))),
-            Some(a) => Ok(a),
-            None => Err(format!("operand %{} cannot be indexed", f.name(v))),
-        })
-        .collect::<Result<_, _>>()?;
     let body = body_of(lane, f, &kd.inputs, 0, &kd.ops, |_, _, _| {}, &kd.outputs);
     let n_in = kd.inputs.len();
-    let params = (n_in + kd.outputs.len()) as u32;
-    let mut b = Builder::new(name, params, BLOCK);
-    let mut imms: HashMap<(u64, RegTy), Reg> = HashMap::new();
-    let mut imm = |b: &mut Builder, ty: RegTy, bits: u64| {
-        *imms.entry((bits, ty)).or_insert_with(|| b.imm(ty, bits))
+    let mut c = Ctx::new(name, (n_in + kd.outputs.len()) as u32, BLOCK, n);
+    let params: Vec<usize> = (0..n_in).collect();
+    let ops = c.operands(f, lane, &kd.inputs, &params, &out_dims)?;
+    c.grid_stride(n, |c, i| {
+        let args = c.load(&ops, i);
+        let outs = render(&mut c.b, &body, &args)?;
+        c.store(f, &body, &outs, &kd.outputs, n_in, i)
+    })?;
+    Ok(c.finish(n.div_ceil(BLOCK as u64)))
+}
+
+/// Reductions whose reduced extent is below this run a thread per output; longer ones a
+/// block per output.
+const THREAD_PER_OUTPUT_BELOW: u64 = 64;
+
+/// Reduction kernel `kd` of `f` (shape `red`: the input as `[a, l, b]`, `l` reduced), in
+/// `f32`, named `name`. Outputs `o = ai * b + bi` reduce elements `(ai * l + j) * b + bi`:
+/// the prologue's value of each, combined from the reduction's identity by its step, then the
+/// mean's scale and the epilogue. Short reductions: a thread per output, in order along `l`.
+/// Long ones: a block per output (grid-stride over outputs), each thread combining every
+/// `BLOCK`-th element, then a tree over the block's partials in shared memory, halving the
+/// threads that combine at each level, a barrier between levels; thread 0 finishes.
+pub fn reduction(
+    f: &Function,
+    kd: &KernelData,
+    red: &ReduceShape,
+    name: String,
+) -> Result<Lowered, String> {
+    let ReduceShape {
+        root,
+        op,
+        a,
+        l,
+        b: bext,
+    } = *red;
+    let in_dims = f.ty(f.op(root).args[0]).dims().to_vec();
+    let out_dims = f.ty(f.op(root).results[0]).dims().to_vec();
+    let pos = (kd.ops.iter().position(|&o| o == root)).ok_or("the root is not a member")?;
+    let (pro, epi) = (&kd.ops[..pos], &kd.ops[pos + 1..]);
+    let (x_in, y_out) = (f.op(root).args[0], f.op(root).results[0]);
+    let (pro_in, epi_in) = reduce_inputs(f, kd, pos);
+    let param = |v: &Value| kd.inputs.iter().position(|x| x == v).expect("an input");
+    let init = match op {
+        ReduceOp::Max => f32::NEG_INFINITY,
+        ReduceOp::Sum | ReduceOp::Mean => 0.0,
     };
-    // 32-bit indices where every one fits.
-    let it = if n <= i32::MAX as u64 {
-        RegTy::I32
-    } else {
-        RegTy::I64
-    };
-    let bases: Vec<Reg> = (0..params)
-        .map(|j| {
-            let p = b.reg(RegTy::I64);
-            b.push(Inst::Param(p, j));
-            b.cvt(Cvt::ToGlobal, RegTy::I64, p)
-        })
-        .collect();
-    // Where this thread starts, and the grid's stride.
-    let sregs: Vec<Reg> = [Sreg::Tid, Sreg::Ntid, Sreg::Ctaid, Sreg::Nctaid]
-        .iter()
-        .map(|&s| {
-            let r = b.reg(RegTy::I32);
-            b.push(Inst::Sreg(r, s));
-            r
-        })
-        .collect();
-    let (tid, ntid, ctaid, nctaid) = (sregs[0], sregs[1], sregs[2], sregs[3]);
-    let first = b.reg(RegTy::I32);
-    b.push(Inst::IMad(first, ctaid, ntid, tid));
-    let stride = b.ibin(IOp::Mul, nctaid, ntid);
-    let (i, stride) = if it == RegTy::I64 {
-        (
-            b.cvt(Cvt::U32ToU64, RegTy::I64, first),
-            b.cvt(Cvt::U32ToU64, RegTy::I64, stride),
-        )
-    } else {
-        (first, stride)
-    };
-    let count = imm(&mut b, it, n);
-    // The address of element `idx` (of `it`) of a `mem` buffer at `base`.
-    let address = |b: &mut Builder,
-                   imm: &mut dyn FnMut(&mut Builder, RegTy, u64) -> Reg,
-                   base: Reg,
-                   idx: Reg,
-                   mem: Mem| {
-        let wide = if it == RegTy::I32 {
-            b.cvt(Cvt::U32ToU64, RegTy::I64, idx)
-        } else {
-            idx
-        };
-        let off = match mem.bytes() {
-            1 => wide,
-            k => {
-                let sh = imm(b, RegTy::I32, k.trailing_zeros() as u64);
-                b.ibin(IOp::Shl, wide, sh)
-            }
-        };
-        b.ibin(IOp::Add, base, off)
-    };
-    // Operands read as scalars, loaded (or set) once.
-    let mut scalars: Vec<Option<Reg>> = Vec::with_capacity(n_in);
-    let mut kinds = Vec::with_capacity(n_in);
-    for (j, (&v, a)) in kd.inputs.iter().zip(&accesses).enumerate() {
-        let kind = load_kind(f.ty(v).dtype(), lane, int_bits(f, v, lane))?;
-        kinds.push(kind);
-        scalars.push(match *a {
-            Access::Scalar(Some(x)) => Some(imm(&mut b, kind.1, num_bits(x, kind.1))),
-            Access::Scalar(None) => Some(b.ld(Space::Global, kind.0, kind.1, bases[j])),
-            _ => None,
-        });
-    }
-    let top = b.label();
-    let end = b.label();
-    b.place(top);
-    let done = b.setp(CmpTy::Unsigned, Cmp::Ge, i, count);
-    b.push(Inst::Bra(end, Some((done, true))));
-    let mut args = Vec::with_capacity(n_in);
-    for j in 0..n_in {
-        if let Some(s) = scalars[j] {
-            args.push(s);
-            continue;
+    let input = body_of(Lane::F32, f, &pro_in, 0, pro, |_, _, _| {}, &[x_in]);
+    let step = small_body(2, |b, x| match op {
+        ReduceOp::Max => b.bin(expr::Bin::Max, x[0], x[1]),
+        ReduceOp::Sum | ReduceOp::Mean => b.add(x[0], x[1]),
+    });
+    let output = body_of(
+        Lane::F32,
+        f,
+        &epi_in,
+        1,
+        &[],
+        |b, vals, acc| {
+            let r = if op == ReduceOp::Mean {
+                let inv = b.c((1.0 / l as f32) as f64);
+                b.mul(acc[0], inv)
+            } else {
+                acc[0]
+            };
+            vals.insert(y_out, r);
+            lower_ops(b, f, epi, vals);
+        },
+        &kd.outputs,
+    );
+    let outputs = a * bext;
+    let n_in = kd.inputs.len();
+    let per_thread = l < THREAD_PER_OUTPUT_BELOW;
+    let mut c = Ctx::new(
+        name,
+        (n_in + kd.outputs.len()) as u32,
+        BLOCK,
+        in_dims.iter().product::<u64>().max(outputs),
+    );
+    let pro_params: Vec<usize> = pro_in.iter().map(param).collect();
+    let epi_params: Vec<usize> = epi_in.iter().map(param).collect();
+    let pro_ops = c.operands(f, Lane::F32, &pro_in, &pro_params, &in_dims)?;
+    let epi_ops = c.operands(f, Lane::F32, &epi_in, &epi_params, &out_dims)?;
+    let identity = c.b.imm(RegTy::F32, init.to_bits() as u64);
+    // The first element of output `o`'s row: (o / b) * l * b + o % b.
+    let row_start = |c: &mut Ctx, o: Reg| {
+        if bext == 1 {
+            return c.op_n(IOp::Mul, o, l);
         }
-        let idx = match accesses[j] {
-            Access::Same => i,
-            Access::Block { inner, n } | Access::Gapped { inner, n, .. } => {
-                let q = if inner == 1 {
-                    i
-                } else {
-                    let c = imm(&mut b, it, inner);
-                    b.ibin(IOp::DivU, i, c)
-                };
-                let cn = imm(&mut b, it, n);
-                let mut idx = b.ibin(IOp::RemU, q, cn);
-                if let Access::Gapped {
-                    outer_inner,
-                    outer_n,
-                    ..
-                } = accesses[j]
-                {
-                    let c = imm(&mut b, it, outer_inner);
-                    let q = b.ibin(IOp::DivU, i, c);
-                    let c = imm(&mut b, it, outer_n);
-                    let hi = b.ibin(IOp::RemU, q, c);
-                    let sum = b.reg(it);
-                    b.push(Inst::IMad(sum, hi, cn, idx));
-                    idx = sum;
-                }
-                idx
-            }
-            Access::Scalar(_) => unreachable!("loaded before the loop"),
-        };
-        let (mem, ty) = kinds[j];
-        let addr = address(&mut b, &mut imm, bases[j], idx, mem);
-        args.push(b.ld(Space::Global, mem, ty, addr));
+        let ai = c.op_n(IOp::DivU, o, bext);
+        let bi = c.op_n(IOp::RemU, o, bext);
+        let lb = c.n(l * bext);
+        let s = c.b.reg(c.it);
+        c.b.push(Inst::IMad(s, ai, lb, bi));
+        s
+    };
+    // acc = step(acc, value at element `start + j * b`) for j = `j`, `j + jstep`, ... below l.
+    let fold = |c: &mut Ctx, acc: Reg, start: Reg, j: Reg, jstep: Reg| -> Result<(), String> {
+        let ln = c.n(l);
+        c.for_loop(j, ln, jstep, |c| {
+            let e = if bext == 1 {
+                c.b.ibin(IOp::Add, start, j)
+            } else {
+                let s = c.b.reg(c.it);
+                let bn = c.n(bext);
+                c.b.push(Inst::IMad(s, j, bn, start));
+                s
+            };
+            let args = c.load(&pro_ops, e);
+            let x = render(&mut c.b, &input, &args)?[0];
+            let n = render(&mut c.b, &step, &[acc, x])?[0];
+            c.b.push(Inst::Mov(acc, n));
+            Ok(())
+        })
+    };
+    let finish = |c: &mut Ctx, o: Reg, acc: Reg| -> Result<(), String> {
+        let mut args = c.load(&epi_ops, o);
+        args.push(acc);
+        let outs = render(&mut c.b, &output, &args)?;
+        c.store(f, &output, &outs, &kd.outputs, n_in, o)
+    };
+    if per_thread {
+        c.grid_stride(outputs, |c, o| {
+            let acc = c.b.reg(RegTy::F32);
+            c.b.push(Inst::Mov(acc, identity));
+            let start = row_start(c, o);
+            let j = c.b.reg(c.it);
+            let (zero, one) = (c.n(0), c.n(1));
+            c.b.push(Inst::Mov(j, zero));
+            fold(c, acc, start, j, one)?;
+            finish(c, o, acc)
+        })?;
+        return Ok(c.finish(outputs.div_ceil(BLOCK as u64)));
     }
-    let outs = render(&mut b, &mut imm, &body, &args)?;
-    for (o, (&r, &v)) in outs.iter().zip(&kd.outputs).enumerate() {
-        let d = f.ty(v).dtype();
-        let (mem, val) = match (d, body.class(body.results[o])) {
-            (DType::Bool, Class::Mask) => {
-                let (one, zero) = (imm(&mut b, RegTy::I32, 1), imm(&mut b, RegTy::I32, 0));
-                (Mem::U8, b.selp(one, zero, r))
-            }
-            (DType::F32 | DType::I32, Class::Num) => (Mem::B32, r),
-            (DType::F64, Class::Num) => (Mem::B64, r),
-            (DType::I8 | DType::U8, Class::Num) => (Mem::U8, r),
-            (d, c) => return Err(format!("no GPU store of a {c:?} as {d}")),
-        };
-        let addr = address(&mut b, &mut imm, bases[n_in + o], i, mem);
-        b.push(Inst::St(Space::Global, mem, addr, val));
-    }
-    b.push(Inst::IBin(IOp::Add, i, i, stride));
-    b.push(Inst::Bra(top, None));
-    b.place(end);
-    b.push(Inst::Ret);
-    let grid = n.div_ceil(BLOCK as u64).clamp(1, MAX_BLOCKS) as u32;
-    Ok(Lowered { kernel: b.k, grid })
+    // A block per output.
+    c.b.k.shared = BLOCK * 4;
+    let tid = c.sreg(Sreg::Tid);
+    let ctaid = c.sreg(Sreg::Ctaid);
+    let nctaid = c.sreg(Sreg::Nctaid);
+    let ntid = c.sreg(Sreg::Ntid);
+    let (o, ostep) = (c.index_of(ctaid), c.index_of(nctaid));
+    let (tid_i, ntid_i) = (c.index_of(tid), c.index_of(ntid));
+    let smem = c.b.reg(RegTy::I64);
+    c.b.push(Inst::SharedBase(smem));
+    let four = c.b.imm(RegTy::I32, 2);
+    let slot_of = |c: &mut Ctx, t: Reg| {
+        let t = c.b.cvt(Cvt::U32ToU64, RegTy::I64, t);
+        let off = c.b.ibin(IOp::Shl, t, four);
+        c.b.ibin(IOp::Add, smem, off)
+    };
+    let mine = slot_of(&mut c, tid);
+    let count = c.n(outputs);
+    c.for_loop(o, count, ostep, |c| {
+        let acc = c.b.reg(RegTy::F32);
+        c.b.push(Inst::Mov(acc, identity));
+        let start = row_start(c, o);
+        let j = c.b.reg(c.it);
+        c.b.push(Inst::Mov(j, tid_i));
+        fold(c, acc, start, j, ntid_i)?;
+        c.b.push(Inst::St(Space::Shared, Mem::B32, mine, acc));
+        c.b.push(Inst::Bar);
+        let mut half = BLOCK / 2;
+        while half > 0 {
+            let skip = c.b.label();
+            let h = c.b.imm(RegTy::I32, half as u64);
+            let out = c.b.setp(CmpTy::Unsigned, Cmp::Ge, tid, h);
+            c.b.push(Inst::Bra(skip, Some((out, true))));
+            let other = c.b.ibin(IOp::Add, tid, h);
+            let theirs = slot_of(c, other);
+            let x = c.b.ld(Space::Shared, Mem::B32, RegTy::F32, mine);
+            let y = c.b.ld(Space::Shared, Mem::B32, RegTy::F32, theirs);
+            let z = render(&mut c.b, &step, &[x, y])?[0];
+            c.b.push(Inst::St(Space::Shared, Mem::B32, mine, z));
+            c.b.place(skip);
+            c.b.push(Inst::Bar);
+            half /= 2;
+        }
+        let skip = c.b.label();
+        let zero = c.b.imm(RegTy::I32, 0);
+        let not_first = c.b.setp(CmpTy::Unsigned, Cmp::Ne, tid, zero);
+        c.b.push(Inst::Bra(skip, Some((not_first, true))));
+        let total = c.b.ld(Space::Shared, Mem::B32, RegTy::F32, mine);
+        finish(c, o, total)?;
+        c.b.place(skip);
+        Ok(())
+    })?;
+    Ok(c.finish(outputs))
 }
 
 /// The instructions of `body` over argument registers `args`; its result registers.
-fn render(
-    b: &mut Builder,
-    imm: &mut dyn FnMut(&mut Builder, RegTy, u64) -> Reg,
-    body: &Body,
-    args: &[Reg],
-) -> Result<Vec<Reg>, String> {
+fn render(b: &mut Builder, body: &Body, args: &[Reg]) -> Result<Vec<Reg>, String> {
     let num = lane_reg(body.lane);
     let int = num == RegTy::I32;
     let mut v: Vec<Reg> = Vec::with_capacity(body.nodes().len());
@@ -241,11 +508,11 @@ fn render(
         let r = match node {
             Node::Arg(j) => args[j as usize],
             Node::MaskArg(j) => {
-                let zero = imm(b, RegTy::I32, 0);
+                let zero = b.imm(RegTy::I32, 0);
                 b.setp(CmpTy::Unsigned, Cmp::Ne, args[j as usize], zero)
             }
-            Node::Num(x) => imm(b, num, num_bits(x, num)),
-            Node::Int(x) => imm(b, RegTy::I32, x as u32 as u64),
+            Node::Num(x) => b.imm(num, num_bits(x, num)),
+            Node::Int(x) => b.imm(RegTy::I32, x as u32 as u64),
             Node::Un(op, a) => {
                 let a = at(a);
                 if int {
@@ -378,7 +645,7 @@ fn render(
                     Node::Sshr(..) => IOp::ShrS,
                     _ => IOp::ShrU,
                 };
-                let k = imm(b, RegTy::I32, k as u64);
+                let k = b.imm(RegTy::I32, k as u64);
                 b.ibin(op, at(a), k)
             }
             Node::Wrap(a, to) => {

@@ -8,8 +8,8 @@
 //! caller's parameters, constants and output buffers; the [`Launch`] manifest gives each
 //! kernel's grid, block, shared memory and the storage of each of its parameters.
 //!
-//! So far elementwise kernels are lowered ([`lower`]); a function with any other kernel is
-//! a compile error naming the op. [`Ptx`] is a [`Backend`]: `compile` makes a [`Module`]
+//! So far elementwise kernels and reductions are lowered ([`lower`]); a function with any
+//! other kernel is a compile error naming the op. [`Ptx`] is a [`Backend`]: `compile` makes a [`Module`]
 //! and `run` runs it in the emulator, so every test of a backend applies to it.
 
 pub mod emu;
@@ -158,7 +158,7 @@ fn unsupported(f: &Function, kd: &KernelData) -> CompileError {
         _ => kd.ops[0],
     };
     CompileError(format!(
-        "the PTX backend has no kernel for {} yet (so far: elementwise kernels)",
+        "the PTX backend has no kernel for {} yet (so far: elementwise kernels and reductions)",
         f.describe_op(op)
     ))
 }
@@ -196,13 +196,13 @@ impl Backend for Ptx {
                 // Nothing it computes is used.
                 continue;
             }
-            let Some(Shape::Elementwise(lane)) = shape(f, kd) else {
-                return Err(unsupported(f, kd));
-            };
             let name = identifier(&format!("{}_{k}", f.name));
-            let low = lower::elementwise(f, kd, lane, name).map_err(|e| {
-                CompileError(format!("kernel {k} ({}): {e}", f.describe_op(kd.ops[0])))
-            })?;
+            let low = match shape(f, kd) {
+                Some(Shape::Elementwise(lane)) => lower::elementwise(f, kd, lane, name),
+                Some(Shape::Reduction(red)) => lower::reduction(f, kd, &red, name),
+                _ => return Err(unsupported(f, kd)),
+            }
+            .map_err(|e| CompileError(format!("kernel {k} ({}): {e}", f.describe_op(kd.ops[0]))))?;
             let args = (kd.inputs.iter().chain(&kd.outputs))
                 .map(|v| origin.get(v).copied().unwrap_or(*v))
                 .collect();

@@ -275,10 +275,13 @@ pub struct Kernel {
     pub body: Vec<Inst>,
 }
 
-/// Builds a [`Kernel`]'s registers and instructions.
+/// Builds a [`Kernel`]'s registers and instructions. Immediates are set once, at the
+/// kernel's entry, so that one register serves every use wherever it is.
 pub struct Builder {
-    /// The kernel so far.
+    /// The kernel so far (its body without the immediates).
     pub k: Kernel,
+    head: Vec<Inst>,
+    imms: std::collections::HashMap<(u64, RegTy), Reg>,
 }
 
 impl Builder {
@@ -294,7 +297,16 @@ impl Builder {
                 labels: 0,
                 body: Vec::new(),
             },
+            head: Vec::new(),
+            imms: std::collections::HashMap::new(),
         }
+    }
+
+    /// The kernel: the immediates, then the body.
+    pub fn finish(mut self) -> Kernel {
+        self.head.append(&mut self.k.body);
+        self.k.body = self.head;
+        self.k
     }
 
     /// A new register of type `ty`.
@@ -324,10 +336,15 @@ impl Builder {
         self.k.body.push(i);
     }
 
-    /// A new register of `ty` holding `bits`.
+    /// A register of `ty` holding `bits`, set at the kernel's entry (one per value).
     pub fn imm(&mut self, ty: RegTy, bits: u64) -> Reg {
+        debug_assert!(ty != RegTy::Pred, "no immediate predicates");
+        if let Some(&r) = self.imms.get(&(bits, ty)) {
+            return r;
+        }
         let r = self.reg(ty);
-        self.push(Inst::Imm(r, bits));
+        self.head.push(Inst::Imm(r, bits));
+        self.imms.insert((bits, ty), r);
         r
     }
 
