@@ -403,18 +403,113 @@ fn reductions_match() {
     check(&got, &want, 1e-6, 0.0).unwrap();
 }
 
+/// Matmuls of every edge case against the interpreter: tiles cut by the matrix's edges,
+/// several tiles, batches, broadcast batches, transposes the plan folds (read with swapped
+/// strides), and the fused epilogue (a bias, relu, a residual).
+#[test]
+fn matmuls_match() {
+    let cases = [
+        ("f32[7,13]", "f32[13,9]", "f32[7,9]"),
+        ("f32[64,64]", "f32[64,64]", "f32[64,64]"),
+        ("f32[130,70]", "f32[70,65]", "f32[130,65]"),
+        ("f32[1,300]", "f32[300,3]", "f32[1,3]"),
+        ("f32[2,3,5,8]", "f32[8,6]", "f32[2,3,5,6]"),
+        ("f32[3,1,5,8]", "f32[4,8,6]", "f32[3,4,5,6]"),
+    ];
+    for (i, (x, w, y)) in cases.iter().enumerate() {
+        let n = y.trim_end_matches(']').rsplit(',').next().unwrap();
+        let src = format!(
+            "func @f(%x: {x}, %w: {w}, %b: f32[{n}], %res: {y}) -> ({y}) {{
+  %m = matmul %x, %w : {y}
+  %a = add %m, %b : {y}
+  %r = relu %a : {y}
+  %o = add %r, %res : {y}
+  return %o
+}}"
+        );
+        let f = parse_function(&src).unwrap();
+        let inputs = randoms(&f, 40 + i as u64);
+        let m = module(&f, 80);
+        assert_eq!(
+            m.kernels.len(),
+            1,
+            "the epilogue is fused:\n{}",
+            m.manifest()
+        );
+        let got = emulate(&f, &inputs);
+        let want = tcc_ir::interp::run(&f, &inputs).unwrap();
+        check(&got, &want, 1e-5, 1e-5).unwrap_or_else(|e| panic!("{x} @ {w}: {e}"));
+    }
+    // Transposes only matmuls read: folded, read from their sources with swapped strides.
+    let f = parse_function(
+        "func @f(%xt: f32[13,70], %w: f32[65,13]) -> (f32[70,65]) {
+  %x = transpose %xt {perm=[1,0]} : f32[70,13]
+  %wt = transpose %w {perm=[1,0]} : f32[13,65]
+  %y = matmul %x, %wt : f32[70,65]
+  return %y
+}",
+    )
+    .unwrap();
+    let inputs = randoms(&f, 3);
+    let m = module(&f, 80);
+    assert_eq!(
+        m.kernels.len(),
+        1,
+        "both transposes folded:\n{}",
+        m.manifest()
+    );
+    let got = emulate(&f, &inputs);
+    let want = tcc_ir::interp::run(&f, &inputs).unwrap();
+    check(&got, &want, 1e-5, 1e-5).unwrap();
+    // Infinities in the last column of A and the last row of B (k = 13, a slice of 8 runs
+    // past it): the slice's tail must add zeros, not an infinity times 0.
+    let f = parse_function(
+        "func @f(%x: f32[9,13], %w: f32[13,10]) -> (f32[9,10]) {
+  %y = matmul %x, %w : f32[9,10]
+  return %y
+}",
+    )
+    .unwrap();
+    let mut inputs = randoms(&f, 5);
+    for (t, stride, len) in [(0, 13, 9), (1, 1, 10)] {
+        let mut v = inputs[t].as_f32().unwrap().to_vec();
+        for e in 0..len {
+            // A's column 12, B's row 12.
+            let at = if t == 0 { e * stride + 12 } else { 12 * 10 + e };
+            v[at] = f32::INFINITY;
+        }
+        inputs[t] = Tensor::from_f32(inputs[t].dims(), v).unwrap();
+    }
+    let got = emulate(&f, &inputs);
+    let want = tcc_ir::interp::run(&f, &inputs).unwrap();
+    check(&got, &want, 1e-5, 1e-5).unwrap();
+    // A product stored as well as its epilogue's result.
+    let f = parse_function(
+        "func @f(%x: f32[5,4], %w: f32[4,3]) -> (f32[5,3], f32[5,3]) {
+  %y = matmul %x, %w : f32[5,3]
+  %t = tanh %y : f32[5,3]
+  return %y, %t
+}",
+    )
+    .unwrap();
+    let inputs = randoms(&f, 4);
+    let got = emulate(&f, &inputs);
+    let want = tcc_ir::interp::run(&f, &inputs).unwrap();
+    check(&got, &want, 1e-5, 1e-6).unwrap();
+}
+
 #[test]
 fn unsupported_kernels_are_errors_naming_the_op() {
     let f = parse_function(
-        "func @f(%x: f32[4,8], %w: f32[8,3]) -> (f32[4,3]) {
-  %y = matmul %x, %w : f32[4,3]
+        "func @f(%x: f32[4,8]) -> (f32[8,4]) {
+  %y = transpose %x {perm=[1,0]} : f32[8,4]
   return %y
 }",
     )
     .unwrap();
     let e = tcc_codegen::compile(&Ptx::default(), &f).unwrap_err();
     assert!(
-        e.0.contains("no kernel for") && e.0.contains("matmul"),
+        e.0.contains("no kernel for") && e.0.contains("transpose"),
         "{e}"
     );
     let e = tcc_codegen::compile(&Ptx { sm: 75 }, &f).unwrap_err();
@@ -496,6 +591,18 @@ fn ptxas_assembles_every_module_without_spills() {
     let mut functions: Vec<(String, Function)> =
         cases().into_iter().map(|(n, f, _)| (n, f)).collect();
     functions.extend((0..10).map(|s| (format!("random {s}"), random_elementwise(s))));
+    functions.push((
+        "matmul".into(),
+        parse_function(
+            "func @f(%x: f32[2,130,70], %w: f32[70,65], %b: f32[65]) -> (f32[2,130,65]) {
+  %m = matmul %x, %w : f32[2,130,65]
+  %a = add %m, %b : f32[2,130,65]
+  %y = gelu %a : f32[2,130,65]
+  return %y
+}",
+        )
+        .unwrap(),
+    ));
     for (i, red) in ["reduce_sum %x {axes=[1]}", "reduce_max %x {axes=[0]}"]
         .iter()
         .enumerate()

@@ -8,7 +8,7 @@
 //! caller's parameters, constants and output buffers; the [`Launch`] manifest gives each
 //! kernel's grid, block, shared memory and the storage of each of its parameters.
 //!
-//! So far elementwise kernels and reductions are lowered ([`lower`]); a function with any
+//! So far elementwise kernels, reductions and matmuls are lowered ([`lower`]); a function with any
 //! other kernel is a compile error naming the op. [`Ptx`] is a [`Backend`]: `compile` makes a [`Module`]
 //! and `run` runs it in the emulator, so every test of a backend applies to it.
 
@@ -149,6 +149,24 @@ fn identifier(name: &str) -> String {
     }
 }
 
+/// Whether the epilogue of library kernel `kd` (its ops after the first) is made of
+/// elementwise ops the kernel layer has, in f32, reading operands it can index over the
+/// output's shape.
+fn epilogue_in_form(f: &Function, kd: &KernelData) -> bool {
+    let out = f.ty(f.op(kd.ops[0]).results[0]).dims();
+    let epi = &kd.ops[1..];
+    epi.iter().all(|&op| crate::kernel::supported_op(f, op))
+        && (epi.iter().flat_map(|&op| f.op(op).results.iter()))
+            .chain(&f.op(kd.ops[0]).results)
+            .all(|&v| f.ty(v).dtype() == tcc_ir::DType::F32)
+        && (kd.inputs.iter())
+            .filter(|v| epi.iter().any(|&o| f.op(o).args.contains(v)))
+            .all(|&v| {
+                f.ty(v).dtype() == tcc_ir::DType::F32
+                    && crate::kernel::access(f.ty(v).dims(), out).is_some()
+            })
+}
+
 /// Why kernel `kd` of `f` has no GPU form yet.
 fn unsupported(f: &Function, kd: &KernelData) -> CompileError {
     let op = match kd.kind {
@@ -158,7 +176,7 @@ fn unsupported(f: &Function, kd: &KernelData) -> CompileError {
         _ => kd.ops[0],
     };
     CompileError(format!(
-        "the PTX backend has no kernel for {} yet (so far: elementwise kernels and reductions)",
+        "the PTX backend has no kernel for {} yet (so far: elementwise kernels, reductions and matmuls)",
         f.describe_op(op)
     ))
 }
@@ -200,6 +218,13 @@ impl Backend for Ptx {
             let low = match shape(f, kd) {
                 Some(Shape::Elementwise(lane)) => lower::elementwise(f, kd, lane, name),
                 Some(Shape::Reduction(red)) => lower::reduction(f, kd, &red, name),
+                None if matches!(kd.kind, KernelKind::Library { root } if matches!(f.op(root).kind, OpKind::MatMul))
+                    && epilogue_in_form(f, kd) =>
+                {
+                    let d = f.op(kd.ops[0]);
+                    let folded = |v| crate::plan::folded_transpose(f, &plan, v).is_some();
+                    lower::matmul(f, kd, (folded(d.args[0]), folded(d.args[1])), name)
+                }
                 _ => return Err(unsupported(f, kd)),
             }
             .map_err(|e| CompileError(format!("kernel {k} ({}): {e}", f.describe_op(kd.ops[0]))))?;
