@@ -498,6 +498,62 @@ fn matmuls_match() {
     check(&got, &want, 1e-5, 1e-6).unwrap();
 }
 
+/// Softmax and log-softmax rows, a thread per row (short rows) and a block per row (long
+/// ones), with a prologue and an epilogue, against the interpreter within the CPU's
+/// tolerance; huge, infinite and NaN inputs (a NaN row is all NaN, as is a row of -inf).
+#[test]
+fn softmax_rows_match() {
+    for (i, ty) in [
+        "f32[9,10]",
+        "f32[3,1000]",
+        "f32[2,3,70]",
+        "f32[1,64]",
+        "f32[1,1]",
+    ]
+    .iter()
+    .enumerate()
+    {
+        for op in ["softmax", "log_softmax"] {
+            let src = format!(
+                "func @f(%x: {ty}, %t: f32[]) -> ({ty}) {{
+  %s = div %x, %t : {ty}
+  %p = {op} %s {{axis=-1}} : {ty}
+  %y = mul %p, %t : {ty}
+  return %y
+}}"
+            );
+            let f = parse_function(&src).unwrap();
+            let inputs = randoms(&f, 41 + i as u64);
+            let m = module(&f, 80);
+            assert_eq!(
+                m.kernels.len(),
+                1,
+                "{op} {ty}: one row kernel:\n{}",
+                m.manifest()
+            );
+            let got = emulate(&f, &inputs);
+            let want = tcc_ir::interp::run(&f, &inputs).unwrap();
+            check(&got, &want, 2e-6, 1e-9).unwrap_or_else(|e| panic!("{op} {ty}: {e}"));
+        }
+    }
+    for len in [11, 100] {
+        let src = format!(
+            "func @f(%x: f32[3,{len}]) -> (f32[3,{len}]) {{\n  %p = softmax %x {{axis=1}} : f32[3,{len}]\n  return %p\n}}"
+        );
+        let f = parse_function(&src).unwrap();
+        let mut x: Vec<f32> = (0..3 * len).map(|i| (i % 7) as f32 - 3.0).collect();
+        x[9] = f32::NAN;
+        x[len..2 * len].fill(f32::NEG_INFINITY);
+        x[2 * len + 3] = 1e30;
+        let x = Tensor::from_f32(&[3, len as u64], x).unwrap();
+        let got = emulate(&f, std::slice::from_ref(&x));
+        let want = tcc_ir::interp::run(&f, &[x]).unwrap();
+        check(&got, &want, 2e-6, 1e-9).unwrap_or_else(|e| panic!("{len}: {e}"));
+        let g = got[0].as_f32().unwrap();
+        assert!(g[..2 * len].iter().all(|v| v.is_nan()) && g[2 * len + 3] == 1.0);
+    }
+}
+
 #[test]
 fn unsupported_kernels_are_errors_naming_the_op() {
     let f = parse_function(
@@ -603,6 +659,15 @@ fn ptxas_assembles_every_module_without_spills() {
         )
         .unwrap(),
     ));
+    for (rows, len) in [(50, 10), (3, 700)] {
+        let src = format!(
+            "func @f(%x: f32[{rows},{len}]) -> (f32[{rows},{len}]) {{
+  %p = log_softmax %x {{axis=1}} : f32[{rows},{len}]
+  return %p
+}}"
+        );
+        functions.push((format!("log_softmax {len}"), parse_function(&src).unwrap()));
+    }
     for (i, red) in ["reduce_sum %x {axes=[1]}", "reduce_max %x {axes=[0]}"]
         .iter()
         .enumerate()

@@ -11,9 +11,10 @@ use super::prog::{
 };
 use crate::kernel::expr::{self, Body, Class, Lane, Node};
 use crate::kernel::lower::{body as body_of, lower_ops, small_body};
-use crate::kernel::{Access, ReduceShape, access, int_bits, reduce_inputs, splat_number};
+use crate::kernel::math::{exp, log};
+use crate::kernel::{Access, ReduceShape, RowShape, access, int_bits, reduce_inputs, splat_number};
 use crate::plan::KernelData;
-use tcc_ir::{DType, Function, ReduceOp, Value};
+use tcc_ir::{DType, Function, OpKind, ReduceOp, Value};
 
 /// Threads per block of elementwise kernels.
 pub const BLOCK: u32 = 256;
@@ -80,6 +81,13 @@ struct Ctx {
     it: RegTy,
     /// Each parameter's global address.
     bases: Vec<Reg>,
+}
+
+/// A block working on one row: its thread's index, its shared memory and its own slot there.
+struct Team {
+    tid: Reg,
+    smem: Reg,
+    mine: Reg,
 }
 
 impl Ctx {
@@ -288,6 +296,56 @@ impl Ctx {
         self.for_loop(i, count, stride, |c| body(c, i))
     }
 
+    /// The block's threads and a shared slot per thread, for [`Ctx::combine`].
+    fn team(&mut self) -> Team {
+        self.b.k.shared = self.b.k.shared.max(BLOCK * 4);
+        let tid = self.sreg(Sreg::Tid);
+        let smem = self.b.reg(RegTy::I64);
+        self.b.push(Inst::SharedBase(smem));
+        let mut t = Team {
+            tid,
+            smem,
+            mine: smem,
+        };
+        t.mine = self.slot(&t, tid);
+        t
+    }
+
+    /// The shared slot of thread `t`.
+    fn slot(&mut self, team: &Team, t: Reg) -> Reg {
+        let t = self.b.cvt(Cvt::U32ToU64, RegTy::I64, t);
+        let two = self.b.imm(RegTy::I32, 2);
+        let off = self.b.ibin(IOp::Shl, t, two);
+        self.b.ibin(IOp::Add, team.smem, off)
+    }
+
+    /// Every thread's `v` combined by `step` (two arguments) in a tree over the shared slots,
+    /// half the threads combining at each level between barriers; every thread gets the
+    /// total. Ends with a barrier, so the slots can be used again.
+    fn combine(&mut self, team: &Team, v: Reg, step: &Body) -> Result<Reg, String> {
+        self.b.push(Inst::St(Space::Shared, Mem::B32, team.mine, v));
+        self.b.push(Inst::Bar);
+        let mut half = BLOCK / 2;
+        while half > 0 {
+            let skip = self.b.label();
+            let h = self.b.imm(RegTy::I32, half as u64);
+            let out = self.b.setp(CmpTy::Unsigned, Cmp::Ge, team.tid, h);
+            self.b.push(Inst::Bra(skip, Some((out, true))));
+            let other = self.b.ibin(IOp::Add, team.tid, h);
+            let theirs = self.slot(team, other);
+            let x = self.b.ld(Space::Shared, Mem::B32, RegTy::F32, team.mine);
+            let y = self.b.ld(Space::Shared, Mem::B32, RegTy::F32, theirs);
+            let z = render(&mut self.b, step, &[x, y])?[0];
+            self.b.push(Inst::St(Space::Shared, Mem::B32, team.mine, z));
+            self.b.place(skip);
+            self.b.push(Inst::Bar);
+            half /= 2;
+        }
+        let total = self.b.ld(Space::Shared, Mem::B32, RegTy::F32, team.smem);
+        self.b.push(Inst::Bar);
+        Ok(total)
+    }
+
     fn finish(mut self, grid: u64) -> Lowered {
         self.b.push(Inst::Ret);
         Lowered {
@@ -443,22 +501,12 @@ pub fn reduction(
         return Ok(c.finish(outputs.div_ceil(BLOCK as u64)));
     }
     // A block per output.
-    c.b.k.shared = BLOCK * 4;
-    let tid = c.sreg(Sreg::Tid);
+    let team = c.team();
     let ctaid = c.sreg(Sreg::Ctaid);
     let nctaid = c.sreg(Sreg::Nctaid);
     let ntid = c.sreg(Sreg::Ntid);
     let (o, ostep) = (c.index_of(ctaid), c.index_of(nctaid));
-    let (tid_i, ntid_i) = (c.index_of(tid), c.index_of(ntid));
-    let smem = c.b.reg(RegTy::I64);
-    c.b.push(Inst::SharedBase(smem));
-    let four = c.b.imm(RegTy::I32, 2);
-    let slot_of = |c: &mut Ctx, t: Reg| {
-        let t = c.b.cvt(Cvt::U32ToU64, RegTy::I64, t);
-        let off = c.b.ibin(IOp::Shl, t, four);
-        c.b.ibin(IOp::Add, smem, off)
-    };
-    let mine = slot_of(&mut c, tid);
+    let (tid_i, ntid_i) = (c.index_of(team.tid), c.index_of(ntid));
     let count = c.n(outputs);
     c.for_loop(o, count, ostep, |c| {
         let acc = c.b.reg(RegTy::F32);
@@ -467,34 +515,153 @@ pub fn reduction(
         let j = c.b.reg(c.it);
         c.b.push(Inst::Mov(j, tid_i));
         fold(c, acc, start, j, ntid_i)?;
-        c.b.push(Inst::St(Space::Shared, Mem::B32, mine, acc));
-        c.b.push(Inst::Bar);
-        let mut half = BLOCK / 2;
-        while half > 0 {
-            let skip = c.b.label();
-            let h = c.b.imm(RegTy::I32, half as u64);
-            let out = c.b.setp(CmpTy::Unsigned, Cmp::Ge, tid, h);
-            c.b.push(Inst::Bra(skip, Some((out, true))));
-            let other = c.b.ibin(IOp::Add, tid, h);
-            let theirs = slot_of(c, other);
-            let x = c.b.ld(Space::Shared, Mem::B32, RegTy::F32, mine);
-            let y = c.b.ld(Space::Shared, Mem::B32, RegTy::F32, theirs);
-            let z = render(&mut c.b, &step, &[x, y])?[0];
-            c.b.push(Inst::St(Space::Shared, Mem::B32, mine, z));
-            c.b.place(skip);
-            c.b.push(Inst::Bar);
-            half /= 2;
-        }
+        let total = c.combine(&team, acc, &step)?;
         let skip = c.b.label();
         let zero = c.b.imm(RegTy::I32, 0);
-        let not_first = c.b.setp(CmpTy::Unsigned, Cmp::Ne, tid, zero);
+        let not_first = c.b.setp(CmpTy::Unsigned, Cmp::Ne, team.tid, zero);
         c.b.push(Inst::Bra(skip, Some((not_first, true))));
-        let total = c.b.ld(Space::Shared, Mem::B32, RegTy::F32, mine);
         finish(c, o, total)?;
         c.b.place(skip);
         Ok(())
     })?;
     Ok(c.finish(outputs))
+}
+
+/// Softmax (or log-softmax) row kernel `kd` of `f` (shape `row`: the last axis, `len` long,
+/// with the prologue and epilogue the plan fused), in `f32`, named `name`, in the CPU's three
+/// passes over each row: its maximum, the sum of `exp(x - max)`, then each element normalised
+/// (`exp(x - max) / sum`, or `x - max - log(sum)`) and the epilogue. Rows shorter than 64: a
+/// thread per row. Longer ones: a block per row, each thread taking every 256th element, the
+/// threads' maxima and sums combined in shared memory ([`Ctx::combine`]).
+pub fn row(f: &Function, kd: &KernelData, row: &RowShape, name: String) -> Result<Lowered, String> {
+    let RowShape { root, len } = *row;
+    let log_softmax = matches!(f.op(root).kind, OpKind::LogSoftmax { .. });
+    let dims = f.ty(f.op(root).args[0]).dims().to_vec();
+    let rows = dims.iter().product::<u64>() / len;
+    let pos = (kd.ops.iter().position(|&o| o == root)).ok_or("the root is not a member")?;
+    let (pro, epi) = (&kd.ops[..pos], &kd.ops[pos + 1..]);
+    let (x_in, y_out) = (f.op(root).args[0], f.op(root).results[0]);
+    let input = body_of(Lane::F32, f, &kd.inputs, 0, pro, |_, _, _| {}, &[x_in]);
+    let max_step = small_body(2, |b, a| b.select_if(expr::Cmp::Lt, a[0], a[1], a[1], a[0]));
+    let sum_step = small_body(3, |b, a| {
+        let d = b.sub(a[1], a[2]);
+        let t = exp(b, d);
+        b.add(a[0], t)
+    });
+    let add = small_body(2, |b, a| b.add(a[0], a[1]));
+    let row_consts = {
+        let mut b = Body::new(Lane::F32);
+        let (mx, sum) = (b.arg(), b.arg());
+        let one = b.c(1.0);
+        let inv = b.div(one, sum);
+        let lse = log(&mut b, sum);
+        let shift = b.add(mx, lse);
+        b.results = vec![inv, shift];
+        b
+    };
+    let output = body_of(
+        Lane::F32,
+        f,
+        &kd.inputs,
+        3,
+        pro,
+        |b, vals, r| {
+            let x = vals[&x_in];
+            let y = if log_softmax {
+                b.sub(x, r[2])
+            } else {
+                let d = b.sub(x, r[0]);
+                let t = exp(b, d);
+                b.mul(t, r[1])
+            };
+            vals.insert(y_out, y);
+            lower_ops(b, f, epi, vals);
+        },
+        &kd.outputs,
+    );
+    let n_in = kd.inputs.len();
+    let mut c = Ctx::new(
+        name,
+        (n_in + kd.outputs.len()) as u32,
+        BLOCK,
+        dims.iter().product(),
+    );
+    let params: Vec<usize> = (0..n_in).collect();
+    let ops = c.operands(f, Lane::F32, &kd.inputs, &params, &dims)?;
+    let neg_inf = c.b.imm(RegTy::F32, f32::NEG_INFINITY.to_bits() as u64);
+    let zero_f = c.b.imm(RegTy::F32, 0);
+    // For j = `j0`, `j0 + step`, ... below len: `acc = body(acc, input at row + j, extra...)`.
+    let fold = |c: &mut Ctx,
+                acc: Reg,
+                start: Reg,
+                (j0, jstep): (Reg, Reg),
+                body: &Body,
+                extra: &[Reg]|
+     -> Result<(), String> {
+        let j = c.b.reg(c.it);
+        c.b.push(Inst::Mov(j, j0));
+        let ln = c.n(len);
+        c.for_loop(j, ln, jstep, |c| {
+            let e = c.b.ibin(IOp::Add, start, j);
+            let args = c.load(&ops, e);
+            let x = render(&mut c.b, &input, &args)?[0];
+            let mut a = vec![acc, x];
+            a.extend_from_slice(extra);
+            let n = render(&mut c.b, body, &a)?[0];
+            c.b.push(Inst::Mov(acc, n));
+            Ok(())
+        })
+    };
+    // The last pass: each element normalised, the epilogue, the stores.
+    let write = |c: &mut Ctx, start: Reg, (j0, jstep): (Reg, Reg), r: [Reg; 3]| {
+        let j = c.b.reg(c.it);
+        c.b.push(Inst::Mov(j, j0));
+        let ln = c.n(len);
+        c.for_loop(j, ln, jstep, |c| {
+            let e = c.b.ibin(IOp::Add, start, j);
+            let mut args = c.load(&ops, e);
+            args.extend(r);
+            let outs = render(&mut c.b, &output, &args)?;
+            c.store(f, &output, &outs, &kd.outputs, n_in, e)
+        })
+    };
+    let fresh = |c: &mut Ctx, from: Reg| {
+        let r = c.b.reg(RegTy::F32);
+        c.b.push(Inst::Mov(r, from));
+        r
+    };
+    if len < THREAD_PER_OUTPUT_BELOW {
+        c.grid_stride(rows, |c, r| {
+            let start = c.op_n(IOp::Mul, r, len);
+            let whole = (c.n(0), c.n(1));
+            let mx = fresh(c, neg_inf);
+            fold(c, mx, start, whole, &max_step, &[])?;
+            let sum = fresh(c, zero_f);
+            fold(c, sum, start, whole, &sum_step, &[mx])?;
+            let k = render(&mut c.b, &row_consts, &[mx, sum])?;
+            write(c, start, whole, [mx, k[0], k[1]])
+        })?;
+        return Ok(c.finish(rows.div_ceil(BLOCK as u64)));
+    }
+    let team = c.team();
+    let ctaid = c.sreg(Sreg::Ctaid);
+    let nctaid = c.sreg(Sreg::Nctaid);
+    let ntid = c.sreg(Sreg::Ntid);
+    let (r, rstep) = (c.index_of(ctaid), c.index_of(nctaid));
+    let strided = (c.index_of(team.tid), c.index_of(ntid));
+    let count = c.n(rows);
+    c.for_loop(r, count, rstep, |c| {
+        let start = c.op_n(IOp::Mul, r, len);
+        let mx = fresh(c, neg_inf);
+        fold(c, mx, start, strided, &max_step, &[])?;
+        let mx = c.combine(&team, mx, &max_step)?;
+        let sum = fresh(c, zero_f);
+        fold(c, sum, start, strided, &sum_step, &[mx])?;
+        let sum = c.combine(&team, sum, &add)?;
+        let k = render(&mut c.b, &row_consts, &[mx, sum])?;
+        write(c, start, strided, [mx, k[0], k[1]])
+    })?;
+    Ok(c.finish(rows))
 }
 
 /// Rows and columns of the output tile a block of a matmul computes.

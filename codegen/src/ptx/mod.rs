@@ -8,7 +8,7 @@
 //! caller's parameters, constants and output buffers; the [`Launch`] manifest gives each
 //! kernel's grid, block, shared memory and the storage of each of its parameters.
 //!
-//! So far elementwise kernels, reductions and matmuls are lowered ([`lower`]); a function with any
+//! So far elementwise kernels, reductions, softmax rows and matmuls are lowered ([`lower`]); a function with any
 //! other kernel is a compile error naming the op. [`Ptx`] is a [`Backend`]: `compile` makes a [`Module`]
 //! and `run` runs it in the emulator, so every test of a backend applies to it.
 
@@ -176,7 +176,7 @@ fn unsupported(f: &Function, kd: &KernelData) -> CompileError {
         _ => kd.ops[0],
     };
     CompileError(format!(
-        "the PTX backend has no kernel for {} yet (so far: elementwise kernels, reductions and matmuls)",
+        "the PTX backend has no kernel for {} yet (so far: elementwise kernels, reductions, softmax rows and matmuls)",
         f.describe_op(op)
     ))
 }
@@ -218,6 +218,7 @@ impl Backend for Ptx {
             let low = match shape(f, kd) {
                 Some(Shape::Elementwise(lane)) => lower::elementwise(f, kd, lane, name),
                 Some(Shape::Reduction(red)) => lower::reduction(f, kd, &red, name),
+                Some(Shape::Row(row)) => lower::row(f, kd, &row, name),
                 None if matches!(kd.kind, KernelKind::Library { root } if matches!(f.op(root).kind, OpKind::MatMul))
                     && epilogue_in_form(f, kd) =>
                 {
