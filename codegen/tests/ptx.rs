@@ -554,6 +554,69 @@ fn softmax_rows_match() {
     }
 }
 
+/// Convolutions as implicit GEMMs against the interpreter: padding (asymmetric too), strides,
+/// dilation, groups, depthwise, 1x1, a batch, and the fused epilogue (a per-channel bias and
+/// relu).
+#[test]
+fn convolutions_match() {
+    let cases = [
+        (
+            "f32[1,3,8,8]",
+            "f32[4,3,3,3]",
+            "{pads=[1,1,1,1]}",
+            "f32[1,4,8,8]",
+        ),
+        (
+            "f32[2,4,9,9]",
+            "f32[6,2,3,3]",
+            "{strides=[2,2], pads=[1,1,1,1], groups=2}",
+            "f32[2,6,5,5]",
+        ),
+        (
+            "f32[1,5,10,10]",
+            "f32[5,1,3,3]",
+            "{pads=[1,1,1,1], groups=5}",
+            "f32[1,5,10,10]",
+        ),
+        (
+            "f32[1,3,11,9]",
+            "f32[2,3,3,3]",
+            "{dilations=[2,2], pads=[2,1,0,3]}",
+            "f32[1,2,9,9]",
+        ),
+        ("f32[2,70,5,5]", "f32[65,70,1,1]", "", "f32[2,65,5,5]"),
+        (
+            "f32[1,2,7,7]",
+            "f32[3,2,5,5]",
+            "{strides=[3,2]}",
+            "f32[1,3,1,2]",
+        ),
+    ];
+    for (i, (x, w, attrs, y)) in cases.iter().enumerate() {
+        let oc = w.trim_start_matches("f32[").split(',').next().unwrap();
+        let src = format!(
+            "func @f(%x: {x}, %w: {w}, %b: f32[{oc},1,1]) -> ({y}) {{
+  %c = conv2d %x, %w {attrs} : {y}
+  %a = add %c, %b : {y}
+  %r = relu %a : {y}
+  return %r
+}}"
+        );
+        let f = parse_function(&src).unwrap_or_else(|e| panic!("{src}\n{e:?}"));
+        let inputs = randoms(&f, 60 + i as u64);
+        let m = module(&f, 80);
+        assert_eq!(
+            m.kernels.len(),
+            1,
+            "the epilogue is fused:\n{}",
+            m.manifest()
+        );
+        let got = emulate(&f, &inputs);
+        let want = tcc_ir::interp::run(&f, &inputs).unwrap();
+        check(&got, &want, 1e-5, 1e-5).unwrap_or_else(|e| panic!("{x} * {w} {attrs}: {e}"));
+    }
+}
+
 #[test]
 fn unsupported_kernels_are_errors_naming_the_op() {
     let f = parse_function(
@@ -655,6 +718,17 @@ fn ptxas_assembles_every_module_without_spills() {
   %a = add %m, %b : f32[2,130,65]
   %y = gelu %a : f32[2,130,65]
   return %y
+}",
+        )
+        .unwrap(),
+    ));
+    functions.push((
+        "conv2d".into(),
+        parse_function(
+            "func @f(%x: f32[2,4,9,9], %w: f32[6,2,3,3], %b: f32[6,1,1]) -> (f32[2,6,5,5]) {
+  %c = conv2d %x, %w {strides=[2,2], pads=[1,1,1,1], groups=2} : f32[2,6,5,5]
+  %a = add %c, %b : f32[2,6,5,5]
+  return %a
 }",
         )
         .unwrap(),

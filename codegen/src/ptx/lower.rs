@@ -66,7 +66,7 @@ fn num_bits(x: f64, ty: RegTy) -> u64 {
 
 /// An operand of a kernel as a loop reads it: its address, how it is indexed, how it is
 /// loaded, and its register if it is read once before the loop.
-struct Operand {
+pub(super) struct Operand {
     base: Reg,
     access: Access,
     mem: Mem,
@@ -75,16 +75,16 @@ struct Operand {
 }
 
 /// A kernel being lowered: the builder, the index width, and the parameters' addresses.
-struct Ctx {
-    b: Builder,
+pub(super) struct Ctx {
+    pub(super) b: Builder,
     /// The type of element indices: 32-bit where every index fits.
-    it: RegTy,
+    pub(super) it: RegTy,
     /// Each parameter's global address.
-    bases: Vec<Reg>,
+    pub(super) bases: Vec<Reg>,
 }
 
 /// A block working on one row: its thread's index, its shared memory and its own slot there.
-struct Team {
+pub(super) struct Team {
     tid: Reg,
     smem: Reg,
     mine: Reg,
@@ -92,7 +92,7 @@ struct Team {
 
 impl Ctx {
     /// A kernel of `params` address parameters, its indices below `n`, `block` threads.
-    fn new(name: String, params: u32, block: u32, n: u64) -> Ctx {
+    pub(super) fn new(name: String, params: u32, block: u32, n: u64) -> Ctx {
         let mut b = Builder::new(name, params, block);
         let it = if n <= i32::MAX as u64 {
             RegTy::I32
@@ -110,14 +110,14 @@ impl Ctx {
     }
 
     /// A special register.
-    fn sreg(&mut self, s: Sreg) -> Reg {
+    pub(super) fn sreg(&mut self, s: Sreg) -> Reg {
         let r = self.b.reg(RegTy::I32);
         self.b.push(Inst::Sreg(r, s));
         r
     }
 
     /// A 32-bit special register widened to the index type.
-    fn index_of(&mut self, r: Reg) -> Reg {
+    pub(super) fn index_of(&mut self, r: Reg) -> Reg {
         if self.it == RegTy::I64 {
             self.b.cvt(Cvt::U32ToU64, RegTy::I64, r)
         } else {
@@ -126,18 +126,18 @@ impl Ctx {
     }
 
     /// The index constant `n`.
-    fn n(&mut self, n: u64) -> Reg {
+    pub(super) fn n(&mut self, n: u64) -> Reg {
         self.b.imm(self.it, n)
     }
 
     /// `a op n` on indices.
-    fn op_n(&mut self, op: IOp, a: Reg, n: u64) -> Reg {
+    pub(super) fn op_n(&mut self, op: IOp, a: Reg, n: u64) -> Reg {
         let c = self.n(n);
         self.b.ibin(op, a, c)
     }
 
     /// The address of element `idx` of a `mem` buffer at `base`.
-    fn address(&mut self, base: Reg, idx: Reg, mem: Mem) -> Reg {
+    pub(super) fn address(&mut self, base: Reg, idx: Reg, mem: Mem) -> Reg {
         let wide = if self.it == RegTy::I32 {
             self.b.cvt(Cvt::U32ToU64, RegTy::I64, idx)
         } else {
@@ -155,7 +155,7 @@ impl Ctx {
 
     /// Kernel values `vals` (parameters `params`) read over the iteration space `dims` by a
     /// body computing in `lane`: scalars loaded or set here, once.
-    fn operands(
+    pub(super) fn operands(
         &mut self,
         f: &Function,
         lane: Lane,
@@ -190,7 +190,7 @@ impl Ctx {
     }
 
     /// Every operand's value at element `i` of the iteration space.
-    fn load(&mut self, ops: &[Operand], i: Reg) -> Vec<Reg> {
+    pub(super) fn load(&mut self, ops: &[Operand], i: Reg) -> Vec<Reg> {
         let mut args = Vec::with_capacity(ops.len());
         for op in ops {
             if let Some(s) = op.scalar {
@@ -231,7 +231,7 @@ impl Ctx {
 
     /// Stores the results `outs` of `body` to the kernel's outputs `vals` (parameters from
     /// `first` on) at element `i`.
-    fn store(
+    pub(super) fn store(
         &mut self,
         f: &Function,
         body: &Body,
@@ -260,7 +260,7 @@ impl Ctx {
     }
 
     /// `for i = start; i < n; i += step { body(i) }` on register `i` (modified in place).
-    fn for_loop(
+    pub(super) fn for_loop(
         &mut self,
         i: Reg,
         n: Reg,
@@ -279,7 +279,7 @@ impl Ctx {
     }
 
     /// The grid-stride loop over `n` elements: `body` for each element this thread takes.
-    fn grid_stride(
+    pub(super) fn grid_stride(
         &mut self,
         n: u64,
         body: impl FnOnce(&mut Ctx, Reg) -> Result<(), String>,
@@ -297,7 +297,7 @@ impl Ctx {
     }
 
     /// The block's threads and a shared slot per thread, for [`Ctx::combine`].
-    fn team(&mut self) -> Team {
+    pub(super) fn team(&mut self) -> Team {
         self.b.k.shared = self.b.k.shared.max(BLOCK * 4);
         let tid = self.sreg(Sreg::Tid);
         let smem = self.b.reg(RegTy::I64);
@@ -312,7 +312,7 @@ impl Ctx {
     }
 
     /// The shared slot of thread `t`.
-    fn slot(&mut self, team: &Team, t: Reg) -> Reg {
+    pub(super) fn slot(&mut self, team: &Team, t: Reg) -> Reg {
         let t = self.b.cvt(Cvt::U32ToU64, RegTy::I64, t);
         let two = self.b.imm(RegTy::I32, 2);
         let off = self.b.ibin(IOp::Shl, t, two);
@@ -322,7 +322,7 @@ impl Ctx {
     /// Every thread's `v` combined by `step` (two arguments) in a tree over the shared slots,
     /// half the threads combining at each level between barriers; every thread gets the
     /// total. Ends with a barrier, so the slots can be used again.
-    fn combine(&mut self, team: &Team, v: Reg, step: &Body) -> Result<Reg, String> {
+    pub(super) fn combine(&mut self, team: &Team, v: Reg, step: &Body) -> Result<Reg, String> {
         self.b.push(Inst::St(Space::Shared, Mem::B32, team.mine, v));
         self.b.push(Inst::Bar);
         let mut half = BLOCK / 2;
@@ -346,7 +346,7 @@ impl Ctx {
         Ok(total)
     }
 
-    fn finish(mut self, grid: u64) -> Lowered {
+    pub(super) fn finish(mut self, grid: u64) -> Lowered {
         self.b.push(Inst::Ret);
         Lowered {
             kernel: self.b.finish(),
@@ -664,283 +664,8 @@ pub fn row(f: &Function, kd: &KernelData, row: &RowShape, name: String) -> Resul
     Ok(c.finish(rows))
 }
 
-/// Rows and columns of the output tile a block of a matmul computes.
-pub const TILE: u64 = 64;
-
-/// The depth of the slices of A and B a matmul block stages in shared memory.
-const DEPTH: u64 = 8;
-
-/// Rows and columns of the output each thread of a matmul computes (its registers).
-const MICRO: u64 = 4;
-
-/// Matmul kernel `kd` of `f` (`[B..., m, k] @ [B..., k, n]`, batch dims broadcasting, f32),
-/// with the elementwise epilogue the plan fused into it, named `name`. `ta` (`tb`): the left
-/// (right) operand is a transpose the plan folded, read from its source with swapped strides.
-///
-/// Tiled: each block computes a 64x64 tile of one batch's output (grid-stride over the tiles),
-/// its 256 threads a 4x4 block of it each, in registers. For each slice of depth 8 along `k`,
-/// the threads copy the 64x8 slice of A (transposed) and the 8x64 slice of B into shared
-/// memory, two elements each (indices clamped into range, zeros past `k`), wait at a barrier, accumulate the slice with fused multiply-adds, and wait again.
-/// Then each thread runs the epilogue on its outputs within the matrix and stores them.
-pub fn matmul(
-    f: &Function,
-    kd: &KernelData,
-    (ta, tb): (bool, bool),
-    name: String,
-) -> Result<Lowered, String> {
-    let root = kd.ops[0];
-    let d = f.op(root);
-    let (a, b, r) = (d.args[0], d.args[1], d.results[0]);
-    if [a, b, r].iter().any(|&v| f.ty(v).dtype() != DType::F32) {
-        return Err("only f32 matmuls have a GPU kernel so far".into());
-    }
-    let (ad, bd, od) = (f.ty(a).dims(), f.ty(b).dims(), f.ty(r).dims().to_vec());
-    let (m, k, n) = (ad[ad.len() - 2], ad[ad.len() - 1], bd[bd.len() - 1]);
-    let batch = &od[..od.len() - 2];
-    let batches: u64 = batch.iter().product();
-    // Each operand's stride per output batch dimension (0 where it broadcasts).
-    let strides = |dims: &[u64]| -> Vec<u64> {
-        let own = &dims[..dims.len() - 2];
-        let mut st = vec![0u64; batch.len()];
-        let mut s = 1;
-        for (i, &dd) in own.iter().enumerate().rev() {
-            let o = batch.len() - own.len() + i;
-            st[o] = if dd == 1 { 0 } else { s };
-            s *= dd;
-        }
-        st
-    };
-    let (sa, sb) = (strides(ad), strides(bd));
-    let epi = &kd.ops[1..];
-    let epi_in: Vec<Value> = (kd.inputs.iter())
-        .copied()
-        .filter(|v| epi.iter().any(|&o| f.op(o).args.contains(v)))
-        .collect();
-    let output = body_of(
-        Lane::F32,
-        f,
-        &epi_in,
-        1,
-        &[],
-        |b, vals, acc| {
-            vals.insert(r, acc[0]);
-            lower_ops(b, f, epi, vals);
-        },
-        &kd.outputs,
-    );
-    let param = |v: &Value| kd.inputs.iter().position(|x| x == v).expect("an input");
-    let n_in = kd.inputs.len();
-    let numel = |v: Value| f.ty(v).numel();
-    let (tm, tn) = (m.div_ceil(TILE), n.div_ceil(TILE));
-    let tiles = batches * tm * tn;
-    let mut c = Ctx::new(
-        name,
-        (n_in + kd.outputs.len()) as u32,
-        BLOCK,
-        numel(a).max(numel(b)).max(numel(r)).max(tiles),
-    );
-    c.b.k.shared = (2 * TILE * DEPTH * 4) as u32;
-    let epi_params: Vec<usize> = epi_in.iter().map(param).collect();
-    let epi_ops = c.operands(f, Lane::F32, &epi_in, &epi_params, &od)?;
-    let (a_base, b_base) = (c.bases[param(&a)], c.bases[param(&b)]);
-    let zero_f = c.b.imm(RegTy::F32, 0);
-    let tid = c.sreg(Sreg::Tid);
-    let ctaid = c.sreg(Sreg::Ctaid);
-    let nctaid = c.sreg(Sreg::Nctaid);
-    let (t, tstep) = (c.index_of(ctaid), c.index_of(nctaid));
-    let tid_i = c.index_of(tid);
-    // This thread's 4x4 block: rows ty*4.., columns tx*4.. of the tile.
-    let side = TILE / MICRO;
-    let ty = c.op_n(IOp::DivU, tid_i, side);
-    let tx = c.op_n(IOp::RemU, tid_i, side);
-    let ty4 = c.op_n(IOp::Mul, ty, MICRO);
-    let tx4 = c.op_n(IOp::Mul, tx, MICRO);
-    let smem = c.b.reg(RegTy::I64);
-    c.b.push(Inst::SharedBase(smem));
-    // Shared element `e` (an index) of slice `s` (0: A, 1: B), as an address.
-    let shared_at = |c: &mut Ctx, s: u64, e: Reg| {
-        let e = if c.it == RegTy::I32 {
-            c.b.cvt(Cvt::U32ToU64, RegTy::I64, e)
-        } else {
-            e
-        };
-        let two = c.b.imm(RegTy::I32, 2);
-        let off = c.b.ibin(IOp::Shl, e, two);
-        let base = if s == 0 {
-            smem
-        } else {
-            let o = c.b.imm(RegTy::I64, TILE * DEPTH * 4);
-            c.b.ibin(IOp::Add, smem, o)
-        };
-        c.b.ibin(IOp::Add, base, off)
-    };
-    let count = c.n(tiles);
-    c.for_loop(t, count, tstep, |c| {
-        // Which batch and tile.
-        let per = tm * tn;
-        let bi = c.op_n(IOp::DivU, t, per);
-        let rest = c.op_n(IOp::RemU, t, per);
-        let m0 = {
-            let q = c.op_n(IOp::DivU, rest, tn);
-            c.op_n(IOp::Mul, q, TILE)
-        };
-        let n0 = {
-            let q = c.op_n(IOp::RemU, rest, tn);
-            c.op_n(IOp::Mul, q, TILE)
-        };
-        // The batch's offsets into A and B (broadcast dimensions stride 0).
-        let offset = |c: &mut Ctx, st: &[u64], size: u64| {
-            let mut acc = c.n(0);
-            let mut inner = 1u64;
-            for (dim, (&extent, &stride)) in batch.iter().zip(st).enumerate().rev() {
-                if stride != 0 {
-                    let q = c.op_n(IOp::DivU, bi, inner);
-                    let coord = c.op_n(IOp::RemU, q, extent);
-                    let s = c.n(stride * size);
-                    let sum = c.b.reg(c.it);
-                    c.b.push(Inst::IMad(sum, coord, s, acc));
-                    acc = sum;
-                }
-                let _ = dim;
-                inner *= extent;
-            }
-            acc
-        };
-        let a_off = offset(c, &sa, m * k);
-        let b_off = offset(c, &sb, k * n);
-        let accs: Vec<Reg> = (0..MICRO * MICRO)
-            .map(|_| {
-                let r = c.b.reg(RegTy::F32);
-                c.b.push(Inst::Mov(r, zero_f));
-                r
-            })
-            .collect();
-        let k0 = c.b.reg(c.it);
-        let zero_i = c.n(0);
-        c.b.push(Inst::Mov(k0, zero_i));
-        let kn = c.n(k);
-        let kstep = c.n(DEPTH);
-        c.for_loop(k0, kn, kstep, |c| {
-            // Two elements of each slice per thread.
-            for half in 0..2u64 {
-                let e = c.op_n(IOp::Add, tid_i, half * BLOCK as u64);
-                // A's slice: element (row, col) = (e / 8, e % 8) of the 64x8 slice, stored at
-                // [col][row].
-                let (row, col) = (c.op_n(IOp::DivU, e, DEPTH), c.op_n(IOp::RemU, e, DEPTH));
-                let gr = c.b.ibin(IOp::Add, m0, row);
-                let gc = c.b.ibin(IOp::Add, k0, col);
-                let v = load_clamped(c, a_base, a_off, (gr, gc), (m, k), ta, true);
-                let at = {
-                    let s = c.b.reg(c.it);
-                    let t64 = c.n(TILE);
-                    c.b.push(Inst::IMad(s, col, t64, row));
-                    s
-                };
-                let addr = shared_at(c, 0, at);
-                c.b.push(Inst::St(Space::Shared, Mem::B32, addr, v));
-                // B's slice: element (row, col) = (e / 64, e % 64) of the 8x64 slice.
-                let (row, col) = (c.op_n(IOp::DivU, e, TILE), c.op_n(IOp::RemU, e, TILE));
-                let gr = c.b.ibin(IOp::Add, k0, row);
-                let gc = c.b.ibin(IOp::Add, n0, col);
-                let v = load_clamped(c, b_base, b_off, (gr, gc), (k, n), tb, false);
-                let addr = shared_at(c, 1, e);
-                c.b.push(Inst::St(Space::Shared, Mem::B32, addr, v));
-            }
-            c.b.push(Inst::Bar);
-            for kk in 0..DEPTH {
-                let mut av = Vec::new();
-                let mut bv = Vec::new();
-                for i in 0..MICRO {
-                    let e = c.op_n(IOp::Add, ty4, kk * TILE + i);
-                    let addr = shared_at(c, 0, e);
-                    av.push(c.b.ld(Space::Shared, Mem::B32, RegTy::F32, addr));
-                    let e = c.op_n(IOp::Add, tx4, kk * TILE + i);
-                    let addr = shared_at(c, 1, e);
-                    bv.push(c.b.ld(Space::Shared, Mem::B32, RegTy::F32, addr));
-                }
-                for i in 0..MICRO as usize {
-                    for j in 0..MICRO as usize {
-                        let acc = accs[i * MICRO as usize + j];
-                        c.b.push(Inst::Fma(acc, av[i], bv[j], acc));
-                    }
-                }
-            }
-            c.b.push(Inst::Bar);
-            Ok(())
-        })?;
-        // The epilogue and stores, for the outputs inside the matrix.
-        let (mn, nn) = (c.n(m), c.n(n));
-        let out_base = c.op_n(IOp::Mul, bi, m * n);
-        for i in 0..MICRO {
-            let row = {
-                let r0 = c.b.ibin(IOp::Add, m0, ty4);
-                c.op_n(IOp::Add, r0, i)
-            };
-            for j in 0..MICRO {
-                let col = {
-                    let c0 = c.b.ibin(IOp::Add, n0, tx4);
-                    c.op_n(IOp::Add, c0, j)
-                };
-                let skip = c.b.label();
-                let out_r = c.b.setp(CmpTy::Unsigned, Cmp::Ge, row, mn);
-                c.b.push(Inst::Bra(skip, Some((out_r, true))));
-                let out_c = c.b.setp(CmpTy::Unsigned, Cmp::Ge, col, nn);
-                c.b.push(Inst::Bra(skip, Some((out_c, true))));
-                let o = {
-                    let s = c.b.reg(c.it);
-                    c.b.push(Inst::IMad(s, row, nn, out_base));
-                    c.b.ibin(IOp::Add, s, col)
-                };
-                let mut args = c.load(&epi_ops, o);
-                args.push(accs[(i * MICRO + j) as usize]);
-                let outs = render(&mut c.b, &output, &args)?;
-                c.store(f, &output, &outs, &kd.outputs, n_in, o)?;
-                c.b.place(skip);
-            }
-        }
-        Ok(())
-    })?;
-    Ok(c.finish(tiles))
-}
-
-/// Element `(r, c)` of an `rows x cols` matrix at `base + off` (row-major, or with `t` its
-/// transpose's source, read with swapped strides). The indices are clamped into range, so the
-/// load never leaves the buffer; where the index along `k` (`c` for A, `r` for B: `k_is_col`)
-/// is outside, the value is 0, so that the slice's tail adds nothing (not even an infinity
-/// times 0). Rows of A past `m` and columns of B past `n` only feed outputs never stored.
-fn load_clamped(
-    c: &mut Ctx,
-    base: Reg,
-    off: Reg,
-    (r, col): (Reg, Reg),
-    (rows, cols): (u64, u64),
-    t: bool,
-    k_is_col: bool,
-) -> Reg {
-    let (rmax, cmax) = (c.n(rows.saturating_sub(1)), c.n(cols.saturating_sub(1)));
-    let rc = c.b.ibin(IOp::MinS, r, rmax);
-    let cc = c.b.ibin(IOp::MinS, col, cmax);
-    let s = c.b.reg(c.it);
-    if t {
-        // The source is cols x rows.
-        let nr = c.n(rows);
-        c.b.push(Inst::IMad(s, cc, nr, rc));
-    } else {
-        let nc = c.n(cols);
-        c.b.push(Inst::IMad(s, rc, nc, cc));
-    }
-    let idx = c.b.ibin(IOp::Add, s, off);
-    let addr = c.address(base, idx, Mem::B32);
-    let v = c.b.ld(Space::Global, Mem::B32, RegTy::F32, addr);
-    let (along, extent) = if k_is_col { (col, cols) } else { (r, rows) };
-    let kn = c.n(extent);
-    let past = c.b.setp(CmpTy::Unsigned, Cmp::Ge, along, kn);
-    let zero = c.b.imm(RegTy::F32, 0);
-    c.b.selp(zero, v, past)
-}
-
 /// The instructions of `body` over argument registers `args`; its result registers.
-fn render(b: &mut Builder, body: &Body, args: &[Reg]) -> Result<Vec<Reg>, String> {
+pub(super) fn render(b: &mut Builder, body: &Body, args: &[Reg]) -> Result<Vec<Reg>, String> {
     let num = lane_reg(body.lane);
     let int = num == RegTy::I32;
     let mut v: Vec<Reg> = Vec::with_capacity(body.nodes().len());

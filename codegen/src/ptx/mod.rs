@@ -8,11 +8,12 @@
 //! caller's parameters, constants and output buffers; the [`Launch`] manifest gives each
 //! kernel's grid, block, shared memory and the storage of each of its parameters.
 //!
-//! So far elementwise kernels, reductions, softmax rows and matmuls are lowered ([`lower`]); a function with any
+//! So far elementwise kernels, reductions, softmax rows, matmuls and convolutions are lowered ([`lower`]); a function with any
 //! other kernel is a compile error naming the op. [`Ptx`] is a [`Backend`]: `compile` makes a [`Module`]
 //! and `run` runs it in the emulator, so every test of a backend applies to it.
 
 pub mod emu;
+pub mod gemm;
 pub mod lower;
 pub mod print;
 pub mod prog;
@@ -176,7 +177,7 @@ fn unsupported(f: &Function, kd: &KernelData) -> CompileError {
         _ => kd.ops[0],
     };
     CompileError(format!(
-        "the PTX backend has no kernel for {} yet (so far: elementwise kernels, reductions, softmax rows and matmuls)",
+        "the PTX backend has no kernel for {} yet (so far: elementwise kernels, reductions, softmax rows, matmuls and convolutions)",
         f.describe_op(op)
     ))
 }
@@ -224,7 +225,12 @@ impl Backend for Ptx {
                 {
                     let d = f.op(kd.ops[0]);
                     let folded = |v| crate::plan::folded_transpose(f, &plan, v).is_some();
-                    lower::matmul(f, kd, (folded(d.args[0]), folded(d.args[1])), name)
+                    gemm::matmul(f, kd, (folded(d.args[0]), folded(d.args[1])), name)
+                }
+                None if matches!(kd.kind, KernelKind::Library { root } if matches!(f.op(root).kind, OpKind::Conv2d(_)))
+                    && epilogue_in_form(f, kd) =>
+                {
+                    gemm::conv2d(f, kd, name)
                 }
                 _ => return Err(unsupported(f, kd)),
             }
