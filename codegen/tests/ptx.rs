@@ -617,18 +617,180 @@ fn convolutions_match() {
     }
 }
 
+/// Transposes, slices (negative starts and steps) and concatenations move every dtype bit
+/// for bit; casts convert exactly as the interpreter does (saturating float-to-integer casts,
+/// wrapping integer ones, NaN to 0 and to true).
+#[test]
+fn data_movement_and_casts_match() {
+    let srcs = [
+        "func @f(%x: f32[2,3,4]) -> (f32[4,2,3]) {\n  %y = transpose %x {perm=[2,0,1]} : f32[4,2,3]\n  return %y\n}",
+        "func @f(%x: i32[2,3,4,5]) -> (i32[5,3,2,4]) {\n  %y = transpose %x {perm=[3,1,0,2]} : i32[5,3,2,4]\n  return %y\n}",
+        "func @f(%x: u8[7,9]) -> (u8[9,7]) {\n  %y = transpose %x {perm=[1,0]} : u8[9,7]\n  return %y\n}",
+        "func @f(%x: f32[10,8]) -> (f32[3,4]) {\n  %y = slice %x {starts=[1,-1], ends=[8,0], steps=[3,-2]} : f32[3,4]\n  return %y\n}",
+        "func @f(%x: i64[6]) -> (i64[3]) {\n  %y = slice %x {starts=[0], ends=[6], steps=[2]} : i64[3]\n  return %y\n}",
+        "func @f(%a: f32[2,3,4], %b: f32[2,1,4], %c: f32[2,2,4]) -> (f32[2,6,4]) {\n  %y = concat %a, %b, %c {axis=1} : f32[2,6,4]\n  return %y\n}",
+        "func @f(%a: i32[3,2], %b: i32[3,5]) -> (i32[3,9]) {\n  %y = concat %a, %b, %a {axis=-1} : i32[3,9]\n  return %y\n}",
+    ];
+    for src in srcs {
+        let f = parse_function(src).unwrap();
+        let inputs = randoms(&f, 9);
+        let got = emulate(&f, &inputs);
+        let want = tcc_ir::interp::run(&f, &inputs).unwrap();
+        same_bits(&got, &want).unwrap_or_else(|e| panic!("{src}\n{e}"));
+    }
+    let xs = special();
+    let n = xs.len();
+    let x = Tensor::from_f32(&[n as u64], xs).unwrap();
+    for to in ["i32", "i8", "u8", "bool", "f64"] {
+        let src = format!(
+            "func @f(%x: f32[{n}]) -> ({to}[{n}]) {{\n  %y = cast %x {{to={to}}} : {to}[{n}]\n  return %y\n}}"
+        );
+        let f = parse_function(&src).unwrap();
+        let got = emulate(&f, std::slice::from_ref(&x));
+        let want = tcc_ir::interp::run(&f, std::slice::from_ref(&x)).unwrap();
+        same_bits(&got, &want).unwrap_or_else(|e| panic!("f32 -> {to}: {e}"));
+    }
+    let ints = Tensor::from_data(&[6], Data::I32(vec![0, -1, 300, -129, 255, i32::MAX])).unwrap();
+    for to in ["f32", "i8", "u8", "bool", "f64"] {
+        let src = format!(
+            "func @f(%x: i32[6]) -> ({to}[6]) {{\n  %y = cast %x {{to={to}}} : {to}[6]\n  return %y\n}}"
+        );
+        let f = parse_function(&src).unwrap();
+        let got = emulate(&f, std::slice::from_ref(&ints));
+        let want = tcc_ir::interp::run(&f, std::slice::from_ref(&ints)).unwrap();
+        same_bits(&got, &want).unwrap_or_else(|e| panic!("i32 -> {to}: {e}"));
+    }
+    for (from, data) in [
+        ("u8", Data::U8(vec![0, 1, 200, 255])),
+        ("i8", Data::I8(vec![0, -1, -128, 127])),
+        ("bool", Data::Bool(vec![true, false, false, true])),
+    ] {
+        let t = Tensor::from_data(&[4], data).unwrap();
+        for to in ["f32", "i32"] {
+            let src = format!(
+                "func @f(%x: {from}[4]) -> ({to}[4]) {{\n  %y = cast %x {{to={to}}} : {to}[4]\n  return %y\n}}"
+            );
+            let f = parse_function(&src).unwrap();
+            let got = emulate(&f, std::slice::from_ref(&t));
+            let want = tcc_ir::interp::run(&f, std::slice::from_ref(&t)).unwrap();
+            same_bits(&got, &want).unwrap_or_else(|e| panic!("{from} -> {to}: {e}"));
+        }
+    }
+}
+
+/// Max and average pooling (padding, strides, both divisors) and global average pooling.
+#[test]
+fn pooling_matches() {
+    let srcs = [
+        "func @f(%x: f32[2,3,9,9]) -> (f32[2,3,5,5]) {\n  %y = max_pool2d %x {kernel=[3,3], strides=[2,2], pads=[1,1,1,1]} : f32[2,3,5,5]\n  return %y\n}",
+        "func @f(%x: f32[1,2,8,7]) -> (f32[1,2,4,3]) {\n  %y = avg_pool2d %x {kernel=[2,3], strides=[2,2], pads=[0,0,0,0]} : f32[1,2,4,3]\n  return %y\n}",
+        "func @f(%x: f32[1,2,5,5]) -> (f32[1,2,3,3]) {\n  %y = avg_pool2d %x {kernel=[3,3], strides=[2,2], pads=[1,1,1,1]} : f32[1,2,3,3]\n  return %y\n}",
+        "func @f(%x: f32[1,2,5,5]) -> (f32[1,2,3,3]) {\n  %y = avg_pool2d %x {kernel=[3,3], strides=[2,2], pads=[1,1,1,1], count_include_pad=true} : f32[1,2,3,3]\n  return %y\n}",
+        "func @f(%x: f32[2,5,7,7]) -> (f32[2,5,1,1]) {\n  %y = global_avg_pool %x : f32[2,5,1,1]\n  return %y\n}",
+    ];
+    for src in srcs {
+        let f = parse_function(src).unwrap_or_else(|e| panic!("{src}\n{e:?}"));
+        let mut inputs = randoms(&f, 12);
+        // A NaN wins a maximum; padding never does (all-negative windows at the edges).
+        let mut v = inputs[0].as_f32().unwrap().to_vec();
+        v.iter_mut().for_each(|x| *x -= 2.0);
+        v[4] = f32::NAN;
+        inputs[0] = Tensor::from_f32(inputs[0].dims(), v).unwrap();
+        let got = emulate(&f, &inputs);
+        let want = tcc_ir::interp::run(&f, &inputs).unwrap();
+        check(&got, &want, 1e-6, 1e-7).unwrap_or_else(|e| panic!("{src}\n{e}"));
+    }
+}
+
+/// Softmax cross-entropy: rows spread over one block's threads (more rows than threads too),
+/// against the interpreter; a label out of range gives NaN.
+#[test]
+fn cross_entropy_matches() {
+    for (rows, classes) in [(7u64, 3u64), (600, 10)] {
+        let src = format!(
+            "func @f(%x: f32[{rows},{classes}], %l: i32[{rows}], %s: f32[]) -> (f32[]) {{
+  %y = softmax_cross_entropy %x, %l : f32[]
+  %z = mul %y, %s : f32[]
+  return %z
+}}"
+        );
+        let f = parse_function(&src).unwrap();
+        let mut inputs = randoms(&f, rows);
+        let labels: Vec<i32> = (0..rows as i32)
+            .map(|i| (i * 7 + 3) % classes as i32)
+            .collect();
+        inputs[1] = Tensor::from_data(&[rows], Data::I32(labels.clone())).unwrap();
+        let got = emulate(&f, &inputs);
+        let want = tcc_ir::interp::run(&f, &inputs).unwrap();
+        check(&got, &want, 1e-5, 1e-6).unwrap_or_else(|e| panic!("{rows}x{classes}: {e}"));
+        let mut bad = labels;
+        bad[2] = classes as i32;
+        inputs[1] = Tensor::from_data(&[rows], Data::I32(bad)).unwrap();
+        let got = emulate(&f, &inputs);
+        assert!(got[0].as_f32().unwrap()[0].is_nan());
+    }
+    // i64 labels; negative and huge ones are out of range.
+    let f = parse_function(
+        "func @f(%x: f32[5,4], %l: i64[5]) -> (f32[]) {
+  %y = softmax_cross_entropy %x, %l : f32[]
+  return %y
+}",
+    )
+    .unwrap();
+    let x = randoms(&f, 8).remove(0);
+    let labels = Tensor::from_data(&[5], Data::I64(vec![0, 3, 2, 1, 3])).unwrap();
+    let inputs = vec![x.clone(), labels];
+    let got = emulate(&f, &inputs);
+    let want = tcc_ir::interp::run(&f, &inputs).unwrap();
+    check(&got, &want, 1e-5, 1e-6).unwrap();
+    for bad in [-1i64, 1 << 32] {
+        let labels = Tensor::from_data(&[5], Data::I64(vec![0, 3, bad, 1, 3])).unwrap();
+        let got = emulate(&f, &[x.clone(), labels]);
+        assert!(got[0].as_f32().unwrap()[0].is_nan(), "label {bad}");
+    }
+}
+
+/// The examples that compile for the GPU, whole, in the emulator against the interpreter
+/// (labels kept within the classes).
+#[test]
+fn examples_run_in_the_emulator() {
+    for name in ["elementwise", "mlp", "spirals_mlp"] {
+        let path = Path::new(ROOT).join(format!("examples/{name}.tir"));
+        let text = std::fs::read_to_string(&path).unwrap();
+        let m = tcc_ir::parse_module(&text).unwrap();
+        for f in &m.functions {
+            let mut inputs = randoms(f, 17);
+            for (t, &p) in inputs.iter_mut().zip(f.params()) {
+                if let Data::I32(_) | Data::I64(_) = t.data() {
+                    let n = t.ty().numel();
+                    let data = if matches!(t.data(), Data::I32(_)) {
+                        Data::I32((0..n as i32).map(|i| i % 2).collect())
+                    } else {
+                        Data::I64((0..n as i64).map(|i| i % 2).collect())
+                    };
+                    *t = Tensor::new(f.ty(p).clone(), data).unwrap();
+                }
+            }
+            let got = emulate(f, &inputs);
+            let want = tcc_ir::interp::run(f, &inputs).unwrap();
+            // Dot products of 784 terms in f32: the random-function tolerance of the CPU tests.
+            check(&got, &want, 1e-4, 1e-5).unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+    }
+}
+
 #[test]
 fn unsupported_kernels_are_errors_naming_the_op() {
     let f = parse_function(
-        "func @f(%x: f32[4,8]) -> (f32[8,4]) {
-  %y = transpose %x {perm=[1,0]} : f32[8,4]
-  return %y
+        "func @f(%x: f32[4,8]) -> (f32[2,8], i64[2,8]) {
+  %v, %i = top_k %x {k=2, axis=0} : f32[2,8], i64[2,8]
+  return %v, %i
 }",
     )
     .unwrap();
     let e = tcc_codegen::compile(&Ptx::default(), &f).unwrap_err();
     assert!(
-        e.0.contains("no kernel for") && e.0.contains("transpose"),
+        e.0.contains("no kernel for") && e.0.contains("top_k"),
         "{e}"
     );
     let e = tcc_codegen::compile(&Ptx { sm: 75 }, &f).unwrap_err();
@@ -702,7 +864,8 @@ fn ptxas() -> &'static Path {
     })
 }
 
-/// Every case's module, for sm_80 and sm_90, assembles with no spill stores or loads.
+/// Every case's module and the examples that compile for the GPU, for sm_80 and sm_90,
+/// assemble with no spill stores or loads.
 #[test]
 fn ptxas_assembles_every_module_without_spills() {
     let dir = Path::new(ROOT).join("target/ptx-test");
@@ -730,6 +893,29 @@ fn ptxas_assembles_every_module_without_spills() {
   %a = add %c, %b : f32[2,6,5,5]
   return %a
 }",
+        )
+        .unwrap(),
+    ));
+    for src in [
+        "func @f(%x: f32[2,3,4]) -> (f32[4,2,3]) {\n  %y = transpose %x {perm=[2,0,1]} : f32[4,2,3]\n  return %y\n}",
+        "func @f(%a: u8[2,3], %b: u8[2,1]) -> (u8[2,4]) {\n  %y = concat %a, %b {axis=1} : u8[2,4]\n  return %y\n}",
+        "func @f(%x: f32[8]) -> (u8[8]) {\n  %y = cast %x {to=u8} : u8[8]\n  return %y\n}",
+        "func @f(%x: f64[8]) -> (f32[8]) {\n  %y = cast %x {to=f32} : f32[8]\n  return %y\n}",
+        "func @f(%x: f32[1,2,5,5]) -> (f32[1,2,3,3]) {\n  %y = avg_pool2d %x {kernel=[3,3], strides=[2,2], pads=[1,1,1,1]} : f32[1,2,3,3]\n  return %y\n}",
+        "func @f(%x: i64[6]) -> (i64[3]) {\n  %y = slice %x {starts=[0], ends=[6], steps=[2]} : i64[3]\n  return %y\n}",
+    ] {
+        functions.push((src.to_string(), parse_function(src).unwrap()));
+    }
+    for name in ["elementwise", "mlp", "spirals_mlp"] {
+        let text =
+            std::fs::read_to_string(Path::new(ROOT).join(format!("examples/{name}.tir"))).unwrap();
+        let m = tcc_ir::parse_module(&text).unwrap();
+        functions.extend(m.functions.into_iter().map(|f| (name.to_string(), f)));
+    }
+    functions.push((
+        "cross entropy".into(),
+        parse_function(
+            "func @f(%x: f32[600,10], %l: i32[600]) -> (f32[]) {\n  %y = softmax_cross_entropy %x, %l : f32[]\n  return %y\n}",
         )
         .unwrap(),
     ));

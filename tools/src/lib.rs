@@ -102,7 +102,7 @@ enum Cmd {
     Plan(cmd::plan::Args),
     /// Compile for NVIDIA GPUs: print the PTX module and its launch manifest.
     #[command(
-        after_help = "Examples:\n  tcc ptx examples/elementwise.tir\n  tcc ptx f.tir --sm 90 -o f.ptx\n\nThe manifest (comment lines first) gives each kernel's grid, block, shared memory and the\nstorage of each parameter. So far elementwise kernels, reductions, softmax rows, matmuls and convolutions have a GPU form; any other op\nis an error naming it. See docs/codegen.md."
+        after_help = "Examples:\n  tcc ptx examples/elementwise.tir\n  tcc ptx f.tir --sm 90 -o f.ptx\n\nThe manifest (comment lines first) gives each kernel's grid, block, shared memory and the\nstorage of each parameter. Most ops have a GPU form; any other is an error naming it. See docs/codegen.md."
     )]
     Ptx(cmd::ptx::Args),
     /// Differentiate: print each function with d(loss)/d(x) appended to its results.

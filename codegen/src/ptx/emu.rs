@@ -241,6 +241,13 @@ impl Thread<'_> {
                             };
                             n as u32 as u64
                         }
+                        Cvt::FloatToFloat => {
+                            if ty(d) == RegTy::F64 {
+                                (f32_of(x) as f64).to_bits()
+                            } else {
+                                (f64_of(x) as f32).to_bits() as u64
+                            }
+                        }
                         Cvt::S8 => x as u8 as i8 as i32 as u32 as u64,
                         Cvt::U8 => x & 0xff,
                         Cvt::ToGlobal => x,

@@ -116,12 +116,15 @@ impl Ctx {
         r
     }
 
-    /// A 32-bit special register widened to the index type.
+    /// A copy of 32-bit register `r` in the index type (a new register, so that a loop may
+    /// count in it without changing `r`).
     pub(super) fn index_of(&mut self, r: Reg) -> Reg {
         if self.it == RegTy::I64 {
             self.b.cvt(Cvt::U32ToU64, RegTy::I64, r)
         } else {
-            r
+            let d = self.b.reg(RegTy::I32);
+            self.b.push(Inst::Mov(d, r));
+            d
         }
     }
 
@@ -662,6 +665,149 @@ pub fn row(f: &Function, kd: &KernelData, row: &RowShape, name: String) -> Resul
         write(c, start, strided, [mx, k[0], k[1]])
     })?;
     Ok(c.finish(rows))
+}
+
+/// Softmax cross-entropy kernel `kd` of `f` (`softmax_cross_entropy(logits [N, C], labels [N]
+/// of i32 or i64)` with any prologue computing the logits and epilogue on the loss the plan fused),
+/// in `f32`, named `name`: one block, each thread taking every 256th row (its maximum, the sum
+/// of `exp(x - max)` and `max + log(sum) - x[label]`, with the row kernel's bodies), the
+/// threads' sums combined in shared memory, thread 0 dividing by `N` and running the
+/// epilogue. A label outside `0..C` makes the loss NaN (the interpreter and the CPU runtime
+/// report it as an error; a kernel has no way to).
+pub fn cross_entropy(f: &Function, kd: &KernelData, name: String) -> Result<Lowered, String> {
+    let pos = (kd.ops.iter())
+        .position(|&o| matches!(f.op(o).kind, OpKind::SoftmaxCrossEntropy))
+        .ok_or("no softmax_cross_entropy in the kernel")?;
+    let root = kd.ops[pos];
+    let (pro, epi) = (&kd.ops[..pos], &kd.ops[pos + 1..]);
+    let d = f.op(root);
+    let (x_in, labels, y_out) = (d.args[0], d.args[1], d.results[0]);
+    let wide_labels = match f.ty(labels).dtype() {
+        DType::I32 => false,
+        DType::I64 => true,
+        d => return Err(format!("labels of {d} have no GPU kernel")),
+    };
+    let xd = f.ty(x_in).dims().to_vec();
+    let (rows, classes) = (xd[0], xd[1]);
+    let (pro_in, epi_in) = reduce_inputs(f, kd, pos);
+    let pro_in: Vec<Value> = pro_in.into_iter().filter(|&v| v != labels).collect();
+    let param = |v: &Value| kd.inputs.iter().position(|x| x == v).expect("an input");
+    let input = body_of(Lane::F32, f, &pro_in, 0, pro, |_, _, _| {}, &[x_in]);
+    let max_step = small_body(2, |b, a| b.select_if(expr::Cmp::Lt, a[0], a[1], a[1], a[0]));
+    let sum_step = small_body(3, |b, a| {
+        let dd = b.sub(a[1], a[2]);
+        let t = exp(b, dd);
+        b.add(a[0], t)
+    });
+    let add = small_body(2, |b, a| b.add(a[0], a[1]));
+    let lse = small_body(2, |b, a| {
+        let l = log(b, a[1]);
+        b.add(a[0], l)
+    });
+    let output = body_of(
+        Lane::F32,
+        f,
+        &epi_in,
+        1,
+        &[],
+        |b, vals, loss| {
+            vals.insert(y_out, loss[0]);
+            lower_ops(b, f, epi, vals);
+        },
+        &kd.outputs,
+    );
+    let n_in = kd.inputs.len();
+    let mut c = Ctx::new(
+        name,
+        (n_in + kd.outputs.len()) as u32,
+        BLOCK,
+        rows * classes,
+    );
+    let pro_params: Vec<usize> = pro_in.iter().map(param).collect();
+    let epi_params: Vec<usize> = epi_in.iter().map(param).collect();
+    let pro_ops = c.operands(f, Lane::F32, &pro_in, &pro_params, &xd)?;
+    let epi_ops = c.operands(f, Lane::F32, &epi_in, &epi_params, &[])?;
+    let label_base = c.bases[param(&labels)];
+    let team = c.team();
+    let ntid = c.sreg(Sreg::Ntid);
+    let (r, rstep) = (c.index_of(team.tid), c.index_of(ntid));
+    let f32c = |c: &mut Ctx, x: f32| c.b.imm(RegTy::F32, x.to_bits() as u64);
+    let acc = c.b.reg(RegTy::F32);
+    let zero_f = f32c(&mut c, 0.0);
+    c.b.push(Inst::Mov(acc, zero_f));
+    let value_at = |c: &mut Ctx, e: Reg| -> Result<Reg, String> {
+        let args = c.load(&pro_ops, e);
+        Ok(render(&mut c.b, &input, &args)?[0])
+    };
+    let count = c.n(rows);
+    c.for_loop(r, count, rstep, |c| {
+        let start = c.op_n(IOp::Mul, r, classes);
+        let fold = |c: &mut Ctx, acc: Reg, body: &Body, extra: &[Reg]| -> Result<(), String> {
+            let j = c.b.reg(c.it);
+            let (zero, one, cn) = (c.n(0), c.n(1), c.n(classes));
+            c.b.push(Inst::Mov(j, zero));
+            c.for_loop(j, cn, one, |c| {
+                let e = c.b.ibin(IOp::Add, start, j);
+                let x = value_at(c, e)?;
+                let mut a = vec![acc, x];
+                a.extend_from_slice(extra);
+                let n = render(&mut c.b, body, &a)?[0];
+                c.b.push(Inst::Mov(acc, n));
+                Ok(())
+            })
+        };
+        let mx = c.b.reg(RegTy::F32);
+        let neg_inf = f32c(c, f32::NEG_INFINITY);
+        c.b.push(Inst::Mov(mx, neg_inf));
+        fold(c, mx, &max_step, &[])?;
+        let sum = c.b.reg(RegTy::F32);
+        c.b.push(Inst::Mov(sum, zero_f));
+        fold(c, sum, &sum_step, &[mx])?;
+        let l = render(&mut c.b, &lse, &[mx, sum])?[0];
+        // The label (for i64 labels, its low word, valid only if the high word is 0).
+        let mem = if wide_labels { Mem::B64 } else { Mem::B32 };
+        let la = c.address(label_base, r, mem);
+        let low = c.b.ld(Space::Global, Mem::B32, RegTy::I32, la);
+        let label = c.index_of(low);
+        let cn = c.n(classes);
+        let mut bad = c.b.setp(CmpTy::Unsigned, Cmp::Ge, label, cn);
+        if wide_labels {
+            let four = c.b.imm(RegTy::I64, 4);
+            let ha = c.b.ibin(IOp::Add, la, four);
+            let high = c.b.ld(Space::Global, Mem::B32, RegTy::I32, ha);
+            let zero = c.b.imm(RegTy::I32, 0);
+            let neg = c.b.setp(CmpTy::Unsigned, Cmp::Ne, high, zero);
+            // bad or neg, as a select of predicates' values.
+            let (one, none) = (c.b.imm(RegTy::I32, 1), zero);
+            let b1 = c.b.selp(one, none, bad);
+            let b2 = c.b.selp(one, b1, neg);
+            bad = c.b.setp(CmpTy::Unsigned, Cmp::Ne, b2, zero);
+        }
+        let zero = c.n(0);
+        let safe = c.b.selp(zero, label, bad);
+        let e = c.b.ibin(IOp::Add, start, safe);
+        let xl = value_at(c, e)?;
+        let loss = c.b.fbin(FOp::Sub, l, xl);
+        let nan = f32c(c, f32::NAN);
+        let loss = c.b.selp(nan, loss, bad);
+        let next = c.b.fbin(FOp::Add, acc, loss);
+        c.b.push(Inst::Mov(acc, next));
+        Ok(())
+    })?;
+    let total = c.combine(&team, acc, &add)?;
+    let skip = c.b.label();
+    let zero = c.b.imm(RegTy::I32, 0);
+    let not_first = c.b.setp(CmpTy::Unsigned, Cmp::Ne, team.tid, zero);
+    c.b.push(Inst::Bra(skip, Some((not_first, true))));
+    let nr = f32c(&mut c, rows as f32);
+    let mean = c.b.fbin(FOp::Div, total, nr);
+    let o = c.n(0);
+    let mut args = c.load(&epi_ops, o);
+    args.push(mean);
+    let outs = render(&mut c.b, &output, &args)?;
+    c.store(f, &output, &outs, &kd.outputs, n_in, o)?;
+    c.b.place(skip);
+    Ok(c.finish(1))
 }
 
 /// The instructions of `body` over argument registers `args`; its result registers.

@@ -8,13 +8,16 @@
 //! caller's parameters, constants and output buffers; the [`Launch`] manifest gives each
 //! kernel's grid, block, shared memory and the storage of each of its parameters.
 //!
-//! So far elementwise kernels, reductions, softmax rows, matmuls and convolutions are lowered ([`lower`]); a function with any
-//! other kernel is a compile error naming the op. [`Ptx`] is a [`Backend`]: `compile` makes a [`Module`]
-//! and `run` runs it in the emulator, so every test of a backend applies to it.
+//! So far elementwise kernels, reductions, softmax rows, cross-entropy, matmuls,
+//! convolutions, pooling, casts and data movement are lowered ([`lower`], [`gemm`],
+//! [`movement`]); a function with any other kernel is a compile error naming the op. [`Ptx`]
+//! is a [`Backend`]: `compile` makes a [`Module`] and `run` runs it in the emulator, so every
+//! test of a backend applies to it.
 
 pub mod emu;
 pub mod gemm;
 pub mod lower;
+pub mod movement;
 pub mod print;
 pub mod prog;
 
@@ -168,6 +171,25 @@ fn epilogue_in_form(f: &Function, kd: &KernelData) -> bool {
             })
 }
 
+/// Whether `kd` is a softmax cross-entropy (f32 logits) whose prologue and epilogue are
+/// elementwise ops of the kernel layer in f32.
+fn cross_entropy_in_form(f: &Function, kd: &KernelData) -> bool {
+    let Some(pos) =
+        (kd.ops.iter()).position(|&o| matches!(f.op(o).kind, OpKind::SoftmaxCrossEntropy))
+    else {
+        return false;
+    };
+    let root = f.op(kd.ops[pos]);
+    let others = kd.ops.iter().enumerate().filter(|&(i, _)| i != pos);
+    f.ty(root.args[0]).dtype() == tcc_ir::DType::F32
+        && others
+            .clone()
+            .all(|(_, &op)| crate::kernel::supported_op(f, op))
+        && others
+            .flat_map(|(_, &op)| f.op(op).args.iter().chain(&f.op(op).results))
+            .all(|&v| f.ty(v).dtype() == tcc_ir::DType::F32)
+}
+
 /// Why kernel `kd` of `f` has no GPU form yet.
 fn unsupported(f: &Function, kd: &KernelData) -> CompileError {
     let op = match kd.kind {
@@ -177,7 +199,7 @@ fn unsupported(f: &Function, kd: &KernelData) -> CompileError {
         _ => kd.ops[0],
     };
     CompileError(format!(
-        "the PTX backend has no kernel for {} yet (so far: elementwise kernels, reductions, softmax rows, matmuls and convolutions)",
+        "the PTX backend has no kernel for {} yet (docs/codegen.md lists what it compiles)",
         f.describe_op(op)
     ))
 }
@@ -232,6 +254,8 @@ impl Backend for Ptx {
                 {
                     gemm::conv2d(f, kd, name)
                 }
+                None if movement::handles(f, kd) => movement::lower(f, kd, name),
+                None if cross_entropy_in_form(f, kd) => lower::cross_entropy(f, kd, name),
                 _ => return Err(unsupported(f, kd)),
             }
             .map_err(|e| CompileError(format!("kernel {k} ({}): {e}", f.describe_op(kd.ops[0]))))?;

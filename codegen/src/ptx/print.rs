@@ -98,6 +98,10 @@ fn kernel(s: &mut String, k: &Kernel) {
                 Cvt::U32ToU64 => format!("cvt.u64.u32 {}, {};", r(d), r(a)),
                 Cvt::S32ToFloat => format!("cvt.rn.{}.s32 {}, {};", fty(ty(d)), r(d), r(a)),
                 Cvt::FloatToS32 => format!("cvt.rzi.s32.{} {}, {};", fty(ty(a)), r(d), r(a)),
+                Cvt::FloatToFloat if ty(d) == RegTy::F64 => {
+                    format!("cvt.f64.f32 {}, {};", r(d), r(a))
+                }
+                Cvt::FloatToFloat => format!("cvt.rn.f32.f64 {}, {};", r(d), r(a)),
                 Cvt::S8 => format!("cvt.s32.s8 {}, {};", r(d), r(a)),
                 Cvt::U8 => format!("cvt.u32.u8 {}, {};", r(d), r(a)),
                 Cvt::ToGlobal => format!("cvta.to.global.u64 {}, {};", r(d), r(a)),

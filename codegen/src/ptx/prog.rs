@@ -202,6 +202,9 @@ pub enum Cvt {
     S32ToFloat,
     /// Float to signed 32-bit integer, truncated toward zero (saturating; NaN to 0).
     FloatToS32,
+    /// Float to float of the destination's type (f32 to f64 exactly, f64 to f32 rounded to
+    /// nearest).
+    FloatToFloat,
     /// The low byte of a 32-bit integer, sign-extended.
     S8,
     /// The low byte of a 32-bit integer, zero-extended.

@@ -1,0 +1,375 @@
+//! Kernels of one op that move or convert data, or pool windows: a thread per output element
+//! (grid-stride), which computes where its value comes from. Transposes, slices and
+//! concatenations copy elements of any dtype bit for bit; casts convert as the interpreter
+//! does; pooling reads its window from the input.
+
+use super::lower::{BLOCK, Ctx, Lowered, render};
+use super::prog::{Cmp, CmpTy, Cvt, FOp, IOp, Inst, Mem, Reg, RegTy, Space};
+use crate::kernel::expr;
+use crate::kernel::lower::small_body;
+use crate::plan::KernelData;
+use tcc_ir::{DType, Function, OpKind, Pool2d, Value};
+
+/// How an element of `d` is moved: its memory type and the register holding its bits.
+fn bits_of(d: DType) -> (Mem, RegTy) {
+    match d.size_bytes() {
+        1 => (Mem::U8, RegTy::I32),
+        8 => (Mem::B64, RegTy::I64),
+        _ => (Mem::B32, RegTy::I32),
+    }
+}
+
+/// Row-major strides of `dims`, in elements.
+fn strides(dims: &[u64]) -> Vec<u64> {
+    let mut st = vec![1u64; dims.len()];
+    for i in (0..dims.len().saturating_sub(1)).rev() {
+        st[i] = st[i + 1] * dims[i + 1];
+    }
+    st
+}
+
+/// The coordinates of flat index `o` in `dims`, outermost first.
+fn coords(c: &mut Ctx, o: Reg, dims: &[u64]) -> Vec<Reg> {
+    let st = strides(dims);
+    (0..dims.len())
+        .map(|a| {
+            let q = if st[a] == 1 {
+                o
+            } else {
+                c.op_n(IOp::DivU, o, st[a])
+            };
+            if a == 0 {
+                q
+            } else {
+                c.op_n(IOp::RemU, q, dims[a])
+            }
+        })
+        .collect()
+}
+
+/// `Σ coord[a] * weight[a] + base`, wrapping (negative weights as their two's complement).
+fn dot(c: &mut Ctx, coord: &[Reg], weight: &[i64], base: i64) -> Reg {
+    let mut acc = c.n(base as u64);
+    for (&x, &w) in coord.iter().zip(weight) {
+        if w == 0 {
+            continue;
+        }
+        let wn = c.n(w as u64);
+        let s = c.b.reg(c.it);
+        c.b.push(Inst::IMad(s, x, wn, acc));
+        acc = s;
+    }
+    acc
+}
+
+/// Whether kernel `kd` of `f` is one op this module lowers.
+pub fn handles(f: &Function, kd: &KernelData) -> bool {
+    let [op] = kd.ops[..] else { return false };
+    let d = f.op(op);
+    let float = |v: Value| f.ty(v).dtype() == DType::F32;
+    match &d.kind {
+        OpKind::Transpose { .. } | OpKind::Slice { .. } | OpKind::Concat { .. } => true,
+        OpKind::Cast { to } => {
+            let from = f.ty(d.args[0]).dtype();
+            from != DType::I64 && *to != DType::I64
+        }
+        OpKind::MaxPool2d(_) | OpKind::AvgPool2d { .. } | OpKind::GlobalAvgPool => {
+            f.ty(d.args[0]).rank() == 4 && float(d.args[0])
+        }
+        _ => false,
+    }
+}
+
+/// Kernel `kd` of `f` (one op [`handles`] accepts), named `name`: a thread per output element.
+pub fn lower(f: &Function, kd: &KernelData, name: String) -> Result<Lowered, String> {
+    let op = kd.ops[0];
+    let d = f.op(op);
+    let y = d.results[0];
+    let od = f.ty(y).dims().to_vec();
+    let n: u64 = od.iter().product();
+    let largest = (d.args.iter()).map(|&v| f.ty(v).numel()).max().unwrap_or(0);
+    let n_in = kd.inputs.len();
+    let mut c = Ctx::new(
+        name,
+        (n_in + kd.outputs.len()) as u32,
+        BLOCK,
+        n.max(largest),
+    );
+    let base_of =
+        |c: &Ctx, v: Value| c.bases[kd.inputs.iter().position(|&x| x == v).expect("an input")];
+    let out = c.bases[n_in
+        + kd.outputs
+            .iter()
+            .position(|&x| x == y)
+            .ok_or("the result is not stored")?];
+    let kind = d.kind.clone();
+    let args = d.args.clone();
+    c.grid_stride(n, |c, o| {
+        let (value, mem) = match &kind {
+            OpKind::Transpose { perm } => {
+                let x = args[0];
+                let ist = strides(f.ty(x).dims());
+                let at = coords(c, o, &od);
+                let w: Vec<i64> = perm.iter().map(|&p| ist[p as usize] as i64).collect();
+                let src = dot(c, &at, &w, 0);
+                let (mem, ty) = bits_of(f.ty(x).dtype());
+                let addr = c.address(base_of(c, x), src, mem);
+                (c.b.ld(Space::Global, mem, ty, addr), mem)
+            }
+            OpKind::Slice {
+                starts,
+                ends,
+                steps,
+            } => {
+                let x = args[0];
+                let xd = f.ty(x).dims();
+                let ist = strides(xd);
+                let mut base = 0i64;
+                let mut w = Vec::with_capacity(xd.len());
+                for a in 0..xd.len() {
+                    let (s, _) = tcc_ir::typing::slice_range(xd[a], starts[a], ends[a], steps[a]);
+                    base += s * ist[a] as i64;
+                    w.push(steps[a] * ist[a] as i64);
+                }
+                let at = coords(c, o, &od);
+                let src = dot(c, &at, &w, base);
+                let (mem, ty) = bits_of(f.ty(x).dtype());
+                let addr = c.address(base_of(c, x), src, mem);
+                (c.b.ld(Space::Global, mem, ty, addr), mem)
+            }
+            OpKind::Concat { axis } => {
+                let rank = od.len();
+                let ax = tcc_ir::ops::normalize_axis(*axis, rank).ok_or("a bad axis")?;
+                let (mem, ty) = bits_of(f.ty(y).dtype());
+                let at = coords(c, o, &od);
+                let v = c.b.reg(ty);
+                let done = c.b.label();
+                let mut from = 0u64;
+                for (j, &x) in args.iter().enumerate() {
+                    let xd = f.ty(x).dims();
+                    let upto = from + xd[ax];
+                    let next = c.b.label();
+                    if j + 1 < args.len() {
+                        let limit = c.n(upto);
+                        let past = c.b.setp(CmpTy::Unsigned, Cmp::Ge, at[ax], limit);
+                        c.b.push(Inst::Bra(next, Some((past, true))));
+                    }
+                    let ist = strides(xd);
+                    let w: Vec<i64> = ist.iter().map(|&s| s as i64).collect();
+                    // The coordinate along the axis, less where this operand starts.
+                    let src = dot(c, &at, &w, -((from * ist[ax]) as i64));
+                    let addr = c.address(base_of(c, x), src, mem);
+                    c.b.push(Inst::Ld(Space::Global, mem, v, addr));
+                    c.b.push(Inst::Bra(done, None));
+                    c.b.place(next);
+                    from = upto;
+                }
+                c.b.place(done);
+                (v, mem)
+            }
+            OpKind::Cast { to } => cast(c, base_of(c, args[0]), f.ty(args[0]).dtype(), *to, o)?,
+            OpKind::MaxPool2d(p) => pool(c, f, base_of(c, args[0]), args[0], &od, p, None, o)?,
+            OpKind::AvgPool2d {
+                pool: p,
+                count_include_pad,
+            } => pool(
+                c,
+                f,
+                base_of(c, args[0]),
+                args[0],
+                &od,
+                p,
+                Some(*count_include_pad),
+                o,
+            )?,
+            OpKind::GlobalAvgPool => {
+                // A window over the whole plane.
+                let xd = f.ty(args[0]).dims();
+                let p = Pool2d {
+                    kernel: [xd[2], xd[3]],
+                    strides: [1, 1],
+                    pads: [0; 4],
+                };
+                pool(c, f, base_of(c, args[0]), args[0], &od, &p, Some(false), o)?
+            }
+            other => return Err(format!("no GPU kernel for {}", other.mnemonic())),
+        };
+        let addr = c.address(out, o, mem);
+        c.b.push(Inst::St(Space::Global, mem, addr, value));
+        Ok(())
+    })?;
+    Ok(c.finish(n.div_ceil(BLOCK as u64)))
+}
+
+/// Element `o` of `cast(x)` from `from` to `to`, as the interpreter converts: floats to
+/// integers truncated toward zero and saturated to the target's range (NaN to 0), integers to
+/// integers wrapped, anything to `bool` as "not zero" (NaN is true), `bool` as 0 or 1.
+fn cast(c: &mut Ctx, x: Reg, from: DType, to: DType, o: Reg) -> Result<(Reg, Mem), String> {
+    let load = match from {
+        DType::F32 => (Mem::B32, RegTy::F32),
+        DType::F64 => (Mem::B64, RegTy::F64),
+        DType::I32 => (Mem::B32, RegTy::I32),
+        DType::I8 => (Mem::S8, RegTy::I32),
+        DType::U8 | DType::Bool => (Mem::U8, RegTy::I32),
+        DType::I64 => return Err("no GPU cast from i64 yet".into()),
+    };
+    let addr = c.address(x, o, load.0);
+    let v = c.b.ld(Space::Global, load.0, load.1, addr);
+    let float_to = |c: &mut Ctx, t: RegTy| -> Reg {
+        if load.1 == t {
+            v
+        } else if load.1 == RegTy::I32 {
+            c.b.cvt(Cvt::S32ToFloat, t, v)
+        } else {
+            c.b.cvt(Cvt::FloatToFloat, t, v)
+        }
+    };
+    Ok(match to {
+        DType::F32 => (float_to(c, RegTy::F32), Mem::B32),
+        DType::F64 => (float_to(c, RegTy::F64), Mem::B64),
+        DType::Bool => {
+            let zero = if load.1 == RegTy::I32 {
+                c.b.imm(RegTy::I32, 0)
+            } else {
+                c.b.imm(load.1, 0)
+            };
+            let ct = if load.1 == RegTy::I32 {
+                CmpTy::Unsigned
+            } else {
+                CmpTy::Float
+            };
+            let cmp = if ct == CmpTy::Float {
+                Cmp::Neu
+            } else {
+                Cmp::Ne
+            };
+            let p = c.b.setp(ct, cmp, v, zero);
+            let (one, zero) = (c.b.imm(RegTy::I32, 1), c.b.imm(RegTy::I32, 0));
+            (c.b.selp(one, zero, p), Mem::U8)
+        }
+        DType::I32 | DType::I8 | DType::U8 => {
+            let int = if load.1 == RegTy::I32 {
+                v
+            } else {
+                c.b.cvt(Cvt::FloatToS32, RegTy::I32, v)
+            };
+            let is_float = load.1 != RegTy::I32;
+            let r = match to {
+                DType::I32 => int,
+                // From a float: saturate to the 8-bit range; from an integer: wrap.
+                DType::I8 if is_float => clamp(c, int, -128, 127),
+                DType::U8 if is_float => clamp(c, int, 0, 255),
+                DType::I8 => c.b.cvt(Cvt::S8, RegTy::I32, int),
+                _ => c.b.cvt(Cvt::U8, RegTy::I32, int),
+            };
+            let mem = if to == DType::I32 { Mem::B32 } else { Mem::U8 };
+            (r, mem)
+        }
+        DType::I64 => return Err("no GPU cast to i64 yet".into()),
+    })
+}
+
+/// `v` clamped to `[lo, hi]` (signed 32-bit).
+fn clamp(c: &mut Ctx, v: Reg, lo: i32, hi: i32) -> Reg {
+    let (l, h) = (
+        c.b.imm(RegTy::I32, lo as u32 as u64),
+        c.b.imm(RegTy::I32, hi as u32 as u64),
+    );
+    let a = c.b.ibin(IOp::MaxS, v, l);
+    c.b.ibin(IOp::MinS, a, h)
+}
+
+/// Output element `o` (of dims `od`) of pooling `x` (NCHW, f32) over windows `p`: the maximum
+/// (`avg` is `None`; padding never wins, NaN wins) or the mean (`Some(count_include_pad)`)
+/// of the window's elements inside the input, which a thread reads in two loops.
+#[allow(clippy::too_many_arguments)]
+fn pool(
+    c: &mut Ctx,
+    f: &Function,
+    base: Reg,
+    x: Value,
+    od: &[u64],
+    p: &Pool2d,
+    avg: Option<bool>,
+    o: Reg,
+) -> Result<(Reg, Mem), String> {
+    let xd = f.ty(x).dims();
+    let (ch, h, w) = (xd[1], xd[2], xd[3]);
+    let at = coords(c, o, od);
+    let (img, chan, oy, ox) = (at[0], at[1], at[2], at[3]);
+    let plane = {
+        let cn = c.n(ch);
+        let s = c.b.reg(c.it);
+        c.b.push(Inst::IMad(s, img, cn, chan));
+        s
+    };
+    // The window's corner, wrapping below zero to values past the extent.
+    let corner = |c: &mut Ctx, v: Reg, s: u64, pad: u64| {
+        let m = c.op_n(IOp::Mul, v, s);
+        c.op_n(IOp::Sub, m, pad)
+    };
+    let y0 = corner(c, oy, p.strides[0], p.pads[0]);
+    let x0 = corner(c, ox, p.strides[1], p.pads[1]);
+    let init = if avg.is_some() {
+        0.0f32
+    } else {
+        f32::NEG_INFINITY
+    };
+    let acc = c.b.reg(RegTy::F32);
+    let start = c.b.imm(RegTy::F32, init.to_bits() as u64);
+    c.b.push(Inst::Mov(acc, start));
+    let count = c.b.reg(RegTy::F32);
+    let zero_f = c.b.imm(RegTy::F32, 0);
+    c.b.push(Inst::Mov(count, zero_f));
+    let max = small_body(2, |b, a| b.bin(expr::Bin::Max, a[0], a[1]));
+    let (ky, kx) = (c.b.reg(c.it), c.b.reg(c.it));
+    let (zero, one) = (c.n(0), c.n(1));
+    let (kh, kw) = (c.n(p.kernel[0]), c.n(p.kernel[1]));
+    let (hn, wn) = (c.n(h), c.n(w));
+    c.b.push(Inst::Mov(ky, zero));
+    c.for_loop(ky, kh, one, |c| {
+        c.b.push(Inst::Mov(kx, zero));
+        c.for_loop(kx, kw, one, |c| {
+            let iy = c.b.ibin(IOp::Add, y0, ky);
+            let ix = c.b.ibin(IOp::Add, x0, kx);
+            let skip = c.b.label();
+            let out_y = c.b.setp(CmpTy::Unsigned, Cmp::Ge, iy, hn);
+            c.b.push(Inst::Bra(skip, Some((out_y, true))));
+            let out_x = c.b.setp(CmpTy::Unsigned, Cmp::Ge, ix, wn);
+            c.b.push(Inst::Bra(skip, Some((out_x, true))));
+            let row = {
+                let s = c.b.reg(c.it);
+                c.b.push(Inst::IMad(s, plane, hn, iy));
+                s
+            };
+            let idx = {
+                let s = c.b.reg(c.it);
+                c.b.push(Inst::IMad(s, row, wn, ix));
+                s
+            };
+            let addr = c.address(base, idx, Mem::B32);
+            let v = c.b.ld(Space::Global, Mem::B32, RegTy::F32, addr);
+            let next = if avg.is_some() {
+                c.b.fbin(FOp::Add, acc, v)
+            } else {
+                render(&mut c.b, &max, &[acc, v])?[0]
+            };
+            c.b.push(Inst::Mov(acc, next));
+            let onef = c.b.imm(RegTy::F32, 1.0f32.to_bits() as u64);
+            let n1 = c.b.fbin(FOp::Add, count, onef);
+            c.b.push(Inst::Mov(count, n1));
+            c.b.place(skip);
+            Ok(())
+        })
+    })?;
+    let r = match avg {
+        None => acc,
+        Some(true) => {
+            let full = (p.kernel[0] * p.kernel[1]) as f32;
+            let k = c.b.imm(RegTy::F32, full.to_bits() as u64);
+            c.b.fbin(FOp::Div, acc, k)
+        }
+        Some(false) => c.b.fbin(FOp::Div, acc, count),
+    };
+    Ok((r, Mem::B32))
+}
