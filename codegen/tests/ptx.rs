@@ -1,14 +1,14 @@
 //! The PTX backend without a GPU: its kernels run by the emulator against the CPU runtime (bit
 //! for bit: both render the kernel layer's bodies with the same operations, fused multiply-add
 //! included) and the reference interpreter, and every module assembled by `ptxas` for sm_80 and
-//! sm_90 with no spills. `ptxas` comes from the `nvidia-cuda-nvcc-cu12` wheel, installed into
-//! `target/ptx-venv` on first use (or set `TCC_PTXAS` to a `ptxas` binary).
+//! sm_90 with no spills (`ptxas` from tests/common/ptxas.rs).
 
 mod common;
+#[path = "../../tests/common/ptxas.rs"]
+mod ptxas;
 
 use common::{check, randoms};
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::path::Path;
 use tcc_codegen::Backend;
 use tcc_codegen::ptx::{Module, Ptx};
 use tcc_ir::random::Rng;
@@ -824,46 +824,6 @@ fn manifest_names_every_operand() {
     assert!(text.contains("output 0"), "{text}");
 }
 
-/// The `ptxas` binary, installing the wheel on first use.
-fn ptxas() -> &'static Path {
-    static PTXAS: OnceLock<PathBuf> = OnceLock::new();
-    PTXAS.get_or_init(|| {
-        if let Ok(p) = std::env::var("TCC_PTXAS") {
-            return PathBuf::from(p);
-        }
-        let venv = Path::new(ROOT).join("target/ptx-venv");
-        let find = || -> Option<PathBuf> {
-            std::fs::read_dir(venv.join("lib"))
-                .ok()?
-                .flatten()
-                .find_map(|e| {
-                    let p = e.path().join("site-packages/nvidia/cuda_nvcc/bin/ptxas");
-                    p.is_file().then_some(p)
-                })
-        };
-        if let Some(p) = find() {
-            return p;
-        }
-        let run = |cmd: &mut std::process::Command| {
-            let st = cmd.status().expect("runs");
-            assert!(st.success(), "{cmd:?} failed");
-        };
-        if !venv.join("bin/python").exists() {
-            run(std::process::Command::new("python3")
-                .args(["-m", "venv"])
-                .arg(&venv));
-        }
-        run(std::process::Command::new(venv.join("bin/python")).args([
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "nvidia-cuda-nvcc-cu12",
-        ]));
-        find().expect("the nvidia-cuda-nvcc-cu12 wheel ships ptxas")
-    })
-}
-
 /// Every case's module and the examples that compile for the GPU, for sm_80 and sm_90,
 /// assemble with no spill stores or loads.
 #[test]
@@ -945,28 +905,8 @@ fn ptxas_assembles_every_module_without_spills() {
             let text = module(f, sm).text();
             let path = dir.join(format!("m{i}_sm{sm}.ptx"));
             std::fs::write(&path, &text).unwrap();
-            let out = std::process::Command::new(ptxas())
-                .args(["-v", "--gpu-name", &format!("sm_{sm}"), "-o"])
-                .arg(dir.join(format!("m{i}_sm{sm}.cubin")))
-                .arg(&path)
-                .output()
-                .expect("ptxas runs");
-            let log = String::from_utf8_lossy(&out.stderr);
-            assert!(
-                out.status.success(),
-                "{name}, sm_{sm}: ptxas failed:\n{log}\n{text}"
-            );
-            let spills: Vec<&str> = log
-                .lines()
-                .filter(|l| {
-                    l.contains("spill") && !l.contains("0 bytes spill stores, 0 bytes spill loads")
-                })
-                .collect();
-            assert!(spills.is_empty(), "{name}, sm_{sm}: {spills:?}");
-            assert!(
-                log.contains("Used"),
-                "{name}: ptxas -v reported nothing:\n{log}"
-            );
+            ptxas::assemble(Path::new(ROOT), &path, sm)
+                .unwrap_or_else(|e| panic!("{name}, sm_{sm}: {e}\n{text}"));
         }
     }
 }

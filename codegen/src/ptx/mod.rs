@@ -192,10 +192,22 @@ fn cross_entropy_in_form(f: &Function, kd: &KernelData) -> bool {
 
 /// Why kernel `kd` of `f` has no GPU form yet.
 fn unsupported(f: &Function, kd: &KernelData) -> CompileError {
-    let op = match kd.kind {
-        KernelKind::Reduction { root }
-        | KernelKind::Row { root }
-        | KernelKind::Library { root } => root,
+    // The op to blame: one the kernel layer has no form of (a `pow` with an exponent it does
+    // not compute exactly), else a cast between dtype families (a kernel mixing them), else
+    // the kernel's root or first op.
+    let odd = (kd.ops.iter()).find(|&&op| {
+        let d = f.op(op);
+        let mixed = matches!(d.kind, OpKind::Cast { .. }) && kd.ops.len() > 1;
+        (!crate::kernel::supported_op(f, op) && !matches!(d.kind, OpKind::Const { .. })) || mixed
+    });
+    let op = match (kd.kind.clone(), odd) {
+        (KernelKind::Elementwise, Some(&op)) => op,
+        (
+            KernelKind::Reduction { root }
+            | KernelKind::Row { root }
+            | KernelKind::Library { root },
+            _,
+        ) => root,
         _ => kd.ops[0],
     };
     CompileError(format!(
