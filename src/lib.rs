@@ -79,9 +79,34 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
+/// Where a [`Program`] runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Device {
+    /// The CPU backend.
+    #[default]
+    Cpu,
+    /// NVIDIA GPU `N` through the PTX backend: needs tcc built with the `cuda` feature (the
+    /// driver is loaded at run time; without one, compiling is an error saying so).
+    Cuda(usize),
+}
+
 /// A compiled function, ready to run. `Send + Sync`: share it between threads with an `Arc`.
 pub struct Program {
-    exe: codegen::Executable,
+    func: ir::Function,
+    exe: Exe,
+}
+
+// Programs are shared between threads (the CUDA runtime's too).
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<Program>();
+};
+
+/// What a program runs as.
+enum Exe {
+    Cpu(Box<codegen::Executable>),
+    #[cfg(feature = "cuda")]
+    Cuda(Box<codegen::ptx::cuda::Loaded>),
 }
 
 impl Program {
@@ -112,18 +137,49 @@ impl Program {
 
     /// Compiles a function built in Rust (see [`ir::FunctionBuilder`]) or parsed earlier.
     pub fn from_function(f: &ir::Function) -> Result<Program, Error> {
-        let exe = codegen::Executable::compile(f).map_err(|e| Error::Compile(e.to_string()))?;
-        Ok(Program { exe })
+        Program::from_function_on(f, Device::Cpu)
+    }
+
+    /// Compiles a function for `device`.
+    pub fn from_function_on(f: &ir::Function, device: Device) -> Result<Program, Error> {
+        let exe = match device {
+            Device::Cpu => Exe::Cpu(Box::new(
+                codegen::Executable::compile(f).map_err(|e| Error::Compile(e.to_string()))?,
+            )),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(n) => {
+                let err = |e: codegen::RunError| Error::Compile(e.0);
+                let gpu = codegen::ptx::cuda::Gpu::new(n).map_err(err)?;
+                let backend = gpu.backend().map_err(err)?;
+                let m = codegen::compile(&backend, f).map_err(|e| Error::Compile(e.0))?;
+                Exe::Cuda(Box::new(gpu.load(m).map_err(err)?))
+            }
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda(_) => {
+                return Err(Error::Compile(
+                    "this build of tcc has no CUDA runtime: build it with `--features cuda`".into(),
+                ));
+            }
+        };
+        Ok(Program {
+            func: f.clone(),
+            exe,
+        })
     }
 
     /// The function's parameter types, in order.
     pub fn inputs(&self) -> Vec<TensorType> {
-        let f = self.exe.function();
+        let f = &self.func;
         f.params().iter().map(|&p| f.ty(p).clone()).collect()
     }
 
     /// Runs on `inputs` (one per parameter, of its type) and returns the results.
     pub fn run(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, Error> {
-        self.exe.run(inputs).map_err(|e| Error::Run(e.to_string()))
+        match &self.exe {
+            Exe::Cpu(e) => e.run(inputs),
+            #[cfg(feature = "cuda")]
+            Exe::Cuda(l) => l.run(inputs),
+        }
+        .map_err(|e| Error::Run(e.to_string()))
     }
 }

@@ -14,6 +14,8 @@
 //! is a [`Backend`]: `compile` makes a [`Module`] and `run` runs it in the emulator, so every
 //! test of a backend applies to it.
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod emu;
 pub mod gemm;
 pub mod lower;
@@ -90,7 +92,7 @@ impl Module {
     }
 
     /// Where value `v` lives, as the manifest says it.
-    fn place(&self, v: Value) -> String {
+    fn place_text(&self, v: Value) -> String {
         let f = &self.func;
         match self.mem.storage[v] {
             Storage::Arena(off) => format!("arena+{off}"),
@@ -126,11 +128,72 @@ impl Module {
                 let sep = if j == 0 { " " } else { ", " };
                 let mut name = String::new();
                 let _ = tcc_ir::printer::write_name(&mut name, '%', f.name(v));
-                let _ = write!(s, "{sep}{name} {}", self.place(v));
+                let _ = write!(s, "{sep}{name} {}", self.place_text(v));
             }
             s.push('\n');
         }
         s
+    }
+}
+
+/// Compiles `f` for NVIDIA GPU `ordinal` (the newest PTX target it runs) and runs it once on
+/// `inputs`. Without the `cuda` feature, an error saying how to build with it; on a machine
+/// without a driver or that device, an error saying so.
+pub fn run_on_gpu(f: &Function, inputs: &[Tensor], ordinal: usize) -> Result<Vec<Tensor>, String> {
+    #[cfg(feature = "cuda")]
+    {
+        let gpu = cuda::Gpu::new(ordinal).map_err(|e| e.0)?;
+        let backend = gpu.backend().map_err(|e| e.0)?;
+        let m = crate::compile(&backend, f).map_err(|e| e.0)?;
+        gpu.load(m).and_then(|l| l.run(inputs)).map_err(|e| e.0)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (f, inputs, ordinal);
+        Err(
+            "this build of tcc has no CUDA runtime: build it with `--features cuda` \
+             (the PTX itself needs none: `tcc ptx`, or `--device gpu-emulator`)"
+                .to_string(),
+        )
+    }
+}
+
+/// Where a value lives while a module runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Place {
+    /// In the arena at this byte offset.
+    Arena(u64),
+    /// The caller's input `i`.
+    Param(usize),
+    /// Constant `v`'s buffer.
+    Const(Value),
+    /// Output buffer `i`.
+    Output(usize),
+}
+
+impl Module {
+    /// Where value `v` (a view resolved to the value holding its storage) lives.
+    fn place(&self, v: Value) -> Result<Place, RunError> {
+        let f = &self.func;
+        let v = self.origin.get(&v).copied().unwrap_or(v);
+        Ok(match self.mem.storage[v] {
+            Storage::Arena(off) => Place::Arena(off),
+            Storage::Output(i) => Place::Output(i),
+            Storage::Param => match f.value(v).def {
+                ValueDef::Param(i) => Place::Param(i),
+                ValueDef::Result(..) => unreachable!("parameter storage for an op result"),
+            },
+            Storage::Const if self.consts.contains_key(&v) => Place::Const(v),
+            Storage::Const => {
+                return Err(RunError(format!(
+                    "constant %{} was not materialised",
+                    f.name(v)
+                )));
+            }
+            Storage::Host(_) | Storage::None => {
+                return Err(RunError(format!("%{} has no device storage", f.name(v))));
+            }
+        })
     }
 }
 
@@ -320,20 +383,11 @@ impl Backend for Ptx {
             .map(|&v| dev.alloc(vec![0; f.ty(v).size_bytes() as usize]))
             .collect();
         let addr = |v: Value| -> Result<u64, RunError> {
-            let v = m.origin.get(&v).copied().unwrap_or(v);
-            Ok(match m.mem.storage[v] {
-                Storage::Arena(off) => arena + off,
-                Storage::Output(i) => outputs[i],
-                Storage::Param => match f.value(v).def {
-                    ValueDef::Param(i) => params[i],
-                    ValueDef::Result(..) => unreachable!("parameter storage for an op result"),
-                },
-                Storage::Const => *consts.get(&v).ok_or_else(|| {
-                    RunError(format!("constant %{} was not materialised", f.name(v)))
-                })?,
-                Storage::Host(_) | Storage::None => {
-                    return Err(RunError(format!("%{} has no device storage", f.name(v))));
-                }
+            Ok(match m.place(v)? {
+                Place::Arena(off) => arena + off,
+                Place::Output(i) => outputs[i],
+                Place::Param(i) => params[i],
+                Place::Const(c) => consts[&c],
             })
         };
         for l in &m.launches {

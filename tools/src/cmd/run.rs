@@ -84,6 +84,11 @@ pub(crate) struct Args {
     /// Run with the reference interpreter instead of the compiled code.
     #[arg(long)]
     pub interp: bool,
+    /// Where to run: cpu (default), cuda or cuda:N (an NVIDIA GPU through the PTX backend;
+    /// needs a build with `--features cuda`), or gpu-emulator (the PTX backend's kernels run
+    /// by its emulator on the CPU: slow, for checking).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
     /// Print to stderr how the kernels ran (compiled or reference) and the arena size.
     #[arg(long)]
     pub stats: bool,
@@ -204,8 +209,32 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
         }
     }
     let (f, inputs) = (p.function(), &p.inputs);
+    let gpu = match a.device.as_str() {
+        "cpu" => None,
+        "gpu-emulator" => Some(None),
+        "cuda" => Some(Some(0)),
+        d => match d.strip_prefix("cuda:").map(str::parse::<usize>) {
+            Some(Ok(n)) => Some(Some(n)),
+            _ => {
+                return Err(Error::usage(format!(
+                    "error: --device {d}: the devices are cpu, cuda, cuda:N and gpu-emulator"
+                )));
+            }
+        },
+    };
     let results = if a.interp {
         tcc_ir::interp::run(f, inputs).map_err(|e| Error::input(format!("error: {e}")))?
+    } else if let Some(gpu) = gpu {
+        match gpu {
+            Some(n) => tcc_codegen::ptx::run_on_gpu(f, inputs, n),
+            None => {
+                let ptx = tcc_codegen::ptx::Ptx::default();
+                tcc_codegen::compile(&ptx, f)
+                    .map_err(|e| e.0)
+                    .and_then(|m| tcc_codegen::Backend::run(&ptx, &m, inputs).map_err(|e| e.0))
+            }
+        }
+        .map_err(|e| Error::input(format!("error: {e}")))?
     } else {
         let cpu = a.model.cpu(a.profile);
         let exe = tcc_codegen::compile(&cpu, f).map_err(|e| Error::usage(format!("error: {e}")))?;

@@ -1,0 +1,43 @@
+"""GPU benchmark peer (benches/gpu.rs runs it): exports torchvision's resnet18 (random weights,
+eval mode) at batch 1 and 32 to DIR/resnet18_b{1,32}.onnx (once), and times PyTorch on CUDA.
+
+    python benches/gpu_peer.py DIR RUNS
+
+Prints one JSON object: resnet18_b1 / resnet18_b32 -> PyTorch's mean latency on CUDA in seconds
+(CUDA events, after warm-up), or -1 where PyTorch has no CUDA device here.
+"""
+import json, os, sys
+
+
+def main():
+    import torch
+    import torchvision
+
+    out, runs = sys.argv[1], int(sys.argv[2])
+    os.makedirs(out, exist_ok=True)
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18().eval()
+    times = {}
+    for batch in (1, 32):
+        x = torch.randn(batch, 3, 224, 224)
+        path = os.path.join(out, f"resnet18_b{batch}.onnx")
+        if not os.path.exists(path):
+            torch.onnx.export(model, x, path, input_names=["input"], dynamo=False)
+        if not torch.cuda.is_available():
+            times[f"resnet18_b{batch}"] = -1.0
+            continue
+        m, xg = model.cuda(), x.cuda()
+        with torch.no_grad():
+            for _ in range(10):
+                m(xg)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(runs):
+                m(xg)
+            end.record()
+            torch.cuda.synchronize()
+        times[f"resnet18_b{batch}"] = start.elapsed_time(end) / 1e3 / runs
+    print(json.dumps(times))
+
+
+main()
