@@ -76,6 +76,10 @@ pub fn handles(f: &Function, kd: &KernelData) -> bool {
         OpKind::MaxPool2d(_) | OpKind::AvgPool2d { .. } | OpKind::GlobalAvgPool => {
             f.ty(d.args[0]).rank() == 4 && float(d.args[0])
         }
+        OpKind::Gather { .. } => {
+            matches!(f.ty(d.args[1]).dtype(), DType::I32 | DType::I64)
+        }
+        OpKind::BatchNorm { .. } => d.args.iter().all(|&v| float(v)),
         _ => false,
     }
 }
@@ -192,6 +196,65 @@ pub fn lower(f: &Function, kd: &KernelData, name: String) -> Result<Lowered, Str
                 };
                 pool(c, f, base_of(c, args[0]), args[0], &od, &p, Some(false), o)?
             }
+            OpKind::Gather { axis } => {
+                let (data, ids) = (args[0], args[1]);
+                let dd = f.ty(data).dims();
+                let a = tcc_ir::ops::normalize_axis(*axis, dd.len()).ok_or("a bad axis")?;
+                let len = dd[a];
+                let inner: u64 = dd[a + 1..].iter().product();
+                let nids = f.ty(ids).numel();
+                // o = (outer * nids + k) * inner + i.
+                let i = c.op_n(IOp::RemU, o, inner);
+                let q = c.op_n(IOp::DivU, o, inner);
+                let k = c.op_n(IOp::RemU, q, nids);
+                let outer = c.op_n(IOp::DivU, q, nids);
+                let (j, bad) = index(c, base_of(c, ids), f.ty(ids).dtype(), k, len);
+                let zero = c.n(0);
+                let j = c.b.selp(zero, j, bad);
+                let row = {
+                    let ln = c.n(len);
+                    let s = c.b.reg(c.it);
+                    c.b.push(Inst::IMad(s, outer, ln, j));
+                    s
+                };
+                let src = {
+                    let inn = c.n(inner);
+                    let s = c.b.reg(c.it);
+                    c.b.push(Inst::IMad(s, row, inn, i));
+                    s
+                };
+                let (mem, ty) = bits_of(f.ty(data).dtype());
+                let addr = c.address(base_of(c, data), src, mem);
+                let v = c.b.ld(Space::Global, mem, ty, addr);
+                // Out of range: NaN for floats, 0 for integers.
+                let poison = match f.ty(data).dtype() {
+                    DType::F32 => c.b.imm(ty, f32::NAN.to_bits() as u64),
+                    DType::F64 => c.b.imm(ty, f64::NAN.to_bits()),
+                    _ => c.b.imm(ty, 0),
+                };
+                (c.b.selp(poison, v, bad), mem)
+            }
+            OpKind::BatchNorm { eps } => {
+                // (x - mean) / sqrt(var + eps) * gamma + beta, per channel (axis 1).
+                let xd = f.ty(args[0]).dims();
+                let (ch, inner) = (xd[1], xd[2..].iter().product::<u64>());
+                let q = c.op_n(IOp::DivU, o, inner);
+                let k = c.op_n(IOp::RemU, q, ch);
+                let ld = |c: &mut Ctx, v: Value, at: Reg| {
+                    let addr = c.address(base_of(c, v), at, Mem::B32);
+                    c.b.ld(Space::Global, Mem::B32, RegTy::F32, addr)
+                };
+                let x = ld(c, args[0], o);
+                let [g, b, m, v] = [1, 2, 3, 4].map(|i| ld(c, args[i], k));
+                let e = c.b.imm(RegTy::F32, (eps.0 as f32).to_bits() as u64);
+                let ve = c.b.fbin(FOp::Add, v, e);
+                let sd = c.b.fun(super::prog::FUn::Sqrt, ve);
+                let xm = c.b.fbin(FOp::Sub, x, m);
+                let n = c.b.fbin(FOp::Div, xm, sd);
+                let y = c.b.reg(RegTy::F32);
+                c.b.push(Inst::Fma(y, n, g, b));
+                (y, Mem::B32)
+            }
             other => return Err(format!("no GPU kernel for {}", other.mnemonic())),
         };
         let addr = c.address(out, o, mem);
@@ -267,6 +330,35 @@ fn cast(c: &mut Ctx, x: Reg, from: DType, to: DType, o: Reg) -> Result<(Reg, Mem
         }
         DType::I64 => return Err("no GPU cast to i64 yet".into()),
     })
+}
+
+/// Index `k` of the `i32` or `i64` indices at `base`, negative ones counting from `len`: the
+/// index, and a predicate set where it is out of range.
+fn index(c: &mut Ctx, base: Reg, d: DType, k: Reg, len: u64) -> (Reg, Reg) {
+    let mem = if d == DType::I64 { Mem::B64 } else { Mem::B32 };
+    let addr = c.address(base, k, mem);
+    let low = c.b.ld(Space::Global, Mem::B32, RegTy::I32, addr);
+    let zero = c.b.imm(RegTy::I32, 0);
+    let neg = c.b.setp(CmpTy::Signed, Cmp::Lt, low, zero);
+    let lenr = c.b.imm(RegTy::I32, len);
+    let wrapped = c.b.ibin(IOp::Add, low, lenr);
+    let j = c.b.selp(wrapped, low, neg);
+    let mut bad = c.b.setp(CmpTy::Unsigned, Cmp::Ge, j, lenr);
+    if d == DType::I64 {
+        // A valid i64 index fits in 32 bits: its high word is the low word's sign.
+        let four = c.b.imm(RegTy::I64, 4);
+        let ha = c.b.ibin(IOp::Add, addr, four);
+        let high = c.b.ld(Space::Global, Mem::B32, RegTy::I32, ha);
+        let thirty_one = c.b.imm(RegTy::I32, 31);
+        let sign = c.b.ibin(IOp::ShrS, low, thirty_one);
+        let odd = c.b.setp(CmpTy::Unsigned, Cmp::Ne, high, sign);
+        let one = c.b.imm(RegTy::I32, 1);
+        let b1 = c.b.selp(one, zero, bad);
+        let b2 = c.b.selp(one, b1, odd);
+        bad = c.b.setp(CmpTy::Unsigned, Cmp::Ne, b2, zero);
+    }
+    let j = c.index_of(j);
+    (j, bad)
 }
 
 /// `v` clamped to `[lo, hi]` (signed 32-bit).
