@@ -48,9 +48,10 @@ pub trait Backend {
         Ok(Cow::Borrowed(f))
     }
 
-    /// `plan` with the kernels this backend runs as one step merged ([`Plan::merged`]), before
-    /// memory is planned, so that values passed between them are never stored; by default
-    /// the plan as it is.
+    /// `plan` with the kernels this backend runs as one step merged ([`Plan::merged`]), so
+    /// that values passed between them are never stored, or split where it can only run
+    /// their ops one at a time ([`Plan::split`]), before memory is planned; by default the
+    /// plan as it is.
     fn fuse(&self, _f: &Function, plan: Plan) -> Plan {
         plan
     }

@@ -410,6 +410,53 @@ impl Plan {
     }
 }
 
+impl Plan {
+    /// This plan with each kernel of `split` cut into kernels of one op each, in order: the
+    /// kernel's root (a reduction's or row's) keeps the kernel's kind, every other op is an
+    /// elementwise kernel. A backend that cannot run a fused kernel as one loop (the PTX
+    /// backend, where the kernel layer has no form of it) runs its ops one at a time, the
+    /// values between them stored.
+    pub fn split(self, f: &Function, split: &[Kernel]) -> Plan {
+        let mut kernels: PrimaryMap<Kernel, KernelData> = PrimaryMap::new();
+        let mut kernel_of: SecondaryMap<Op, Option<Kernel>> =
+            SecondaryMap::with_capacity(f.num_ops_created());
+        for (k, kd) in self.kernels {
+            let root = match kd.kind {
+                KernelKind::Reduction { root } | KernelKind::Row { root } => Some(root),
+                _ => None,
+            };
+            let pieces: Vec<(KernelKind, Vec<Op>)> = if split.binary_search(&k).is_ok() {
+                (kd.ops.iter())
+                    .map(|&op| {
+                        let kind = if Some(op) == root {
+                            kd.kind.clone()
+                        } else if kd.kind == KernelKind::Elementwise || root.is_some() {
+                            KernelKind::Elementwise
+                        } else {
+                            KernelKind::Generic
+                        };
+                        (kind, vec![op])
+                    })
+                    .collect()
+            } else {
+                vec![(kd.kind, kd.ops)]
+            };
+            for (kind, ops) in pieces {
+                let into = kernels.push(KernelData {
+                    kind,
+                    ops: ops.clone(),
+                    inputs: Vec::new(),
+                    outputs: Vec::new(),
+                });
+                for op in ops {
+                    kernel_of[op] = Some(into);
+                }
+            }
+        }
+        with_interfaces(f, kernels, kernel_of, self.constants)
+    }
+}
+
 impl KernelKind {
     fn label(&self, f: &Function) -> String {
         match self {

@@ -810,6 +810,133 @@ pub fn cross_entropy(f: &Function, kd: &KernelData, name: String) -> Result<Lowe
     Ok(c.finish(1))
 }
 
+/// Training batch norm kernel `kd` of `f` (`batch_norm_train(x, gamma, beta) -> (y, mean,
+/// var)`, f32, channels on axis 1), named `name`: a block per channel (grid-stride), the
+/// channel's mean and then its biased variance combined from the threads' partial sums in
+/// shared memory, then every element of the channel normalised; thread 0 stores the mean and
+/// variance where the kernel stores them.
+pub fn batch_norm_train(f: &Function, kd: &KernelData, name: String) -> Result<Lowered, String> {
+    let op = kd.ops[0];
+    let d = f.op(op);
+    let OpKind::BatchNormTrain { eps } = d.kind else {
+        return Err("not a batch_norm_train".into());
+    };
+    if (d.args.iter().chain(&d.results)).any(|&v| f.ty(v).dtype() != DType::F32) {
+        return Err("only f32 batch norm has a GPU kernel".into());
+    }
+    let xd = f.ty(d.args[0]).dims().to_vec();
+    let (n, ch) = (xd[0], xd[1]);
+    let inner: u64 = xd[2..].iter().product();
+    let count = n * inner;
+    let n_in = kd.inputs.len();
+    let param = |v: &Value| kd.inputs.iter().position(|x| x == v).expect("an input");
+    let out_param = |v: &Value| kd.outputs.iter().position(|x| x == v).map(|i| n_in + i);
+    let mut c = Ctx::new(
+        name,
+        (n_in + kd.outputs.len()) as u32,
+        BLOCK,
+        xd.iter().product::<u64>().max(ch),
+    );
+    let (x, g, b) = (
+        c.bases[param(&d.args[0])],
+        c.bases[param(&d.args[1])],
+        c.bases[param(&d.args[2])],
+    );
+    let outs: Vec<Option<Reg>> = (d.results.iter())
+        .map(|r| out_param(r).map(|j| c.bases[j]))
+        .collect();
+    let add = small_body(2, |b, a| b.add(a[0], a[1]));
+    let team = c.team();
+    let ctaid = c.sreg(Sreg::Ctaid);
+    let nctaid = c.sreg(Sreg::Nctaid);
+    let ntid = c.sreg(Sreg::Ntid);
+    let (k, kstep) = (c.index_of(ctaid), c.index_of(nctaid));
+    let (tid_i, ntid_i) = (c.index_of(team.tid), c.index_of(ntid));
+    let zero_f = c.b.imm(RegTy::F32, 0);
+    let count_f = c.b.imm(RegTy::F32, (count as f32).to_bits() as u64);
+    let channels = c.n(ch);
+    // Element `j` (0..count) of channel `k`: ((j / inner) * C + k) * inner + j % inner.
+    let element = |c: &mut Ctx, k: Reg, j: Reg| {
+        let img = c.op_n(IOp::DivU, j, inner);
+        let i = c.op_n(IOp::RemU, j, inner);
+        let cn = c.n(ch);
+        let plane = c.b.reg(c.it);
+        c.b.push(Inst::IMad(plane, img, cn, k));
+        let inn = c.n(inner);
+        let e = c.b.reg(c.it);
+        c.b.push(Inst::IMad(e, plane, inn, i));
+        e
+    };
+    // For j = tid, tid + ntid, ... below count: `each(c, element index)`.
+    let over = |c: &mut Ctx, k: Reg, each: &mut dyn FnMut(&mut Ctx, Reg) -> Result<(), String>| {
+        let j = c.b.reg(c.it);
+        c.b.push(Inst::Mov(j, tid_i));
+        let cn = c.n(count);
+        c.for_loop(j, cn, ntid_i, |c| {
+            let e = element(c, k, j);
+            each(c, e)
+        })
+    };
+    let load = |c: &mut Ctx, base: Reg, e: Reg| {
+        let a = c.address(base, e, Mem::B32);
+        c.b.ld(Space::Global, Mem::B32, RegTy::F32, a)
+    };
+    c.for_loop(k, channels, kstep, |c| {
+        let s = c.b.reg(RegTy::F32);
+        c.b.push(Inst::Mov(s, zero_f));
+        over(c, k, &mut |c, e| {
+            let v = load(c, x, e);
+            let n = c.b.fbin(FOp::Add, s, v);
+            c.b.push(Inst::Mov(s, n));
+            Ok(())
+        })?;
+        let total = c.combine(&team, s, &add)?;
+        let mean = c.b.fbin(FOp::Div, total, count_f);
+        let q = c.b.reg(RegTy::F32);
+        c.b.push(Inst::Mov(q, zero_f));
+        over(c, k, &mut |c, e| {
+            let v = load(c, x, e);
+            let dv = c.b.fbin(FOp::Sub, v, mean);
+            let n = c.b.reg(RegTy::F32);
+            c.b.push(Inst::Fma(n, dv, dv, q));
+            c.b.push(Inst::Mov(q, n));
+            Ok(())
+        })?;
+        let sq = c.combine(&team, q, &add)?;
+        let var = c.b.fbin(FOp::Div, sq, count_f);
+        let e = c.b.imm(RegTy::F32, (eps.0 as f32).to_bits() as u64);
+        let ve = c.b.fbin(FOp::Add, var, e);
+        let sd = c.b.fun(FUn::Sqrt, ve);
+        let gk = load(c, g, k);
+        let bk = load(c, b, k);
+        if let Some(y) = outs[0] {
+            over(c, k, &mut |c, e| {
+                let v = load(c, x, e);
+                let dv = c.b.fbin(FOp::Sub, v, mean);
+                let nv = c.b.fbin(FOp::Div, dv, sd);
+                let r = c.b.reg(RegTy::F32);
+                c.b.push(Inst::Fma(r, nv, gk, bk));
+                let a = c.address(y, e, Mem::B32);
+                c.b.push(Inst::St(Space::Global, Mem::B32, a, r));
+                Ok(())
+            })?;
+        }
+        let skip = c.b.label();
+        let zero = c.b.imm(RegTy::I32, 0);
+        let not_first = c.b.setp(CmpTy::Unsigned, Cmp::Ne, team.tid, zero);
+        c.b.push(Inst::Bra(skip, Some((not_first, true))));
+        for (out, v) in [(outs[1], mean), (outs[2], var)] {
+            if let Some(base) = out {
+                let a = c.address(base, k, Mem::B32);
+                c.b.push(Inst::St(Space::Global, Mem::B32, a, v));
+            }
+        }
+        c.b.place(skip);
+        Ok(())
+    })?;
+    Ok(c.finish(ch))
+}
+
 /// The instructions of `body` over argument registers `args`; its result registers.
 pub(super) fn render(b: &mut Builder, body: &Body, args: &[Reg]) -> Result<Vec<Reg>, String> {
     let num = lane_reg(body.lane);

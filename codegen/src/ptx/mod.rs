@@ -282,6 +282,31 @@ fn unsupported(f: &Function, kd: &KernelData) -> CompileError {
 impl Backend for Ptx {
     type Compiled = Module;
 
+    /// Kernels the plan fused that have no GPU form as one loop (elementwise ops the kernel
+    /// layer cannot write in one dtype family, such as a cast from bytes fused with the
+    /// arithmetic after it; a reduction or row with such a prologue) run one op at a time.
+    fn fuse(&self, f: &Function, plan: Plan) -> Plan {
+        let split: Vec<crate::plan::Kernel> = (plan.kernels.iter())
+            .filter(|(_, kd)| {
+                kd.ops.len() > 1
+                    && matches!(
+                        kd.kind,
+                        KernelKind::Elementwise
+                            | KernelKind::Reduction { .. }
+                            | KernelKind::Row { .. }
+                    )
+                    && shape(f, kd).is_none()
+                    && !cross_entropy_in_form(f, kd)
+            })
+            .map(|(k, _)| k)
+            .collect();
+        if split.is_empty() {
+            plan
+        } else {
+            plan.split(f, &split)
+        }
+    }
+
     fn scratch_bytes(&self, _f: &Function, _kd: &KernelData) -> u64 {
         0
     }
@@ -331,6 +356,9 @@ impl Backend for Ptx {
                 }
                 None if movement::handles(f, kd) => movement::lower(f, kd, name),
                 None if cross_entropy_in_form(f, kd) => lower::cross_entropy(f, kd, name),
+                None if matches!(kd.ops[..], [op] if matches!(f.op(op).kind, OpKind::BatchNormTrain { .. })) => {
+                    lower::batch_norm_train(f, kd, name)
+                }
                 _ => return Err(unsupported(f, kd)),
             }
             .map_err(|e| CompileError(format!("kernel {k} ({}): {e}", f.describe_op(kd.ops[0]))))?;
