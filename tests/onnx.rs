@@ -432,14 +432,10 @@ fn converted_models() {
 }
 
 /// The `light` models compiled for NVIDIA GPUs (after the passes `tcc run` starts with, batch
-/// norm folded) and assembled by `ptxas` for sm_80 and sm_90 with no spills. Three do not
-/// compile yet, each with an error naming the op the PTX backend has no kernel for (their
-/// local response normalisation's `pow` with exponent 0.75, which the kernel layer leaves to
-/// the reference kernels); the test pins which, so that a regression or a fix shows.
+/// norm folded) and assembled by `ptxas` for sm_80 and sm_90 with no spills: all nine.
 #[test]
 fn light_models_assemble_for_the_gpu() {
     let light = data_dir().join("light");
-    let not_yet = ["bvlc_alexnet", "inception_v1", "zfnet512"];
     let dir = Path::new(ROOT).join("target/ptx-test");
     std::fs::create_dir_all(&dir).unwrap();
     let pipeline = tcc::passes::Pipeline::parse("canonicalize,fold-bn,cse,dce").unwrap();
@@ -461,17 +457,6 @@ fn light_models_assemble_for_the_gpu() {
             .run(&mut m, &mut std::io::sink())
             .unwrap();
         let compiled = tcc::codegen::compile(&tcc::codegen::ptx::Ptx { sm: 80 }, &m.functions[0]);
-        if not_yet.contains(&name) {
-            let e = compiled
-                .err()
-                .unwrap_or_else(|| panic!("{name} compiles now: update the test"));
-            assert!(
-                e.0.contains("no kernel for") && e.0.contains("= pow "),
-                "{name}: {e}"
-            );
-            println!("{name}: not yet ({e})");
-            continue;
-        }
         let module = compiled.unwrap_or_else(|e| panic!("{name}: {e}"));
         for sm in [80, 90] {
             let text = tcc::codegen::ptx::print::module(&module.kernels, sm);

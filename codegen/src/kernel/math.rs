@@ -196,6 +196,51 @@ pub const ERF_Q: [f32; 5] = [
     -1.426_474e-2,
 ];
 
+/// `x^y` as `e^(y·ln|x|)` from [`exp`] and [`log`], with the signs and special cases of C's
+/// `powf`: a negative base takes the sign of an odd integer exponent and gives NaN for one
+/// that is not an integer (`-0` and `-inf` keep their sign for odd integers only), `x^0 = 1`
+/// and `1^y = 1` even for NaN, and `(-1)^±inf = 1`. Its error grows with `|y·ln x|` (the
+/// rounding of the product is magnified by `e^`): a few ulp where that is below 10. The GPU
+/// backend's `pow` for exponents the CPU leaves to its reference kernels.
+pub fn pow(b: &mut Body, x: E, y: E) -> E {
+    debug_assert_eq!(b.lane, Lane::F32);
+    let ax = b.un(Un::Abs, x);
+    let l = log(b, ax);
+    let t = b.mul(y, l);
+    let r = exp(b, t);
+    let nr = b.un(Un::Neg, r);
+    // Integer and odd exponents.
+    let yi = b.un(Un::Nearest, y);
+    let is_int = b.cmp(Cmp::Eq, yi, y);
+    let half = b.c(0.5);
+    let h = b.mul(y, half);
+    let hi = b.un(Un::Nearest, h);
+    let even = b.cmp(Cmp::Eq, hi, h);
+    let odd_r = b.select(even, r, nr);
+    let int_r = b.select(is_int, odd_r, r);
+    let nan = b.c(f64::NAN);
+    let neg_r = b.select(is_int, odd_r, nan);
+    // A finite x < 0: the sign of an odd integer exponent, NaN for other exponents; -0 and
+    // -inf: the sign of an odd integer exponent only.
+    let zero = b.c(0.0);
+    let inf = b.c(f64::INFINITY);
+    let xb = b.bits(x);
+    let izero = b.ic(0);
+    let signed = b.icmp(Cmp::Lt, xb, izero);
+    let signed_r = b.select(signed, int_r, r);
+    let finite = b.cmp(Cmp::Lt, ax, inf);
+    let negative = b.select(finite, neg_r, signed_r);
+    let r = b.select_if(Cmp::Lt, x, zero, negative, signed_r);
+    // 1 where y is 0, x is 1, or |x| is 1 and y infinite.
+    let one = b.c(1.0);
+    let r = b.select_if(Cmp::Eq, y, zero, one, r);
+    let r = b.select_if(Cmp::Eq, x, one, one, r);
+    let ay = b.un(Un::Abs, y);
+    let y_inf = b.cmp(Cmp::Eq, ay, inf);
+    let r1 = b.select_if(Cmp::Eq, ax, one, one, r);
+    b.select(y_inf, r1, r)
+}
+
 /// The error function: a rational function, odd degree 13 over even degree 8, on the input
 /// clamped to +-4 (beyond which erf rounds to +-1 in f32).
 pub fn erf(b: &mut Body, x: E) -> E {

@@ -355,6 +355,9 @@ impl Backend for Ptx {
                     gemm::conv2d(f, kd, name)
                 }
                 None if movement::handles(f, kd) => movement::lower(f, kd, name),
+                None if matches!(kd.ops[..], [op] if matches!(f.op(op).kind, OpKind::Binary(tcc_ir::BinaryOp::Pow))) => {
+                    lower::pow(f, kd, name)
+                }
                 None if cross_entropy_in_form(f, kd) => lower::cross_entropy(f, kd, name),
                 None if matches!(kd.ops[..], [op] if matches!(f.op(op).kind, OpKind::BatchNormTrain { .. })) => {
                     lower::batch_norm_train(f, kd, name)
