@@ -10,21 +10,7 @@ use tcc_codegen::Executable;
 use tcc_codegen::cpu::max_ulp_error;
 use tcc_ir::UnaryOp;
 use tcc_ir::random::{Rng, random_function};
-use tcc_ir::{Data, Function, Tensor, parse_function};
-
-/// Whether `v` depends on a cast from a float type to an integer type.
-fn after_truncation(f: &Function, v: tcc_ir::Value) -> bool {
-    let mut tainted = std::collections::HashSet::new();
-    for &op in f.schedule() {
-        let d = f.op(op);
-        let truncates = matches!(d.kind, tcc_ir::OpKind::Cast { to } if !to.is_float() && to != tcc_ir::DType::Bool)
-            && f.ty(d.args[0]).dtype().is_float();
-        if truncates || d.args.iter().any(|a| tainted.contains(a)) {
-            tainted.extend(d.results.iter().copied());
-        }
-    }
-    tainted.contains(&v)
-}
+use tcc_ir::{Data, Tensor, parse_function};
 
 #[test]
 fn fused_chain_at_awkward_sizes() {
@@ -266,7 +252,7 @@ proptest! {
         // absolute (docs/perf.md), which gelu(gelu(x)) doubles, hence atol 1e-5.
         // A product chain can also cancel: the tolerance widens where the reference itself
         // moves when the inputs move by 16 f32 ulps (`check_conditioned`).
-        let exact: Vec<usize> = (0..got.len()).filter(|&i| !after_truncation(&f, f.results()[i])).collect();
+        let exact: Vec<usize> = (0..got.len()).filter(|&i| !common::after_truncation(&f, f.results()[i])).collect();
         let pick = |v: &[Tensor]| exact.iter().map(|&i| v[i].clone()).collect::<Vec<_>>();
         let nudged = tcc_ir::interp::run(&f, &common::perturbed(&inputs, seed ^ 2));
         let result = match nudged {

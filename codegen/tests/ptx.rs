@@ -61,6 +61,18 @@ fn agree(f: &Function, inputs: &[Tensor], rtol: f64, atol: f64) {
     check(&got, &want, rtol, atol).unwrap_or_else(|e| panic!("{f}\nagainst the interpreter: {e}"));
 }
 
+/// `f` is one kernel for the GPU, and its results in the emulator agree with the
+/// interpreter's within `rtol`/`atol`.
+fn one_kernel_agrees(f: &Function, inputs: &[Tensor], rtol: f64, atol: f64) -> Result<(), String> {
+    let m = module(f, 80);
+    if m.kernels.len() != 1 {
+        return Err(format!("not one kernel:\n{}", m.manifest()));
+    }
+    let got = emulate(f, inputs);
+    let want = tcc_ir::interp::run(f, inputs).unwrap();
+    check(&got, &want, rtol, atol)
+}
+
 /// Values where functions change behaviour: zeros of both signs, infinities, NaN, tiny and
 /// huge numbers, the edges of exp's range.
 fn special() -> Vec<f32> {
@@ -365,22 +377,13 @@ fn reductions_match() {
         );
         let f = parse_function(&src).unwrap();
         let inputs = randoms(&f, i as u64);
-        let m = module(&f, 80);
-        assert_eq!(
-            m.kernels.len(),
-            1,
-            "one reduction kernel:\n{}",
-            m.manifest()
-        );
-        let got = emulate(&f, &inputs);
-        let want = tcc_ir::interp::run(&f, &inputs).unwrap();
-        check(&got, &want, 2e-6, 1e-7).unwrap_or_else(|e| panic!("{red}: {e}"));
+        one_kernel_agrees(&f, &inputs, 2e-6, 1e-7).unwrap_or_else(|e| panic!("{red}: {e}"));
         if red.starts_with("reduce_max") {
             let jit = tcc_codegen::Executable::compile(&f)
                 .unwrap()
                 .run(&inputs)
                 .unwrap();
-            same_bits(&got, &jit).unwrap_or_else(|e| panic!("{red}: {e}"));
+            same_bits(&emulate(&f, &inputs), &jit).unwrap_or_else(|e| panic!("{red}: {e}"));
         }
     }
     // NaN and infinities in a maximum and a sum.
@@ -429,16 +432,7 @@ fn matmuls_match() {
         );
         let f = parse_function(&src).unwrap();
         let inputs = randoms(&f, 40 + i as u64);
-        let m = module(&f, 80);
-        assert_eq!(
-            m.kernels.len(),
-            1,
-            "the epilogue is fused:\n{}",
-            m.manifest()
-        );
-        let got = emulate(&f, &inputs);
-        let want = tcc_ir::interp::run(&f, &inputs).unwrap();
-        check(&got, &want, 1e-5, 1e-5).unwrap_or_else(|e| panic!("{x} @ {w}: {e}"));
+        one_kernel_agrees(&f, &inputs, 1e-5, 1e-5).unwrap_or_else(|e| panic!("{x} @ {w}: {e}"));
     }
     // Transposes only matmuls read: folded, read from their sources with swapped strides.
     let f = parse_function(
@@ -524,16 +518,7 @@ fn softmax_rows_match() {
             );
             let f = parse_function(&src).unwrap();
             let inputs = randoms(&f, 41 + i as u64);
-            let m = module(&f, 80);
-            assert_eq!(
-                m.kernels.len(),
-                1,
-                "{op} {ty}: one row kernel:\n{}",
-                m.manifest()
-            );
-            let got = emulate(&f, &inputs);
-            let want = tcc_ir::interp::run(&f, &inputs).unwrap();
-            check(&got, &want, 2e-6, 1e-9).unwrap_or_else(|e| panic!("{op} {ty}: {e}"));
+            one_kernel_agrees(&f, &inputs, 2e-6, 1e-9).unwrap_or_else(|e| panic!("{op} {ty}: {e}"));
         }
     }
     for len in [11, 100] {
@@ -604,16 +589,8 @@ fn convolutions_match() {
         );
         let f = parse_function(&src).unwrap_or_else(|e| panic!("{src}\n{e:?}"));
         let inputs = randoms(&f, 60 + i as u64);
-        let m = module(&f, 80);
-        assert_eq!(
-            m.kernels.len(),
-            1,
-            "the epilogue is fused:\n{}",
-            m.manifest()
-        );
-        let got = emulate(&f, &inputs);
-        let want = tcc_ir::interp::run(&f, &inputs).unwrap();
-        check(&got, &want, 1e-5, 1e-5).unwrap_or_else(|e| panic!("{x} * {w} {attrs}: {e}"));
+        one_kernel_agrees(&f, &inputs, 1e-5, 1e-5)
+            .unwrap_or_else(|e| panic!("{x} * {w} {attrs}: {e}"));
     }
 }
 
@@ -750,8 +727,23 @@ fn cross_entropy_matches() {
     }
 }
 
-/// The examples that compile for the GPU, whole, in the emulator against the interpreter
-/// (labels kept within the classes).
+/// Random inputs for an example, its integer inputs (labels) 0 and 1 in turn: within every
+/// example's classes.
+fn example_inputs(f: &Function) -> Vec<Tensor> {
+    let mut inputs = randoms(f, 17);
+    for (t, &p) in inputs.iter_mut().zip(f.params()) {
+        let n = t.ty().numel();
+        let data = match t.data() {
+            Data::I32(_) => Data::I32((0..n as i32).map(|i| i % 2).collect()),
+            Data::I64(_) => Data::I64((0..n as i64).map(|i| i % 2).collect()),
+            _ => continue,
+        };
+        *t = Tensor::new(f.ty(p).clone(), data).unwrap();
+    }
+    inputs
+}
+
+/// Every example, whole, in the emulator against the interpreter.
 #[test]
 fn examples_run_in_the_emulator() {
     for name in ["elementwise", "mlp", "spirals_mlp", "digits_cnn"] {
@@ -759,18 +751,7 @@ fn examples_run_in_the_emulator() {
         let text = std::fs::read_to_string(&path).unwrap();
         let m = tcc_ir::parse_module(&text).unwrap();
         for f in &m.functions {
-            let mut inputs = randoms(f, 17);
-            for (t, &p) in inputs.iter_mut().zip(f.params()) {
-                if let Data::I32(_) | Data::I64(_) = t.data() {
-                    let n = t.ty().numel();
-                    let data = if matches!(t.data(), Data::I32(_)) {
-                        Data::I32((0..n as i32).map(|i| i % 2).collect())
-                    } else {
-                        Data::I64((0..n as i64).map(|i| i % 2).collect())
-                    };
-                    *t = Tensor::new(f.ty(p).clone(), data).unwrap();
-                }
-            }
+            let inputs = example_inputs(f);
             let got = emulate(f, &inputs);
             let want = tcc_ir::interp::run(f, &inputs).unwrap();
             // Dot products of 784 terms in f32: the random-function tolerance of the CPU tests.
@@ -1077,16 +1058,7 @@ fn gpu_matches_the_emulator() {
         let text =
             std::fs::read_to_string(Path::new(ROOT).join(format!("examples/{name}.tir"))).unwrap();
         let f = tcc_ir::parse_module(&text).unwrap().functions.remove(0);
-        let mut inputs = randoms(&f, 17);
-        for (t, &p) in inputs.iter_mut().zip(f.params()) {
-            let n = t.ty().numel();
-            let data = match t.data() {
-                Data::I32(_) => Data::I32((0..n as i32).map(|i| i % 2).collect()),
-                Data::I64(_) => Data::I64((0..n as i64).map(|i| i % 2).collect()),
-                _ => continue,
-            };
-            *t = Tensor::new(f.ty(p).clone(), data).unwrap();
-        }
+        let inputs = example_inputs(&f);
         all.push((name.to_string(), f, inputs));
     }
     for (name, f, inputs) in all {
@@ -1137,7 +1109,7 @@ fn random_functions_match_where_they_compile() {
         // Float-to-integer casts amplify one-ulp differences without bound downstream: only
         // results with no such cast upstream are compared (as the CPU's property does).
         let exact: Vec<usize> = (0..got.len())
-            .filter(|&i| !after_truncation(&f, f.results()[i]))
+            .filter(|&i| !common::after_truncation(&f, f.results()[i]))
             .collect();
         let pick = |v: &[Tensor]| exact.iter().map(|&i| v[i].clone()).collect::<Vec<_>>();
         let nudged = tcc_ir::interp::run(&f, &common::perturbed(&inputs, seed ^ 2));
@@ -1151,18 +1123,4 @@ fn random_functions_match_where_they_compile() {
     }
     println!("{compiled} of {total} random functions compile for the GPU");
     assert!(compiled >= 145, "{compiled} of {total}");
-}
-
-/// Whether `v` depends on a cast from a float type to an integer type.
-fn after_truncation(f: &Function, v: tcc_ir::Value) -> bool {
-    let mut tainted = std::collections::HashSet::new();
-    for &op in f.schedule() {
-        let d = f.op(op);
-        let truncates = matches!(d.kind, tcc_ir::OpKind::Cast { to } if !to.is_float() && to != tcc_ir::DType::Bool)
-            && f.ty(d.args[0]).dtype().is_float();
-        if truncates || d.args.iter().any(|a| tainted.contains(a)) {
-            tainted.extend(d.results.iter().copied());
-        }
-    }
-    tainted.contains(&v)
 }

@@ -315,6 +315,91 @@ pub struct RowShape {
     pub len: u64,
 }
 
+/// The bodies of a softmax (or log-softmax) row kernel, in the three passes every backend
+/// runs over a row: the prologue's value of the softmax input; the steps of the max pass
+/// (accumulator, value) and of the sum pass (accumulator, value, max: adds `e^(value - max)`)
+/// and the sum of two partial sums; the row's constants from its max and sum (`1/sum`, and
+/// `max + log(sum)` for log-softmax); and the last pass, which normalises (given the row's
+/// max, `1/sum` and shift after the kernel's inputs) and runs the epilogue.
+pub struct RowBodies {
+    /// The softmax input from the kernel's inputs.
+    pub input: expr::Body,
+    /// `max(acc, x)` (a comparison and select: a NaN value does not win).
+    pub max_step: expr::Body,
+    /// `acc + e^(x - max)`.
+    pub sum_step: expr::Body,
+    /// `a + b`.
+    pub add: expr::Body,
+    /// `(max, sum) -> (1/sum, max + log(sum))`.
+    pub row_consts: expr::Body,
+    /// The kernel's outputs from its inputs and the row's max, `1/sum` and shift.
+    pub output: expr::Body,
+}
+
+/// The steps of a softmax's passes over a row (as in [`RowBodies`]): `max(acc, x)`,
+/// `acc + e^(x - max)` and `a + b`; cross-entropy kernels take them too.
+pub fn softmax_steps() -> [expr::Body; 3] {
+    use expr::Cmp;
+    use lower::small_body;
+    [
+        small_body(2, |b, a| b.select_if(Cmp::Lt, a[0], a[1], a[1], a[0])),
+        small_body(3, |b, a| {
+            let d = b.sub(a[1], a[2]);
+            let t = math::exp(b, d);
+            b.add(a[0], t)
+        }),
+        small_body(2, |b, a| b.add(a[0], a[1])),
+    ]
+}
+
+/// The bodies of row kernel `k` of shape `row` (see [`RowBodies`]).
+pub fn row_bodies(f: &Function, k: &KernelData, &RowShape { root, .. }: &RowShape) -> RowBodies {
+    use expr::Body;
+    use lower::{body, lower_ops};
+    let log_softmax = matches!(f.op(root).kind, OpKind::LogSoftmax { .. });
+    let pos = (k.ops.iter().position(|&o| o == root)).expect("the root is a member");
+    let (pro, epi) = (&k.ops[..pos], &k.ops[pos + 1..]);
+    let (x_in, y_out) = (f.op(root).args[0], f.op(root).results[0]);
+    let row_consts = {
+        let mut b = Body::new(Lane::F32);
+        let (mx, sum) = (b.arg(), b.arg());
+        let one = b.c(1.0);
+        let inv = b.div(one, sum);
+        let lse = math::log(&mut b, sum);
+        let shift = b.add(mx, lse);
+        b.results = vec![inv, shift];
+        b
+    };
+    let [max_step, sum_step, add] = softmax_steps();
+    RowBodies {
+        input: body(Lane::F32, f, &k.inputs, 0, pro, |_, _, _| {}, &[x_in]),
+        max_step,
+        sum_step,
+        add,
+        row_consts,
+        output: body(
+            Lane::F32,
+            f,
+            &k.inputs,
+            3,
+            pro,
+            |b, vals, row| {
+                let x = vals[&x_in];
+                let y = if log_softmax {
+                    b.sub(x, row[2])
+                } else {
+                    let d = b.sub(x, row[0]);
+                    let t = math::exp(b, d);
+                    b.mul(t, row[1])
+                };
+                vals.insert(y_out, y);
+                lower_ops(b, f, epi, vals);
+            },
+            &k.outputs,
+        ),
+    }
+}
+
 /// The layout of row kernel `k` if it is in this form: a softmax over a contiguous last axis,
 /// in `f32`, whose prologue and epilogue it supports and whose operands it can index.
 fn row_shape(f: &Function, k: &KernelData) -> Option<RowShape> {

@@ -11,7 +11,7 @@ use super::prog::{
 };
 use crate::kernel::expr::{self, Body, Class, Lane, Node};
 use crate::kernel::lower::{body as body_of, lower_ops, small_body};
-use crate::kernel::math::{exp, log};
+use crate::kernel::math::log;
 use crate::kernel::{Access, ReduceShape, RowShape, access, int_bits, reduce_inputs, splat_number};
 use crate::plan::KernelData;
 use tcc_ir::{DType, Function, OpKind, ReduceOp, Value};
@@ -566,50 +566,16 @@ pub fn reduction(
 /// threads' maxima and sums combined in shared memory ([`Ctx::combine`]).
 pub fn row(f: &Function, kd: &KernelData, row: &RowShape, name: String) -> Result<Lowered, String> {
     let RowShape { root, len } = *row;
-    let log_softmax = matches!(f.op(root).kind, OpKind::LogSoftmax { .. });
     let dims = f.ty(f.op(root).args[0]).dims().to_vec();
     let rows = dims.iter().product::<u64>() / len;
-    let pos = (kd.ops.iter().position(|&o| o == root)).ok_or("the root is not a member")?;
-    let (pro, epi) = (&kd.ops[..pos], &kd.ops[pos + 1..]);
-    let (x_in, y_out) = (f.op(root).args[0], f.op(root).results[0]);
-    let input = body_of(Lane::F32, f, &kd.inputs, 0, pro, |_, _, _| {}, &[x_in]);
-    let max_step = small_body(2, |b, a| b.select_if(expr::Cmp::Lt, a[0], a[1], a[1], a[0]));
-    let sum_step = small_body(3, |b, a| {
-        let d = b.sub(a[1], a[2]);
-        let t = exp(b, d);
-        b.add(a[0], t)
-    });
-    let add = small_body(2, |b, a| b.add(a[0], a[1]));
-    let row_consts = {
-        let mut b = Body::new(Lane::F32);
-        let (mx, sum) = (b.arg(), b.arg());
-        let one = b.c(1.0);
-        let inv = b.div(one, sum);
-        let lse = log(&mut b, sum);
-        let shift = b.add(mx, lse);
-        b.results = vec![inv, shift];
-        b
-    };
-    let output = body_of(
-        Lane::F32,
-        f,
-        &kd.inputs,
-        3,
-        pro,
-        |b, vals, r| {
-            let x = vals[&x_in];
-            let y = if log_softmax {
-                b.sub(x, r[2])
-            } else {
-                let d = b.sub(x, r[0]);
-                let t = exp(b, d);
-                b.mul(t, r[1])
-            };
-            vals.insert(y_out, y);
-            lower_ops(b, f, epi, vals);
-        },
-        &kd.outputs,
-    );
+    let crate::kernel::RowBodies {
+        input,
+        max_step,
+        sum_step,
+        add,
+        row_consts,
+        output,
+    } = crate::kernel::row_bodies(f, kd, row);
     let n_in = kd.inputs.len();
     let mut c = Ctx::new(
         name,
@@ -721,13 +687,7 @@ pub fn cross_entropy(f: &Function, kd: &KernelData, name: String) -> Result<Lowe
     let pro_in: Vec<Value> = pro_in.into_iter().filter(|&v| v != labels).collect();
     let param = |v: &Value| kd.inputs.iter().position(|x| x == v).expect("an input");
     let input = body_of(Lane::F32, f, &pro_in, 0, pro, |_, _, _| {}, &[x_in]);
-    let max_step = small_body(2, |b, a| b.select_if(expr::Cmp::Lt, a[0], a[1], a[1], a[0]));
-    let sum_step = small_body(3, |b, a| {
-        let dd = b.sub(a[1], a[2]);
-        let t = exp(b, dd);
-        b.add(a[0], t)
-    });
-    let add = small_body(2, |b, a| b.add(a[0], a[1]));
+    let [max_step, sum_step, add] = crate::kernel::softmax_steps();
     let lse = small_body(2, |b, a| {
         let l = log(b, a[1]);
         b.add(a[0], l)

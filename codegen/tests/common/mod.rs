@@ -153,3 +153,17 @@ pub fn randoms(f: &Function, seed: u64) -> Vec<Tensor> {
         .map(|&p| random_tensor(f.ty(p), &mut rng))
         .collect()
 }
+
+/// Whether `v` depends on a cast from a float type to an integer type.
+pub fn after_truncation(f: &Function, v: tcc_ir::Value) -> bool {
+    let mut tainted = std::collections::HashSet::new();
+    for &op in f.schedule() {
+        let d = f.op(op);
+        let truncates = matches!(d.kind, tcc_ir::OpKind::Cast { to } if !to.is_float() && to != tcc_ir::DType::Bool)
+            && f.ty(d.args[0]).dtype().is_float();
+        if truncates || d.args.iter().any(|a| tainted.contains(a)) {
+            tainted.extend(d.results.iter().copied());
+        }
+    }
+    tainted.contains(&v)
+}

@@ -21,14 +21,13 @@ use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{FuncId, Linkage, Module};
 use std::collections::HashMap;
-use tcc_ir::{DType, Function, OpKind, Value};
+use tcc_ir::{DType, Function, Value};
 
 mod rows;
 
 use super::render::{num_const, render};
-use crate::kernel::expr::{Bin, Body, Cmp, Lane};
+use crate::kernel::expr::{Bin, Body, Lane};
 use crate::kernel::lower::{body as body_of, lower_ops, small_body};
-use crate::kernel::math::{exp, log};
 use crate::kernel::{
     Access, ReduceShape, RowShape, Shape, access, int_bits, reduce_inputs, shape, splat_number,
 };
@@ -502,18 +501,11 @@ fn compile_row(
     tg: Target,
     f: &Function,
     k: &KernelData,
-    &RowShape { root, len }: &RowShape,
+    row: &RowShape,
     name: &str,
 ) -> Result<FuncId, String> {
-    let log_softmax = matches!(f.op(root).kind, OpKind::LogSoftmax { .. });
+    let &RowShape { root, len } = row;
     let dims = f.ty(f.op(root).args[0]).dims().to_vec();
-    let pos = k
-        .ops
-        .iter()
-        .position(|&o| o == root)
-        .expect("the root is a member");
-    let (pro, epi) = (&k.ops[..pos], &k.ops[pos + 1..]);
-    let (x_in, y_out) = (f.op(root).args[0], f.op(root).results[0]);
     let accesses: Vec<Access> = k
         .inputs
         .iter()
@@ -531,47 +523,14 @@ fn compile_row(
                     && ((inner == 1 && n.is_multiple_of(4)) || inner.is_multiple_of(4))
             }
         });
-    // The bodies: the prologue's value of the softmax input; the steps of the max and sum
-    // passes; the row's constants (1/sum, and max + log(sum) for log_softmax); and the last
-    // pass, which normalises and runs the epilogue given the row's max, 1/sum and shift.
-    let input = body_of(Lane::F32, f, &k.inputs, 0, pro, |_, _, _| {}, &[x_in]);
-    let max_step = small_body(2, |b, a| b.select_if(Cmp::Lt, a[0], a[1], a[1], a[0]));
-    let sum_step = small_body(3, |b, a| {
-        let d = b.sub(a[1], a[2]);
-        let t = exp(b, d);
-        b.add(a[0], t)
-    });
-    let add = small_body(2, |b, a| b.add(a[0], a[1]));
-    let row_consts = {
-        let mut b = Body::new(Lane::F32);
-        let (mx, sum) = (b.arg(), b.arg());
-        let one = b.c(1.0);
-        let inv = b.div(one, sum);
-        let lse = log(&mut b, sum);
-        let shift = b.add(mx, lse);
-        b.results = vec![inv, shift];
-        b
-    };
-    let output = body_of(
-        Lane::F32,
-        f,
-        &k.inputs,
-        3,
-        pro,
-        |b, vals, row| {
-            let x = vals[&x_in];
-            let y = if log_softmax {
-                b.sub(x, row[2])
-            } else {
-                let d = b.sub(x, row[0]);
-                let t = exp(b, d);
-                b.mul(t, row[1])
-            };
-            vals.insert(y_out, y);
-            lower_ops(b, f, epi, vals);
-        },
-        &k.outputs,
-    );
+    let crate::kernel::RowBodies {
+        input,
+        max_step,
+        sum_step,
+        add,
+        row_consts,
+        output,
+    } = crate::kernel::row_bodies(f, k, row);
     // Every operand is an f32 in memory (`row_shape` checked).
     let f32s = vec![DType::F32; accesses.len()];
     define_kernel(module, name, |b, ptr, table, start, end| {
