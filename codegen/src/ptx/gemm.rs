@@ -399,18 +399,7 @@ pub fn conv2d(f: &Function, kd: &KernelData, name: String) -> Result<Lowered, St
             c.b.push(Inst::IMad(s, rowi, wn, ix));
             s
         };
-        let zero_i = c.n(0);
-        let mut safe = idx;
-        for &p in &outside {
-            safe = c.b.selp(zero_i, safe, p);
-        }
-        let addr = c.address(x_base, safe, Mem::B32);
-        let mut v = c.b.ld(Space::Global, Mem::B32, RegTy::F32, addr);
-        let zero = c.b.imm(RegTy::F32, 0);
-        for &p in &outside {
-            v = c.b.selp(zero, v, p);
-        }
-        v
+        c.load_where(x_base, idx, &outside)
     };
     // Output (g, row, col) is y[image][g*og + row][oy][ox].
     let out_index = |c: &mut Ctx, g: Reg, row: Reg, col: Reg| {
@@ -444,6 +433,228 @@ pub fn conv2d(f: &Function, kd: &KernelData, name: String) -> Result<Lowered, St
         out_index: &out_index,
     };
     let tiles = gemm(&mut c, &g, &finish)?;
+    Ok(c.finish(tiles))
+}
+
+/// `a * n + b` on indices.
+fn mad_n(c: &mut Ctx, a: Reg, n: u64, b: Reg) -> Reg {
+    let nn = c.n(n);
+    let s = c.b.reg(c.it);
+    c.b.push(Inst::IMad(s, a, nn, b));
+    s
+}
+
+/// The two convolution gradients, each an implicit GEMM per group on the tiled kernel, with
+/// the epilogue the plan fused: `conv2d_grad_filter(x, dy)` as `dy (OC/g x N·OH·OW)` times the
+/// input's windows (`N·OH·OW x (C/g)·KH·KW`), and `conv2d_grad_input(dy, w)` as the filters
+/// transposed (`C/g x (OC/g)·KH·KW`) times `dy` gathered back through the windows
+/// (`(OC/g)·KH·KW x N·H·W`: the output position each input position and tap came from, 0
+/// where the stride skips it or it falls outside).
+pub fn conv2d_grad(f: &Function, kd: &KernelData, name: String) -> Result<Lowered, String> {
+    let d = f.op(kd.ops[0]);
+    let (cv, filter) = match &d.kind {
+        OpKind::Conv2dGradFilter { conv, .. } => (conv, true),
+        OpKind::Conv2dGradInput { conv, .. } => (conv, false),
+        _ => return Err("not a convolution gradient".into()),
+    };
+    let r = d.results[0];
+    if (d.args.iter().chain(&d.results)).any(|&v| f.ty(v).dtype() != DType::F32) {
+        return Err("only f32 convolution gradients have a GPU kernel".into());
+    }
+    // The forward op's input, filter and output dims.
+    let (xd, wd, yd) = if filter {
+        (
+            f.ty(d.args[0]).dims(),
+            f.ty(r).dims(),
+            f.ty(d.args[1]).dims(),
+        )
+    } else {
+        (
+            f.ty(r).dims(),
+            f.ty(d.args[1]).dims(),
+            f.ty(d.args[0]).dims(),
+        )
+    };
+    let (nb, ch, h, wi) = (xd[0], xd[1], xd[2], xd[3]);
+    let (oc, kh, kw) = (wd[0], wd[2], wd[3]);
+    let (oh, ow) = (yd[2], yd[3]);
+    let groups = cv.groups.max(1);
+    let (cg, og) = (ch / groups, oc / groups);
+    let (sh, sw) = (cv.strides[0], cv.strides[1]);
+    let (dh, dw) = (cv.dilations[0], cv.dilations[1]);
+    let (pt, pl) = (cv.pads[0], cv.pads[1]);
+    let taps = kh * kw;
+    let param = |v: &Value| kd.inputs.iter().position(|q| q == v).expect("an input");
+    let numel = |v: Value| f.ty(v).numel();
+    let biggest = (d.args.iter().chain(&d.results))
+        .map(|&v| numel(v))
+        .max()
+        .unwrap_or(0)
+        .max(nb * oh * ow * cg * taps)
+        .max(og * taps * nb * h * wi);
+    let mut c = Ctx::new(
+        name,
+        (kd.inputs.len() + kd.outputs.len()) as u32,
+        BLOCK,
+        biggest,
+    );
+    let out_dims = f.ty(r).dims().to_vec();
+    let finish = epilogue(&mut c, f, kd, r, &out_dims)?;
+    let (b0, b1) = (c.bases[param(&d.args[0])], c.bases[param(&d.args[1])]);
+    let g = if filter {
+        // A(row, kk) = dy[img][g*og + row][oy][ox], kk = (img, oy, ox).
+        let dy = b1;
+        let x = b0;
+        let k = nb * oh * ow;
+        let load_a = move |c: &mut Ctx, goff: Reg, row: Reg, kk: Reg| {
+            let img = c.op_n(IOp::DivU, kk, oh * ow);
+            let p = c.op_n(IOp::RemU, kk, oh * ow);
+            let ch_ = c.b.ibin(IOp::Add, goff, row);
+            let plane = mad_n(c, img, oc, ch_);
+            let idx = mad_n(c, plane, oh * ow, p);
+            let kn = c.n(k);
+            let mn = c.n(og);
+            let past_k = c.b.setp(CmpTy::Unsigned, Cmp::Ge, kk, kn);
+            let past_m = c.b.setp(CmpTy::Unsigned, Cmp::Ge, row, mn);
+            c.load_where(dy, idx, &[past_k, past_m])
+        };
+        // B(kk, col) = x[img][g*cg + ic][oy*sh - pt + ky*dh][ox*sw - pl + kx*dw], col = (ic,
+        // ky, kx).
+        let load_b = move |c: &mut Ctx, coff: Reg, kk: Reg, col: Reg| {
+            let img = c.op_n(IOp::DivU, kk, oh * ow);
+            let p = c.op_n(IOp::RemU, kk, oh * ow);
+            let oy = c.op_n(IOp::DivU, p, ow);
+            let ox = c.op_n(IOp::RemU, p, ow);
+            let ic = c.op_n(IOp::DivU, col, taps);
+            let t = c.op_n(IOp::RemU, col, taps);
+            let ky = c.op_n(IOp::DivU, t, kw);
+            let kx = c.op_n(IOp::RemU, t, kw);
+            let at = |c: &mut Ctx, o: Reg, s: u64, k: Reg, dil: u64, pad: u64| {
+                let a = c.op_n(IOp::Mul, o, s);
+                let sum = mad_n(c, k, dil, a);
+                c.op_n(IOp::Sub, sum, pad)
+            };
+            let iy = at(c, oy, sh, ky, dh, pt);
+            let ix = at(c, ox, sw, kx, dw, pl);
+            let chan = c.b.ibin(IOp::Add, coff, ic);
+            let plane = mad_n(c, img, ch, chan);
+            let rowi = mad_n(c, plane, h, iy);
+            let idx = mad_n(c, rowi, wi, ix);
+            let outside = [(iy, h), (ix, wi), (kk, k), (col, cg * taps)]
+                .into_iter()
+                .map(|(v, n)| {
+                    let nn = c.n(n);
+                    c.b.setp(CmpTy::Unsigned, Cmp::Ge, v, nn)
+                })
+                .collect::<Vec<_>>();
+            c.load_where(x, idx, &outside)
+        };
+        (
+            k,
+            Box::new(load_a) as Box<dyn Fn(&mut Ctx, Reg, Reg, Reg) -> Reg>,
+            Box::new(load_b) as Box<dyn Fn(&mut Ctx, Reg, Reg, Reg) -> Reg>,
+        )
+    } else {
+        let (dy, w) = (b0, b1);
+        let k = og * taps;
+        // A(row, kk) = w[g*og + o][row][ky][kx], kk = (o, ky, kx).
+        let load_a = move |c: &mut Ctx, goff: Reg, row: Reg, kk: Reg| {
+            let o = c.op_n(IOp::DivU, kk, taps);
+            let t = c.op_n(IOp::RemU, kk, taps);
+            let filt = c.b.ibin(IOp::Add, goff, o);
+            let plane = mad_n(c, filt, cg, row);
+            let idx = mad_n(c, plane, taps, t);
+            let kn = c.n(k);
+            let mn = c.n(cg);
+            let past_k = c.b.setp(CmpTy::Unsigned, Cmp::Ge, kk, kn);
+            let past_m = c.b.setp(CmpTy::Unsigned, Cmp::Ge, row, mn);
+            c.load_where(w, idx, &[past_k, past_m])
+        };
+        // B(kk, col) = dy[img][g*og + o][oy][ox] where oy*sh = iy + pt - ky*dh (and the same
+        // across), col = (img, iy, ix); 0 where that is not a whole output position.
+        let load_b = move |c: &mut Ctx, goff: Reg, kk: Reg, col: Reg| {
+            let o = c.op_n(IOp::DivU, kk, taps);
+            let t = c.op_n(IOp::RemU, kk, taps);
+            let ky = c.op_n(IOp::DivU, t, kw);
+            let kx = c.op_n(IOp::RemU, t, kw);
+            let img = c.op_n(IOp::DivU, col, h * wi);
+            let p = c.op_n(IOp::RemU, col, h * wi);
+            let iy = c.op_n(IOp::DivU, p, wi);
+            let ix = c.op_n(IOp::RemU, p, wi);
+            // iy + pad - k*dil, wrapping below zero to values past the range.
+            let back = |c: &mut Ctx, i: Reg, pad: u64, k: Reg, dil: u64| {
+                let a = c.op_n(IOp::Add, i, pad);
+                let kd_ = c.op_n(IOp::Mul, k, dil);
+                c.b.ibin(IOp::Sub, a, kd_)
+            };
+            let ty = back(c, iy, pt, ky, dh);
+            let tx = back(c, ix, pl, kx, dw);
+            let oy = c.op_n(IOp::DivU, ty, sh);
+            let ox = c.op_n(IOp::DivU, tx, sw);
+            let ry = c.op_n(IOp::RemU, ty, sh);
+            let rx = c.op_n(IOp::RemU, tx, sw);
+            let chan = c.b.ibin(IOp::Add, goff, o);
+            let plane = mad_n(c, img, oc, chan);
+            let rowi = mad_n(c, plane, oh, oy);
+            let idx = mad_n(c, rowi, ow, ox);
+            let zero = c.n(0);
+            let mut outside = [(ty, oh * sh), (tx, ow * sw), (kk, k), (col, nb * h * wi)]
+                .into_iter()
+                .map(|(v, n)| {
+                    let nn = c.n(n);
+                    c.b.setp(CmpTy::Unsigned, Cmp::Ge, v, nn)
+                })
+                .collect::<Vec<_>>();
+            for rem in [ry, rx] {
+                outside.push(c.b.setp(CmpTy::Unsigned, Cmp::Ne, rem, zero));
+            }
+            c.load_where(dy, idx, &outside)
+        };
+        (
+            k,
+            Box::new(load_a) as Box<dyn Fn(&mut Ctx, Reg, Reg, Reg) -> Reg>,
+            Box::new(load_b) as Box<dyn Fn(&mut Ctx, Reg, Reg, Reg) -> Reg>,
+        )
+    };
+    let (k, load_a, load_b) = g;
+    // Per group: A's channel offset (dy's or the filters'), B's (x's or dy's).
+    let offsets = move |c: &mut Ctx, gi: Reg| {
+        if filter {
+            (c.op_n(IOp::Mul, gi, og), c.op_n(IOp::Mul, gi, cg))
+        } else {
+            let a = c.op_n(IOp::Mul, gi, og);
+            (a, a)
+        }
+    };
+    let (m, n) = if filter {
+        (og, cg * taps)
+    } else {
+        (cg, nb * h * wi)
+    };
+    // Output (g, row, col): dw[g*og + row][col] or dx[img][g*cg + row][iy][ix].
+    let out_index = move |c: &mut Ctx, gi: Reg, row: Reg, col: Reg| {
+        if filter {
+            let o = mad_n(c, gi, og, row);
+            mad_n(c, o, cg * taps, col)
+        } else {
+            let img = c.op_n(IOp::DivU, col, h * wi);
+            let p = c.op_n(IOp::RemU, col, h * wi);
+            let chan = mad_n(c, gi, cg, row);
+            let plane = mad_n(c, img, ch, chan);
+            mad_n(c, plane, h * wi, p)
+        }
+    };
+    let gemm_spec = Gemm {
+        m,
+        n,
+        k,
+        batches: groups,
+        offsets: &offsets,
+        load_a: &*load_a,
+        load_b: &*load_b,
+        out_index: &out_index,
+    };
+    let tiles = gemm(&mut c, &gemm_spec, &finish)?;
     Ok(c.finish(tiles))
 }
 

@@ -299,6 +299,23 @@ impl Ctx {
         self.for_loop(i, count, stride, |c| body(c, i))
     }
 
+    /// The f32 at index `idx` of `base` where none of `outside` holds, else 0 (the index
+    /// replaced by 0 there, so the load never leaves the buffer).
+    pub(super) fn load_where(&mut self, base: Reg, idx: Reg, outside: &[Reg]) -> Reg {
+        let zero_i = self.n(0);
+        let mut safe = idx;
+        for &p in outside {
+            safe = self.b.selp(zero_i, safe, p);
+        }
+        let addr = self.address(base, safe, Mem::B32);
+        let mut v = self.b.ld(Space::Global, Mem::B32, RegTy::F32, addr);
+        let zero = self.b.imm(RegTy::F32, 0);
+        for &p in outside {
+            v = self.b.selp(zero, v, p);
+        }
+        v
+    }
+
     /// The block's threads and a shared slot per thread, for [`Ctx::combine`].
     pub(super) fn team(&mut self) -> Team {
         self.b.k.shared = self.b.k.shared.max(BLOCK * 4);

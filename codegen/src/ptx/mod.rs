@@ -349,6 +349,11 @@ impl Backend for Ptx {
                     let folded = |v| crate::plan::folded_transpose(f, &plan, v).is_some();
                     gemm::matmul(f, kd, (folded(d.args[0]), folded(d.args[1])), name)
                 }
+                None if matches!(kd.kind, KernelKind::Library { root } if matches!(f.op(root).kind, OpKind::Conv2dGradInput { .. } | OpKind::Conv2dGradFilter { .. }))
+                    && epilogue_in_form(f, kd) =>
+                {
+                    gemm::conv2d_grad(f, kd, name)
+                }
                 None if matches!(kd.kind, KernelKind::Library { root } if matches!(f.op(root).kind, OpKind::Conv2d(_)))
                     && epilogue_in_form(f, kd) =>
                 {

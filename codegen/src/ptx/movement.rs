@@ -80,6 +80,12 @@ pub fn handles(f: &Function, kd: &KernelData) -> bool {
             matches!(f.ty(d.args[1]).dtype(), DType::I32 | DType::I64)
         }
         OpKind::BatchNorm { .. } => d.args.iter().all(|&v| float(v)),
+        OpKind::SliceGrad { .. } => float(d.args[0]),
+        OpKind::ScatterAdd { .. } => {
+            float(d.args[0])
+                && float(d.args[2])
+                && matches!(f.ty(d.args[1]).dtype(), DType::I32 | DType::I64)
+        }
         _ => false,
     }
 }
@@ -254,6 +260,94 @@ pub fn lower(f: &Function, kd: &KernelData, name: String) -> Result<Lowered, Str
                 let y = c.b.reg(RegTy::F32);
                 c.b.push(Inst::Fma(y, n, g, b));
                 (y, Mem::B32)
+            }
+            OpKind::SliceGrad {
+                shape,
+                starts,
+                ends,
+                steps,
+            } => {
+                // dx[x] = dy[q] where every coordinate is start + q * step of the slice, else 0.
+                let dyd = f.ty(args[0]).dims();
+                let dst = strides(dyd);
+                let at = coords(c, o, &od);
+                let mut outside = Vec::new();
+                let mut idx = c.n(0);
+                for a in 0..shape.len() {
+                    let (s0, len) =
+                        tcc_ir::typing::slice_range(shape[a], starts[a], ends[a], steps[a]);
+                    let k = steps[a].unsigned_abs();
+                    // The distance from the slice's start along its direction, wrapping below
+                    // zero to values past the slice.
+                    let t = if steps[a] > 0 {
+                        c.op_n(IOp::Sub, at[a], s0 as u64)
+                    } else {
+                        let s = c.n(s0 as u64);
+                        c.b.ibin(IOp::Sub, s, at[a])
+                    };
+                    let limit = c.n(len * k);
+                    outside.push(c.b.setp(CmpTy::Unsigned, Cmp::Ge, t, limit));
+                    if k > 1 {
+                        let r = c.op_n(IOp::RemU, t, k);
+                        let zero = c.n(0);
+                        outside.push(c.b.setp(CmpTy::Unsigned, Cmp::Ne, r, zero));
+                    }
+                    let q = if k > 1 { c.op_n(IOp::DivU, t, k) } else { t };
+                    let dn = c.n(dst[a]);
+                    let s = c.b.reg(c.it);
+                    c.b.push(Inst::IMad(s, q, dn, idx));
+                    idx = s;
+                }
+                (c.load_where(base_of(c, args[0]), idx, &outside), Mem::B32)
+            }
+            OpKind::ScatterAdd { axis } => {
+                // out[(outer, j, i)] = data[...] + the updates[(outer, k, i)] whose index k is j,
+                // in k's order (indices out of range add nothing).
+                let (data, ids, upd) = (args[0], args[1], args[2]);
+                let dd = f.ty(data).dims();
+                let a = tcc_ir::ops::normalize_axis(*axis, dd.len()).ok_or("a bad axis")?;
+                let len = dd[a];
+                let inner: u64 = dd[a + 1..].iter().product();
+                let nids = f.ty(ids).numel();
+                let i = c.op_n(IOp::RemU, o, inner);
+                let q = c.op_n(IOp::DivU, o, inner);
+                let j = c.op_n(IOp::RemU, q, len);
+                let outer = c.op_n(IOp::DivU, q, len);
+                let addr = c.address(base_of(c, data), o, Mem::B32);
+                let acc = c.b.reg(RegTy::F32);
+                c.b.push(Inst::Ld(Space::Global, Mem::B32, acc, addr));
+                let k = c.b.reg(c.it);
+                let (zero, one, kn) = (c.n(0), c.n(1), c.n(nids));
+                c.b.push(Inst::Mov(k, zero));
+                let ids_base = base_of(c, ids);
+                let upd_base = base_of(c, upd);
+                let dtype = f.ty(ids).dtype();
+                c.for_loop(k, kn, one, |c| {
+                    let (jk, bad) = index(c, ids_base, dtype, k, len);
+                    let skip = c.b.label();
+                    c.b.push(Inst::Bra(skip, Some((bad, true))));
+                    let other = c.b.setp(CmpTy::Unsigned, Cmp::Ne, jk, j);
+                    c.b.push(Inst::Bra(skip, Some((other, true))));
+                    let row = {
+                        let nn = c.n(nids);
+                        let s = c.b.reg(c.it);
+                        c.b.push(Inst::IMad(s, outer, nn, k));
+                        s
+                    };
+                    let e = {
+                        let inn = c.n(inner);
+                        let s = c.b.reg(c.it);
+                        c.b.push(Inst::IMad(s, row, inn, i));
+                        s
+                    };
+                    let ua = c.address(upd_base, e, Mem::B32);
+                    let u = c.b.ld(Space::Global, Mem::B32, RegTy::F32, ua);
+                    let sum = c.b.fbin(FOp::Add, acc, u);
+                    c.b.push(Inst::Mov(acc, sum));
+                    c.b.place(skip);
+                    Ok(())
+                })?;
+                (acc, Mem::B32)
             }
             other => return Err(format!("no GPU kernel for {}", other.mnemonic())),
         };
