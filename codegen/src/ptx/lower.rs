@@ -769,25 +769,7 @@ pub fn cross_entropy(f: &Function, kd: &KernelData, name: String) -> Result<Lowe
         c.b.push(Inst::Mov(sum, zero_f));
         fold(c, sum, &sum_step, &[mx])?;
         let l = render(&mut c.b, &lse, &[mx, sum])?[0];
-        // The label (for i64 labels, its low word, valid only if the high word is 0).
-        let mem = if wide_labels { Mem::B64 } else { Mem::B32 };
-        let la = c.address(label_base, r, mem);
-        let low = c.b.ld(Space::Global, Mem::B32, RegTy::I32, la);
-        let label = c.index_of(low);
-        let cn = c.n(classes);
-        let mut bad = c.b.setp(CmpTy::Unsigned, Cmp::Ge, label, cn);
-        if wide_labels {
-            let four = c.b.imm(RegTy::I64, 4);
-            let ha = c.b.ibin(IOp::Add, la, four);
-            let high = c.b.ld(Space::Global, Mem::B32, RegTy::I32, ha);
-            let zero = c.b.imm(RegTy::I32, 0);
-            let neg = c.b.setp(CmpTy::Unsigned, Cmp::Ne, high, zero);
-            // bad or neg, as a select of predicates' values.
-            let (one, none) = (c.b.imm(RegTy::I32, 1), zero);
-            let b1 = c.b.selp(one, none, bad);
-            let b2 = c.b.selp(one, b1, neg);
-            bad = c.b.setp(CmpTy::Unsigned, Cmp::Ne, b2, zero);
-        }
+        let (label, bad) = label_at(c, label_base, wide_labels, r, classes);
         let zero = c.n(0);
         let safe = c.b.selp(zero, label, bad);
         let e = c.b.ibin(IOp::Add, start, safe);
@@ -940,6 +922,129 @@ pub fn batch_norm_train(f: &Function, kd: &KernelData, name: String) -> Result<L
         Ok(())
     })?;
     Ok(c.finish(ch))
+}
+
+/// Label `r` of the `i32` (or, `wide`, `i64`) labels at `base`, as an index, and a predicate
+/// set where it is outside `0..classes` (an `i64` label is read as its low word, valid only if
+/// its high word is 0).
+fn label_at(c: &mut Ctx, base: Reg, wide: bool, r: Reg, classes: u64) -> (Reg, Reg) {
+    let mem = if wide { Mem::B64 } else { Mem::B32 };
+    let la = c.address(base, r, mem);
+    let low = c.b.ld(Space::Global, Mem::B32, RegTy::I32, la);
+    let label = c.index_of(low);
+    let cn = c.n(classes);
+    let mut bad = c.b.setp(CmpTy::Unsigned, Cmp::Ge, label, cn);
+    if wide {
+        let four = c.b.imm(RegTy::I64, 4);
+        let ha = c.b.ibin(IOp::Add, la, four);
+        let high = c.b.ld(Space::Global, Mem::B32, RegTy::I32, ha);
+        let zero = c.b.imm(RegTy::I32, 0);
+        let neg = c.b.setp(CmpTy::Unsigned, Cmp::Ne, high, zero);
+        // bad or neg, as a select of predicates' values.
+        let one = c.b.imm(RegTy::I32, 1);
+        let b1 = c.b.selp(one, zero, bad);
+        let b2 = c.b.selp(one, b1, neg);
+        bad = c.b.setp(CmpTy::Unsigned, Cmp::Ne, b2, zero);
+    }
+    (label, bad)
+}
+
+/// `softmax_cross_entropy_grad(logits [N, C], labels [N], dy [])` (f32 logits; i32 or i64
+/// labels), named `name`: a thread per row (grid-stride), its maximum and sum of
+/// `e^(x - max)` as the softmax kernels compute them, then each element `(softmax - onehot) *
+/// dy / N`; a row whose label is out of range is NaN (the CPU reports an error).
+pub fn cross_entropy_grad(f: &Function, kd: &KernelData, name: String) -> Result<Lowered, String> {
+    let d = f.op(kd.ops[0]);
+    let (x, labels, dy) = (d.args[0], d.args[1], d.args[2]);
+    let wide = match f.ty(labels).dtype() {
+        DType::I32 => false,
+        DType::I64 => true,
+        t => return Err(format!("labels of {t} have no GPU kernel")),
+    };
+    if [x, dy, d.results[0]]
+        .iter()
+        .any(|&v| f.ty(v).dtype() != DType::F32)
+    {
+        return Err("only f32 cross-entropy gradients have a GPU kernel".into());
+    }
+    let xd = f.ty(x).dims();
+    let (rows, classes) = (xd[0], xd[1]);
+    let param = |v: &Value| kd.inputs.iter().position(|q| q == v).expect("an input");
+    let n_in = kd.inputs.len();
+    let out = kd
+        .outputs
+        .iter()
+        .position(|&v| v == d.results[0])
+        .ok_or("the gradient is not stored")?;
+    let mut c = Ctx::new(
+        name,
+        (n_in + kd.outputs.len()) as u32,
+        BLOCK,
+        rows * classes,
+    );
+    let (xb, lb, db, ob) = (
+        c.bases[param(&x)],
+        c.bases[param(&labels)],
+        c.bases[param(&dy)],
+        c.bases[n_in + out],
+    );
+    let [max_step, sum_step, _] = crate::kernel::softmax_steps();
+    let exp_body = small_body(2, |b, a| {
+        let dd = b.sub(a[0], a[1]);
+        crate::kernel::math::exp(b, dd)
+    });
+    let neg_inf = c.b.imm(RegTy::F32, f32::NEG_INFINITY.to_bits() as u64);
+    let zero_f = c.b.imm(RegTy::F32, 0);
+    let one_f = c.b.imm(RegTy::F32, 1.0f32.to_bits() as u64);
+    let nan = c.b.imm(RegTy::F32, f32::NAN.to_bits() as u64);
+    let n_f = c.b.imm(RegTy::F32, (rows as f32).to_bits() as u64);
+    let dyv = c.b.ld(Space::Global, Mem::B32, RegTy::F32, db);
+    let scale = c.b.fbin(FOp::Div, dyv, n_f);
+    let at = |c: &mut Ctx, start: Reg, j: Reg| {
+        let e = c.b.ibin(IOp::Add, start, j);
+        let a = c.address(xb, e, Mem::B32);
+        (e, c.b.ld(Space::Global, Mem::B32, RegTy::F32, a))
+    };
+    c.grid_stride(rows, |c, r| {
+        let start = c.op_n(IOp::Mul, r, classes);
+        let (zero, one, cn) = (c.n(0), c.n(1), c.n(classes));
+        let fold = |c: &mut Ctx, acc: Reg, body: &Body, extra: &[Reg]| -> Result<(), String> {
+            let j = c.b.reg(c.it);
+            c.b.push(Inst::Mov(j, zero));
+            c.for_loop(j, cn, one, |c| {
+                let (_, v) = at(c, start, j);
+                let mut a = vec![acc, v];
+                a.extend_from_slice(extra);
+                let n = render(&mut c.b, body, &a)?[0];
+                c.b.push(Inst::Mov(acc, n));
+                Ok(())
+            })
+        };
+        let mx = c.b.reg(RegTy::F32);
+        c.b.push(Inst::Mov(mx, neg_inf));
+        fold(c, mx, &max_step, &[])?;
+        let sum = c.b.reg(RegTy::F32);
+        c.b.push(Inst::Mov(sum, zero_f));
+        fold(c, sum, &sum_step, &[mx])?;
+        let inv = c.b.fbin(FOp::Div, one_f, sum);
+        let (label, bad) = label_at(c, lb, wide, r, classes);
+        let j = c.b.reg(c.it);
+        c.b.push(Inst::Mov(j, zero));
+        c.for_loop(j, cn, one, |c| {
+            let (e, v) = at(c, start, j);
+            let t = render(&mut c.b, &exp_body, &[v, mx])?[0];
+            let p = c.b.fbin(FOp::Mul, t, inv);
+            let hot = c.b.setp(CmpTy::Unsigned, Cmp::Eq, j, label);
+            let pm = c.b.fbin(FOp::Sub, p, one_f);
+            let g = c.b.selp(pm, p, hot);
+            let y = c.b.fbin(FOp::Mul, g, scale);
+            let y = c.b.selp(nan, y, bad);
+            let a = c.address(ob, e, Mem::B32);
+            c.b.push(Inst::St(Space::Global, Mem::B32, a, y));
+            Ok(())
+        })
+    })?;
+    Ok(c.finish(rows.div_ceil(BLOCK as u64)))
 }
 
 /// The instructions of `body` over argument registers `args`; its result registers.

@@ -81,6 +81,11 @@ pub fn handles(f: &Function, kd: &KernelData) -> bool {
         }
         OpKind::BatchNorm { .. } => d.args.iter().all(|&v| float(v)),
         OpKind::SliceGrad { .. } => float(d.args[0]),
+        // Reductions over any axes (the kernel layer's take contiguous ones).
+        OpKind::Reduce { .. } => float(d.args[0]),
+        OpKind::MaxPool2dGrad(_) | OpKind::AvgPool2dGrad { .. } => {
+            d.args.iter().all(|&v| float(v)) && f.ty(d.results[0]).rank() == 4
+        }
         OpKind::ScatterAdd { .. } => {
             float(d.args[0])
                 && float(d.args[2])
@@ -300,6 +305,94 @@ pub fn lower(f: &Function, kd: &KernelData, name: String) -> Result<Lowered, Str
                 }
                 (c.load_where(base_of(c, args[0]), idx, &outside), Mem::B32)
             }
+            OpKind::Reduce { op, axes, .. } => {
+                // The output's coordinates are the kept axes'; the thread walks the reduced
+                // ones as one counter, in row-major order.
+                let x = args[0];
+                let xd = f.ty(x).dims();
+                let rank = xd.len();
+                let mut reduced = vec![false; rank];
+                for &a in axes {
+                    reduced[tcc_ir::ops::normalize_axis(a, rank).ok_or("a bad axis")?] = true;
+                }
+                let st = strides(xd);
+                let kept: Vec<u64> = (0..rank).filter(|&a| !reduced[a]).map(|a| xd[a]).collect();
+                let red: Vec<u64> = (0..rank).filter(|&a| reduced[a]).map(|a| xd[a]).collect();
+                let kw: Vec<i64> = (0..rank)
+                    .filter(|&a| !reduced[a])
+                    .map(|a| st[a] as i64)
+                    .collect();
+                let rw: Vec<i64> = (0..rank)
+                    .filter(|&a| reduced[a])
+                    .map(|a| st[a] as i64)
+                    .collect();
+                let at = coords(c, o, &kept);
+                let base = dot(c, &at, &kw, 0);
+                let l: u64 = red.iter().product();
+                let init = if *op == tcc_ir::ReduceOp::Max {
+                    f32::NEG_INFINITY
+                } else {
+                    0.0
+                };
+                let acc = c.b.reg(RegTy::F32);
+                let i0 = c.b.imm(RegTy::F32, init.to_bits() as u64);
+                c.b.push(Inst::Mov(acc, i0));
+                let step = small_body(2, |b, a| match op {
+                    tcc_ir::ReduceOp::Max => b.bin(expr::Bin::Max, a[0], a[1]),
+                    _ => b.add(a[0], a[1]),
+                });
+                let j = c.b.reg(c.it);
+                let (zero, one, ln) = (c.n(0), c.n(1), c.n(l));
+                c.b.push(Inst::Mov(j, zero));
+                let xb = base_of(c, x);
+                c.for_loop(j, ln, one, |c| {
+                    let rc = coords(c, j, &red);
+                    let off = dot(c, &rc, &rw, 0);
+                    let e = c.b.ibin(IOp::Add, base, off);
+                    let addr = c.address(xb, e, Mem::B32);
+                    let v = c.b.ld(Space::Global, Mem::B32, RegTy::F32, addr);
+                    let n = render(&mut c.b, &step, &[acc, v])?[0];
+                    c.b.push(Inst::Mov(acc, n));
+                    Ok(())
+                })?;
+                let r = if *op == tcc_ir::ReduceOp::Mean {
+                    let lf = c.b.imm(RegTy::F32, (l as f32).to_bits() as u64);
+                    c.b.fbin(FOp::Div, acc, lf)
+                } else {
+                    acc
+                };
+                (r, Mem::B32)
+            }
+            OpKind::MaxPool2dGrad(p) => {
+                let (x, dy) = (args[0], args[1]);
+                let g = pool_grad(
+                    c,
+                    (base_of(c, dy), f.ty(dy).dims()),
+                    Some(base_of(c, x)),
+                    &od,
+                    p,
+                    false,
+                    o,
+                )?;
+                (g, Mem::B32)
+            }
+            OpKind::AvgPool2dGrad {
+                pool: p,
+                count_include_pad,
+                ..
+            } => {
+                let dy = args[0];
+                let g = pool_grad(
+                    c,
+                    (base_of(c, dy), f.ty(dy).dims()),
+                    None,
+                    &od,
+                    p,
+                    *count_include_pad,
+                    o,
+                )?;
+                (g, Mem::B32)
+            }
             OpKind::ScatterAdd { axis } => {
                 // out[(outer, j, i)] = data[...] + the updates[(outer, k, i)] whose index k is j,
                 // in k's order (indices out of range add nothing).
@@ -453,6 +546,163 @@ fn index(c: &mut Ctx, base: Reg, d: DType, k: Reg, len: u64) -> (Reg, Reg) {
     }
     let j = c.index_of(j);
     (j, bad)
+}
+
+/// Element `o` (of the forward input's dims `xd`) of a pooling gradient: the sum, over the
+/// windows holding it in the forward op's order, of each window's `dy` (at `dy`, of dims
+/// `yd`): for max pooling (`x` given) where it is the window's first maximum (NaN counting
+/// as the largest), for average pooling divided by the window's divisor (its size with
+/// `include_pad`, else its positions inside the input).
+#[allow(clippy::too_many_arguments)]
+fn pool_grad(
+    c: &mut Ctx,
+    (dy, yd): (Reg, &[u64]),
+    x: Option<Reg>,
+    xd: &[u64],
+    p: &Pool2d,
+    include_pad: bool,
+    o: Reg,
+) -> Result<Reg, String> {
+    let (ch, h, w) = (xd[1], xd[2], xd[3]);
+    let (oh, ow) = (yd[2], yd[3]);
+    let (kh, kw) = (p.kernel[0], p.kernel[1]);
+    let (sh, sw) = (p.strides[0], p.strides[1]);
+    let (pt, pl) = (p.pads[0], p.pads[1]);
+    let at = coords(c, o, xd);
+    let (img, chan, iy, ix) = (at[0], at[1], at[2], at[3]);
+    let plane = {
+        let cn = c.n(ch);
+        let s = c.b.reg(c.it);
+        c.b.push(Inst::IMad(s, img, cn, chan));
+        s
+    };
+    let acc = c.b.reg(RegTy::F32);
+    let zero_f = c.b.imm(RegTy::F32, 0);
+    c.b.push(Inst::Mov(acc, zero_f));
+    let (zero, one) = (c.n(0), c.n(1));
+    // The output position of tap `k` (counted from the window's end, so that positions come
+    // in increasing order) along an axis, and whether there is one.
+    let back = |c: &mut Ctx, i: Reg, pad: u64, k: u64, a: Reg, s: u64, n: u64| {
+        let last = c.n(k - 1);
+        let tap = c.b.ibin(IOp::Sub, last, a);
+        let t = c.op_n(IOp::Add, i, pad);
+        let t = c.b.ibin(IOp::Sub, t, tap);
+        let q = c.op_n(IOp::DivU, t, s);
+        let r = c.op_n(IOp::RemU, t, s);
+        let lim = c.n(n * s);
+        let out = c.b.setp(CmpTy::Unsigned, Cmp::Ge, t, lim);
+        let z = c.n(0);
+        let off = c.b.setp(CmpTy::Unsigned, Cmp::Ne, r, z);
+        (q, out, off)
+    };
+    let (a, b) = (c.b.reg(c.it), c.b.reg(c.it));
+    let (khn, kwn) = (c.n(kh), c.n(kw));
+    c.b.push(Inst::Mov(a, zero));
+    c.for_loop(a, khn, one, |c| {
+        c.b.push(Inst::Mov(b, zero));
+        c.for_loop(b, kwn, one, |c| {
+            let (oy, out_y, off_y) = back(c, iy, pt, kh, a, sh, oh);
+            let (ox, out_x, off_x) = back(c, ix, pl, kw, b, sw, ow);
+            let skip = c.b.label();
+            for q in [out_y, off_y, out_x, off_x] {
+                c.b.push(Inst::Bra(skip, Some((q, true))));
+            }
+            let g = {
+                let ohn = c.n(oh);
+                let r = c.b.reg(c.it);
+                c.b.push(Inst::IMad(r, plane, ohn, oy));
+                let own = c.n(ow);
+                let e = c.b.reg(c.it);
+                c.b.push(Inst::IMad(e, r, own, ox));
+                let addr = c.address(dy, e, Mem::B32);
+                c.b.ld(Space::Global, Mem::B32, RegTy::F32, addr)
+            };
+            // The window's corner, wrapping below zero to values past the extent.
+            let y0 = {
+                let m = c.op_n(IOp::Mul, oy, sh);
+                c.op_n(IOp::Sub, m, pt)
+            };
+            let x0 = {
+                let m = c.op_n(IOp::Mul, ox, sw);
+                c.op_n(IOp::Sub, m, pl)
+            };
+            // A scan of the window's positions inside the input: their count, and (max) the
+            // first holding the maximum.
+            let count = c.b.reg(RegTy::F32);
+            c.b.push(Inst::Mov(count, zero_f));
+            let best_v = c.b.reg(RegTy::F32);
+            c.b.push(Inst::Mov(best_v, zero_f));
+            let best_i = c.b.reg(c.it);
+            let none = c.n(u32::MAX as u64);
+            c.b.push(Inst::Mov(best_i, none));
+            let (wy, wx) = (c.b.reg(c.it), c.b.reg(c.it));
+            let (hn, wn) = (c.n(h), c.n(w));
+            c.b.push(Inst::Mov(wy, zero));
+            c.for_loop(wy, khn, one, |c| {
+                c.b.push(Inst::Mov(wx, zero));
+                c.for_loop(wx, kwn, one, |c| {
+                    let yy = c.b.ibin(IOp::Add, y0, wy);
+                    let xx = c.b.ibin(IOp::Add, x0, wx);
+                    let inner = c.b.label();
+                    let oy_ = c.b.setp(CmpTy::Unsigned, Cmp::Ge, yy, hn);
+                    c.b.push(Inst::Bra(inner, Some((oy_, true))));
+                    let ox_ = c.b.setp(CmpTy::Unsigned, Cmp::Ge, xx, wn);
+                    c.b.push(Inst::Bra(inner, Some((ox_, true))));
+                    let onef = c.b.imm(RegTy::F32, 1.0f32.to_bits() as u64);
+                    let n1 = c.b.fbin(FOp::Add, count, onef);
+                    c.b.push(Inst::Mov(count, n1));
+                    if let Some(xb) = x {
+                        let r = c.b.reg(c.it);
+                        c.b.push(Inst::IMad(r, plane, hn, yy));
+                        let e = c.b.reg(c.it);
+                        c.b.push(Inst::IMad(e, r, wn, xx));
+                        let addr = c.address(xb, e, Mem::B32);
+                        let v = c.b.ld(Space::Global, Mem::B32, RegTy::F32, addr);
+                        // Take it if it is the first, larger, or NaN over a number.
+                        let first = c.b.setp(CmpTy::Unsigned, Cmp::Eq, best_i, none);
+                        let larger = c.b.setp(CmpTy::Float, Cmp::Gt, v, best_v);
+                        let v_nan = c.b.setp(CmpTy::Float, Cmp::Nan, v, v);
+                        let b_num = c.b.setp(CmpTy::Float, Cmp::Eq, best_v, best_v);
+                        let i1 = c.b.imm(RegTy::I32, 1);
+                        let i0 = c.b.imm(RegTy::I32, 0);
+                        let nan_wins = {
+                            let t = c.b.selp(i1, i0, v_nan);
+                            let t = c.b.selp(t, i0, b_num);
+                            c.b.setp(CmpTy::Unsigned, Cmp::Ne, t, i0)
+                        };
+                        let take = {
+                            let t = c.b.selp(i1, i0, first);
+                            let t = c.b.selp(i1, t, larger);
+                            let t = c.b.selp(i1, t, nan_wins);
+                            c.b.setp(CmpTy::Unsigned, Cmp::Ne, t, i0)
+                        };
+                        let nv = c.b.selp(v, best_v, take);
+                        c.b.push(Inst::Mov(best_v, nv));
+                        let ni = c.b.selp(e, best_i, take);
+                        c.b.push(Inst::Mov(best_i, ni));
+                    }
+                    c.b.place(inner);
+                    Ok(())
+                })
+            })?;
+            let add = match x {
+                Some(_) => {
+                    let mine = c.b.setp(CmpTy::Unsigned, Cmp::Eq, best_i, o);
+                    c.b.selp(g, zero_f, mine)
+                }
+                None if include_pad => {
+                    let k = c.b.imm(RegTy::F32, ((kh * kw) as f32).to_bits() as u64);
+                    c.b.fbin(FOp::Div, g, k)
+                }
+                None => c.b.fbin(FOp::Div, g, count),
+            };
+            let n = c.b.fbin(FOp::Add, acc, add);
+            c.b.push(Inst::Mov(acc, n));
+            c.b.place(skip);
+            Ok(())
+        })
+    })?;
+    Ok(acc)
 }
 
 /// `v` clamped to `[lo, hi]` (signed 32-bit).
