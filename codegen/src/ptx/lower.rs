@@ -924,6 +924,92 @@ pub fn batch_norm_train(f: &Function, kd: &KernelData, name: String) -> Result<L
     Ok(c.finish(ch))
 }
 
+/// A softmax (or log-softmax) alone over an axis that is not the last (f32), named `name`: a
+/// thread per row, the row's elements `inner` apart (the input as `[outer, len, inner]`), in
+/// the row kernel's three passes with its bodies.
+pub fn row_strided(f: &Function, kd: &KernelData, name: String) -> Result<Lowered, String> {
+    let op = kd.ops[0];
+    let d = f.op(op);
+    let (OpKind::Softmax { axis } | OpKind::LogSoftmax { axis }) = d.kind else {
+        return Err("not a softmax".into());
+    };
+    if f.ty(d.args[0]).dtype() != DType::F32 || kd.inputs != [d.args[0]] {
+        return Err("only an f32 softmax alone has a strided GPU kernel".into());
+    }
+    let dims = f.ty(d.args[0]).dims().to_vec();
+    let a = tcc_ir::ops::normalize_axis(axis, dims.len()).ok_or("a bad axis")?;
+    let len = dims[a];
+    let inner: u64 = dims[a + 1..].iter().product();
+    let rows = dims.iter().product::<u64>() / len.max(1);
+    let crate::kernel::RowBodies {
+        input,
+        max_step,
+        sum_step,
+        row_consts,
+        output,
+        ..
+    } = crate::kernel::row_bodies(f, kd, &RowShape { root: op, len });
+    let n_in = kd.inputs.len();
+    let mut c = Ctx::new(
+        name,
+        (n_in + kd.outputs.len()) as u32,
+        BLOCK,
+        dims.iter().product(),
+    );
+    let ops = c.operands(f, Lane::F32, &kd.inputs, &[0], &dims)?;
+    let neg_inf = c.b.imm(RegTy::F32, f32::NEG_INFINITY.to_bits() as u64);
+    let zero_f = c.b.imm(RegTy::F32, 0);
+    c.grid_stride(rows, |c, r| {
+        // Row r = (o, i): its first element (o * len) * inner + i, then every inner-th.
+        let o = c.op_n(IOp::DivU, r, inner);
+        let i = c.op_n(IOp::RemU, r, inner);
+        let start = {
+            let s = c.b.reg(c.it);
+            let ln = c.n(len * inner);
+            c.b.push(Inst::IMad(s, o, ln, i));
+            s
+        };
+        let (zero, one, ln) = (c.n(0), c.n(1), c.n(len));
+        let at = |c: &mut Ctx, j: Reg| {
+            let inn = c.n(inner);
+            let e = c.b.reg(c.it);
+            c.b.push(Inst::IMad(e, j, inn, start));
+            e
+        };
+        let fold = |c: &mut Ctx, acc: Reg, body: &Body, extra: &[Reg]| -> Result<(), String> {
+            let j = c.b.reg(c.it);
+            c.b.push(Inst::Mov(j, zero));
+            c.for_loop(j, ln, one, |c| {
+                let e = at(c, j);
+                let args = c.load(&ops, e);
+                let x = render(&mut c.b, &input, &args)?[0];
+                let mut a = vec![acc, x];
+                a.extend_from_slice(extra);
+                let n = render(&mut c.b, body, &a)?[0];
+                c.b.push(Inst::Mov(acc, n));
+                Ok(())
+            })
+        };
+        let mx = c.b.reg(RegTy::F32);
+        c.b.push(Inst::Mov(mx, neg_inf));
+        fold(c, mx, &max_step, &[])?;
+        let sum = c.b.reg(RegTy::F32);
+        c.b.push(Inst::Mov(sum, zero_f));
+        fold(c, sum, &sum_step, &[mx])?;
+        let k = render(&mut c.b, &row_consts, &[mx, sum])?;
+        let j = c.b.reg(c.it);
+        c.b.push(Inst::Mov(j, zero));
+        c.for_loop(j, ln, one, |c| {
+            let e = at(c, j);
+            let mut args = c.load(&ops, e);
+            args.extend([mx, k[0], k[1]]);
+            let outs = render(&mut c.b, &output, &args)?;
+            c.store(f, &output, &outs, &kd.outputs, n_in, e)
+        })
+    })?;
+    Ok(c.finish(rows.div_ceil(BLOCK as u64)))
+}
+
 /// Label `r` of the `i32` (or, `wide`, `i64`) labels at `base`, as an index, and a predicate
 /// set where it is outside `0..classes` (an `i64` label is read as its low word, valid only if
 /// its high word is 0).

@@ -364,6 +364,9 @@ impl Backend for Ptx {
                     lower::pow(f, kd, name)
                 }
                 None if cross_entropy_in_form(f, kd) => lower::cross_entropy(f, kd, name),
+                None if matches!(kd.ops[..], [op] if matches!(f.op(op).kind, OpKind::Softmax { .. } | OpKind::LogSoftmax { .. })) => {
+                    lower::row_strided(f, kd, name)
+                }
                 None if matches!(kd.ops[..], [op] if matches!(f.op(op).kind, OpKind::SoftmaxCrossEntropyGrad)) => {
                     lower::cross_entropy_grad(f, kd, name)
                 }
