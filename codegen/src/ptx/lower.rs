@@ -1010,6 +1010,147 @@ pub fn row_strided(f: &Function, kd: &KernelData, name: String) -> Result<Lowere
     Ok(c.finish(rows.div_ceil(BLOCK as u64)))
 }
 
+/// `top_k` (f32 values; `i64` indices), named `name`: a thread per line along the axis
+/// (grid-stride over the `[outer, inner]` lines), which finds the `k` elements in order in `k`
+/// scans, each taking the first element (by index, among ties) that comes after the one
+/// before in the op's order: by value, larger first (or smaller), NaN above every number,
+/// ties by index.
+pub fn top_k(f: &Function, kd: &KernelData, name: String) -> Result<Lowered, String> {
+    let d = f.op(kd.ops[0]);
+    let OpKind::TopK { k, axis, largest } = d.kind else {
+        return Err("not a top_k".into());
+    };
+    let x = d.args[0];
+    if f.ty(x).dtype() != DType::F32 {
+        return Err("only f32 top_k has a GPU kernel".into());
+    }
+    let dims = f.ty(x).dims().to_vec();
+    let a = tcc_ir::ops::normalize_axis(axis, dims.len()).ok_or("a bad axis")?;
+    let len = dims[a];
+    let inner: u64 = dims[a + 1..].iter().product();
+    let outer: u64 = dims[..a].iter().product();
+    let n_in = kd.inputs.len();
+    let out = |v: Value| kd.outputs.iter().position(|&o| o == v).map(|i| n_in + i);
+    let (vals_at, idx_at) = (out(d.results[0]), out(d.results[1]));
+    let mut c = Ctx::new(
+        name,
+        (n_in + kd.outputs.len()) as u32,
+        BLOCK,
+        dims.iter().product::<u64>().max(outer * k * inner),
+    );
+    let xb = c.bases[kd.inputs.iter().position(|&v| v == x).expect("an input")];
+    let (vb, ib) = (vals_at.map(|j| c.bases[j]), idx_at.map(|j| c.bases[j]));
+    let (i0, i1) = (c.b.imm(RegTy::I32, 0), c.b.imm(RegTy::I32, 1));
+    // Flags as 0 or 1 in 32-bit registers, to combine predicates.
+    let flag = |c: &mut Ctx, p: Reg| c.b.selp(i1, i0, p);
+    let truth = |c: &mut Ctx, f: Reg| c.b.setp(CmpTy::Unsigned, Cmp::Ne, f, i0);
+    // Whether `u` comes strictly before `v` by value.
+    let before = |c: &mut Ctx, u: Reg, v: Reg| -> Reg {
+        let order = if largest { Cmp::Gt } else { Cmp::Lt };
+        let plain = c.b.setp(CmpTy::Float, order, u, v);
+        let u_nan = c.b.setp(CmpTy::Float, Cmp::Nan, u, u);
+        let v_nan = c.b.setp(CmpTy::Float, Cmp::Nan, v, v);
+        let (fu, fv, fp) = (flag(c, u_nan), flag(c, v_nan), flag(c, plain));
+        // Largest: u NaN and v not; smallest: v NaN and u not.
+        let (nan_side, num_side) = if largest { (fu, fv) } else { (fv, fu) };
+        let not_other = c.b.ibin(IOp::Sub, i1, num_side);
+        let by_nan = c.b.ibin(IOp::And, nan_side, not_other);
+        let r = c.b.ibin(IOp::Or, by_nan, fp);
+        truth(c, r)
+    };
+    let tie = |c: &mut Ctx, u: Reg, v: Reg| -> Reg {
+        let eq = c.b.setp(CmpTy::Float, Cmp::Eq, u, v);
+        let u_nan = c.b.setp(CmpTy::Float, Cmp::Nan, u, u);
+        let v_nan = c.b.setp(CmpTy::Float, Cmp::Nan, v, v);
+        let (fe, fu, fv) = (flag(c, eq), flag(c, u_nan), flag(c, v_nan));
+        let both = c.b.ibin(IOp::And, fu, fv);
+        let r = c.b.ibin(IOp::Or, fe, both);
+        truth(c, r)
+    };
+    c.grid_stride(outer * inner, |c, line| {
+        let o = c.op_n(IOp::DivU, line, inner);
+        let i = c.op_n(IOp::RemU, line, inner);
+        let (zero, one) = (c.n(0), c.n(1));
+        let (kn, ln) = (c.n(k), c.n(len));
+        let (prev_v, prev_j) = (c.b.reg(RegTy::F32), c.b.reg(c.it));
+        let r = c.b.reg(c.it);
+        c.b.push(Inst::Mov(r, zero));
+        c.for_loop(r, kn, one, |c| {
+            let (cur_v, cur_j) = (c.b.reg(RegTy::F32), c.b.reg(c.it));
+            let none = c.n(u32::MAX as u64);
+            c.b.push(Inst::Mov(cur_j, none));
+            c.b.push(Inst::Mov(cur_v, prev_v));
+            let j = c.b.reg(c.it);
+            c.b.push(Inst::Mov(j, zero));
+            c.for_loop(j, ln, one, |c| {
+                let e = {
+                    let ol = c.op_n(IOp::Mul, o, len);
+                    let row = c.b.ibin(IOp::Add, ol, j);
+                    let inn = c.n(inner);
+                    let s = c.b.reg(c.it);
+                    c.b.push(Inst::IMad(s, row, inn, i));
+                    s
+                };
+                let addr = c.address(xb, e, Mem::B32);
+                let v = c.b.ld(Space::Global, Mem::B32, RegTy::F32, addr);
+                // A candidate: the first scan takes any element; later ones those after the
+                // previous pick.
+                let first_scan = c.b.setp(CmpTy::Unsigned, Cmp::Eq, r, zero);
+                let after_v = before(c, prev_v, v);
+                let same = tie(c, prev_v, v);
+                let later = c.b.setp(CmpTy::Unsigned, Cmp::Gt, j, prev_j);
+                let (fa, fs, fl, ff) = (
+                    flag(c, after_v),
+                    flag(c, same),
+                    flag(c, later),
+                    flag(c, first_scan),
+                );
+                let tie_after = c.b.ibin(IOp::And, fs, fl);
+                let cand = c.b.ibin(IOp::Or, fa, tie_after);
+                let cand = c.b.ibin(IOp::Or, cand, ff);
+                // Better than the current pick (none yet, or strictly before it by value).
+                let unset = c.b.setp(CmpTy::Unsigned, Cmp::Eq, cur_j, none);
+                let ahead = before(c, v, cur_v);
+                let (fu, fh) = (flag(c, unset), flag(c, ahead));
+                let better = c.b.ibin(IOp::Or, fu, fh);
+                let take = c.b.ibin(IOp::And, cand, better);
+                let take = truth(c, take);
+                let nv = c.b.selp(v, cur_v, take);
+                c.b.push(Inst::Mov(cur_v, nv));
+                let nj = c.b.selp(j, cur_j, take);
+                c.b.push(Inst::Mov(cur_j, nj));
+                Ok(())
+            })?;
+            // Output (o, r, i).
+            let e = {
+                let ok = c.op_n(IOp::Mul, o, k);
+                let row = c.b.ibin(IOp::Add, ok, r);
+                let inn = c.n(inner);
+                let s = c.b.reg(c.it);
+                c.b.push(Inst::IMad(s, row, inn, i));
+                s
+            };
+            if let Some(vb) = vb {
+                let a = c.address(vb, e, Mem::B32);
+                c.b.push(Inst::St(Space::Global, Mem::B32, a, cur_v));
+            }
+            if let Some(ib) = ib {
+                let wide = if c.it == RegTy::I32 {
+                    c.b.cvt(Cvt::U32ToU64, RegTy::I64, cur_j)
+                } else {
+                    cur_j
+                };
+                let a = c.address(ib, e, Mem::B64);
+                c.b.push(Inst::St(Space::Global, Mem::B64, a, wide));
+            }
+            c.b.push(Inst::Mov(prev_v, cur_v));
+            c.b.push(Inst::Mov(prev_j, cur_j));
+            Ok(())
+        })
+    })?;
+    Ok(c.finish((outer * inner).div_ceil(BLOCK as u64)))
+}
+
 /// Label `r` of the `i32` (or, `wide`, `i64`) labels at `base`, as an index, and a predicate
 /// set where it is outside `0..classes` (an `i64` label is read as its low word, valid only if
 /// its high word is 0).

@@ -367,6 +367,9 @@ impl Backend for Ptx {
                 None if matches!(kd.ops[..], [op] if matches!(f.op(op).kind, OpKind::Softmax { .. } | OpKind::LogSoftmax { .. })) => {
                     lower::row_strided(f, kd, name)
                 }
+                None if matches!(kd.ops[..], [op] if matches!(f.op(op).kind, OpKind::TopK { .. })) => {
+                    lower::top_k(f, kd, name)
+                }
                 None if matches!(kd.ops[..], [op] if matches!(f.op(op).kind, OpKind::SoftmaxCrossEntropyGrad)) => {
                     lower::cross_entropy_grad(f, kd, name)
                 }
