@@ -575,6 +575,49 @@ pub fn reduction(
     Ok(c.finish(outputs))
 }
 
+/// A row's maximum and its sum of `e^(x - max)` by the softmax steps, over the row's elements
+/// `x = value(c, j)` for `j = j0, j0 + step, ...` below `len` (a thread's share; with `team`,
+/// the block's shares combined in shared memory, every thread getting the totals).
+fn max_and_sum(
+    c: &mut Ctx,
+    len: u64,
+    (j0, step): (Reg, Reg),
+    value: &dyn Fn(&mut Ctx, Reg) -> Result<Reg, String>,
+    team: Option<&Team>,
+) -> Result<(Reg, Reg), String> {
+    let [max_step, sum_step, add] = crate::kernel::softmax_steps();
+    let fold = |c: &mut Ctx, acc: Reg, body: &Body, extra: &[Reg]| -> Result<(), String> {
+        let j = c.b.reg(c.it);
+        c.b.push(Inst::Mov(j, j0));
+        let ln = c.n(len);
+        c.for_loop(j, ln, step, |c| {
+            let x = value(c, j)?;
+            let mut a = vec![acc, x];
+            a.extend_from_slice(extra);
+            let n = render(&mut c.b, body, &a)?[0];
+            c.b.push(Inst::Mov(acc, n));
+            Ok(())
+        })
+    };
+    let mx = c.b.reg(RegTy::F32);
+    let neg_inf = c.b.imm(RegTy::F32, f32::NEG_INFINITY.to_bits() as u64);
+    c.b.push(Inst::Mov(mx, neg_inf));
+    fold(c, mx, &max_step, &[])?;
+    let mx = match team {
+        Some(t) => c.combine(t, mx, &max_step)?,
+        None => mx,
+    };
+    let sum = c.b.reg(RegTy::F32);
+    let zero = c.b.imm(RegTy::F32, 0);
+    c.b.push(Inst::Mov(sum, zero));
+    fold(c, sum, &sum_step, &[mx])?;
+    let sum = match team {
+        Some(t) => c.combine(t, sum, &add)?,
+        None => sum,
+    };
+    Ok((mx, sum))
+}
+
 /// Softmax (or log-softmax) row kernel `kd` of `f` (shape `row`: the last axis, `len` long,
 /// with the prologue and epilogue the plan fused), in `f32`, named `name`, in the CPU's three
 /// passes over each row: its maximum, the sum of `exp(x - max)`, then each element normalised
@@ -587,11 +630,9 @@ pub fn row(f: &Function, kd: &KernelData, row: &RowShape, name: String) -> Resul
     let rows = dims.iter().product::<u64>() / len;
     let crate::kernel::RowBodies {
         input,
-        max_step,
-        sum_step,
-        add,
         row_consts,
         output,
+        ..
     } = crate::kernel::row_bodies(f, kd, row);
     let n_in = kd.inputs.len();
     let mut c = Ctx::new(
@@ -602,58 +643,32 @@ pub fn row(f: &Function, kd: &KernelData, row: &RowShape, name: String) -> Resul
     );
     let params: Vec<usize> = (0..n_in).collect();
     let ops = c.operands(f, Lane::F32, &kd.inputs, &params, &dims)?;
-    let neg_inf = c.b.imm(RegTy::F32, f32::NEG_INFINITY.to_bits() as u64);
-    let zero_f = c.b.imm(RegTy::F32, 0);
-    // For j = `j0`, `j0 + step`, ... below len: `acc = body(acc, input at row + j, extra...)`.
-    let fold = |c: &mut Ctx,
-                acc: Reg,
-                start: Reg,
-                (j0, jstep): (Reg, Reg),
-                body: &Body,
-                extra: &[Reg]|
-     -> Result<(), String> {
-        let j = c.b.reg(c.it);
-        c.b.push(Inst::Mov(j, j0));
-        let ln = c.n(len);
-        c.for_loop(j, ln, jstep, |c| {
+    // The three passes over the row starting at `start`, `j` running over `js`.
+    let passes = |c: &mut Ctx, start: Reg, js: (Reg, Reg), team: Option<&Team>| {
+        let value = |c: &mut Ctx, j: Reg| -> Result<Reg, String> {
             let e = c.b.ibin(IOp::Add, start, j);
             let args = c.load(&ops, e);
-            let x = render(&mut c.b, &input, &args)?[0];
-            let mut a = vec![acc, x];
-            a.extend_from_slice(extra);
-            let n = render(&mut c.b, body, &a)?[0];
-            c.b.push(Inst::Mov(acc, n));
-            Ok(())
-        })
-    };
-    // The last pass: each element normalised, the epilogue, the stores.
-    let write = |c: &mut Ctx, start: Reg, (j0, jstep): (Reg, Reg), r: [Reg; 3]| {
+            Ok(render(&mut c.b, &input, &args)?[0])
+        };
+        let (mx, sum) = max_and_sum(c, len, js, &value, team)?;
+        let k = render(&mut c.b, &row_consts, &[mx, sum])?;
+        // Each element normalised, the epilogue, the stores.
         let j = c.b.reg(c.it);
-        c.b.push(Inst::Mov(j, j0));
+        c.b.push(Inst::Mov(j, js.0));
         let ln = c.n(len);
-        c.for_loop(j, ln, jstep, |c| {
+        c.for_loop(j, ln, js.1, |c| {
             let e = c.b.ibin(IOp::Add, start, j);
             let mut args = c.load(&ops, e);
-            args.extend(r);
+            args.extend([mx, k[0], k[1]]);
             let outs = render(&mut c.b, &output, &args)?;
             c.store(f, &output, &outs, &kd.outputs, n_in, e)
         })
-    };
-    let fresh = |c: &mut Ctx, from: Reg| {
-        let r = c.b.reg(RegTy::F32);
-        c.b.push(Inst::Mov(r, from));
-        r
     };
     if len < THREAD_PER_OUTPUT_BELOW {
         c.grid_stride(rows, |c, r| {
             let start = c.op_n(IOp::Mul, r, len);
             let whole = (c.n(0), c.n(1));
-            let mx = fresh(c, neg_inf);
-            fold(c, mx, start, whole, &max_step, &[])?;
-            let sum = fresh(c, zero_f);
-            fold(c, sum, start, whole, &sum_step, &[mx])?;
-            let k = render(&mut c.b, &row_consts, &[mx, sum])?;
-            write(c, start, whole, [mx, k[0], k[1]])
+            passes(c, start, whole, None)
         })?;
         return Ok(c.finish(rows.div_ceil(BLOCK as u64)));
     }
@@ -666,14 +681,7 @@ pub fn row(f: &Function, kd: &KernelData, row: &RowShape, name: String) -> Resul
     let count = c.n(rows);
     c.for_loop(r, count, rstep, |c| {
         let start = c.op_n(IOp::Mul, r, len);
-        let mx = fresh(c, neg_inf);
-        fold(c, mx, start, strided, &max_step, &[])?;
-        let mx = c.combine(&team, mx, &max_step)?;
-        let sum = fresh(c, zero_f);
-        fold(c, sum, start, strided, &sum_step, &[mx])?;
-        let sum = c.combine(&team, sum, &add)?;
-        let k = render(&mut c.b, &row_consts, &[mx, sum])?;
-        write(c, start, strided, [mx, k[0], k[1]])
+        passes(c, start, strided, Some(&team))
     })?;
     Ok(c.finish(rows))
 }
@@ -704,7 +712,7 @@ pub fn cross_entropy(f: &Function, kd: &KernelData, name: String) -> Result<Lowe
     let pro_in: Vec<Value> = pro_in.into_iter().filter(|&v| v != labels).collect();
     let param = |v: &Value| kd.inputs.iter().position(|x| x == v).expect("an input");
     let input = body_of(Lane::F32, f, &pro_in, 0, pro, |_, _, _| {}, &[x_in]);
-    let [max_step, sum_step, add] = crate::kernel::softmax_steps();
+    let [_, _, add] = crate::kernel::softmax_steps();
     let lse = small_body(2, |b, a| {
         let l = log(b, a[1]);
         b.add(a[0], l)
@@ -747,27 +755,12 @@ pub fn cross_entropy(f: &Function, kd: &KernelData, name: String) -> Result<Lowe
     let count = c.n(rows);
     c.for_loop(r, count, rstep, |c| {
         let start = c.op_n(IOp::Mul, r, classes);
-        let fold = |c: &mut Ctx, acc: Reg, body: &Body, extra: &[Reg]| -> Result<(), String> {
-            let j = c.b.reg(c.it);
-            let (zero, one, cn) = (c.n(0), c.n(1), c.n(classes));
-            c.b.push(Inst::Mov(j, zero));
-            c.for_loop(j, cn, one, |c| {
-                let e = c.b.ibin(IOp::Add, start, j);
-                let x = value_at(c, e)?;
-                let mut a = vec![acc, x];
-                a.extend_from_slice(extra);
-                let n = render(&mut c.b, body, &a)?[0];
-                c.b.push(Inst::Mov(acc, n));
-                Ok(())
-            })
+        let value = |c: &mut Ctx, j: Reg| -> Result<Reg, String> {
+            let e = c.b.ibin(IOp::Add, start, j);
+            value_at(c, e)
         };
-        let mx = c.b.reg(RegTy::F32);
-        let neg_inf = f32c(c, f32::NEG_INFINITY);
-        c.b.push(Inst::Mov(mx, neg_inf));
-        fold(c, mx, &max_step, &[])?;
-        let sum = c.b.reg(RegTy::F32);
-        c.b.push(Inst::Mov(sum, zero_f));
-        fold(c, sum, &sum_step, &[mx])?;
+        let whole = (c.n(0), c.n(1));
+        let (mx, sum) = max_and_sum(c, classes, whole, &value, None)?;
         let l = render(&mut c.b, &lse, &[mx, sum])?[0];
         let (label, bad) = label_at(c, label_base, wide_labels, r, classes);
         let zero = c.n(0);
@@ -943,8 +936,6 @@ pub fn row_strided(f: &Function, kd: &KernelData, name: String) -> Result<Lowere
     let rows = dims.iter().product::<u64>() / len.max(1);
     let crate::kernel::RowBodies {
         input,
-        max_step,
-        sum_step,
         row_consts,
         output,
         ..
@@ -957,8 +948,6 @@ pub fn row_strided(f: &Function, kd: &KernelData, name: String) -> Result<Lowere
         dims.iter().product(),
     );
     let ops = c.operands(f, Lane::F32, &kd.inputs, &[0], &dims)?;
-    let neg_inf = c.b.imm(RegTy::F32, f32::NEG_INFINITY.to_bits() as u64);
-    let zero_f = c.b.imm(RegTy::F32, 0);
     c.grid_stride(rows, |c, r| {
         // Row r = (o, i): its first element (o * len) * inner + i, then every inner-th.
         let o = c.op_n(IOp::DivU, r, inner);
@@ -976,26 +965,12 @@ pub fn row_strided(f: &Function, kd: &KernelData, name: String) -> Result<Lowere
             c.b.push(Inst::IMad(e, j, inn, start));
             e
         };
-        let fold = |c: &mut Ctx, acc: Reg, body: &Body, extra: &[Reg]| -> Result<(), String> {
-            let j = c.b.reg(c.it);
-            c.b.push(Inst::Mov(j, zero));
-            c.for_loop(j, ln, one, |c| {
-                let e = at(c, j);
-                let args = c.load(&ops, e);
-                let x = render(&mut c.b, &input, &args)?[0];
-                let mut a = vec![acc, x];
-                a.extend_from_slice(extra);
-                let n = render(&mut c.b, body, &a)?[0];
-                c.b.push(Inst::Mov(acc, n));
-                Ok(())
-            })
+        let value = |c: &mut Ctx, j: Reg| -> Result<Reg, String> {
+            let e = at(c, j);
+            let args = c.load(&ops, e);
+            Ok(render(&mut c.b, &input, &args)?[0])
         };
-        let mx = c.b.reg(RegTy::F32);
-        c.b.push(Inst::Mov(mx, neg_inf));
-        fold(c, mx, &max_step, &[])?;
-        let sum = c.b.reg(RegTy::F32);
-        c.b.push(Inst::Mov(sum, zero_f));
-        fold(c, sum, &sum_step, &[mx])?;
+        let (mx, sum) = max_and_sum(c, len, (zero, one), &value, None)?;
         let k = render(&mut c.b, &row_consts, &[mx, sum])?;
         let j = c.b.reg(c.it);
         c.b.push(Inst::Mov(j, zero));
@@ -1215,13 +1190,10 @@ pub fn cross_entropy_grad(f: &Function, kd: &KernelData, name: String) -> Result
         c.bases[param(&dy)],
         c.bases[n_in + out],
     );
-    let [max_step, sum_step, _] = crate::kernel::softmax_steps();
     let exp_body = small_body(2, |b, a| {
         let dd = b.sub(a[0], a[1]);
         crate::kernel::math::exp(b, dd)
     });
-    let neg_inf = c.b.imm(RegTy::F32, f32::NEG_INFINITY.to_bits() as u64);
-    let zero_f = c.b.imm(RegTy::F32, 0);
     let one_f = c.b.imm(RegTy::F32, 1.0f32.to_bits() as u64);
     let nan = c.b.imm(RegTy::F32, f32::NAN.to_bits() as u64);
     let n_f = c.b.imm(RegTy::F32, (rows as f32).to_bits() as u64);
@@ -1235,24 +1207,8 @@ pub fn cross_entropy_grad(f: &Function, kd: &KernelData, name: String) -> Result
     c.grid_stride(rows, |c, r| {
         let start = c.op_n(IOp::Mul, r, classes);
         let (zero, one, cn) = (c.n(0), c.n(1), c.n(classes));
-        let fold = |c: &mut Ctx, acc: Reg, body: &Body, extra: &[Reg]| -> Result<(), String> {
-            let j = c.b.reg(c.it);
-            c.b.push(Inst::Mov(j, zero));
-            c.for_loop(j, cn, one, |c| {
-                let (_, v) = at(c, start, j);
-                let mut a = vec![acc, v];
-                a.extend_from_slice(extra);
-                let n = render(&mut c.b, body, &a)?[0];
-                c.b.push(Inst::Mov(acc, n));
-                Ok(())
-            })
-        };
-        let mx = c.b.reg(RegTy::F32);
-        c.b.push(Inst::Mov(mx, neg_inf));
-        fold(c, mx, &max_step, &[])?;
-        let sum = c.b.reg(RegTy::F32);
-        c.b.push(Inst::Mov(sum, zero_f));
-        fold(c, sum, &sum_step, &[mx])?;
+        let value = |c: &mut Ctx, j: Reg| -> Result<Reg, String> { Ok(at(c, start, j).1) };
+        let (mx, sum) = max_and_sum(c, classes, (zero, one), &value, None)?;
         let inv = c.b.fbin(FOp::Div, one_f, sum);
         let (label, bad) = label_at(c, lb, wide, r, classes);
         let j = c.b.reg(c.it);
