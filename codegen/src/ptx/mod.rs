@@ -9,19 +9,22 @@
 //! kernel's grid, block, shared memory and the storage of each of its parameters.
 //!
 //! So far elementwise kernels, reductions, softmax rows, cross-entropy, matmuls,
-//! convolutions, pooling, casts and data movement are lowered ([`lower`], [`gemm`],
-//! [`movement`]); a function with any other kernel is a compile error naming the op. [`Ptx`]
+//! convolutions, pooling, casts and data movement are lowered ([`elementwise`], [`reduce`],
+//! [`rows`], [`gemm`], [`movement`], on the context of [`lower`]); a function with any other kernel is a compile error naming the op. [`Ptx`]
 //! is a [`Backend`]: `compile` makes a [`Module`] and `run` runs it in the emulator, so every
 //! test of a backend applies to it.
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod elementwise;
 pub mod emu;
 pub mod gemm;
 pub mod lower;
 pub mod movement;
 pub mod print;
 pub mod prog;
+pub mod reduce;
+pub mod rows;
 
 use crate::backend::{Backend, CompileError, RunError};
 use crate::kernel::{Shape, shape};
@@ -339,9 +342,9 @@ impl Backend for Ptx {
             }
             let name = identifier(&format!("{}_{k}", f.name));
             let low = match shape(f, kd) {
-                Some(Shape::Elementwise(lane)) => lower::elementwise(f, kd, lane, name),
-                Some(Shape::Reduction(red)) => lower::reduction(f, kd, &red, name),
-                Some(Shape::Row(row)) => lower::row(f, kd, &row, name),
+                Some(Shape::Elementwise(lane)) => elementwise::elementwise(f, kd, lane, name),
+                Some(Shape::Reduction(red)) => reduce::reduction(f, kd, &red, name),
+                Some(Shape::Row(row)) => rows::row(f, kd, &row, name),
                 None if matches!(kd.kind, KernelKind::Library { root } if matches!(f.op(root).kind, OpKind::MatMul))
                     && epilogue_in_form(f, kd) =>
                 {
@@ -361,20 +364,20 @@ impl Backend for Ptx {
                 }
                 None if movement::handles(f, kd) => movement::lower(f, kd, name),
                 None if matches!(kd.ops[..], [op] if matches!(f.op(op).kind, OpKind::Binary(tcc_ir::BinaryOp::Pow))) => {
-                    lower::pow(f, kd, name)
+                    elementwise::pow(f, kd, name)
                 }
-                None if cross_entropy_in_form(f, kd) => lower::cross_entropy(f, kd, name),
+                None if cross_entropy_in_form(f, kd) => rows::cross_entropy(f, kd, name),
                 None if matches!(kd.ops[..], [op] if matches!(f.op(op).kind, OpKind::Softmax { .. } | OpKind::LogSoftmax { .. })) => {
-                    lower::row_strided(f, kd, name)
+                    rows::row_strided(f, kd, name)
                 }
                 None if matches!(kd.ops[..], [op] if matches!(f.op(op).kind, OpKind::TopK { .. })) => {
-                    lower::top_k(f, kd, name)
+                    rows::top_k(f, kd, name)
                 }
                 None if matches!(kd.ops[..], [op] if matches!(f.op(op).kind, OpKind::SoftmaxCrossEntropyGrad)) => {
-                    lower::cross_entropy_grad(f, kd, name)
+                    rows::cross_entropy_grad(f, kd, name)
                 }
                 None if matches!(kd.ops[..], [op] if matches!(f.op(op).kind, OpKind::BatchNormTrain { .. })) => {
-                    lower::batch_norm_train(f, kd, name)
+                    reduce::batch_norm_train(f, kd, name)
                 }
                 _ => return Err(unsupported(f, kd)),
             }
