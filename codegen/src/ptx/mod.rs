@@ -8,23 +8,24 @@
 //! caller's parameters, constants and output buffers; the [`Launch`] manifest gives each
 //! kernel's grid, block, shared memory and the storage of each of its parameters.
 //!
-//! So far elementwise kernels, reductions, softmax rows, cross-entropy, matmuls,
-//! convolutions, pooling, casts and data movement are lowered ([`elementwise`], [`reduce`],
-//! [`rows`], [`gemm`], [`movement`], on the context of [`lower`]); a function with any other kernel is a compile error naming the op. [`Ptx`]
-//! is a [`Backend`]: `compile` makes a [`Module`] and `run` runs it in the emulator, so every
-//! test of a backend applies to it.
+//! The kernels are lowered in `elementwise.rs`, `reduce.rs`, `rows.rs` (softmax rows,
+//! cross-entropy, `top_k`), `gemm.rs` (matmuls, convolutions and their gradients) and
+//! `movement.rs` (data movement, casts, pooling and the one-op kernels), all on the context of
+//! `lower.rs`; a function with a kernel none of them has is a compile error naming the op
+//! (docs/codegen.md lists what compiles). [`Ptx`] is a [`Backend`]: `compile` makes a
+//! [`Module`] and `run` runs it in the emulator, so every test of a backend applies to it.
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
-pub mod elementwise;
+mod elementwise;
 pub mod emu;
-pub mod gemm;
-pub mod lower;
-pub mod movement;
+mod gemm;
+mod lower;
+mod movement;
 pub mod print;
 pub mod prog;
-pub mod reduce;
-pub mod rows;
+mod reduce;
+mod rows;
 
 use crate::backend::{Backend, CompileError, RunError};
 use crate::kernel::{Shape, shape};
