@@ -2,7 +2,7 @@
 //! instructions over virtual registers. [`super::emu`] runs it on the CPU (every block, every
 //! thread, with barriers) and [`super::print`] writes it as PTX, one PTX instruction (or a
 //! fixed pair) per instruction here. Anything a GPU kernel does is decided when this form is
-//! built ([`super::lower`]); the emulator and the printer only carry it out.
+//! built (the backend's lowering); the emulator and the printer only carry it out.
 
 /// What a register holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
