@@ -498,6 +498,75 @@ fn reduce_shape(f: &Function, k: &KernelData) -> Option<ReduceShape> {
     })
 }
 
+/// The bodies of a reduction kernel, the same for every backend: the prologue's value of the
+/// reduced input (from the inputs read before the reduction), the step that combines an
+/// accumulator with a value (from the reduction's identity `init`), and the finish (the
+/// mean's scale, then the epilogue, from the inputs read after it and the accumulator).
+pub struct ReduceBodies {
+    /// Kernel inputs the prologue reads (arguments of `input`).
+    pub pro_in: Vec<Value>,
+    /// Kernel inputs the epilogue reads (arguments of `output`, before the accumulator).
+    pub epi_in: Vec<Value>,
+    /// The reduction's identity.
+    pub init: f32,
+    /// The reduced input.
+    pub input: expr::Body,
+    /// `(acc, x) -> acc'`.
+    pub step: expr::Body,
+    /// The kernel's outputs.
+    pub output: expr::Body,
+}
+
+/// The reduction's identity and step (`max`, or `+` for sums and means).
+pub fn reduce_step(op: tcc_ir::ReduceOp) -> (f32, expr::Body) {
+    match op {
+        tcc_ir::ReduceOp::Max => (
+            f32::NEG_INFINITY,
+            lower::small_body(2, |b, a| b.bin(expr::Bin::Max, a[0], a[1])),
+        ),
+        tcc_ir::ReduceOp::Sum | tcc_ir::ReduceOp::Mean => {
+            (0.0, lower::small_body(2, |b, a| b.add(a[0], a[1])))
+        }
+    }
+}
+
+/// The bodies of reduction kernel `k` of shape `red` (see [`ReduceBodies`]).
+pub fn reduce_bodies(f: &Function, k: &KernelData, red: &ReduceShape) -> ReduceBodies {
+    let &ReduceShape { root, op, l, .. } = red;
+    let pos = (k.ops.iter().position(|&o| o == root)).expect("the root is a member");
+    let (pro, epi) = (&k.ops[..pos], &k.ops[pos + 1..]);
+    let (x_in, y_out) = (f.op(root).args[0], f.op(root).results[0]);
+    let (pro_in, epi_in) = reduce_inputs(f, k, pos);
+    let (init, step) = reduce_step(op);
+    let input = lower::body(Lane::F32, f, &pro_in, 0, pro, |_, _, _| {}, &[x_in]);
+    let output = lower::body(
+        Lane::F32,
+        f,
+        &epi_in,
+        1,
+        &[],
+        |b, vals, acc| {
+            let r = if op == tcc_ir::ReduceOp::Mean {
+                let inv = b.c((1.0 / l as f32) as f64);
+                b.mul(acc[0], inv)
+            } else {
+                acc[0]
+            };
+            vals.insert(y_out, r);
+            lower::lower_ops(b, f, epi, vals);
+        },
+        &k.outputs,
+    );
+    ReduceBodies {
+        pro_in,
+        epi_in,
+        init,
+        input,
+        step,
+        output,
+    }
+}
+
 /// Kernel inputs read before and at the reduction, and those read after it.
 pub fn reduce_inputs(f: &Function, k: &KernelData, pos: usize) -> (Vec<Value>, Vec<Value>) {
     let reads = |ops: &[tcc_ir::Op]| -> Vec<Value> {

@@ -329,18 +329,10 @@ pub fn lower(f: &Function, kd: &KernelData, name: String) -> Result<Lowered, Str
                 let at = coords(c, o, &kept);
                 let base = dot(c, &at, &kw, 0);
                 let l: u64 = red.iter().product();
-                let init = if *op == tcc_ir::ReduceOp::Max {
-                    f32::NEG_INFINITY
-                } else {
-                    0.0
-                };
+                let (init, step) = crate::kernel::reduce_step(*op);
                 let acc = c.b.reg(RegTy::F32);
                 let i0 = c.b.imm(RegTy::F32, init.to_bits() as u64);
                 c.b.push(Inst::Mov(acc, i0));
-                let step = small_body(2, |b, a| match op {
-                    tcc_ir::ReduceOp::Max => b.bin(expr::Bin::Max, a[0], a[1]),
-                    _ => b.add(a[0], a[1]),
-                });
                 let j = c.b.reg(c.it);
                 let (zero, one, ln) = (c.n(0), c.n(1), c.n(l));
                 c.b.push(Inst::Mov(j, zero));

@@ -3,11 +3,11 @@
 
 use super::lower::{BLOCK, Ctx, Lowered, THREAD_PER_OUTPUT_BELOW, render};
 use super::prog::{Cmp, CmpTy, FOp, FUn, IOp, Inst, Mem, Reg, RegTy, Space, Sreg};
-use crate::kernel::expr::{self, Lane};
-use crate::kernel::lower::{body as body_of, lower_ops, small_body};
-use crate::kernel::{ReduceShape, reduce_inputs};
+use crate::kernel::expr::Lane;
+use crate::kernel::lower::small_body;
+use crate::kernel::{ReduceBodies, ReduceShape, reduce_bodies};
 use crate::plan::KernelData;
-use tcc_ir::{DType, Function, OpKind, ReduceOp, Value};
+use tcc_ir::{DType, Function, OpKind, Value};
 
 /// Reduction kernel `kd` of `f` (shape `red`: the input as `[a, l, b]`, `l` reduced), in
 /// `f32`, named `name`. Outputs `o = ai * b + bi` reduce elements `(ai * l + j) * b + bi`:
@@ -24,45 +24,22 @@ pub fn reduction(
 ) -> Result<Lowered, String> {
     let ReduceShape {
         root,
-        op,
         a,
         l,
         b: bext,
+        ..
     } = *red;
     let in_dims = f.ty(f.op(root).args[0]).dims().to_vec();
     let out_dims = f.ty(f.op(root).results[0]).dims().to_vec();
-    let pos = (kd.ops.iter().position(|&o| o == root)).ok_or("the root is not a member")?;
-    let (pro, epi) = (&kd.ops[..pos], &kd.ops[pos + 1..]);
-    let (x_in, y_out) = (f.op(root).args[0], f.op(root).results[0]);
-    let (pro_in, epi_in) = reduce_inputs(f, kd, pos);
     let param = |v: &Value| kd.inputs.iter().position(|x| x == v).expect("an input");
-    let init = match op {
-        ReduceOp::Max => f32::NEG_INFINITY,
-        ReduceOp::Sum | ReduceOp::Mean => 0.0,
-    };
-    let input = body_of(Lane::F32, f, &pro_in, 0, pro, |_, _, _| {}, &[x_in]);
-    let step = small_body(2, |b, x| match op {
-        ReduceOp::Max => b.bin(expr::Bin::Max, x[0], x[1]),
-        ReduceOp::Sum | ReduceOp::Mean => b.add(x[0], x[1]),
-    });
-    let output = body_of(
-        Lane::F32,
-        f,
-        &epi_in,
-        1,
-        &[],
-        |b, vals, acc| {
-            let r = if op == ReduceOp::Mean {
-                let inv = b.c((1.0 / l as f32) as f64);
-                b.mul(acc[0], inv)
-            } else {
-                acc[0]
-            };
-            vals.insert(y_out, r);
-            lower_ops(b, f, epi, vals);
-        },
-        &kd.outputs,
-    );
+    let ReduceBodies {
+        pro_in,
+        epi_in,
+        init,
+        input,
+        step,
+        output,
+    } = reduce_bodies(f, kd, red);
     let outputs = a * bext;
     let n_in = kd.inputs.len();
     let per_thread = l < THREAD_PER_OUTPUT_BELOW;

@@ -26,11 +26,9 @@ use tcc_ir::{DType, Function, Value};
 mod rows;
 
 use super::render::{num_const, render};
-use crate::kernel::expr::{Bin, Body, Lane};
-use crate::kernel::lower::{body as body_of, lower_ops, small_body};
-use crate::kernel::{
-    Access, ReduceShape, RowShape, Shape, access, int_bits, reduce_inputs, shape, splat_number,
-};
+use crate::kernel::expr::{Body, Lane};
+use crate::kernel::lower::body as body_of;
+use crate::kernel::{Access, ReduceShape, RowShape, Shape, access, int_bits, shape, splat_number};
 use crate::plan::{Kernel, KernelData};
 
 /// The entry point of a compiled kernel.
@@ -630,22 +628,18 @@ fn compile_reduce(
     name: &str,
 ) -> Result<FuncId, String> {
     let ReduceShape {
-        root,
-        op,
-        l,
-        b: bext,
-        ..
+        root, l, b: bext, ..
     } = *red;
     let in_dims = f.ty(f.op(root).args[0]).dims().to_vec();
     let out_dims = f.ty(f.op(root).results[0]).dims().to_vec();
-    let pos = k
-        .ops
-        .iter()
-        .position(|&o| o == root)
-        .expect("the root is a member");
-    let (pro, epi) = (&k.ops[..pos], &k.ops[pos + 1..]);
-    let (x_in, y_out) = (f.op(root).args[0], f.op(root).results[0]);
-    let (pro_in, epi_in) = reduce_inputs(f, k, pos);
+    let crate::kernel::ReduceBodies {
+        pro_in,
+        epi_in,
+        init,
+        input,
+        step,
+        output,
+    } = crate::kernel::reduce_bodies(f, k, red);
     let acc_of = |v: Value, dims: &[u64]| match access(f.ty(v).dims(), dims).expect("checked") {
         Access::Scalar(_) => Access::Scalar(splat_number(f, v)),
         a => a,
@@ -658,35 +652,6 @@ fn compile_reduce(
     };
     let rows = bext == 1 && l >= 8 && simple(&pro_acc);
     let cols = bext >= 4 && simple(&pro_acc) && simple(&epi_acc);
-    let init = match op {
-        tcc_ir::ReduceOp::Max => f32::NEG_INFINITY,
-        _ => 0.0,
-    };
-    // The bodies: the prologue's value of the reduced input, the step that combines an
-    // accumulator with a value, and the finish (the mean's division, then the epilogue).
-    let input = body_of(Lane::F32, f, &pro_in, 0, pro, |_, _, _| {}, &[x_in]);
-    let step = small_body(2, |b, a| match op {
-        tcc_ir::ReduceOp::Max => b.bin(Bin::Max, a[0], a[1]),
-        tcc_ir::ReduceOp::Sum | tcc_ir::ReduceOp::Mean => b.add(a[0], a[1]),
-    });
-    let output = body_of(
-        Lane::F32,
-        f,
-        &epi_in,
-        1,
-        &[],
-        |b, vals, acc| {
-            let r = if op == tcc_ir::ReduceOp::Mean {
-                let inv = b.c((1.0 / l as f32) as f64);
-                b.mul(acc[0], inv)
-            } else {
-                acc[0]
-            };
-            vals.insert(y_out, r);
-            lower_ops(b, f, epi, vals);
-        },
-        &k.outputs,
-    );
     let combine = |b: &mut FunctionBuilder, lane: Type, acc: CValue, x: CValue| {
         render(b, tg, lane, &step, &[acc, x])[0]
     };
