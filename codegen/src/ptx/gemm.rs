@@ -383,12 +383,7 @@ pub fn conv2d(f: &Function, kd: &KernelData, name: String) -> Result<Lowered, St
             .collect::<Vec<_>>();
         // Flat input index ((img * C + g*cg + ic) * H + iy) * W + ix, 0 where outside.
         let chan = c.b.ibin(IOp::Add, coff, ic);
-        let plane = {
-            let cn = c.n(ch);
-            let s = c.b.reg(c.it);
-            c.b.push(Inst::IMad(s, img, cn, chan));
-            s
-        };
+        let plane = c.mad_n(img, ch, chan);
         let rowi = {
             let s = c.b.reg(c.it);
             c.b.push(Inst::IMad(s, plane, hn, iy));
@@ -405,18 +400,8 @@ pub fn conv2d(f: &Function, kd: &KernelData, name: String) -> Result<Lowered, St
     let out_index = |c: &mut Ctx, g: Reg, row: Reg, col: Reg| {
         let img = c.op_n(IOp::DivU, col, oh * ow);
         let p = c.op_n(IOp::RemU, col, oh * ow);
-        let ch = {
-            let ogn = c.n(og);
-            let s = c.b.reg(c.it);
-            c.b.push(Inst::IMad(s, g, ogn, row));
-            s
-        };
-        let plane = {
-            let ocn = c.n(oc);
-            let s = c.b.reg(c.it);
-            c.b.push(Inst::IMad(s, img, ocn, ch));
-            s
-        };
+        let ch = c.mad_n(g, og, row);
+        let plane = c.mad_n(img, oc, ch);
         let hw = c.n(oh * ow);
         let s = c.b.reg(c.it);
         c.b.push(Inst::IMad(s, plane, hw, p));
@@ -434,14 +419,6 @@ pub fn conv2d(f: &Function, kd: &KernelData, name: String) -> Result<Lowered, St
     };
     let tiles = gemm(&mut c, &g, &finish)?;
     Ok(c.finish(tiles))
-}
-
-/// `a * n + b` on indices.
-fn mad_n(c: &mut Ctx, a: Reg, n: u64, b: Reg) -> Reg {
-    let nn = c.n(n);
-    let s = c.b.reg(c.it);
-    c.b.push(Inst::IMad(s, a, nn, b));
-    s
 }
 
 /// The two convolution gradients, each an implicit GEMM per group on the tiled kernel, with
@@ -510,8 +487,8 @@ pub fn conv2d_grad(f: &Function, kd: &KernelData, name: String) -> Result<Lowere
             let img = c.op_n(IOp::DivU, kk, oh * ow);
             let p = c.op_n(IOp::RemU, kk, oh * ow);
             let ch_ = c.b.ibin(IOp::Add, goff, row);
-            let plane = mad_n(c, img, oc, ch_);
-            let idx = mad_n(c, plane, oh * ow, p);
+            let plane = c.mad_n(img, oc, ch_);
+            let idx = c.mad_n(plane, oh * ow, p);
             let kn = c.n(k);
             let mn = c.n(og);
             let past_k = c.b.setp(CmpTy::Unsigned, Cmp::Ge, kk, kn);
@@ -531,15 +508,15 @@ pub fn conv2d_grad(f: &Function, kd: &KernelData, name: String) -> Result<Lowere
             let kx = c.op_n(IOp::RemU, t, kw);
             let at = |c: &mut Ctx, o: Reg, s: u64, k: Reg, dil: u64, pad: u64| {
                 let a = c.op_n(IOp::Mul, o, s);
-                let sum = mad_n(c, k, dil, a);
+                let sum = c.mad_n(k, dil, a);
                 c.op_n(IOp::Sub, sum, pad)
             };
             let iy = at(c, oy, sh, ky, dh, pt);
             let ix = at(c, ox, sw, kx, dw, pl);
             let chan = c.b.ibin(IOp::Add, coff, ic);
-            let plane = mad_n(c, img, ch, chan);
-            let rowi = mad_n(c, plane, h, iy);
-            let idx = mad_n(c, rowi, wi, ix);
+            let plane = c.mad_n(img, ch, chan);
+            let rowi = c.mad_n(plane, h, iy);
+            let idx = c.mad_n(rowi, wi, ix);
             let outside = [(iy, h), (ix, wi), (kk, k), (col, cg * taps)]
                 .into_iter()
                 .map(|(v, n)| {
@@ -562,8 +539,8 @@ pub fn conv2d_grad(f: &Function, kd: &KernelData, name: String) -> Result<Lowere
             let o = c.op_n(IOp::DivU, kk, taps);
             let t = c.op_n(IOp::RemU, kk, taps);
             let filt = c.b.ibin(IOp::Add, goff, o);
-            let plane = mad_n(c, filt, cg, row);
-            let idx = mad_n(c, plane, taps, t);
+            let plane = c.mad_n(filt, cg, row);
+            let idx = c.mad_n(plane, taps, t);
             let kn = c.n(k);
             let mn = c.n(cg);
             let past_k = c.b.setp(CmpTy::Unsigned, Cmp::Ge, kk, kn);
@@ -594,9 +571,9 @@ pub fn conv2d_grad(f: &Function, kd: &KernelData, name: String) -> Result<Lowere
             let ry = c.op_n(IOp::RemU, ty, sh);
             let rx = c.op_n(IOp::RemU, tx, sw);
             let chan = c.b.ibin(IOp::Add, goff, o);
-            let plane = mad_n(c, img, oc, chan);
-            let rowi = mad_n(c, plane, oh, oy);
-            let idx = mad_n(c, rowi, ow, ox);
+            let plane = c.mad_n(img, oc, chan);
+            let rowi = c.mad_n(plane, oh, oy);
+            let idx = c.mad_n(rowi, ow, ox);
             let zero = c.n(0);
             let mut outside = [(ty, oh * sh), (tx, ow * sw), (kk, k), (col, nb * h * wi)]
                 .into_iter()
@@ -634,14 +611,14 @@ pub fn conv2d_grad(f: &Function, kd: &KernelData, name: String) -> Result<Lowere
     // Output (g, row, col): dw[g*og + row][col] or dx[img][g*cg + row][iy][ix].
     let out_index = move |c: &mut Ctx, gi: Reg, row: Reg, col: Reg| {
         if filter {
-            let o = mad_n(c, gi, og, row);
-            mad_n(c, o, cg * taps, col)
+            let o = c.mad_n(gi, og, row);
+            c.mad_n(o, cg * taps, col)
         } else {
             let img = c.op_n(IOp::DivU, col, h * wi);
             let p = c.op_n(IOp::RemU, col, h * wi);
-            let chan = mad_n(c, gi, cg, row);
-            let plane = mad_n(c, img, ch, chan);
-            mad_n(c, plane, h * wi, p)
+            let chan = c.mad_n(gi, cg, row);
+            let plane = c.mad_n(img, ch, chan);
+            c.mad_n(plane, h * wi, p)
         }
     };
     let gemm_spec = Gemm {

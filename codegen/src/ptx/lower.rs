@@ -136,6 +136,14 @@ impl Ctx {
         self.b.ibin(op, a, c)
     }
 
+    /// `a * n + b` on indices.
+    pub(super) fn mad_n(&mut self, a: Reg, n: u64, b: Reg) -> Reg {
+        let nn = self.n(n);
+        let s = self.b.reg(self.it);
+        self.b.push(Inst::IMad(s, a, nn, b));
+        s
+    }
+
     /// The address of element `idx` of a `mem` buffer at `base`.
     pub(super) fn address(&mut self, base: Reg, idx: Reg, mem: Mem) -> Reg {
         let wide = if self.it == RegTy::I32 {

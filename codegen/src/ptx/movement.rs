@@ -222,18 +222,8 @@ pub fn lower(f: &Function, kd: &KernelData, name: String) -> Result<Lowered, Str
                 let (j, bad) = index(c, base_of(c, ids), f.ty(ids).dtype(), k, len);
                 let zero = c.n(0);
                 let j = c.b.selp(zero, j, bad);
-                let row = {
-                    let ln = c.n(len);
-                    let s = c.b.reg(c.it);
-                    c.b.push(Inst::IMad(s, outer, ln, j));
-                    s
-                };
-                let src = {
-                    let inn = c.n(inner);
-                    let s = c.b.reg(c.it);
-                    c.b.push(Inst::IMad(s, row, inn, i));
-                    s
-                };
+                let row = c.mad_n(outer, len, j);
+                let src = c.mad_n(row, inner, i);
                 let (mem, ty) = bits_of(f.ty(data).dtype());
                 let addr = c.address(base_of(c, data), src, mem);
                 let v = c.b.ld(Space::Global, mem, ty, addr);
@@ -413,18 +403,8 @@ pub fn lower(f: &Function, kd: &KernelData, name: String) -> Result<Lowered, Str
                     c.b.push(Inst::Bra(skip, Some((bad, true))));
                     let other = c.b.setp(CmpTy::Unsigned, Cmp::Ne, jk, j);
                     c.b.push(Inst::Bra(skip, Some((other, true))));
-                    let row = {
-                        let nn = c.n(nids);
-                        let s = c.b.reg(c.it);
-                        c.b.push(Inst::IMad(s, outer, nn, k));
-                        s
-                    };
-                    let e = {
-                        let inn = c.n(inner);
-                        let s = c.b.reg(c.it);
-                        c.b.push(Inst::IMad(s, row, inn, i));
-                        s
-                    };
+                    let row = c.mad_n(outer, nids, k);
+                    let e = c.mad_n(row, inner, i);
                     let ua = c.address(upd_base, e, Mem::B32);
                     let u = c.b.ld(Space::Global, Mem::B32, RegTy::F32, ua);
                     let sum = c.b.fbin(FOp::Add, acc, u);
@@ -562,12 +542,7 @@ fn pool_grad(
     let (pt, pl) = (p.pads[0], p.pads[1]);
     let at = coords(c, o, xd);
     let (img, chan, iy, ix) = (at[0], at[1], at[2], at[3]);
-    let plane = {
-        let cn = c.n(ch);
-        let s = c.b.reg(c.it);
-        c.b.push(Inst::IMad(s, img, cn, chan));
-        s
-    };
+    let plane = c.mad_n(img, ch, chan);
     let acc = c.b.reg(RegTy::F32);
     let zero_f = c.b.imm(RegTy::F32, 0);
     c.b.push(Inst::Mov(acc, zero_f));
@@ -725,12 +700,7 @@ fn pool(
     let (ch, h, w) = (xd[1], xd[2], xd[3]);
     let at = coords(c, o, od);
     let (img, chan, oy, ox) = (at[0], at[1], at[2], at[3]);
-    let plane = {
-        let cn = c.n(ch);
-        let s = c.b.reg(c.it);
-        c.b.push(Inst::IMad(s, img, cn, chan));
-        s
-    };
+    let plane = c.mad_n(img, ch, chan);
     // The window's corner, wrapping below zero to values past the extent.
     let corner = |c: &mut Ctx, v: Reg, s: u64, pad: u64| {
         let m = c.op_n(IOp::Mul, v, s);

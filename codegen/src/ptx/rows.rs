@@ -267,12 +267,7 @@ pub fn row_strided(f: &Function, kd: &KernelData, name: String) -> Result<Lowere
             s
         };
         let (zero, one, ln) = (c.n(0), c.n(1), c.n(len));
-        let at = |c: &mut Ctx, j: Reg| {
-            let inn = c.n(inner);
-            let e = c.b.reg(c.it);
-            c.b.push(Inst::IMad(e, j, inn, start));
-            e
-        };
+        let at = |c: &mut Ctx, j: Reg| c.mad_n(j, inner, start);
         let value = |c: &mut Ctx, j: Reg| -> Result<Reg, String> {
             let e = at(c, j);
             let args = c.load(&ops, e);
