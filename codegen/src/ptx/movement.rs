@@ -602,55 +602,37 @@ fn pool_grad(
             let best_i = c.b.reg(c.it);
             let none = c.n(u32::MAX as u64);
             c.b.push(Inst::Mov(best_i, none));
-            let (wy, wx) = (c.b.reg(c.it), c.b.reg(c.it));
-            let (hn, wn) = (c.n(h), c.n(w));
-            c.b.push(Inst::Mov(wy, zero));
-            c.for_loop(wy, khn, one, |c| {
-                c.b.push(Inst::Mov(wx, zero));
-                c.for_loop(wx, kwn, one, |c| {
-                    let yy = c.b.ibin(IOp::Add, y0, wy);
-                    let xx = c.b.ibin(IOp::Add, x0, wx);
-                    let inner = c.b.label();
-                    let oy_ = c.b.setp(CmpTy::Unsigned, Cmp::Ge, yy, hn);
-                    c.b.push(Inst::Bra(inner, Some((oy_, true))));
-                    let ox_ = c.b.setp(CmpTy::Unsigned, Cmp::Ge, xx, wn);
-                    c.b.push(Inst::Bra(inner, Some((ox_, true))));
-                    let onef = c.b.imm(RegTy::F32, 1.0f32.to_bits() as u64);
-                    let n1 = c.b.fbin(FOp::Add, count, onef);
-                    c.b.push(Inst::Mov(count, n1));
-                    if let Some(xb) = x {
-                        let r = c.b.reg(c.it);
-                        c.b.push(Inst::IMad(r, plane, hn, yy));
-                        let e = c.b.reg(c.it);
-                        c.b.push(Inst::IMad(e, r, wn, xx));
-                        let addr = c.address(xb, e, Mem::B32);
-                        let v = c.b.ld(Space::Global, Mem::B32, RegTy::F32, addr);
-                        // Take it if it is the first, larger, or NaN over a number.
-                        let first = c.b.setp(CmpTy::Unsigned, Cmp::Eq, best_i, none);
-                        let larger = c.b.setp(CmpTy::Float, Cmp::Gt, v, best_v);
-                        let v_nan = c.b.setp(CmpTy::Float, Cmp::Nan, v, v);
-                        let b_num = c.b.setp(CmpTy::Float, Cmp::Eq, best_v, best_v);
-                        let i1 = c.b.imm(RegTy::I32, 1);
-                        let i0 = c.b.imm(RegTy::I32, 0);
-                        let nan_wins = {
-                            let t = c.b.selp(i1, i0, v_nan);
-                            let t = c.b.selp(t, i0, b_num);
-                            c.b.setp(CmpTy::Unsigned, Cmp::Ne, t, i0)
-                        };
-                        let take = {
-                            let t = c.b.selp(i1, i0, first);
-                            let t = c.b.selp(i1, t, larger);
-                            let t = c.b.selp(i1, t, nan_wins);
-                            c.b.setp(CmpTy::Unsigned, Cmp::Ne, t, i0)
-                        };
-                        let nv = c.b.selp(v, best_v, take);
-                        c.b.push(Inst::Mov(best_v, nv));
-                        let ni = c.b.selp(e, best_i, take);
-                        c.b.push(Inst::Mov(best_i, ni));
-                    }
-                    c.b.place(inner);
-                    Ok(())
-                })
+            window(c, (y0, x0), (kh, kw), (h, w), plane, &mut |c, e| {
+                let onef = c.b.imm(RegTy::F32, 1.0f32.to_bits() as u64);
+                let n1 = c.b.fbin(FOp::Add, count, onef);
+                c.b.push(Inst::Mov(count, n1));
+                if let Some(xb) = x {
+                    let addr = c.address(xb, e, Mem::B32);
+                    let v = c.b.ld(Space::Global, Mem::B32, RegTy::F32, addr);
+                    // Take it if it is the first, larger, or NaN over a number.
+                    let first = c.b.setp(CmpTy::Unsigned, Cmp::Eq, best_i, none);
+                    let larger = c.b.setp(CmpTy::Float, Cmp::Gt, v, best_v);
+                    let v_nan = c.b.setp(CmpTy::Float, Cmp::Nan, v, v);
+                    let b_num = c.b.setp(CmpTy::Float, Cmp::Eq, best_v, best_v);
+                    let i1 = c.b.imm(RegTy::I32, 1);
+                    let i0 = c.b.imm(RegTy::I32, 0);
+                    let nan_wins = {
+                        let t = c.b.selp(i1, i0, v_nan);
+                        let t = c.b.selp(t, i0, b_num);
+                        c.b.setp(CmpTy::Unsigned, Cmp::Ne, t, i0)
+                    };
+                    let take = {
+                        let t = c.b.selp(i1, i0, first);
+                        let t = c.b.selp(i1, t, larger);
+                        let t = c.b.selp(i1, t, nan_wins);
+                        c.b.setp(CmpTy::Unsigned, Cmp::Ne, t, i0)
+                    };
+                    let nv = c.b.selp(v, best_v, take);
+                    c.b.push(Inst::Mov(best_v, nv));
+                    let ni = c.b.selp(e, best_i, take);
+                    c.b.push(Inst::Mov(best_i, ni));
+                }
+                Ok(())
             })?;
             let add = match x {
                 Some(_) => {
@@ -670,6 +652,40 @@ fn pool_grad(
         })
     })?;
     Ok(acc)
+}
+
+/// `each(c, index)` for every position of the `kh x kw` window with corner `(y0, x0)` (wrapping
+/// below zero to values past the extent) inside the `h x w` plane `plane` of an NCHW tensor,
+/// row-major.
+fn window(
+    c: &mut Ctx,
+    (y0, x0): (Reg, Reg),
+    (kh, kw): (u64, u64),
+    (h, w): (u64, u64),
+    plane: Reg,
+    each: &mut dyn FnMut(&mut Ctx, Reg) -> Result<(), String>,
+) -> Result<(), String> {
+    let (wy, wx) = (c.b.reg(c.it), c.b.reg(c.it));
+    let (zero, one) = (c.n(0), c.n(1));
+    let (khn, kwn, hn, wn) = (c.n(kh), c.n(kw), c.n(h), c.n(w));
+    c.b.push(Inst::Mov(wy, zero));
+    c.for_loop(wy, khn, one, |c| {
+        c.b.push(Inst::Mov(wx, zero));
+        c.for_loop(wx, kwn, one, |c| {
+            let yy = c.b.ibin(IOp::Add, y0, wy);
+            let xx = c.b.ibin(IOp::Add, x0, wx);
+            let skip = c.b.label();
+            let out_y = c.b.setp(CmpTy::Unsigned, Cmp::Ge, yy, hn);
+            c.b.push(Inst::Bra(skip, Some((out_y, true))));
+            let out_x = c.b.setp(CmpTy::Unsigned, Cmp::Ge, xx, wn);
+            c.b.push(Inst::Bra(skip, Some((out_x, true))));
+            let row = c.mad_n(plane, h, yy);
+            let idx = c.mad_n(row, w, xx);
+            each(c, idx)?;
+            c.b.place(skip);
+            Ok(())
+        })
+    })
 }
 
 /// `v` clamped to `[lo, hi]` (signed 32-bit).
@@ -720,31 +736,13 @@ fn pool(
     let zero_f = c.b.imm(RegTy::F32, 0);
     c.b.push(Inst::Mov(count, zero_f));
     let max = small_body(2, |b, a| b.bin(expr::Bin::Max, a[0], a[1]));
-    let (ky, kx) = (c.b.reg(c.it), c.b.reg(c.it));
-    let (zero, one) = (c.n(0), c.n(1));
-    let (kh, kw) = (c.n(p.kernel[0]), c.n(p.kernel[1]));
-    let (hn, wn) = (c.n(h), c.n(w));
-    c.b.push(Inst::Mov(ky, zero));
-    c.for_loop(ky, kh, one, |c| {
-        c.b.push(Inst::Mov(kx, zero));
-        c.for_loop(kx, kw, one, |c| {
-            let iy = c.b.ibin(IOp::Add, y0, ky);
-            let ix = c.b.ibin(IOp::Add, x0, kx);
-            let skip = c.b.label();
-            let out_y = c.b.setp(CmpTy::Unsigned, Cmp::Ge, iy, hn);
-            c.b.push(Inst::Bra(skip, Some((out_y, true))));
-            let out_x = c.b.setp(CmpTy::Unsigned, Cmp::Ge, ix, wn);
-            c.b.push(Inst::Bra(skip, Some((out_x, true))));
-            let row = {
-                let s = c.b.reg(c.it);
-                c.b.push(Inst::IMad(s, plane, hn, iy));
-                s
-            };
-            let idx = {
-                let s = c.b.reg(c.it);
-                c.b.push(Inst::IMad(s, row, wn, ix));
-                s
-            };
+    window(
+        c,
+        (y0, x0),
+        (p.kernel[0], p.kernel[1]),
+        (h, w),
+        plane,
+        &mut |c, idx| {
             let addr = c.address(base, idx, Mem::B32);
             let v = c.b.ld(Space::Global, Mem::B32, RegTy::F32, addr);
             let next = if avg.is_some() {
@@ -756,10 +754,9 @@ fn pool(
             let onef = c.b.imm(RegTy::F32, 1.0f32.to_bits() as u64);
             let n1 = c.b.fbin(FOp::Add, count, onef);
             c.b.push(Inst::Mov(count, n1));
-            c.b.place(skip);
             Ok(())
-        })
-    })?;
+        },
+    )?;
     let r = match avg {
         None => acc,
         Some(true) => {
