@@ -325,63 +325,52 @@ impl Thread<'_> {
                     Some((d, get(a).wrapping_mul(get(b)).wrapping_add(get(c))))
                 }
                 Inst::FUn(op, d, a) => {
+                    // The same operation at either width.
+                    macro_rules! un {
+                        ($x:expr) => {{
+                            let x = $x;
+                            match op {
+                                FUn::Neg => -x,
+                                FUn::Abs => x.abs(),
+                                FUn::Sqrt => x.sqrt(),
+                                FUn::Rni => x.round_ties_even(),
+                                FUn::Rmi => x.floor(),
+                                FUn::Rpi => x.ceil(),
+                            }
+                        }};
+                    }
                     let v = if ty(d) == RegTy::F64 {
-                        let x = f64_of(get(a));
-                        (match op {
-                            FUn::Neg => -x,
-                            FUn::Abs => x.abs(),
-                            FUn::Sqrt => x.sqrt(),
-                            FUn::Rni => x.round_ties_even(),
-                            FUn::Rmi => x.floor(),
-                            FUn::Rpi => x.ceil(),
-                        })
-                        .to_bits()
+                        un!(f64_of(get(a))).to_bits()
                     } else {
-                        let x = f32_of(get(a));
-                        (match op {
-                            FUn::Neg => -x,
-                            FUn::Abs => x.abs(),
-                            FUn::Sqrt => x.sqrt(),
-                            FUn::Rni => x.round_ties_even(),
-                            FUn::Rmi => x.floor(),
-                            FUn::Rpi => x.ceil(),
-                        })
-                        .to_bits() as u64
+                        un!(f32_of(get(a))).to_bits() as u64
                     };
                     Some((d, v))
                 }
                 Inst::FBin(op, d, a, b) => {
+                    // The same operation at either width; a min or max of two NaNs is `nan`.
+                    macro_rules! bin {
+                        ($x:expr, $y:expr, $nan:expr) => {{
+                            let (x, y) = ($x, $y);
+                            let mm = |max| {
+                                ptx_minmax(x, y, max, |v| v.is_nan(), |v| v.is_sign_negative())
+                                    .unwrap_or($nan)
+                            };
+                            match op {
+                                FOp::Add => x + y,
+                                FOp::Sub => x - y,
+                                FOp::Mul => x * y,
+                                FOp::Div => x / y,
+                                FOp::Min => mm(false),
+                                FOp::Max => mm(true),
+                            }
+                        }};
+                    }
                     let v = if ty(d) == RegTy::F64 {
-                        let (x, y) = (f64_of(get(a)), f64_of(get(b)));
-                        let mm = |max| {
-                            ptx_minmax(x, y, max, f64::is_nan, |v: f64| v.is_sign_negative())
-                                .unwrap_or(f64::NAN)
-                        };
-                        (match op {
-                            FOp::Add => x + y,
-                            FOp::Sub => x - y,
-                            FOp::Mul => x * y,
-                            FOp::Div => x / y,
-                            FOp::Min => mm(false),
-                            FOp::Max => mm(true),
-                        })
-                        .to_bits()
+                        bin!(f64_of(get(a)), f64_of(get(b)), f64::NAN).to_bits()
                     } else {
-                        let (x, y) = (f32_of(get(a)), f32_of(get(b)));
-                        let mm = |max| {
-                            // Both NaN: the canonical NaN.
-                            ptx_minmax(x, y, max, f32::is_nan, |v: f32| v.is_sign_negative())
-                                .unwrap_or(f32::from_bits(0x7fff_ffff))
-                        };
-                        (match op {
-                            FOp::Add => x + y,
-                            FOp::Sub => x - y,
-                            FOp::Mul => x * y,
-                            FOp::Div => x / y,
-                            FOp::Min => mm(false),
-                            FOp::Max => mm(true),
-                        })
-                        .to_bits() as u64
+                        // Both NaN: the canonical NaN.
+                        bin!(f32_of(get(a)), f32_of(get(b)), f32::from_bits(0x7fff_ffff)).to_bits()
+                            as u64
                     };
                     Some((d, v))
                 }
