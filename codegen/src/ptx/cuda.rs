@@ -177,13 +177,16 @@ impl Loaded {
         let f = &m.func;
         let b = self.buffers(inputs)?;
         self.launch(&b)?;
-        let arena_host: Vec<u8> = s.clone_dtoh(&b.arena).map_err(driver)?;
         let results = (f.results().iter())
             .map(|&r| {
                 let ty = f.ty(r);
                 let n = ty.size_bytes() as usize;
                 let bytes = match m.place(r)? {
-                    Place::Arena(off) => arena_host[off as usize..off as usize + n].to_vec(),
+                    // Only the result's bytes of the arena, not the whole arena.
+                    Place::Arena(off) => {
+                        let at = off as usize;
+                        s.clone_dtoh(&b.arena.slice(at..at + n)).map_err(driver)?
+                    }
                     Place::Output(i) => s.clone_dtoh(&b.outputs[i]).map_err(driver)?,
                     Place::Param(i) => inputs[i].to_le_bytes(),
                     Place::Const(c) => m.consts[&c].to_le_bytes(),
