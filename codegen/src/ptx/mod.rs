@@ -220,6 +220,59 @@ fn identifier(name: &str) -> String {
     }
 }
 
+/// The GPU form of kernel `kd` of `f`, named `name`: `None` where it has none yet, an error
+/// where its lowering fails.
+fn lower_kernel(
+    f: &Function,
+    plan: &Plan,
+    kd: &KernelData,
+    name: String,
+) -> Option<Result<lower::Lowered, String>> {
+    match shape(f, kd) {
+        Some(Shape::Elementwise(lane)) => return Some(elementwise::elementwise(f, kd, lane, name)),
+        Some(Shape::Reduction(red)) => return Some(reduce::reduction(f, kd, &red, name)),
+        Some(Shape::Row(row)) => return Some(rows::row(f, kd, &row, name)),
+        Some(Shape::RowPasses(_)) | None => {}
+    }
+    if let KernelKind::Library { root } = kd.kind {
+        if !epilogue_in_form(f, kd) {
+            return None;
+        }
+        let d = f.op(root);
+        return match d.kind {
+            OpKind::MatMul => {
+                let folded = |v| crate::plan::folded_transpose(f, plan, v).is_some();
+                Some(gemm::matmul(
+                    f,
+                    kd,
+                    (folded(d.args[0]), folded(d.args[1])),
+                    name,
+                ))
+            }
+            OpKind::Conv2d(_) => Some(gemm::conv2d(f, kd, name)),
+            OpKind::Conv2dGradInput { .. } | OpKind::Conv2dGradFilter { .. } => {
+                Some(gemm::conv2d_grad(f, kd, name))
+            }
+            _ => None,
+        };
+    }
+    if cross_entropy_in_form(f, kd) {
+        return Some(rows::cross_entropy(f, kd, name));
+    }
+    if movement::handles(f, kd) {
+        return Some(movement::lower(f, kd, name));
+    }
+    let [op] = kd.ops[..] else { return None };
+    Some(match f.op(op).kind {
+        OpKind::Binary(tcc_ir::BinaryOp::Pow) => elementwise::pow(f, kd, name),
+        OpKind::Softmax { .. } | OpKind::LogSoftmax { .. } => rows::row_strided(f, kd, name),
+        OpKind::TopK { .. } => rows::top_k(f, kd, name),
+        OpKind::SoftmaxCrossEntropyGrad => rows::cross_entropy_grad(f, kd, name),
+        OpKind::BatchNormTrain { .. } => reduce::batch_norm_train(f, kd, name),
+        _ => return None,
+    })
+}
+
 /// Whether the epilogue of library kernel `kd` (its ops after the first) is made of
 /// elementwise ops the kernel layer has, in f32, reading operands it can index over the
 /// output's shape.
@@ -342,47 +395,11 @@ impl Backend for Ptx {
                 continue;
             }
             let name = identifier(&format!("{}_{k}", f.name));
-            let low = match shape(f, kd) {
-                Some(Shape::Elementwise(lane)) => elementwise::elementwise(f, kd, lane, name),
-                Some(Shape::Reduction(red)) => reduce::reduction(f, kd, &red, name),
-                Some(Shape::Row(row)) => rows::row(f, kd, &row, name),
-                None if matches!(kd.kind, KernelKind::Library { root } if matches!(f.op(root).kind, OpKind::MatMul))
-                    && epilogue_in_form(f, kd) =>
-                {
-                    let d = f.op(kd.ops[0]);
-                    let folded = |v| crate::plan::folded_transpose(f, &plan, v).is_some();
-                    gemm::matmul(f, kd, (folded(d.args[0]), folded(d.args[1])), name)
-                }
-                None if matches!(kd.kind, KernelKind::Library { root } if matches!(f.op(root).kind, OpKind::Conv2dGradInput { .. } | OpKind::Conv2dGradFilter { .. }))
-                    && epilogue_in_form(f, kd) =>
-                {
-                    gemm::conv2d_grad(f, kd, name)
-                }
-                None if matches!(kd.kind, KernelKind::Library { root } if matches!(f.op(root).kind, OpKind::Conv2d(_)))
-                    && epilogue_in_form(f, kd) =>
-                {
-                    gemm::conv2d(f, kd, name)
-                }
-                None if movement::handles(f, kd) => movement::lower(f, kd, name),
-                None if matches!(kd.ops[..], [op] if matches!(f.op(op).kind, OpKind::Binary(tcc_ir::BinaryOp::Pow))) => {
-                    elementwise::pow(f, kd, name)
-                }
-                None if cross_entropy_in_form(f, kd) => rows::cross_entropy(f, kd, name),
-                None if matches!(kd.ops[..], [op] if matches!(f.op(op).kind, OpKind::Softmax { .. } | OpKind::LogSoftmax { .. })) => {
-                    rows::row_strided(f, kd, name)
-                }
-                None if matches!(kd.ops[..], [op] if matches!(f.op(op).kind, OpKind::TopK { .. })) => {
-                    rows::top_k(f, kd, name)
-                }
-                None if matches!(kd.ops[..], [op] if matches!(f.op(op).kind, OpKind::SoftmaxCrossEntropyGrad)) => {
-                    rows::cross_entropy_grad(f, kd, name)
-                }
-                None if matches!(kd.ops[..], [op] if matches!(f.op(op).kind, OpKind::BatchNormTrain { .. })) => {
-                    reduce::batch_norm_train(f, kd, name)
-                }
-                _ => return Err(unsupported(f, kd)),
-            }
-            .map_err(|e| CompileError(format!("kernel {k} ({}): {e}", f.describe_op(kd.ops[0]))))?;
+            let low = lower_kernel(f, &plan, kd, name)
+                .ok_or_else(|| unsupported(f, kd))?
+                .map_err(|e| {
+                    CompileError(format!("kernel {k} ({}): {e}", f.describe_op(kd.ops[0])))
+                })?;
             let args = (kd.inputs.iter().chain(&kd.outputs))
                 .map(|v| origin.get(v).copied().unwrap_or(*v))
                 .collect();
