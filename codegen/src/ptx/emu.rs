@@ -78,12 +78,11 @@ pub fn run(k: &Kernel, blocks: u32, params: &[u64], mem: &mut Memory) -> Result<
         let mut regs = vec![0u64; n * nregs];
         let mut pc = vec![0usize; n];
         let mut steps = vec![0u64; n];
-        // Whether each thread has ended.
-        let mut done = vec![false; n];
+        let mut copies: Vec<Copies> = (0..n).map(|_| Copies::default()).collect();
+        let mut state = vec![State::Running; n];
         loop {
-            let mut waiting = 0;
             for t in 0..n {
-                if done[t] {
+                if state[t] != State::Running {
                     continue;
                 }
                 let ctx = Thread {
@@ -94,36 +93,95 @@ pub fn run(k: &Kernel, blocks: u32, params: &[u64], mem: &mut Memory) -> Result<
                     block,
                     blocks,
                 };
-                let stop = ctx.go(
+                state[t] = ctx.go(
                     &mut regs[t * nregs..(t + 1) * nregs],
                     &mut pc[t],
                     &mut steps[t],
+                    &mut copies[t],
                     mem,
                     &mut shared,
                 )?;
-                match stop {
-                    Stop::Barrier => waiting += 1,
-                    Stop::Ended => done[t] = true,
-                }
             }
-            if waiting == 0 {
+            // Warps whose every thread waits at a shuffle exchange their values.
+            let mut shuffled = false;
+            for lanes in (0..n).collect::<Vec<_>>().chunks(32) {
+                if !lanes.iter().all(|&t| state[t] == State::Shuffle) {
+                    continue;
+                }
+                let at = pc[lanes[0]] - 1;
+                let Inst::ShflDown(d, a, delta) = k.body[at] else {
+                    unreachable!("a thread stops at a shuffle only")
+                };
+                if lanes.len() < 32 || lanes.iter().any(|&t| pc[t] - 1 != at) {
+                    return Err(format!(
+                        "kernel {}: block {block}: threads {}.. of a warp shuffle apart (a partial \
+                         warp or different instructions)",
+                        k.name, lanes[0]
+                    ));
+                }
+                let vals: Vec<u64> = (lanes.iter())
+                    .map(|&t| regs[t * nregs + a.0 as usize])
+                    .collect();
+                for (lane, &t) in lanes.iter().enumerate() {
+                    let from = lane + delta as usize;
+                    regs[t * nregs + d.0 as usize] =
+                        if from < 32 { vals[from] } else { vals[lane] };
+                    state[t] = State::Running;
+                }
+                shuffled = true;
+            }
+            if shuffled {
+                continue;
+            }
+            let ended = state.iter().filter(|&&s| s == State::Ended).count();
+            let waiting = state.iter().filter(|&&s| s == State::Barrier).count();
+            if ended == n {
                 break;
             }
-            if done.iter().any(|&d| d) {
+            if waiting + ended < n {
+                return Err(format!(
+                    "kernel {}: block {block}: a shuffle is reached by part of a warp only",
+                    k.name
+                ));
+            }
+            if ended > 0 {
                 return Err(format!(
                     "kernel {}: block {block}: a barrier is reached by {waiting} threads after others ended",
                     k.name
                 ));
             }
+            state.fill(State::Running);
         }
     }
     Ok(())
 }
 
-/// Why a thread stopped.
-enum Stop {
+/// Where a thread is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum State {
+    Running,
+    /// Waiting at a barrier (past it).
     Barrier,
+    /// Waiting at a shuffle (past it) for the rest of its warp.
+    Shuffle,
     Ended,
+}
+
+/// A thread's asynchronous copies not yet landed: the ones since its last commit, and its
+/// committed groups, oldest first. A copy lands when a wait retires its group, so a kernel
+/// reading shared memory before its wait reads what was there before.
+#[derive(Default)]
+struct Copies {
+    open: Vec<AsyncCopy>,
+    groups: std::collections::VecDeque<Vec<AsyncCopy>>,
+}
+
+/// One asynchronous copy: `fill` bytes from global `src`, then zeros, to shared `dst`.
+struct AsyncCopy {
+    dst: u64,
+    src: u64,
+    bytes: u64,
+    fill: u64,
 }
 
 /// What one thread sees of its launch.
@@ -175,9 +233,10 @@ impl Thread<'_> {
         regs: &mut [u64],
         pc: &mut usize,
         steps: &mut u64,
+        copies: &mut Copies,
         mem: &mut Memory,
         shared: &mut [u8],
-    ) -> Result<Stop, String> {
+    ) -> Result<State, String> {
         let k = self.k;
         let ty = |r: super::prog::Reg| k.regs[r.0 as usize];
         let err = |pc: usize, e: String| {
@@ -466,8 +525,82 @@ impl Thread<'_> {
                     }
                     None
                 }
-                Inst::Bar => return Ok(Stop::Barrier),
-                Inst::Ret => return Ok(Stop::Ended),
+                Inst::Ld4(space, d, a) => {
+                    let addr = get(a);
+                    if addr % 16 != 0 {
+                        return Err(err(i, format!("a 16-byte load at {addr:#x}")));
+                    }
+                    let bytes: &[u8] = match space {
+                        Space::Global => mem.at(addr, 16).map_err(|e| err(i, e))?,
+                        Space::Shared => shared_at(shared, addr, 16).map_err(|e| err(i, e))?,
+                    };
+                    let words: Vec<u64> = (bytes.chunks(4))
+                        .map(|w| u32::from_le_bytes(w.try_into().expect("4 bytes")) as u64)
+                        .collect();
+                    for (r, w) in d.iter().zip(words) {
+                        regs[r.0 as usize] = w;
+                    }
+                    None
+                }
+                Inst::St4(space, a, v) => {
+                    let addr = get(a);
+                    if addr % 16 != 0 {
+                        return Err(err(i, format!("a 16-byte store at {addr:#x}")));
+                    }
+                    let raw: Vec<u8> = v
+                        .iter()
+                        .flat_map(|&r| (get(r) as u32).to_le_bytes())
+                        .collect();
+                    let bytes: &mut [u8] = match space {
+                        Space::Global => mem.at(addr, 16).map_err(|e| err(i, e))?,
+                        Space::Shared => shared_at(shared, addr, 16).map_err(|e| err(i, e))?,
+                    };
+                    bytes.copy_from_slice(&raw);
+                    None
+                }
+                Inst::ShflDown(..) => return Ok(State::Shuffle),
+                Inst::CpAsync {
+                    dst,
+                    src,
+                    bytes,
+                    fill,
+                } => {
+                    let (d, s, n, fill) = (get(dst), get(src), bytes as u64, get(fill));
+                    if d % n != 0 || s % n != 0 || (fill != 0 && fill != n) {
+                        return Err(err(
+                            i,
+                            format!("a copy of {n} bytes from {s:#x} to {d:#x}, {fill} read"),
+                        ));
+                    }
+                    shared_at(shared, d, n).map_err(|e| err(i, e))?;
+                    copies.open.push(AsyncCopy {
+                        dst: d,
+                        src: s,
+                        bytes: n,
+                        fill,
+                    });
+                    None
+                }
+                Inst::CpAsyncCommit => {
+                    let group = std::mem::take(&mut copies.open);
+                    copies.groups.push_back(group);
+                    None
+                }
+                Inst::CpAsyncWait(keep) => {
+                    while copies.groups.len() > keep as usize {
+                        for cp in copies.groups.pop_front().expect("a group") {
+                            let mut raw = vec![0u8; cp.bytes as usize];
+                            let from = mem.read(cp.src, cp.fill).map_err(|e| err(i, e))?;
+                            raw[..cp.fill as usize].copy_from_slice(from);
+                            shared_at(shared, cp.dst, cp.bytes)
+                                .map_err(|e| err(i, e))?
+                                .copy_from_slice(&raw);
+                        }
+                    }
+                    None
+                }
+                Inst::Bar => return Ok(State::Barrier),
+                Inst::Ret => return Ok(State::Ended),
             };
             if let Some((d, v)) = write {
                 regs[d.0 as usize] = v & mask(d);
@@ -579,6 +712,110 @@ mod tests {
         b.push(Inst::Ret);
         let e = run(&b.finish(), 2, &[], &mut mem).unwrap_err();
         assert!(e.contains("after others ended"), "{e}");
+    }
+
+    /// A block of `threads` where each thread's register holds its index + 1, shuffled down
+    /// by `delta` and stored at its index.
+    fn shuffle(threads: u32, delta: u32) -> Kernel {
+        let mut b = Builder::new("shuffle".into(), 1, threads);
+        let tid = b.reg(RegTy::I32);
+        b.push(Inst::Sreg(tid, Sreg::Tid));
+        let one = b.imm(RegTy::I32, 1);
+        let x = b.ibin(IOp::Add, tid, one);
+        let y = b.reg(RegTy::I32);
+        b.push(Inst::ShflDown(y, x, delta));
+        let dst = b.reg(RegTy::I64);
+        b.push(Inst::Param(dst, 0));
+        let t64 = b.cvt(Cvt::U32ToU64, RegTy::I64, tid);
+        let two = b.imm(RegTy::I32, 2);
+        let off = b.ibin(IOp::Shl, t64, two);
+        let a = b.ibin(IOp::Add, dst, off);
+        b.push(Inst::St(Space::Global, Mem::B32, a, y));
+        b.push(Inst::Ret);
+        b.finish()
+    }
+
+    fn words(bytes: &[u8]) -> Vec<u32> {
+        (bytes.chunks(4))
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn shuffles_exchange_within_each_warp() {
+        let mut mem = Memory::default();
+        let dst = mem.alloc(vec![0; 64 * 4]);
+        run(&shuffle(64, 5), 1, &[dst], &mut mem).unwrap();
+        let got = words(mem.bytes(dst));
+        for (t, &v) in got.iter().enumerate() {
+            // Lanes 27..31 of each warp keep their own value: no lane 32 and up.
+            let lane = t % 32;
+            let want = if lane + 5 < 32 { t + 5 + 1 } else { t + 1 };
+            assert_eq!(v as usize, want, "thread {t}");
+        }
+        // A block that is not whole warps cannot shuffle with a full mask.
+        let e = run(&shuffle(48, 1), 1, &[dst], &mut mem).unwrap_err();
+        assert!(e.contains("partial"), "{e}");
+    }
+
+    /// Thread 0 copies 16 bytes from `src` into shared memory asynchronously, reads them back
+    /// (after waiting if `wait`) and stores them to `dst`; `fill` bytes are read, the rest zero.
+    fn copy(wait: bool, fill: u64) -> Kernel {
+        let mut b = Builder::new("copy".into(), 2, 32);
+        b.k.shared = 16;
+        let src = b.reg(RegTy::I64);
+        b.push(Inst::Param(src, 0));
+        let dst = b.reg(RegTy::I64);
+        b.push(Inst::Param(dst, 1));
+        let smem = b.reg(RegTy::I64);
+        b.push(Inst::SharedBase(smem));
+        let tid = b.reg(RegTy::I32);
+        b.push(Inst::Sreg(tid, Sreg::Tid));
+        let zero = b.imm(RegTy::I32, 0);
+        let others = b.setp(CmpTy::Unsigned, Cmp::Ne, tid, zero);
+        let end = b.label();
+        b.push(Inst::Bra(end, Some((others, true))));
+        let fill = b.imm(RegTy::I32, fill);
+        b.push(Inst::CpAsync {
+            dst: smem,
+            src,
+            bytes: 16,
+            fill,
+        });
+        b.push(Inst::CpAsyncCommit);
+        if wait {
+            b.push(Inst::CpAsyncWait(0));
+        }
+        let v = [(); 4].map(|_| b.reg(RegTy::I32));
+        b.push(Inst::Ld4(Space::Shared, v, smem));
+        b.push(Inst::St4(Space::Global, dst, v));
+        b.place(end);
+        b.push(Inst::Ret);
+        b.finish()
+    }
+
+    #[test]
+    fn async_copies_land_at_their_wait() {
+        let src: Vec<u8> = (1..=16).collect();
+        for (wait, fill) in [(true, 16), (true, 0), (false, 16)] {
+            let mut mem = Memory::default();
+            let s = mem.alloc(src.clone());
+            let d = mem.alloc(vec![0xff; 16]);
+            run(&copy(wait, fill), 1, &[s, d], &mut mem).unwrap();
+            // Before its wait the copy has not landed: shared memory still holds zeros.
+            let want = if wait && fill == 16 {
+                src.clone()
+            } else {
+                vec![0; 16]
+            };
+            assert_eq!(mem.bytes(d), &want[..], "wait {wait}, fill {fill}");
+        }
+        // A misaligned 16-byte access is an error, as on the device.
+        let mut mem = Memory::default();
+        let s = mem.alloc(src.clone());
+        let d = mem.alloc(vec![0; 32]);
+        let e = run(&copy(true, 16), 1, &[s, d + 4], &mut mem).unwrap_err();
+        assert!(e.contains("16-byte store"), "{e}");
     }
 
     #[test]

@@ -16,6 +16,9 @@ use tcc_ir::{DType, Function, Value};
 /// Threads per block of elementwise kernels.
 pub const BLOCK: u32 = 256;
 
+/// Warps in a block of [`BLOCK`] threads.
+const WARPS: u32 = BLOCK / 32;
+
 /// Most blocks an elementwise kernel is launched with; each thread then loops over its
 /// elements.
 pub const MAX_BLOCKS: u64 = 65_535;
@@ -80,11 +83,10 @@ pub(super) struct Ctx {
     pub(super) bases: Vec<Reg>,
 }
 
-/// A block working on one row: its thread's index, its shared memory and its own slot there.
+/// A block working on one row: its thread's index and its shared memory.
 pub(super) struct Team {
     pub(super) tid: Reg,
     smem: Reg,
-    mine: Reg,
 }
 
 impl Ctx {
@@ -321,52 +323,51 @@ impl Ctx {
         v
     }
 
-    /// The block's threads and a shared slot per thread, for [`Ctx::combine`].
+    /// The block's threads and a shared slot per warp, for [`Ctx::combine`].
     pub(super) fn team(&mut self) -> Team {
-        self.b.k.shared = self.b.k.shared.max(BLOCK * 4);
+        self.b.k.shared = self.b.k.shared.max(WARPS * 4);
         let tid = self.sreg(Sreg::Tid);
         let smem = self.b.reg(RegTy::I64);
         self.b.push(Inst::SharedBase(smem));
-        let mut t = Team {
-            tid,
-            smem,
-            mine: smem,
-        };
-        t.mine = self.slot(&t, tid);
-        t
+        Team { tid, smem }
     }
 
-    /// The shared slot of thread `t`.
-    pub(super) fn slot(&mut self, team: &Team, t: Reg) -> Reg {
-        let t = self.b.cvt(Cvt::U32ToU64, RegTy::I64, t);
-        let two = self.b.imm(RegTy::I32, 2);
-        let off = self.b.ibin(IOp::Shl, t, two);
-        self.b.ibin(IOp::Add, team.smem, off)
-    }
-
-    /// Every thread's `v` combined by `step` (two arguments) in a tree over the shared slots,
-    /// half the threads combining at each level between barriers; every thread gets the
-    /// total. Ends with a barrier, so the slots can be used again.
+    /// Every thread's f32 `v` combined by `step` (two arguments, commutative and
+    /// associative): within each warp by shuffles down (lane 0 gets the warp's total), then
+    /// the warps' totals through shared memory, which every thread combines in the same order,
+    /// so all get the same total. Ends with a barrier, so the slots can be used again. Every
+    /// thread of the block must call it together.
     pub(super) fn combine(&mut self, team: &Team, v: Reg, step: &Body) -> Result<Reg, String> {
-        self.b.push(Inst::St(Space::Shared, Mem::B32, team.mine, v));
-        self.b.push(Inst::Bar);
-        let mut half = BLOCK / 2;
-        while half > 0 {
-            let skip = self.b.label();
-            let h = self.b.imm(RegTy::I32, half as u64);
-            let out = self.b.setp(CmpTy::Unsigned, Cmp::Ge, team.tid, h);
-            self.b.push(Inst::Bra(skip, Some((out, true))));
-            let other = self.b.ibin(IOp::Add, team.tid, h);
-            let theirs = self.slot(team, other);
-            let x = self.b.ld(Space::Shared, Mem::B32, RegTy::F32, team.mine);
-            let y = self.b.ld(Space::Shared, Mem::B32, RegTy::F32, theirs);
-            let z = render(&mut self.b, step, &[x, y])?[0];
-            self.b.push(Inst::St(Space::Shared, Mem::B32, team.mine, z));
-            self.b.place(skip);
-            self.b.push(Inst::Bar);
-            half /= 2;
+        let mut x = v;
+        let mut delta = 16;
+        while delta > 0 {
+            let y = self.b.reg(RegTy::F32);
+            self.b.push(Inst::ShflDown(y, x, delta));
+            x = render(&mut self.b, step, &[x, y])?[0];
+            delta /= 2;
         }
-        let total = self.b.ld(Space::Shared, Mem::B32, RegTy::F32, team.smem);
+        let skip = self.b.label();
+        let lanes = self.b.imm(RegTy::I32, 31);
+        let lane = self.b.ibin(IOp::And, team.tid, lanes);
+        let zero = self.b.imm(RegTy::I32, 0);
+        let not_first = self.b.setp(CmpTy::Unsigned, Cmp::Ne, lane, zero);
+        self.b.push(Inst::Bra(skip, Some((not_first, true))));
+        let five = self.b.imm(RegTy::I32, 5);
+        let warp = self.b.ibin(IOp::ShrU, team.tid, five);
+        let w64 = self.b.cvt(Cvt::U32ToU64, RegTy::I64, warp);
+        let two = self.b.imm(RegTy::I32, 2);
+        let off = self.b.ibin(IOp::Shl, w64, two);
+        let mine = self.b.ibin(IOp::Add, team.smem, off);
+        self.b.push(Inst::St(Space::Shared, Mem::B32, mine, x));
+        self.b.place(skip);
+        self.b.push(Inst::Bar);
+        let mut total = self.b.ld(Space::Shared, Mem::B32, RegTy::F32, team.smem);
+        for w in 1..WARPS as u64 {
+            let off = self.b.imm(RegTy::I64, 4 * w);
+            let at = self.b.ibin(IOp::Add, team.smem, off);
+            let y = self.b.ld(Space::Shared, Mem::B32, RegTy::F32, at);
+            total = render(&mut self.b, step, &[total, y])?[0];
+        }
         self.b.push(Inst::Bar);
         Ok(total)
     }

@@ -215,6 +215,44 @@ fn kernel(s: &mut String, k: &Kernel) {
                     r(v)
                 )
             }
+            Inst::Ld4(space, d, a) => {
+                let t = mem_name(Mem::B32, ty(d[0]));
+                let [x, y, z, w] = d.map(r);
+                format!(
+                    "ld.{}.v4.{t} {{{x}, {y}, {z}, {w}}}, [{}];",
+                    space_name(space),
+                    r(a)
+                )
+            }
+            Inst::St4(space, a, v) => {
+                let t = mem_name(Mem::B32, ty(v[0]));
+                let [x, y, z, w] = v.map(r);
+                format!(
+                    "st.{}.v4.{t} [{}], {{{x}, {y}, {z}, {w}}};",
+                    space_name(space),
+                    r(a)
+                )
+            }
+            Inst::ShflDown(d, a, delta) => {
+                format!("shfl.sync.down.b32 {}, {}, {delta}, 31, -1;", r(d), r(a))
+            }
+            Inst::CpAsync {
+                dst,
+                src,
+                bytes,
+                fill,
+            } => {
+                // `.cg` (bypassing L1) only comes in 16 bytes.
+                let cache = if bytes == 16 { "cg" } else { "ca" };
+                format!(
+                    "cp.async.{cache}.shared.global [{}], [{}], {bytes}, {};",
+                    r(dst),
+                    r(src),
+                    r(fill)
+                )
+            }
+            Inst::CpAsyncCommit => "cp.async.commit_group;".to_string(),
+            Inst::CpAsyncWait(n) => format!("cp.async.wait_group {n};"),
             Inst::Label(l) => {
                 let _ = writeln!(s, "$L__{}:", l.0);
                 continue;

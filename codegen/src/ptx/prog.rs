@@ -248,6 +248,34 @@ pub enum Inst {
     Ld(Space, Mem, Reg, Reg),
     /// Stores register `v` at address `a`: `St(space, mem, a, v)`.
     St(Space, Mem, Reg, Reg),
+    /// Four 32-bit registers `d` = the 16 bytes at address `a` (16-byte aligned), bit for bit.
+    Ld4(Space, [Reg; 4], Reg),
+    /// Stores four 32-bit registers `v` at address `a` (16-byte aligned): `St4(space, a, v)`.
+    St4(Space, Reg, [Reg; 4]),
+    /// `d = ` the 32-bit register `a` of the lane `delta` above this one in its warp (its own
+    /// `a` where that lane is past the warp's end). Every thread of the warp must execute it
+    /// together (`shfl.sync.down` with a full member mask).
+    ShflDown(Reg, Reg, u32),
+    /// Starts copying `bytes` (4 or 16, aligned so) from global address `src` to shared
+    /// address `dst`, of which only the first `fill` bytes (a 32-bit register: 0 or `bytes`)
+    /// are read and the rest are zeros: `CpAsync { dst, src, bytes, fill }`. The copy lands
+    /// by a later [`Inst::CpAsyncWait`] (`cp.async`, sm_80 and newer).
+    CpAsync {
+        /// Shared address written.
+        dst: Reg,
+        /// Global address read.
+        src: Reg,
+        /// Bytes copied.
+        bytes: u32,
+        /// Bytes read from `src`; the rest are zeros.
+        fill: Reg,
+    },
+    /// Closes the thread's copies started since the last commit into a group.
+    CpAsyncCommit,
+    /// Waits until at most `n` of the thread's committed groups are unfinished (the newest
+    /// ones); the others' bytes are then in shared memory, for this thread (a barrier after it
+    /// shows them to the block).
+    CpAsyncWait(u32),
     /// Where a label points.
     Label(Label),
     /// A jump, if the predicate (when given) is `true` (or `false`, with `false` here).

@@ -14,8 +14,8 @@ use tcc_ir::{DType, Function, OpKind, Value};
 /// the prologue's value of each, combined from the reduction's identity by its step, then the
 /// mean's scale and the epilogue. Short reductions: a thread per output, in order along `l`.
 /// Long ones: a block per output (grid-stride over outputs), each thread combining every
-/// `BLOCK`-th element, then a tree over the block's partials in shared memory, halving the
-/// threads that combine at each level, a barrier between levels; thread 0 finishes.
+/// `BLOCK`-th element, then the block's partials combined by warp shuffles and the warps'
+/// totals through shared memory ([`Ctx::combine`]); thread 0 finishes.
 pub fn reduction(
     f: &Function,
     kd: &KernelData,

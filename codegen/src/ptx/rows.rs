@@ -12,7 +12,8 @@ use tcc_ir::{DType, Function, OpKind, Value};
 
 /// A row's maximum and its sum of `e^(x - max)` by the softmax steps, over the row's elements
 /// `x = value(c, j)` for `j = j0, j0 + step, ...` below `len` (a thread's share; with `team`,
-/// the block's shares combined in shared memory, every thread getting the totals).
+/// the block's shares combined by shuffles and shared memory, every thread getting the
+/// totals).
 fn max_and_sum(
     c: &mut Ctx,
     len: u64,
@@ -58,7 +59,7 @@ fn max_and_sum(
 /// passes over each row: its maximum, the sum of `exp(x - max)`, then each element normalised
 /// (`exp(x - max) / sum`, or `x - max - log(sum)`) and the epilogue. Rows shorter than 64: a
 /// thread per row. Longer ones: a block per row, each thread taking every 256th element, the
-/// threads' maxima and sums combined in shared memory ([`Ctx::combine`]).
+/// threads' maxima and sums combined by warp shuffles and shared memory ([`Ctx::combine`]).
 pub fn row(f: &Function, kd: &KernelData, row: &RowShape, name: String) -> Result<Lowered, String> {
     let RowShape { root, len } = *row;
     let dims = f.ty(f.op(root).args[0]).dims().to_vec();
