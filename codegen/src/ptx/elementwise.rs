@@ -1,10 +1,12 @@
 //! Elementwise kernels: grid-stride loops, thread `t` of block `b` handling elements
 //! `b * block + t`, then that plus the grid's size, and so on, each loading its operands as
-//! their access patterns say, computing the kernel layer's body and storing the results; and
-//! `pow` alone, over the shared `kernel::math::pow`.
+//! their access patterns say, computing the kernel layer's body and storing the results (four
+//! elements a step, with 16-byte loads and stores, where the outputs are 32-bit); and `pow`
+//! alone, over the shared `kernel::math::pow`.
 
 use super::lower::{BLOCK, Ctx, Lowered, render};
-use crate::kernel::expr::{self, Body, Lane};
+use super::prog::{IOp, Reg};
+use crate::kernel::expr::{self, Body, Class, Lane};
 use crate::kernel::lower::body as body_of;
 use crate::plan::KernelData;
 use tcc_ir::{DType, Function, Value};
@@ -52,10 +54,29 @@ fn elementwise_body(
     let mut c = Ctx::new(name, (n_in + kd.outputs.len()) as u32, BLOCK, n);
     let params: Vec<usize> = (0..n_in).collect();
     let ops = c.operands(f, lane, &kd.inputs, &params, &out_dims)?;
-    c.grid_stride(n, |c, i| {
-        let args = c.load(&ops, i);
-        let outs = render(&mut c.b, body, &args)?;
-        c.store(f, body, &outs, &kd.outputs, n_in, i)
-    })?;
-    Ok(c.finish(n.div_ceil(BLOCK as u64)))
+    let words = (kd.outputs.iter()).all(|&v| matches!(f.ty(v).dtype(), DType::F32 | DType::I32))
+        && body.results.iter().all(|&r| body.class(r) == Class::Num);
+    // Four elements a step where every output is 32-bit numbers, then the rest one at a time.
+    let quads = if words { n / 4 } else { 0 };
+    if quads > 0 {
+        c.grid_stride(quads, |c, q| {
+            let i = c.op_n(IOp::Mul, q, 4);
+            let args = c.load4(&ops, i);
+            let mut outs: [Vec<Reg>; 4] = Default::default();
+            for (e, out) in outs.iter_mut().enumerate() {
+                let lane_args: Vec<Reg> = args.iter().map(|a| a[e]).collect();
+                *out = render(&mut c.b, body, &lane_args)?;
+            }
+            c.store4(&outs, kd.outputs.len(), n_in, i);
+            Ok(())
+        })?;
+    }
+    if quads * 4 < n {
+        c.grid_stride_from(quads * 4, n, |c, i| {
+            let args = c.load(&ops, i);
+            let outs = render(&mut c.b, body, &args)?;
+            c.store(f, body, &outs, &kd.outputs, n_in, i)
+        })?;
+    }
+    Ok(c.finish(quads.max(n - quads * 4).div_ceil(BLOCK as u64)))
 }

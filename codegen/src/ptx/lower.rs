@@ -201,42 +201,71 @@ impl Ctx {
 
     /// Every operand's value at element `i` of the iteration space.
     pub(super) fn load(&mut self, ops: &[Operand], i: Reg) -> Vec<Reg> {
+        ops.iter().map(|op| self.load_one(op, i)).collect()
+    }
+
+    /// Every operand's values at elements `i..i + 4` (`i` a multiple of 4), one register per
+    /// element: 16 bytes at once where the operand is read at the same element and is 32-bit
+    /// (its buffer 16-byte aligned, as the memory plan and the runtime place every buffer),
+    /// one load for all four where they read one element, else four loads.
+    pub(super) fn load4(&mut self, ops: &[Operand], i: Reg) -> Vec<[Reg; 4]> {
         let mut args = Vec::with_capacity(ops.len());
         for op in ops {
-            if let Some(s) = op.scalar {
-                args.push(s);
-                continue;
-            }
-            let idx = match op.access {
-                Access::Same => i,
-                Access::Block { inner, n } | Access::Gapped { inner, n, .. } => {
-                    let q = if inner == 1 {
-                        i
-                    } else {
-                        self.op_n(IOp::DivU, i, inner)
-                    };
-                    let mut idx = self.op_n(IOp::RemU, q, n);
-                    if let Access::Gapped {
-                        outer_inner,
-                        outer_n,
-                        ..
-                    } = op.access
-                    {
-                        let q = self.op_n(IOp::DivU, i, outer_inner);
-                        let hi = self.op_n(IOp::RemU, q, outer_n);
-                        let cn = self.n(n);
-                        let sum = self.b.reg(self.it);
-                        self.b.push(Inst::IMad(sum, hi, cn, idx));
-                        idx = sum;
-                    }
-                    idx
-                }
-                Access::Scalar(_) => unreachable!("loaded before the loop"),
+            let same_in_4 = match op.access {
+                Access::Scalar(_) => true,
+                Access::Block { inner, .. } => inner % 4 == 0,
+                Access::Gapped {
+                    inner, outer_inner, ..
+                } => inner % 4 == 0 && outer_inner % 4 == 0,
+                Access::Same => false,
             };
-            let addr = self.address(op.base, idx, op.mem);
-            args.push(self.b.ld(Space::Global, op.mem, op.ty, addr));
+            args.push(if same_in_4 {
+                [self.load_one(op, i); 4]
+            } else if op.access == Access::Same && op.mem == Mem::B32 {
+                let addr = self.address(op.base, i, Mem::B32);
+                let d = [(); 4].map(|_| self.b.reg(op.ty));
+                self.b.push(Inst::Ld4(Space::Global, d, addr));
+                d
+            } else {
+                [0, 1, 2, 3].map(|e| {
+                    let ie = if e == 0 { i } else { self.op_n(IOp::Add, i, e) };
+                    self.load_one(op, ie)
+                })
+            });
         }
         args
+    }
+
+    /// Operand `op`'s value at element `i`.
+    fn load_one(&mut self, op: &Operand, i: Reg) -> Reg {
+        if let Some(s) = op.scalar {
+            return s;
+        }
+        let idx = match op.access {
+            Access::Same => i,
+            Access::Block { inner, n } | Access::Gapped { inner, n, .. } => {
+                let q = if inner == 1 {
+                    i
+                } else {
+                    self.op_n(IOp::DivU, i, inner)
+                };
+                let mut idx = self.op_n(IOp::RemU, q, n);
+                if let Access::Gapped {
+                    outer_inner,
+                    outer_n,
+                    ..
+                } = op.access
+                {
+                    let q = self.op_n(IOp::DivU, i, outer_inner);
+                    let hi = self.op_n(IOp::RemU, q, outer_n);
+                    idx = self.mad_n(hi, n, idx);
+                }
+                idx
+            }
+            Access::Scalar(_) => unreachable!("loaded before the loop"),
+        };
+        let addr = self.address(op.base, idx, op.mem);
+        self.b.ld(Space::Global, op.mem, op.ty, addr)
     }
 
     /// Stores the results `outs` of `body` to the kernel's outputs `vals` (parameters from
@@ -269,6 +298,20 @@ impl Ctx {
         Ok(())
     }
 
+    /// Stores four elements' results (`outs[e]` for element `i + e`, `i` a multiple of 4)
+    /// to the kernel's outputs `vals` (parameters from `first` on), 16 bytes at once; every
+    /// output is a 32-bit number.
+    pub(super) fn store4(&mut self, outs: &[Vec<Reg>; 4], n_out: usize, first: usize, i: Reg) {
+        for o in 0..n_out {
+            let addr = self.address(self.bases[first + o], i, Mem::B32);
+            self.b.push(Inst::St4(
+                Space::Global,
+                addr,
+                outs.each_ref().map(|r| r[o]),
+            ));
+        }
+    }
+
     /// `for i = start; i < n; i += step { body(i) }` on register `i` (modified in place).
     pub(super) fn for_loop(
         &mut self,
@@ -294,6 +337,16 @@ impl Ctx {
         n: u64,
         body: impl FnOnce(&mut Ctx, Reg) -> Result<(), String>,
     ) -> Result<(), String> {
+        self.grid_stride_from(0, n, body)
+    }
+
+    /// The grid-stride loop over elements `start..n`.
+    pub(super) fn grid_stride_from(
+        &mut self,
+        start: u64,
+        n: u64,
+        body: impl FnOnce(&mut Ctx, Reg) -> Result<(), String>,
+    ) -> Result<(), String> {
         let tid = self.sreg(Sreg::Tid);
         let ntid = self.sreg(Sreg::Ntid);
         let ctaid = self.sreg(Sreg::Ctaid);
@@ -301,7 +354,10 @@ impl Ctx {
         let first = self.b.reg(RegTy::I32);
         self.b.push(Inst::IMad(first, ctaid, ntid, tid));
         let stride = self.b.ibin(IOp::Mul, nctaid, ntid);
-        let (i, stride) = (self.index_of(first), self.index_of(stride));
+        let (mut i, stride) = (self.index_of(first), self.index_of(stride));
+        if start > 0 {
+            i = self.op_n(IOp::Add, i, start);
+        }
         let count = self.n(n);
         self.for_loop(i, count, stride, |c| body(c, i))
     }

@@ -72,18 +72,19 @@ fn unsupported_kernels_are_errors_naming_the_op() {
 #[test]
 fn manifest_names_every_operand() {
     let f = parse_function(
-        "func @f(%x: f32[300], %b: f32[]) -> (f32[3,100]) {
-  %s = add %x, %b : f32[300]
-  %t = tanh %s : f32[300]
-  %r = reshape %t {shape=[3,100]} : f32[3,100]
-  %u = exp %r : f32[3,100]
+        "func @f(%x: f32[3000], %b: f32[]) -> (f32[30,100]) {
+  %s = add %x, %b : f32[3000]
+  %t = tanh %s : f32[3000]
+  %r = reshape %t {shape=[30,100]} : f32[30,100]
+  %u = exp %r : f32[30,100]
   return %u
 }",
     )
     .unwrap();
     let m = module(&f, 80);
     let text = m.manifest();
-    assert!(text.contains("grid 2 block 256"), "{text}");
+    // 3000 elements, four a thread: 750 threads, three blocks of 256.
+    assert!(text.contains("grid 3 block 256"), "{text}");
     assert!(text.contains("%x param 0"), "{text}");
     assert!(text.contains("%b param 1"), "{text}");
     assert!(text.contains("output 0"), "{text}");
