@@ -456,7 +456,7 @@ fn light_models_assemble_for_the_gpu() {
         tcc::passes::PassManager::new(pipeline.clone())
             .run(&mut m, &mut std::io::sink())
             .unwrap();
-        let compiled = tcc::codegen::compile(&tcc::codegen::ptx::Ptx { sm: 80 }, &m.functions[0]);
+        let compiled = tcc::codegen::compile(&tcc::codegen::ptx::Ptx::new(80), &m.functions[0]);
         let module = compiled.unwrap_or_else(|e| panic!("{name}: {e}"));
         for sm in [80, 90] {
             let text = tcc::codegen::ptx::print::module(&module.kernels, sm);

@@ -65,7 +65,7 @@ impl Gpu {
                     self.name()
                 ))
             })?;
-        Ok(Ptx { sm: best })
+        Ok(Ptx::new(best))
     }
 
     /// `m` loaded: its PTX assembled by the driver, its constants uploaded.

@@ -9,98 +9,310 @@ use crate::kernel::lower::{body as body_of, lower_ops};
 use crate::plan::KernelData;
 use tcc_ir::{DType, Function, OpKind, Value};
 
-/// Rows and columns of the output tile a block of a GEMM computes.
-pub const TILE: u64 = 64;
-
 /// The depth of the slices of A and B a GEMM block stages in shared memory.
 const DEPTH: u64 = 8;
 
-/// Rows and columns of the output each thread of a GEMM computes (its registers).
-const MICRO: u64 = 4;
+/// Which output tiles GEMM kernels (matmuls, convolutions and their gradients) use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GemmTiles {
+    /// By the problem: [`GemmTiles::Large`] where it still gives a block to each SM of an
+    /// A100 (108 blocks), else [`GemmTiles::Small`].
+    #[default]
+    Auto,
+    /// 64x64 tiles, a 4x4 block of outputs per thread.
+    Small,
+    /// 128x128 tiles, an 8x8 block of outputs per thread.
+    Large,
+}
 
-/// Loads an operand's element of a GEMM: given the batch's offset register (from
-/// [`Gemm::offsets`]), the row and the column, the value (0 past `k`), never loading outside
-/// the operand's buffer.
-type Load<'a> = &'a dyn Fn(&mut Ctx, Reg, Reg, Reg) -> Reg;
+/// How a GEMM block divides its work: a `bm x bn` output tile per block of 256 threads, a
+/// `tm x tn` block of it per thread, in registers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Tiling {
+    bm: u64,
+    bn: u64,
+    tm: u64,
+    tn: u64,
+}
 
-/// What the tiled kernel ([`gemm`]) multiplies: per batch, an `m x k` A by a `k x n` B, each
-/// element loaded by its operand's own rule (a matrix, a transposed one, a convolution's
-/// input window), and where output `(batch, row, col)` lives.
+impl Tiling {
+    const SMALL: Tiling = Tiling {
+        bm: 64,
+        bn: 64,
+        tm: 4,
+        tn: 4,
+    };
+    const LARGE: Tiling = Tiling {
+        bm: 128,
+        bn: 128,
+        tm: 8,
+        tn: 8,
+    };
+
+    /// The tiling `tiles` asks for, for `batches` products of `m x n`.
+    fn choose(tiles: GemmTiles, m: u64, n: u64, batches: u64) -> Tiling {
+        let l = Tiling::LARGE;
+        match tiles {
+            GemmTiles::Small => Tiling::SMALL,
+            GemmTiles::Large => l,
+            GemmTiles::Auto => {
+                let blocks = batches * m.div_ceil(l.bm) * n.div_ceil(l.bn);
+                if m >= l.bm && n >= l.bn && blocks >= 108 {
+                    l
+                } else {
+                    Tiling::SMALL
+                }
+            }
+        }
+    }
+
+    /// Bytes of one stage: the `DEPTH x bm` slice of A, then the `DEPTH x bn` slice of B.
+    fn stage_bytes(self) -> u64 {
+        (self.bm + self.bn) * DEPTH * 4
+    }
+
+    /// Where a thread's `i`-th row (of `per` it has, in runs of 4) lies in an `extent`-wide
+    /// tile, past the thread's own offset `4 * t`: the runs are `extent * 4 / per` apart, so
+    /// that consecutive threads read consecutive 16-byte words of shared memory.
+    fn spread(extent: u64, per: u64, i: u64) -> u64 {
+        (i / 4) * (extent * 4 / per) + i % 4
+    }
+}
+
+/// Where a GEMM operand's element is: element `idx` of the buffer at `base`, or 0 where any of
+/// `zero_if` holds (outside the matrix: past `k`, which must add nothing, not even an infinity
+/// times 0; in a convolution's padding; past `m` or `n`, which feed no output).
+pub(super) struct Src {
+    base: Reg,
+    idx: Reg,
+    zero_if: Vec<Reg>,
+}
+
+/// An operand's element of a GEMM: given the batch's offset register (from
+/// [`Gemm::offsets`]), the row and the column, where it is.
+type Load<'a> = &'a dyn Fn(&mut Ctx, Reg, Reg, Reg) -> Src;
+
+/// One operand of a GEMM: where its elements are and how its slices copy best.
+struct Side<'a> {
+    at: Load<'a>,
+    /// Elements consecutive along `k` are the nearest in memory, so the threads copying a
+    /// slice walk `k` first (else the other axis: `m` for A, `n` for B).
+    k_fast: bool,
+    /// Four elements consecutive along the other axis from a multiple of 4 are 16 contiguous
+    /// bytes, aligned, all inside the matrix or all outside: a slice copies 16 bytes at a time.
+    vec: bool,
+}
+
+/// What the tiled kernel ([`gemm`]) multiplies: per batch, an `m x k` A by a `k x n` B, and
+/// where output `(batch, row, col)` lives.
 struct Gemm<'a> {
     m: u64,
     n: u64,
     k: u64,
     batches: u64,
-    /// The batch's offsets for A's and B's loads.
+    /// The batch's offsets for A's and B's elements.
     offsets: &'a dyn Fn(&mut Ctx, Reg) -> (Reg, Reg),
-    load_a: Load<'a>,
-    load_b: Load<'a>,
+    a: Side<'a>,
+    b: Side<'a>,
     /// The flat index of output `(batch, row, col)` in the result.
     out_index: &'a dyn Fn(&mut Ctx, Reg, Reg, Reg) -> Reg,
 }
 
-/// The tiled kernel of `g`: each block computes a 64x64 tile of one batch's output
-/// (grid-stride over the tiles), its 256 threads a 4x4 block of it each, in registers. For
-/// each slice of depth 8 along `k`, the threads copy the 64x8 slice of A (transposed, so that
-/// the inner loop reads rows of it) and the 8x64 slice of B into shared memory, two elements
-/// each; a barrier; 8 x 16 fused multiply-adds; a barrier. Then `finish(c, out, acc)` for
-/// each of the thread's outputs inside the matrix. Returns the number of tiles.
+/// Starts the asynchronous copy of `bytes` (4 or 16) from `src` to shared address `dst`,
+/// zeros where `src` says (reading from the buffer's start instead, so no address leaves it).
+fn copy(c: &mut Ctx, src: &Src, dst: Reg, bytes: u32) {
+    let zero_i = c.n(0);
+    let zero = c.b.imm(RegTy::I32, 0);
+    let mut idx = src.idx;
+    let mut fill = c.b.imm(RegTy::I32, bytes as u64);
+    for &p in &src.zero_if {
+        idx = c.b.selp(zero_i, idx, p);
+        fill = c.b.selp(zero, fill, p);
+    }
+    let addr = c.address(src.base, idx, Mem::B32);
+    c.b.push(Inst::CpAsync {
+        dst,
+        src: addr,
+        bytes,
+        fill,
+    });
+}
+
+/// The copies one thread makes of one operand's slice in each step: the first at offsets
+/// `kk0` along `k` and `o0` along the other axis within the slice, at byte `at0` of the stage;
+/// each at constant offsets from those (so that few registers stay live across the loop); and
+/// the predicate that the thread makes none (where the slice has fewer copies than threads).
+struct Copies {
+    kk0: Reg,
+    o0: Reg,
+    at0: Reg,
+    /// Each copy's offsets along `k` and the other axis from the first's, and in bytes.
+    each: Vec<(u64, u64, u64)>,
+    idle: Option<Reg>,
+    bytes: u32,
+}
+
+/// The copies of the `DEPTH x extent` slice of side `s` (at byte `at` of a stage, stored
+/// `k`-major: element `(kk, o)` at `kk * extent + o`) that thread `tid` (an index) makes:
+/// copy `j` takes element (or 4-element run) `tid + 256 j` of the slice, walking `k` first
+/// where that is the operand's nearest axis.
+fn copies(c: &mut Ctx, s: &Side, extent: u64, at: u64, tid: Reg) -> Copies {
+    let per = if s.vec { 4 } else { 1 };
+    let total = DEPTH * extent / per;
+    let threads = BLOCK as u64;
+    // Runs of `run` elements (or 4-runs) along the walked axis; 256 threads cover whole runs.
+    let k_first = s.k_fast && !s.vec;
+    let run = if k_first { DEPTH } else { extent / per };
+    debug_assert!(threads % run == 0, "a block covers whole runs");
+    let (kk0, o0) = if k_first {
+        (c.op_n(IOp::RemU, tid, DEPTH), c.op_n(IOp::DivU, tid, DEPTH))
+    } else {
+        let o = c.op_n(IOp::RemU, tid, run);
+        (c.op_n(IOp::DivU, tid, run), c.op_n(IOp::Mul, o, per))
+    };
+    let el = c.mad_n(kk0, extent, o0);
+    let el = if c.it == RegTy::I32 {
+        c.b.cvt(Cvt::U32ToU64, RegTy::I64, el)
+    } else {
+        el
+    };
+    let four = c.b.imm(RegTy::I64, 4);
+    let base = c.b.imm(RegTy::I64, at);
+    let at0 = c.b.reg(RegTy::I64);
+    c.b.push(Inst::IMad(at0, el, four, base));
+    let each = (0..total.div_ceil(threads))
+        .map(|j| {
+            let (dk, d_o) = if k_first {
+                (0, j * threads / DEPTH)
+            } else {
+                (j * threads / run, 0)
+            };
+            (dk, d_o, 4 * (dk * extent + d_o))
+        })
+        .collect();
+    let idle = (total % threads != 0).then(|| {
+        let t = c.n(total);
+        c.b.setp(CmpTy::Unsigned, Cmp::Ge, tid, t)
+    });
+    Copies {
+        kk0,
+        o0,
+        at0,
+        each,
+        idle,
+        bytes: 4 * per as u32,
+    }
+}
+
+/// The tiled kernel of `g` with tiling `t`: each block computes a `bm x bn` tile of one
+/// batch's output (grid-stride over the tiles), each of its 256 threads a `tm x tn` block of
+/// it in registers. The slices of depth 8 along `k` of A (`k`-major, so that the inner loop
+/// reads a thread's rows as 16-byte words) and of B pass through shared memory in two stages:
+/// while the block multiplies one stage, `cp.async` copies the next slice into the other
+/// (zero-filled outside the matrices), so loading overlaps the arithmetic; one
+/// `cp.async.wait_group` and a barrier before each stage is read, a barrier after. Per slice
+/// and thread: 8 x (`tm + tn`) / 4 16-byte shared loads and 8 x `tm` x `tn` fused
+/// multiply-adds. Then `finish(c, out, acc)` for each of the thread's outputs inside the
+/// matrix. Returns the number of tiles.
 fn gemm(
     c: &mut Ctx,
     g: &Gemm,
+    t: Tiling,
     finish: &dyn Fn(&mut Ctx, Reg, Reg) -> Result<(), String>,
 ) -> Result<u64, String> {
     let (m, n, k) = (g.m, g.n, g.k);
-    let (tm, tn) = (m.div_ceil(TILE), n.div_ceil(TILE));
-    let tiles = g.batches * tm * tn;
-    c.b.k.shared = (2 * TILE * DEPTH * 4) as u32;
+    let (tiles_m, tiles_n) = (m.div_ceil(t.bm), n.div_ceil(t.bn));
+    let tiles = g.batches * tiles_m * tiles_n;
+    let stage = t.stage_bytes();
+    c.b.k.shared = (2 * stage) as u32;
+    // One block a multiprocessor is enough: without the hint `ptxas` holds some of these
+    // kernels to 64 registers and spills; with it, it takes what it needs (up to 142 here:
+    // the convolution gradients' window arithmetic, hoisted out of the `k` loop), no spills.
+    c.b.k.min_blocks = 1;
     let zero_f = c.b.imm(RegTy::F32, 0);
     let tid = c.sreg(Sreg::Tid);
     let ctaid = c.sreg(Sreg::Ctaid);
     let nctaid = c.sreg(Sreg::Nctaid);
-    let (t, tstep) = (c.index_of(ctaid), c.index_of(nctaid));
+    let (tile, tile_step) = (c.index_of(ctaid), c.index_of(nctaid));
     let tid_i = c.index_of(tid);
-    // This thread's 4x4 block: rows ty*4.., columns tx*4.. of the tile.
-    let side = TILE / MICRO;
-    let ty = c.op_n(IOp::DivU, tid_i, side);
-    let tx = c.op_n(IOp::RemU, tid_i, side);
-    let ty4 = c.op_n(IOp::Mul, ty, MICRO);
-    let tx4 = c.op_n(IOp::Mul, tx, MICRO);
+    // This thread's rows start at 4 * ty, its columns at 4 * tx (and every spread after).
+    let across = t.bn / t.tn;
+    let ty = c.op_n(IOp::DivU, tid_i, across);
+    let tx = c.op_n(IOp::RemU, tid_i, across);
+    let ty4 = c.op_n(IOp::Mul, ty, 4);
+    let tx4 = c.op_n(IOp::Mul, tx, 4);
     let smem = c.b.reg(RegTy::I64);
     c.b.push(Inst::SharedBase(smem));
-    // Shared element `e` (an index) of slice `s` (0: A, 1: B), as an address.
-    let shared_at = |c: &mut Ctx, s: u64, e: Reg| {
-        let e = if c.it == RegTy::I32 {
-            c.b.cvt(Cvt::U32ToU64, RegTy::I64, e)
+    // The thread's first A and B words in stage 0.
+    let word = |c: &mut Ctx, i: Reg, at: u64| {
+        let i = if c.it == RegTy::I32 {
+            c.b.cvt(Cvt::U32ToU64, RegTy::I64, i)
         } else {
-            e
+            i
         };
-        let two = c.b.imm(RegTy::I32, 2);
-        let off = c.b.ibin(IOp::Shl, e, two);
-        let base = if s == 0 {
-            smem
-        } else {
-            let o = c.b.imm(RegTy::I64, TILE * DEPTH * 4);
-            c.b.ibin(IOp::Add, smem, o)
-        };
-        c.b.ibin(IOp::Add, base, off)
+        let four = c.b.imm(RegTy::I64, 4);
+        let base = c.b.imm(RegTy::I64, at);
+        let off = c.b.reg(RegTy::I64);
+        c.b.push(Inst::IMad(off, i, four, base));
+        c.b.ibin(IOp::Add, smem, off)
     };
+    let a_word = word(c, ty4, 0);
+    let b_word = word(c, tx4, t.bm * DEPTH * 4);
+    let a_copies = copies(c, &g.a, t.bm, 0, tid_i);
+    let b_copies = copies(c, &g.b, t.bn, t.bm * DEPTH * 4, tid_i);
     let count = c.n(tiles);
-    c.for_loop(t, count, tstep, |c| {
+    c.for_loop(tile, count, tile_step, |c| {
         // Which batch and tile.
-        let per = tm * tn;
-        let bi = c.op_n(IOp::DivU, t, per);
-        let rest = c.op_n(IOp::RemU, t, per);
+        let per = tiles_m * tiles_n;
+        let bi = c.op_n(IOp::DivU, tile, per);
+        let rest = c.op_n(IOp::RemU, tile, per);
         let m0 = {
-            let q = c.op_n(IOp::DivU, rest, tn);
-            c.op_n(IOp::Mul, q, TILE)
+            let q = c.op_n(IOp::DivU, rest, tiles_n);
+            c.op_n(IOp::Mul, q, t.bm)
         };
         let n0 = {
-            let q = c.op_n(IOp::RemU, rest, tn);
-            c.op_n(IOp::Mul, q, TILE)
+            let q = c.op_n(IOp::RemU, rest, tiles_n);
+            c.op_n(IOp::Mul, q, t.bn)
         };
         let (a_off, b_off) = (g.offsets)(c, bi);
-        let accs: Vec<Reg> = (0..MICRO * MICRO)
+        // The first copy's row of A and column of B in this tile.
+        let a_row = c.b.ibin(IOp::Add, m0, a_copies.o0);
+        let b_col = c.b.ibin(IOp::Add, n0, b_copies.o0);
+        // Copies the slices at depth `k0` into the stage at byte `stage_at`.
+        let issue = |c: &mut Ctx, k0: Reg, stage_at: Reg| {
+            for (side, cp, is_a) in [(&g.a, &a_copies, true), (&g.b, &b_copies, false)] {
+                let skip = c.b.label();
+                if let Some(idle) = cp.idle {
+                    c.b.push(Inst::Bra(skip, Some((idle, true))));
+                }
+                let kr0 = c.b.ibin(IOp::Add, k0, cp.kk0);
+                let at = c.b.ibin(IOp::Add, smem, stage_at);
+                let at = c.b.ibin(IOp::Add, at, cp.at0);
+                for &(dk, d_o, bytes) in &cp.each {
+                    let kr = if dk == 0 {
+                        kr0
+                    } else {
+                        c.op_n(IOp::Add, kr0, dk)
+                    };
+                    let (first, off) = if is_a { (a_row, a_off) } else { (b_col, b_off) };
+                    let o = if d_o == 0 {
+                        first
+                    } else {
+                        c.op_n(IOp::Add, first, d_o)
+                    };
+                    let src = if is_a {
+                        (side.at)(c, off, o, kr)
+                    } else {
+                        (side.at)(c, off, kr, o)
+                    };
+                    let off = c.b.imm(RegTy::I64, bytes);
+                    let dst = c.b.ibin(IOp::Add, at, off);
+                    copy(c, &src, dst, cp.bytes);
+                }
+                c.b.place(skip);
+            }
+        };
+        let accs: Vec<Reg> = (0..t.tm * t.tn)
             .map(|_| {
                 let r = c.b.reg(RegTy::F32);
                 c.b.push(Inst::Mov(r, zero_f));
@@ -110,75 +322,72 @@ fn gemm(
         let k0 = c.b.reg(c.it);
         let zero_i = c.n(0);
         c.b.push(Inst::Mov(k0, zero_i));
+        // The stage being read and the one being filled, as byte offsets.
+        let (cur, next) = (c.b.reg(RegTy::I64), c.b.reg(RegTy::I64));
+        let (s0, s1) = (c.b.imm(RegTy::I64, 0), c.b.imm(RegTy::I64, stage));
+        c.b.push(Inst::Mov(cur, s0));
+        c.b.push(Inst::Mov(next, s1));
+        issue(c, k0, cur);
+        c.b.push(Inst::CpAsyncCommit);
         let kn = c.n(k);
         let kstep = c.n(DEPTH);
         c.for_loop(k0, kn, kstep, |c| {
-            // Two elements of each slice per thread.
-            for half in 0..2u64 {
-                let e = c.op_n(IOp::Add, tid_i, half * BLOCK as u64);
-                // A's slice: element (row, col) = (e / 8, e % 8) of the 64x8 slice, stored
-                // at [col][row].
-                let (row, col) = (c.op_n(IOp::DivU, e, DEPTH), c.op_n(IOp::RemU, e, DEPTH));
-                let gr = c.b.ibin(IOp::Add, m0, row);
-                let gc = c.b.ibin(IOp::Add, k0, col);
-                let v = (g.load_a)(c, a_off, gr, gc);
-                let at = {
-                    let s = c.b.reg(c.it);
-                    let t64 = c.n(TILE);
-                    c.b.push(Inst::IMad(s, col, t64, row));
-                    s
-                };
-                let addr = shared_at(c, 0, at);
-                c.b.push(Inst::St(Space::Shared, Mem::B32, addr, v));
-                // B's slice: element (row, col) = (e / 64, e % 64) of the 8x64 slice.
-                let (row, col) = (c.op_n(IOp::DivU, e, TILE), c.op_n(IOp::RemU, e, TILE));
-                let gr = c.b.ibin(IOp::Add, k0, row);
-                let gc = c.b.ibin(IOp::Add, n0, col);
-                let v = (g.load_b)(c, b_off, gr, gc);
-                let addr = shared_at(c, 1, e);
-                c.b.push(Inst::St(Space::Shared, Mem::B32, addr, v));
-            }
+            let k1 = c.b.ibin(IOp::Add, k0, kstep);
+            let last = c.b.setp(CmpTy::Unsigned, Cmp::Ge, k1, kn);
+            let no_next = c.b.label();
+            c.b.push(Inst::Bra(no_next, Some((last, true))));
+            issue(c, k1, next);
+            c.b.place(no_next);
+            // A group every step, empty after the last slice, so one wait serves every step.
+            c.b.push(Inst::CpAsyncCommit);
+            c.b.push(Inst::CpAsyncWait(1));
             c.b.push(Inst::Bar);
+            let a_at = c.b.ibin(IOp::Add, a_word, cur);
+            let b_at = c.b.ibin(IOp::Add, b_word, cur);
             for kk in 0..DEPTH {
-                let mut av = Vec::new();
-                let mut bv = Vec::new();
-                for i in 0..MICRO {
-                    let e = c.op_n(IOp::Add, ty4, kk * TILE + i);
-                    let addr = shared_at(c, 0, e);
-                    av.push(c.b.ld(Space::Shared, Mem::B32, RegTy::F32, addr));
-                    let e = c.op_n(IOp::Add, tx4, kk * TILE + i);
-                    let addr = shared_at(c, 1, e);
-                    bv.push(c.b.ld(Space::Shared, Mem::B32, RegTy::F32, addr));
-                }
-                for i in 0..MICRO as usize {
-                    for j in 0..MICRO as usize {
-                        let acc = accs[i * MICRO as usize + j];
-                        c.b.push(Inst::Fma(acc, av[i], bv[j], acc));
+                let words = |c: &mut Ctx, at: Reg, extent: u64, per: u64| -> Vec<Reg> {
+                    let mut v = Vec::new();
+                    for q in 0..per / 4 {
+                        let off = 4 * (kk * extent + Tiling::spread(extent, per, 4 * q));
+                        let o = c.b.imm(RegTy::I64, off);
+                        let addr = c.b.ibin(IOp::Add, at, o);
+                        let d = [(); 4].map(|_| c.b.reg(RegTy::F32));
+                        c.b.push(Inst::Ld4(Space::Shared, d, addr));
+                        v.extend(d);
+                    }
+                    v
+                };
+                let av = words(c, a_at, t.bm, t.tm);
+                let bv = words(c, b_at, t.bn, t.tn);
+                for (i, &a) in av.iter().enumerate() {
+                    for (j, &b) in bv.iter().enumerate() {
+                        let acc = accs[i * t.tn as usize + j];
+                        c.b.push(Inst::Fma(acc, a, b, acc));
                     }
                 }
             }
             c.b.push(Inst::Bar);
+            let tmp = c.b.reg(RegTy::I64);
+            c.b.push(Inst::Mov(tmp, cur));
+            c.b.push(Inst::Mov(cur, next));
+            c.b.push(Inst::Mov(next, tmp));
             Ok(())
         })?;
         // The outputs inside the matrix.
         let (mn, nn) = (c.n(m), c.n(n));
-        for i in 0..MICRO {
-            let row = {
-                let r0 = c.b.ibin(IOp::Add, m0, ty4);
-                c.op_n(IOp::Add, r0, i)
-            };
-            for j in 0..MICRO {
-                let col = {
-                    let c0 = c.b.ibin(IOp::Add, n0, tx4);
-                    c.op_n(IOp::Add, c0, j)
-                };
+        let row0 = c.b.ibin(IOp::Add, m0, ty4);
+        let col0 = c.b.ibin(IOp::Add, n0, tx4);
+        for i in 0..t.tm {
+            let row = c.op_n(IOp::Add, row0, Tiling::spread(t.bm, t.tm, i));
+            for j in 0..t.tn {
+                let col = c.op_n(IOp::Add, col0, Tiling::spread(t.bn, t.tn, j));
                 let skip = c.b.label();
                 let out_r = c.b.setp(CmpTy::Unsigned, Cmp::Ge, row, mn);
                 c.b.push(Inst::Bra(skip, Some((out_r, true))));
                 let out_c = c.b.setp(CmpTy::Unsigned, Cmp::Ge, col, nn);
                 c.b.push(Inst::Bra(skip, Some((out_c, true))));
                 let o = (g.out_index)(c, bi, row, col);
-                finish(c, o, accs[(i * MICRO + j) as usize])?;
+                finish(c, o, accs[(i * t.tn + j) as usize])?;
                 c.b.place(skip);
             }
         }
@@ -235,6 +444,7 @@ pub fn matmul(
     f: &Function,
     kd: &KernelData,
     (ta, tb): (bool, bool),
+    tiles: GemmTiles,
     name: String,
 ) -> Result<Lowered, String> {
     let d = f.op(kd.ops[0]);
@@ -289,12 +499,10 @@ pub fn matmul(
         acc
     };
     let offsets = |c: &mut Ctx, bi: Reg| (offset(c, bi, &sa, m * k), offset(c, bi, &sb, k * n));
-    let load_a = |c: &mut Ctx, off: Reg, row: Reg, col: Reg| {
-        load_clamped(c, a_base, off, (row, col), (m, k), ta, true)
-    };
-    let load_b = |c: &mut Ctx, off: Reg, row: Reg, col: Reg| {
-        load_clamped(c, b_base, off, (row, col), (k, n), tb, false)
-    };
+    let load_a =
+        |c: &mut Ctx, off: Reg, row: Reg, col: Reg| matrix(c, a_base, off, (row, col), (m, k), ta);
+    let load_b =
+        |c: &mut Ctx, off: Reg, row: Reg, col: Reg| matrix(c, b_base, off, (row, col), (k, n), tb);
     let out_index = |c: &mut Ctx, bi: Reg, row: Reg, col: Reg| {
         let base = c.op_n(IOp::Mul, bi, m * n);
         let nn = c.n(n);
@@ -308,11 +516,21 @@ pub fn matmul(
         k,
         batches: batch.iter().product(),
         offsets: &offsets,
-        load_a: &load_a,
-        load_b: &load_b,
+        // A transposed source is `k x m`: runs along `m` are contiguous, as in B along `n`.
+        a: Side {
+            at: &load_a,
+            k_fast: !ta,
+            vec: ta && m % 4 == 0,
+        },
+        b: Side {
+            at: &load_b,
+            k_fast: tb,
+            vec: !tb && n % 4 == 0,
+        },
         out_index: &out_index,
     };
-    let tiles = gemm(&mut c, &g, &finish)?;
+    let t = Tiling::choose(tiles, m, n, g.batches);
+    let tiles = gemm(&mut c, &g, t, &finish)?;
     Ok(c.finish(tiles))
 }
 
@@ -321,7 +539,12 @@ pub fn matmul(
 /// ([`gemm`]): per group, A is the group's filters as `OC/g x (C/g)·KH·KW` and B the input
 /// windows as `(C/g)·KH·KW x N·OH·OW`, each element of B read from the input where the window
 /// lies inside it and 0 in the padding; no columns are materialised.
-pub fn conv2d(f: &Function, kd: &KernelData, name: String) -> Result<Lowered, String> {
+pub fn conv2d(
+    f: &Function,
+    kd: &KernelData,
+    tiles: GemmTiles,
+    name: String,
+) -> Result<Lowered, String> {
     let d = f.op(kd.ops[0]);
     let OpKind::Conv2d(cv) = &d.kind else {
         return Err("not a conv2d".into());
@@ -351,7 +574,7 @@ pub fn conv2d(f: &Function, kd: &KernelData, name: String) -> Result<Lowered, St
     // The group's filters start at g * og * k; its input channels at g * cg.
     let offsets = |c: &mut Ctx, g: Reg| (c.op_n(IOp::Mul, g, og * k), c.op_n(IOp::Mul, g, cg));
     let load_a = |c: &mut Ctx, off: Reg, row: Reg, col: Reg| {
-        load_clamped(c, w_base, off, (row, col), (og, k), false, true)
+        matrix(c, w_base, off, (row, col), (og, k), false)
     };
     let (sh, sw) = (cv.strides[0], cv.strides[1]);
     let (dh, dw) = (cv.dilations[0], cv.dilations[1]);
@@ -394,7 +617,11 @@ pub fn conv2d(f: &Function, kd: &KernelData, name: String) -> Result<Lowered, St
             c.b.push(Inst::IMad(s, rowi, wn, ix));
             s
         };
-        c.load_where(x_base, idx, &outside)
+        Src {
+            base: x_base,
+            idx,
+            zero_if: outside,
+        }
     };
     // Output (g, row, col) is y[image][g*og + row][oy][ox].
     let out_index = |c: &mut Ctx, g: Reg, row: Reg, col: Reg| {
@@ -413,11 +640,21 @@ pub fn conv2d(f: &Function, kd: &KernelData, name: String) -> Result<Lowered, St
         k,
         batches: groups,
         offsets: &offsets,
-        load_a: &load_a,
-        load_b: &load_b,
+        a: Side {
+            at: &load_a,
+            k_fast: true,
+            vec: false,
+        },
+        // Consecutive output positions read (mostly) consecutive input columns.
+        b: Side {
+            at: &load_b,
+            k_fast: false,
+            vec: false,
+        },
         out_index: &out_index,
     };
-    let tiles = gemm(&mut c, &g, &finish)?;
+    let t = Tiling::choose(tiles, og, cols, groups);
+    let tiles = gemm(&mut c, &g, t, &finish)?;
     Ok(c.finish(tiles))
 }
 
@@ -427,7 +664,12 @@ pub fn conv2d(f: &Function, kd: &KernelData, name: String) -> Result<Lowered, St
 /// transposed (`C/g x (OC/g)·KH·KW`) times `dy` gathered back through the windows
 /// (`(OC/g)·KH·KW x N·H·W`: the output position each input position and tap came from, 0
 /// where the stride skips it or it falls outside).
-pub fn conv2d_grad(f: &Function, kd: &KernelData, name: String) -> Result<Lowered, String> {
+pub fn conv2d_grad(
+    f: &Function,
+    kd: &KernelData,
+    tiles: GemmTiles,
+    name: String,
+) -> Result<Lowered, String> {
     let d = f.op(kd.ops[0]);
     let (cv, filter) = match &d.kind {
         OpKind::Conv2dGradFilter { conv, .. } => (conv, true),
@@ -493,7 +735,11 @@ pub fn conv2d_grad(f: &Function, kd: &KernelData, name: String) -> Result<Lowere
             let mn = c.n(og);
             let past_k = c.b.setp(CmpTy::Unsigned, Cmp::Ge, kk, kn);
             let past_m = c.b.setp(CmpTy::Unsigned, Cmp::Ge, row, mn);
-            c.load_where(dy, idx, &[past_k, past_m])
+            Src {
+                base: dy,
+                idx,
+                zero_if: vec![past_k, past_m],
+            }
         };
         // B(kk, col) = x[img][g*cg + ic][oy*sh - pt + ky*dh][ox*sw - pl + kx*dw], col = (ic,
         // ky, kx).
@@ -524,12 +770,16 @@ pub fn conv2d_grad(f: &Function, kd: &KernelData, name: String) -> Result<Lowere
                     c.b.setp(CmpTy::Unsigned, Cmp::Ge, v, nn)
                 })
                 .collect::<Vec<_>>();
-            c.load_where(x, idx, &outside)
+            Src {
+                base: x,
+                idx,
+                zero_if: outside,
+            }
         };
         (
             k,
-            Box::new(load_a) as Box<dyn Fn(&mut Ctx, Reg, Reg, Reg) -> Reg>,
-            Box::new(load_b) as Box<dyn Fn(&mut Ctx, Reg, Reg, Reg) -> Reg>,
+            Box::new(load_a) as Box<dyn Fn(&mut Ctx, Reg, Reg, Reg) -> Src>,
+            Box::new(load_b) as Box<dyn Fn(&mut Ctx, Reg, Reg, Reg) -> Src>,
         )
     } else {
         let (dy, w) = (b0, b1);
@@ -545,7 +795,11 @@ pub fn conv2d_grad(f: &Function, kd: &KernelData, name: String) -> Result<Lowere
             let mn = c.n(cg);
             let past_k = c.b.setp(CmpTy::Unsigned, Cmp::Ge, kk, kn);
             let past_m = c.b.setp(CmpTy::Unsigned, Cmp::Ge, row, mn);
-            c.load_where(w, idx, &[past_k, past_m])
+            Src {
+                base: w,
+                idx,
+                zero_if: vec![past_k, past_m],
+            }
         };
         // B(kk, col) = dy[img][g*og + o][oy][ox] where oy*sh = iy + pt - ky*dh (and the same
         // across), col = (img, iy, ix); 0 where that is not a whole output position.
@@ -585,12 +839,16 @@ pub fn conv2d_grad(f: &Function, kd: &KernelData, name: String) -> Result<Lowere
             for rem in [ry, rx] {
                 outside.push(c.b.setp(CmpTy::Unsigned, Cmp::Ne, rem, zero));
             }
-            c.load_where(dy, idx, &outside)
+            Src {
+                base: dy,
+                idx,
+                zero_if: outside,
+            }
         };
         (
             k,
-            Box::new(load_a) as Box<dyn Fn(&mut Ctx, Reg, Reg, Reg) -> Reg>,
-            Box::new(load_b) as Box<dyn Fn(&mut Ctx, Reg, Reg, Reg) -> Reg>,
+            Box::new(load_a) as Box<dyn Fn(&mut Ctx, Reg, Reg, Reg) -> Src>,
+            Box::new(load_b) as Box<dyn Fn(&mut Ctx, Reg, Reg, Reg) -> Src>,
         )
     };
     let (k, load_a, load_b) = g;
@@ -627,46 +885,45 @@ pub fn conv2d_grad(f: &Function, kd: &KernelData, name: String) -> Result<Lowere
         k,
         batches: groups,
         offsets: &offsets,
-        load_a: &*load_a,
-        load_b: &*load_b,
+        // Along `k` both walk output positions (the filter's gradient) or filter taps (the
+        // input's), the nearest elements; the input's gradient's B walks input positions.
+        a: Side {
+            at: &*load_a,
+            k_fast: true,
+            vec: false,
+        },
+        b: Side {
+            at: &*load_b,
+            k_fast: filter,
+            vec: false,
+        },
         out_index: &out_index,
     };
-    let tiles = gemm(&mut c, &gemm_spec, &finish)?;
+    let t = Tiling::choose(tiles, m, n, groups);
+    let tiles = gemm(&mut c, &gemm_spec, t, &finish)?;
     Ok(c.finish(tiles))
 }
 
-/// Element `(r, c)` of an `rows x cols` matrix at `base + off` (row-major, or with `t` its
-/// transpose's source, read with swapped strides). The indices are clamped into range, so the
-/// load never leaves the buffer; where the index along `k` (`c` for A, `r` for B: `k_is_col`)
-/// is outside, the value is 0, so that the slice's tail adds nothing (not even an infinity
-/// times 0). Rows of A past `m` and columns of B past `n` only feed outputs never stored.
-fn load_clamped(
+/// Element `(r, col)` of an `rows x cols` matrix at `base + off` (row-major, or with `t` its
+/// transpose's source, read with swapped strides), 0 outside the matrix.
+fn matrix(
     c: &mut Ctx,
     base: Reg,
     off: Reg,
     (r, col): (Reg, Reg),
     (rows, cols): (u64, u64),
     t: bool,
-    k_is_col: bool,
-) -> Reg {
-    let (rmax, cmax) = (c.n(rows.saturating_sub(1)), c.n(cols.saturating_sub(1)));
-    let rc = c.b.ibin(IOp::MinS, r, rmax);
-    let cc = c.b.ibin(IOp::MinS, col, cmax);
-    let s = c.b.reg(c.it);
-    if t {
-        // The source is cols x rows.
-        let nr = c.n(rows);
-        c.b.push(Inst::IMad(s, cc, nr, rc));
+) -> Src {
+    let at = if t {
+        c.mad_n(col, rows, r)
     } else {
-        let nc = c.n(cols);
-        c.b.push(Inst::IMad(s, rc, nc, cc));
-    }
-    let idx = c.b.ibin(IOp::Add, s, off);
-    let addr = c.address(base, idx, Mem::B32);
-    let v = c.b.ld(Space::Global, Mem::B32, RegTy::F32, addr);
-    let (along, extent) = if k_is_col { (col, cols) } else { (r, rows) };
-    let kn = c.n(extent);
-    let past = c.b.setp(CmpTy::Unsigned, Cmp::Ge, along, kn);
-    let zero = c.b.imm(RegTy::F32, 0);
-    c.b.selp(zero, v, past)
+        c.mad_n(r, cols, col)
+    };
+    let idx = c.b.ibin(IOp::Add, at, off);
+    let (nr, nc) = (c.n(rows), c.n(cols));
+    let zero_if = vec![
+        c.b.setp(CmpTy::Unsigned, Cmp::Ge, r, nr),
+        c.b.setp(CmpTy::Unsigned, Cmp::Ge, col, nc),
+    ];
+    Src { base, idx, zero_if }
 }

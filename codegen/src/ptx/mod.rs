@@ -27,6 +27,8 @@ pub mod prog;
 mod reduce;
 mod rows;
 
+pub use gemm::GemmTiles;
+
 use crate::backend::{Backend, CompileError, RunError};
 use crate::kernel::{Shape, shape};
 use crate::memory::{MemoryPlan, Storage};
@@ -40,11 +42,23 @@ use tcc_ir::{Function, OpKind, Tensor, Value, ValueDef};
 pub struct Ptx {
     /// The GPU architecture, as in `sm_80` (80) or `sm_90` (90).
     pub sm: u32,
+    /// The output tiles of GEMM kernels (by the problem's size unless forced).
+    pub tiles: GemmTiles,
+}
+
+impl Ptx {
+    /// The backend for `sm_{sm}`, everything else by default.
+    pub fn new(sm: u32) -> Ptx {
+        Ptx {
+            sm,
+            tiles: GemmTiles::Auto,
+        }
+    }
 }
 
 impl Default for Ptx {
     fn default() -> Ptx {
-        Ptx { sm: 80 }
+        Ptx::new(80)
     }
 }
 
@@ -226,6 +240,7 @@ fn lower_kernel(
     f: &Function,
     plan: &Plan,
     kd: &KernelData,
+    tiles: GemmTiles,
     name: String,
 ) -> Option<Result<lower::Lowered, String>> {
     match shape(f, kd) {
@@ -246,12 +261,13 @@ fn lower_kernel(
                     f,
                     kd,
                     (folded(d.args[0]), folded(d.args[1])),
+                    tiles,
                     name,
                 ))
             }
-            OpKind::Conv2d(_) => Some(gemm::conv2d(f, kd, name)),
+            OpKind::Conv2d(_) => Some(gemm::conv2d(f, kd, tiles, name)),
             OpKind::Conv2dGradInput { .. } | OpKind::Conv2dGradFilter { .. } => {
-                Some(gemm::conv2d_grad(f, kd, name))
+                Some(gemm::conv2d_grad(f, kd, tiles, name))
             }
             _ => None,
         };
@@ -395,7 +411,7 @@ impl Backend for Ptx {
                 continue;
             }
             let name = identifier(&format!("{}_{k}", f.name));
-            let low = lower_kernel(f, &plan, kd, name)
+            let low = lower_kernel(f, &plan, kd, self.tiles, name)
                 .ok_or_else(|| unsupported(f, kd))?
                 .map_err(|e| {
                     CompileError(format!("kernel {k} ({}): {e}", f.describe_op(kd.ops[0])))

@@ -63,7 +63,11 @@ fn kernel(s: &mut String, k: &Kernel) {
         let comma = if j + 1 < k.params { "," } else { "" };
         let _ = writeln!(s, "\t.param .u64 {}_param_{j}{comma}", k.name);
     }
-    let _ = writeln!(s, ")\n.maxntid {}, 1, 1\n{{", k.block);
+    let _ = writeln!(s, ")\n.maxntid {}, 1, 1", k.block);
+    if k.min_blocks > 0 {
+        let _ = writeln!(s, ".minnctapersm {}", k.min_blocks);
+    }
+    s.push_str("{\n");
     for (t, &n) in names.counts.iter().enumerate() {
         if n > 0 {
             let _ = writeln!(s, "\t.reg {} {}<{}>;", DECL[t], PREFIX[t], n + 1);

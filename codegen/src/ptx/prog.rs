@@ -300,6 +300,10 @@ pub struct Kernel {
     pub shared: u32,
     /// Threads per block it must be launched with.
     pub block: u32,
+    /// Blocks that should fit on one multiprocessor at once (0: no hint). `ptxas` bounds the
+    /// registers by it (65,536 / (blocks x threads)) and otherwise may trade a few spills for
+    /// occupancy.
+    pub min_blocks: u32,
     /// Labels defined.
     pub labels: u32,
     /// The instructions.
@@ -325,6 +329,7 @@ impl Builder {
                 regs: Vec::new(),
                 shared: 0,
                 block,
+                min_blocks: 0,
                 labels: 0,
                 body: Vec::new(),
             },

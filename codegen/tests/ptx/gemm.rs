@@ -1,19 +1,39 @@
 //! The tiled GEMM: matmuls, convolutions and the convolution gradients.
 
 use super::*;
+use tcc_codegen::ptx::GemmTiles;
 
-/// Matmuls of every edge case against the interpreter: tiles cut by the matrix's edges,
-/// several tiles, batches, broadcast batches, transposes the plan folds (read with swapped
-/// strides), and the fused epilogue (a bias, relu, a residual).
+/// The backend with each GEMM tiling forced, so that both run on small problems.
+fn tilings() -> [Ptx; 2] {
+    [GemmTiles::Small, GemmTiles::Large].map(|tiles| Ptx {
+        tiles,
+        ..Ptx::default()
+    })
+}
+
+/// Matmuls of every edge case against the interpreter, with either tiling: tiles cut by the
+/// matrix's edges, several tiles, batches, broadcast batches, B copied 16 bytes at a time
+/// (`n` a multiple of 4) or element by element, transposes the plan folds (read with swapped
+/// strides; a transposed A with `m` a multiple of 4 copies 16 bytes at a time), and the fused
+/// epilogue (a bias, relu, a residual).
 #[test]
 fn matmuls_match() {
+    for ptx in tilings() {
+        matmuls_match_on(&ptx);
+    }
+}
+
+fn matmuls_match_on(ptx: &Ptx) {
+    let tiles = ptx.tiles;
     let cases = [
         ("f32[7,13]", "f32[13,9]", "f32[7,9]"),
         ("f32[64,64]", "f32[64,64]", "f32[64,64]"),
         ("f32[130,70]", "f32[70,65]", "f32[130,65]"),
+        ("f32[131,17]", "f32[17,132]", "f32[131,132]"),
         ("f32[1,300]", "f32[300,3]", "f32[1,3]"),
         ("f32[2,3,5,8]", "f32[8,6]", "f32[2,3,5,6]"),
         ("f32[3,1,5,8]", "f32[4,8,6]", "f32[3,4,5,6]"),
+        ("f32[2,9,12]", "f32[12,20]", "f32[2,9,20]"),
     ];
     for (i, (x, w, y)) in cases.iter().enumerate() {
         let n = y.trim_end_matches(']').rsplit(',').next().unwrap();
@@ -28,27 +48,25 @@ fn matmuls_match() {
         );
         let f = parse_function(&src).unwrap();
         let inputs = randoms(&f, 40 + i as u64);
-        one_kernel_agrees(&f, &inputs, 1e-5, 1e-5).unwrap_or_else(|e| panic!("{x} @ {w}: {e}"));
+        one_kernel_agrees(ptx, &f, &inputs, 1e-5, 1e-5)
+            .unwrap_or_else(|e| panic!("{tiles:?}: {x} @ {w}: {e}"));
     }
-    // Transposes only matmuls read: folded, read from their sources with swapped strides.
-    let f = parse_function(
-        "func @f(%xt: f32[13,70], %w: f32[65,13]) -> (f32[70,65]) {
-  %x = transpose %xt {perm=[1,0]} : f32[70,13]
-  %wt = transpose %w {perm=[1,0]} : f32[13,65]
-  %y = matmul %x, %wt : f32[70,65]
+    // Transposes only matmuls read: folded, read from their sources with swapped strides (A's
+    // 16 bytes at a time where m is a multiple of 4).
+    for m in [70, 68] {
+        let f = parse_function(&format!(
+            "func @f(%xt: f32[13,{m}], %w: f32[65,13]) -> (f32[{m},65]) {{
+  %x = transpose %xt {{perm=[1,0]}} : f32[{m},13]
+  %wt = transpose %w {{perm=[1,0]}} : f32[13,65]
+  %y = matmul %x, %wt : f32[{m},65]
   return %y
-}",
-    )
-    .unwrap();
-    let inputs = randoms(&f, 3);
-    let m = module(&f, 80);
-    assert_eq!(
-        m.kernels.len(),
-        1,
-        "both transposes folded:\n{}",
-        m.manifest()
-    );
-    against_interpreter(&f, &inputs, 1e-5, 1e-5).unwrap();
+}}"
+        ))
+        .unwrap();
+        let inputs = randoms(&f, 3);
+        one_kernel_agrees(ptx, &f, &inputs, 1e-5, 1e-5)
+            .unwrap_or_else(|e| panic!("{tiles:?}: both transposes folded, m {m}: {e}"));
+    }
     // Infinities in the last column of A and the last row of B (k = 13, a slice of 8 runs
     // past it): the slice's tail must add zeros, not an infinity times 0.
     let f = parse_function(
@@ -68,7 +86,8 @@ fn matmuls_match() {
         }
         inputs[t] = Tensor::from_f32(inputs[t].dims(), v).unwrap();
     }
-    against_interpreter(&f, &inputs, 1e-5, 1e-5).unwrap();
+    against_interpreter_on(ptx, &f, &inputs, 1e-5, 1e-5)
+        .unwrap_or_else(|e| panic!("{tiles:?}: {e}"));
     // A product stored as well as its epilogue's result.
     let f = parse_function(
         "func @f(%x: f32[5,4], %w: f32[4,3]) -> (f32[5,3], f32[5,3]) {
@@ -79,10 +98,11 @@ fn matmuls_match() {
     )
     .unwrap();
     let inputs = randoms(&f, 4);
-    against_interpreter(&f, &inputs, 1e-5, 1e-6).unwrap();
+    against_interpreter_on(ptx, &f, &inputs, 1e-5, 1e-6)
+        .unwrap_or_else(|e| panic!("{tiles:?}: {e}"));
 }
 
-/// Convolutions as implicit GEMMs against the interpreter: padding (asymmetric too), strides,
+/// Convolutions as implicit GEMMs against the interpreter, with either tiling: padding (asymmetric too), strides,
 /// dilation, groups, depthwise, 1x1, a batch, and the fused epilogue (a per-channel bias and
 /// relu).
 #[test]
@@ -132,12 +152,15 @@ fn convolutions_match() {
         );
         let f = parse_function(&src).unwrap_or_else(|e| panic!("{src}\n{e:?}"));
         let inputs = randoms(&f, 60 + i as u64);
-        one_kernel_agrees(&f, &inputs, 1e-5, 1e-5)
-            .unwrap_or_else(|e| panic!("{x} * {w} {attrs}: {e}"));
+        for ptx in tilings() {
+            one_kernel_agrees(&ptx, &f, &inputs, 1e-5, 1e-5)
+                .unwrap_or_else(|e| panic!("{:?}: {x} * {w} {attrs}: {e}", ptx.tiles));
+        }
     }
 }
 
-/// The convolution gradients as implicit GEMMs against the interpreter: with respect to the
+/// The convolution gradients as implicit GEMMs against the interpreter, with either tiling:
+/// with respect to the
 /// filter and to the input, over padding, strides (positions the stride skips get nothing),
 /// dilation, groups and depthwise filters.
 #[test]
@@ -191,7 +214,9 @@ fn convolution_gradients_match() {
         );
         let f = parse_function(&src).unwrap_or_else(|e| panic!("{src}\n{e:?}"));
         let inputs = randoms(&f, 70 + i as u64);
-        against_interpreter(&f, &inputs, 1e-5, 1e-5)
-            .unwrap_or_else(|e| panic!("{x} * {w} {attrs}: {e}"));
+        for ptx in tilings() {
+            against_interpreter_on(&ptx, &f, &inputs, 1e-5, 1e-5)
+                .unwrap_or_else(|e| panic!("{:?}: {x} * {w} {attrs}: {e}", ptx.tiles));
+        }
     }
 }

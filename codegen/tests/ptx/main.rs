@@ -24,12 +24,19 @@ use tcc_ir::{Data, Function, Tensor, parse_function};
 const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
 
 fn module(f: &Function, sm: u32) -> Module {
-    tcc_codegen::compile(&Ptx { sm }, f).unwrap_or_else(|e| panic!("{f}\n{e}"))
+    compiled(&Ptx::new(sm), f)
+}
+
+fn compiled(ptx: &Ptx, f: &Function) -> Module {
+    tcc_codegen::compile(ptx, f).unwrap_or_else(|e| panic!("{f}\n{e}"))
 }
 
 fn emulate(f: &Function, inputs: &[Tensor]) -> Vec<Tensor> {
-    Ptx::default()
-        .run(&module(f, 80), inputs)
+    emulate_on(&Ptx::default(), f, inputs)
+}
+
+fn emulate_on(ptx: &Ptx, f: &Function, inputs: &[Tensor]) -> Vec<Tensor> {
+    ptx.run(&compiled(ptx, f), inputs)
         .unwrap_or_else(|e| panic!("{f}\n{e}"))
 }
 
@@ -75,19 +82,36 @@ fn against_interpreter(
     rtol: f64,
     atol: f64,
 ) -> Result<(), String> {
-    let got = emulate(f, inputs);
+    against_interpreter_on(&Ptx::default(), f, inputs, rtol, atol)
+}
+
+/// [`against_interpreter`] with backend `ptx`.
+fn against_interpreter_on(
+    ptx: &Ptx,
+    f: &Function,
+    inputs: &[Tensor],
+    rtol: f64,
+    atol: f64,
+) -> Result<(), String> {
+    let got = emulate_on(ptx, f, inputs);
     let want = tcc_ir::interp::run(f, inputs).unwrap();
     check(&got, &want, rtol, atol)
 }
 
-/// `f` is one kernel for the GPU, and its results in the emulator agree with the
-/// interpreter's within `rtol`/`atol`.
-fn one_kernel_agrees(f: &Function, inputs: &[Tensor], rtol: f64, atol: f64) -> Result<(), String> {
-    let m = module(f, 80);
+/// `f` is one kernel for the GPU (with backend `ptx`), and its results in the emulator agree
+/// with the interpreter's within `rtol`/`atol`.
+fn one_kernel_agrees(
+    ptx: &Ptx,
+    f: &Function,
+    inputs: &[Tensor],
+    rtol: f64,
+    atol: f64,
+) -> Result<(), String> {
+    let m = compiled(ptx, f);
     if m.kernels.len() != 1 {
         return Err(format!("not one kernel:\n{}", m.manifest()));
     }
-    against_interpreter(f, inputs, rtol, atol)
+    against_interpreter_on(ptx, f, inputs, rtol, atol)
 }
 
 /// Values where functions change behaviour: zeros of both signs, infinities, NaN, tiny and

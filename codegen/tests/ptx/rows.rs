@@ -37,7 +37,8 @@ fn reductions_match() {
         );
         let f = parse_function(&src).unwrap();
         let inputs = randoms(&f, i as u64);
-        one_kernel_agrees(&f, &inputs, 2e-6, 1e-7).unwrap_or_else(|e| panic!("{red}: {e}"));
+        one_kernel_agrees(&Ptx::default(), &f, &inputs, 2e-6, 1e-7)
+            .unwrap_or_else(|e| panic!("{red}: {e}"));
         if red.starts_with("reduce_max") {
             let jit = tcc_codegen::Executable::compile(&f)
                 .unwrap()
@@ -107,7 +108,8 @@ fn softmax_rows_match() {
             );
             let f = parse_function(&src).unwrap();
             let inputs = randoms(&f, 41 + i as u64);
-            one_kernel_agrees(&f, &inputs, 2e-6, 1e-9).unwrap_or_else(|e| panic!("{op} {ty}: {e}"));
+            one_kernel_agrees(&Ptx::default(), &f, &inputs, 2e-6, 1e-9)
+                .unwrap_or_else(|e| panic!("{op} {ty}: {e}"));
         }
     }
     // Over an axis that is not the last: a thread per row, its elements apart.

@@ -58,7 +58,7 @@ fn unsupported_kernels_are_errors_naming_the_op() {
         e.0.contains("no kernel for") && e.0.contains("reduce_sum"),
         "{e}"
     );
-    let e = tcc_codegen::compile(&Ptx { sm: 75 }, &f).unwrap_err();
+    let e = tcc_codegen::compile(&Ptx::new(75), &f).unwrap_err();
     assert!(e.0.contains("no PTX target sm_75"), "{e}");
     // i64 values have no GPU kernels yet: an error naming the kernel's op.
     let f = parse_function(
@@ -118,6 +118,30 @@ fn ptxas_assembles_every_module_without_spills() {
   %c = conv2d %x, %w {strides=[2,2], pads=[1,1,1,1], groups=2} : f32[2,6,5,5]
   %a = add %c, %b : f32[2,6,5,5]
   return %a
+}",
+        )
+        .unwrap(),
+    ));
+    // Large enough for the 128x128 tiles (256 blocks), with an epilogue; and a convolution
+    // with them.
+    functions.push((
+        "matmul 2048".into(),
+        parse_function(
+            "func @f(%x: f32[2048,512], %w: f32[512,2048], %b: f32[2048]) -> (f32[2048,2048]) {
+  %m = matmul %x, %w : f32[2048,2048]
+  %a = add %m, %b : f32[2048,2048]
+  %y = relu %a : f32[2048,2048]
+  return %y
+}",
+        )
+        .unwrap(),
+    ));
+    functions.push((
+        "conv2d 256x25088".into(),
+        parse_function(
+            "func @f(%x: f32[32,128,28,28], %w: f32[256,128,3,3]) -> (f32[32,256,28,28]) {
+  %c = conv2d %x, %w {pads=[1,1,1,1]} : f32[32,256,28,28]
+  return %c
 }",
         )
         .unwrap(),

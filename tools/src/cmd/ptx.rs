@@ -43,7 +43,7 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
             .run(&mut m, io.stderr)
             .map_err(|e| Error::input(format!("{}: error: {e}", input.name)))?;
     }
-    let backend = Ptx { sm: a.sm };
+    let backend = Ptx::new(a.sm);
     let mut kernels = Vec::new();
     let mut manifest = String::new();
     for f in &m.functions {
