@@ -439,17 +439,7 @@ fn light_models_assemble_for_the_gpu() {
     let dir = Path::new(ROOT).join("target/ptx-test");
     std::fs::create_dir_all(&dir).unwrap();
     let pipeline = tcc::passes::Pipeline::parse("canonicalize,fold-bn,cse,dce").unwrap();
-    for name in [
-        "bvlc_alexnet",
-        "densenet121",
-        "inception_v1",
-        "inception_v2",
-        "resnet50",
-        "shufflenet",
-        "squeezenet",
-        "vgg19",
-        "zfnet512",
-    ] {
+    for (name, _) in LIGHT {
         let path = light.join(format!("light_{name}.onnx"));
         let mut m = tcc::onnx::import_file(&path, &Default::default())
             .unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -469,38 +459,79 @@ fn light_models_assemble_for_the_gpu() {
     }
 }
 
+/// On an NVIDIA GPU (`cargo test --features cuda --test onnx gpu`; it needs a device and fails
+/// saying so without one): every light model, compiled as `light_models_assemble_for_the_gpu`
+/// does and run on the device, gives the runner's expected output within the runner's
+/// tolerances, as `light_models` checks on the CPU.
+#[cfg(feature = "cuda")]
+#[test]
+fn light_models_on_the_gpu() {
+    let gpu = tcc::codegen::ptx::cuda::Gpu::new(0)
+        .unwrap_or_else(|e| panic!("{e}: this test needs an NVIDIA GPU"));
+    let backend = gpu.backend().unwrap();
+    let light = data_dir().join("light");
+    let pipeline = tcc::passes::Pipeline::parse("canonicalize,fold-bn,cse,dce").unwrap();
+    let mut failures = Vec::new();
+    for (name, rtol) in LIGHT {
+        let path = light.join(format!("light_{name}.onnx"));
+        let mut m = tcc::onnx::import_file(&path, &Default::default())
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        tcc::passes::PassManager::new(pipeline.clone())
+            .run(&mut m, &mut std::io::sink())
+            .unwrap();
+        let f = &m.functions[0];
+        let want = read_pb(&light.join(format!("light_{name}_output_0.pb")))
+            .unwrap_or_else(|e| panic!("{name}: {e:?}"));
+        let got = tcc::codegen::compile(&backend, f)
+            .map_err(|e| e.0)
+            .and_then(|module| gpu.load(module).map_err(|e| e.0))
+            .and_then(|loaded| loaded.run(&light_inputs(f)).map_err(|e| e.0))
+            .and_then(|got| compare(&got[0], &want, rtol, 1e-7));
+        println!("{name} on {}: {got:?}", gpu.name());
+        if let Err(e) = got {
+            failures.push(format!("{name}: {e}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The `light` models and the runner's relative tolerance for each.
+const LIGHT: [(&str, f64); 9] = [
+    ("bvlc_alexnet", 1e-3),
+    ("densenet121", 2e-3),
+    ("inception_v1", 1e-3),
+    ("inception_v2", 1e-3),
+    ("resnet50", 1e-3),
+    ("shufflenet", 1e-3),
+    ("squeezenet", 1e-3),
+    ("vgg19", 1e-3),
+    ("zfnet512", 1e-3),
+];
+
+/// A light model's inputs: `arange(n)/n` in each parameter's shape, as the runner feeds them.
+fn light_inputs(f: &tcc::ir::Function) -> Vec<Tensor> {
+    (f.params().iter())
+        .map(|&p| {
+            let ty = f.ty(p).clone();
+            let n = ty.numel();
+            let data: Vec<f32> = (0..n).map(|i| (i as f64 / n as f64) as f32).collect();
+            Tensor::new(ty, Data::F32(data)).unwrap()
+        })
+        .collect()
+}
+
 /// The `light` models: each input is `arange(n)/n` in its shape, as the onnx backend test runner
 /// feeds them; tolerances are the runner's (rtol 1e-3, densenet121 2e-3; atol 1e-7).
 #[test]
 fn light_models() {
     let light = data_dir().join("light");
-    let models = [
-        ("bvlc_alexnet", 1e-3),
-        ("densenet121", 2e-3),
-        ("inception_v1", 1e-3),
-        ("inception_v2", 1e-3),
-        ("resnet50", 1e-3),
-        ("shufflenet", 1e-3),
-        ("squeezenet", 1e-3),
-        ("vgg19", 1e-3),
-        ("zfnet512", 1e-3),
-    ];
     let mut failures = Vec::new();
-    for (name, rtol) in models {
+    for (name, rtol) in LIGHT {
         let path = light.join(format!("light_{name}.onnx"));
         let m = tcc::onnx::import_file(&path, &Default::default())
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         let f = &m.functions[0];
-        let inputs: Vec<Tensor> = f
-            .params()
-            .iter()
-            .map(|&p| {
-                let ty = f.ty(p).clone();
-                let n = ty.numel();
-                let data: Vec<f32> = (0..n).map(|i| (i as f64 / n as f64) as f32).collect();
-                Tensor::new(ty, Data::F32(data)).unwrap()
-            })
-            .collect();
+        let inputs = light_inputs(f);
         let want = read_pb(&light.join(format!("light_{name}_output_0.pb")))
             .unwrap_or_else(|e| panic!("{name}: {e:?}"));
         let status = check(&path, &inputs, &[want], rtol, 1e-7);

@@ -6,7 +6,8 @@
 use super::{Module, Place, Ptx};
 use crate::backend::RunError;
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PinnedHostSlice,
+    PushKernelArg, result,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -105,11 +106,14 @@ pub struct Loaded {
     consts: HashMap<Value, CudaSlice<u8>>,
 }
 
-/// A run's device buffers: the arena, the inputs and the output buffers.
+/// A run's buffers: the arena, the inputs and the output buffers on the device, and the host
+/// pool swapped-out values live in (page-locked, so copies to and from it are asynchronous on
+/// the stream), with its address.
 struct Buffers {
     arena: CudaSlice<u8>,
     params: Vec<CudaSlice<u8>>,
     outputs: Vec<CudaSlice<u8>>,
+    host: Option<(PinnedHostSlice<u8>, *mut u8)>,
 }
 
 impl Loaded {
@@ -130,7 +134,19 @@ impl Loaded {
                 }
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let host = match m.mem.host_bytes {
+            0 => None,
+            n => {
+                let n = usize::try_from(n).map_err(|_| RunError("host pool too large".into()))?;
+                // SAFETY: a plain allocation of page-locked bytes, used only through the
+                // pointer below while the buffers live.
+                let mut h = unsafe { s.context().alloc_pinned::<u8>(n) }.map_err(driver)?;
+                let p = h.as_mut_ptr().map_err(driver)?;
+                Some((h, p))
+            }
+        };
         Ok(Buffers {
+            host,
             arena: zeros(m.mem.arena_bytes)?,
             params,
             outputs: (m.mem.outputs.iter())
@@ -149,13 +165,18 @@ impl Loaded {
                 Place::Output(i) => ptr(&b.outputs[i]),
                 Place::Param(i) => ptr(&b.params[i]),
                 Place::Const(c) => ptr(&self.consts[&c]),
+                Place::Host(_) => return Err(RunError("host memory has no device address".into())),
             })
         };
         for l in &m.launches {
+            let Some(kernel) = l.kernel else {
+                self.copy(b, l.args[0], l.args[1], &addr)?;
+                continue;
+            };
             let args = (l.args.iter())
                 .map(|&v| addr(v))
                 .collect::<Result<Vec<u64>, _>>()?;
-            let mut builder = s.launch_builder(&self.functions[l.kernel]);
+            let mut builder = s.launch_builder(&self.functions[kernel]);
             for a in &args {
                 builder.arg(a);
             }
@@ -169,6 +190,41 @@ impl Loaded {
             unsafe { builder.launch(cfg) }.map_err(driver)?;
         }
         Ok(())
+    }
+
+    /// Queues the copy of `src`'s bytes to `dst`, one of them in the host pool (a swap).
+    fn copy(
+        &self,
+        b: &Buffers,
+        src: Value,
+        dst: Value,
+        addr: &dyn Fn(Value) -> Result<u64, RunError>,
+    ) -> Result<(), RunError> {
+        let m = &self.module;
+        let n = m.func.ty(dst).size_bytes() as usize;
+        let host = |off: u64| match &b.host {
+            // SAFETY: the memory plan keeps `off + n` inside the host pool.
+            Some((_, p)) => Ok(unsafe { p.add(off as usize) }),
+            None => Err(RunError("a swap without a host pool".into())),
+        };
+        let stream = self.stream.cu_stream();
+        // SAFETY (both copies): the host pool and the device buffers outlive the stream's work
+        // (every run synchronises before its buffers drop), and both ranges hold `n` bytes.
+        match (m.place(src)?, m.place(dst)?) {
+            (Place::Host(off), _) => {
+                let from = unsafe { std::slice::from_raw_parts(host(off)?, n) };
+                unsafe { result::memcpy_htod_async(addr(dst)?, from, stream) }.map_err(driver)
+            }
+            (_, Place::Host(off)) => {
+                let to = unsafe { std::slice::from_raw_parts_mut(host(off)?, n) };
+                unsafe { result::memcpy_dtoh_async(to, addr(src)?, stream) }.map_err(driver)
+            }
+            _ => Err(RunError(format!(
+                "a copy of %{} to %{} with neither in host memory",
+                m.func.name(src),
+                m.func.name(dst)
+            ))),
+        }
     }
 
     /// Runs the module on `inputs` (one per parameter, of its type) and returns the results.
@@ -190,6 +246,9 @@ impl Loaded {
                     Place::Output(i) => s.clone_dtoh(&b.outputs[i]).map_err(driver)?,
                     Place::Param(i) => inputs[i].to_le_bytes(),
                     Place::Const(c) => m.consts[&c].to_le_bytes(),
+                    Place::Host(_) => {
+                        return Err(RunError(format!("result %{} is in host memory", f.name(r))));
+                    }
                 };
                 Tensor::from_le_bytes(ty, &bytes[..n]).map_err(|e| RunError(e.0))
             })

@@ -39,6 +39,13 @@ impl Memory {
         self.at(addr, n).map(|b| &*b)
     }
 
+    /// Copies `n` bytes from `src` to `dst` (in different buffers or not overlapping).
+    pub fn copy(&mut self, src: u64, dst: u64, n: u64) -> Result<(), String> {
+        let bytes = self.read(src, n)?.to_vec();
+        self.at(dst, n)?.copy_from_slice(&bytes);
+        Ok(())
+    }
+
     fn at(&mut self, addr: u64, n: u64) -> Result<&mut [u8], String> {
         let b = (addr >> BUFFER_SHIFT) as usize;
         let off = addr & ((1 << BUFFER_SHIFT) - 1);

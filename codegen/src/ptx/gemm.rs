@@ -163,7 +163,7 @@ fn copies(c: &mut Ctx, s: &Side, extent: u64, at: u64, tid: Reg) -> Copies {
     // Runs of `run` elements (or 4-runs) along the walked axis; 256 threads cover whole runs.
     let k_first = s.k_fast && !s.vec;
     let run = if k_first { DEPTH } else { extent / per };
-    debug_assert!(threads % run == 0, "a block covers whole runs");
+    debug_assert!(threads.is_multiple_of(run), "a block covers whole runs");
     let (kk0, o0) = if k_first {
         (c.op_n(IOp::RemU, tid, DEPTH), c.op_n(IOp::DivU, tid, DEPTH))
     } else {
@@ -190,7 +190,7 @@ fn copies(c: &mut Ctx, s: &Side, extent: u64, at: u64, tid: Reg) -> Copies {
             (dk, d_o, 4 * (dk * extent + d_o))
         })
         .collect();
-    let idle = (total % threads != 0).then(|| {
+    let idle = (!total.is_multiple_of(threads)).then(|| {
         let t = c.n(total);
         c.b.setp(CmpTy::Unsigned, Cmp::Ge, tid, t)
     });

@@ -65,12 +65,14 @@ impl Default for Ptx {
 /// The architectures modules may target: the PTX ISA version [`print::VERSION`] covers them.
 pub const ARCHS: &[u32] = &[80, 86, 87, 89, 90];
 
-/// One kernel launch of a run: which kernel, its grid and block, its shared memory, and
-/// its parameters, each a value whose storage the memory plan gives.
+/// One step of a run: a kernel launch (which kernel, its grid and block, its shared memory,
+/// and its parameters, each a value whose storage the memory plan gives) or a copy between
+/// device and host memory (a `swap_out` or `swap_in`: `args[0]`'s bytes to `args[1]`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Launch {
-    /// Index of the kernel in [`Module::kernels`].
-    pub kernel: usize,
+    /// Index of the kernel in [`Module::kernels`]; `None` for a copy (grid, block and shared
+    /// memory 0).
+    pub kernel: Option<usize>,
     /// Blocks in the grid (x).
     pub grid: u32,
     /// Threads per block (x).
@@ -136,12 +138,20 @@ impl Module {
             self.launches.len()
         );
         for l in &self.launches {
-            let k = &self.kernels[l.kernel];
-            let _ = write!(
-                s,
-                "// {} grid {} block {} shared {}:",
-                k.name, l.grid, l.block, l.shared
-            );
+            match l.kernel {
+                Some(k) => {
+                    let k = &self.kernels[k];
+                    let _ = write!(
+                        s,
+                        "// {} grid {} block {} shared {}:",
+                        k.name, l.grid, l.block, l.shared
+                    );
+                }
+                None => {
+                    let bytes = f.ty(l.args[1]).size_bytes();
+                    let _ = write!(s, "// copy {bytes} bytes:");
+                }
+            }
             for (j, &v) in l.args.iter().enumerate() {
                 let sep = if j == 0 { " " } else { ", " };
                 let mut name = String::new();
@@ -187,6 +197,8 @@ enum Place {
     Const(Value),
     /// Output buffer `i`.
     Output(usize),
+    /// In the host pool at this byte offset (a swapped-out value).
+    Host(u64),
 }
 
 impl Module {
@@ -208,8 +220,9 @@ impl Module {
                     f.name(v)
                 )));
             }
-            Storage::Host(_) | Storage::None => {
-                return Err(RunError(format!("%{} has no device storage", f.name(v))));
+            Storage::Host(off) => Place::Host(off),
+            Storage::None => {
+                return Err(RunError(format!("%{} has no storage", f.name(v))));
             }
         })
     }
@@ -346,9 +359,13 @@ fn unsupported(f: &Function, kd: &KernelData) -> CompileError {
         ) => root,
         _ => kd.ops[0],
     };
+    let types: Vec<String> = (f.op(op).results.iter())
+        .map(|&r| f.ty(r).to_string())
+        .collect();
     CompileError(format!(
-        "the PTX backend has no kernel for {} yet (docs/codegen.md lists what it compiles)",
-        f.describe_op(op)
+        "the PTX backend has no kernel for {} : {} yet (docs/codegen.md lists what it compiles)",
+        f.describe_op(op),
+        types.join(", ")
     ))
 }
 
@@ -410,6 +427,20 @@ impl Backend for Ptx {
                 // Nothing it computes is used.
                 continue;
             }
+            if let [op] = kd.ops[..]
+                && f.op(op).kind.is_swap()
+            {
+                let d = f.op(op);
+                let src = origin.get(&d.args[0]).copied().unwrap_or(d.args[0]);
+                launches.push(Launch {
+                    kernel: None,
+                    grid: 0,
+                    block: 0,
+                    shared: 0,
+                    args: vec![src, d.results[0]],
+                });
+                continue;
+            }
             let name = identifier(&format!("{}_{k}", f.name));
             let low = lower_kernel(f, &plan, kd, self.tiles, name)
                 .ok_or_else(|| unsupported(f, kd))?
@@ -420,7 +451,7 @@ impl Backend for Ptx {
                 .map(|v| origin.get(v).copied().unwrap_or(*v))
                 .collect();
             launches.push(Launch {
-                kernel: kernels.len(),
+                kernel: Some(kernels.len()),
                 grid: low.grid,
                 block: low.kernel.block,
                 shared: low.kernel.shared,
@@ -457,6 +488,8 @@ impl Backend for Ptx {
         tcc_ir::interp::check_inputs(f, inputs).map_err(|e| RunError(e.0))?;
         let mut dev = emu::Memory::default();
         let arena = dev.alloc(vec![0; m.mem.arena_bytes as usize]);
+        // Host memory is another buffer here.
+        let host = dev.alloc(vec![0; m.mem.host_bytes as usize]);
         let params: Vec<u64> = inputs.iter().map(|t| dev.alloc(t.to_le_bytes())).collect();
         let consts: HashMap<Value, u64> = (m.consts.iter())
             .map(|(&v, t)| (v, dev.alloc(t.to_le_bytes())))
@@ -470,6 +503,7 @@ impl Backend for Ptx {
                 Place::Output(i) => outputs[i],
                 Place::Param(i) => params[i],
                 Place::Const(c) => consts[&c],
+                Place::Host(off) => host + off,
             })
         };
         for l in &m.launches {
@@ -478,7 +512,13 @@ impl Backend for Ptx {
                 .iter()
                 .map(|&v| addr(v))
                 .collect::<Result<Vec<_>, _>>()?;
-            emu::run(&m.kernels[l.kernel], l.grid, &args, &mut dev).map_err(RunError)?;
+            match l.kernel {
+                Some(k) => emu::run(&m.kernels[k], l.grid, &args, &mut dev).map_err(RunError)?,
+                None => {
+                    let bytes = f.ty(l.args[1]).size_bytes();
+                    dev.copy(args[0], args[1], bytes).map_err(RunError)?;
+                }
+            }
         }
         f.results()
             .iter()
