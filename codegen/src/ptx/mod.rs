@@ -303,19 +303,20 @@ fn lower_kernel(
 }
 
 /// Whether the epilogue of library kernel `kd` (its ops after the first) is made of
-/// elementwise ops the kernel layer has, in f32, reading operands it can index over the
-/// output's shape.
+/// elementwise ops the kernel layer has, in f32 (masks from comparisons among them), reading
+/// f32 operands it can index over the output's shape.
 fn epilogue_in_form(f: &Function, kd: &KernelData) -> bool {
+    use tcc_ir::DType;
     let out = f.ty(f.op(kd.ops[0]).results[0]).dims();
     let epi = &kd.ops[1..];
     epi.iter().all(|&op| crate::kernel::supported_op(f, op))
+        && f.ty(f.op(kd.ops[0]).results[0]).dtype() == DType::F32
         && (epi.iter().flat_map(|&op| f.op(op).results.iter()))
-            .chain(&f.op(kd.ops[0]).results)
-            .all(|&v| f.ty(v).dtype() == tcc_ir::DType::F32)
+            .all(|&v| matches!(f.ty(v).dtype(), DType::F32 | DType::Bool))
         && (kd.inputs.iter())
             .filter(|v| epi.iter().any(|&o| f.op(o).args.contains(v)))
             .all(|&v| {
-                f.ty(v).dtype() == tcc_ir::DType::F32
+                f.ty(v).dtype() == DType::F32
                     && crate::kernel::access(f.ty(v).dims(), out).is_some()
             })
 }

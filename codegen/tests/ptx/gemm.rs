@@ -88,6 +88,20 @@ fn matmuls_match_on(ptx: &Ptx) {
     }
     against_interpreter_on(ptx, &f, &inputs, 1e-5, 1e-5)
         .unwrap_or_else(|e| panic!("{tiles:?}: {e}"));
+    // An epilogue with a comparison, whose mask selects.
+    let f = parse_function(
+        "func @f(%x: f32[9,13], %w: f32[13,10]) -> (f32[9,10]) {
+  %y = matmul %x, %w : f32[9,10]
+  %c = const {value=0.5} : f32[]
+  %m = lt %y, %c : bool[9,10]
+  %s = select %m, %y, %c : f32[9,10]
+  return %s
+}",
+    )
+    .unwrap();
+    let inputs = randoms(&f, 6);
+    one_kernel_agrees(ptx, &f, &inputs, 1e-5, 1e-6)
+        .unwrap_or_else(|e| panic!("{tiles:?}: a masked epilogue: {e}"));
     // A product stored as well as its epilogue's result.
     let f = parse_function(
         "func @f(%x: f32[5,4], %w: f32[4,3]) -> (f32[5,3], f32[5,3]) {
