@@ -100,8 +100,12 @@ struct Open {
     prologue: bool,
 }
 
+/// Whether the planner fuses `kind` into elementwise kernels. Quantizing and dequantizing
+/// cross between dtype families (floats and bytes), which no kernel body holds: each is a
+/// kernel of its own, so the float ops around it still compile.
 fn is_elementwise(kind: &OpKind) -> bool {
-    kind.is_elementwise() || matches!(kind, OpKind::BroadcastTo { .. })
+    (kind.is_elementwise() && !matches!(kind, OpKind::QuantizeLinear | OpKind::DequantizeLinear))
+        || matches!(kind, OpKind::BroadcastTo { .. })
 }
 
 /// Whether elementwise `op` can join an open kernel producing values of type `open`: the same

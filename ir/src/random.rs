@@ -169,6 +169,27 @@ impl Gen {
                     self.b.binary(op, y, x)
                 }
             }
+            5 if self.rng.chance(0.15) => {
+                // Quantized to u8 or i8 and back, per tensor or per slice of the first axis.
+                let per_axis = r >= 1 && self.rng.chance(0.5);
+                let sdims: Vec<u64> = if per_axis {
+                    let mut d = vec![1; r];
+                    d[0] = t.dims()[0];
+                    d
+                } else {
+                    Vec::new()
+                };
+                let scale = self.rng.uniform(0.01, 0.5);
+                let (zdt, zero) = if self.rng.chance(0.5) {
+                    (DType::U8, self.rng.below(256) as f64)
+                } else {
+                    (DType::I8, self.rng.below(256) as f64 - 128.0)
+                };
+                let s = self.b.splat(t.dtype(), &sdims, scale).ok()?;
+                let z = self.b.splat(zdt, &sdims, zero).ok()?;
+                let q = self.b.op1(OpKind::QuantizeLinear, &[x, s, z]).ok()?;
+                self.b.op1(OpKind::DequantizeLinear, &[q, s, z])
+            }
             5 if self.rng.chance(0.2) => {
                 // Fake quantization to a range around zero (or a broken one, min > max: NaN).
                 let lo = self.rng.uniform(-2.0, 0.5);

@@ -481,6 +481,52 @@ pub fn infer(kind: &OpKind, args: &[&TensorType]) -> R<Vec<TensorType>> {
             }
             one(x.clone())
         }
+        OpKind::QuantizeLinear | OpKind::DequantizeLinear => {
+            let quantize = matches!(kind, OpKind::QuantizeLinear);
+            let (x, scale, zero) = (args[0], args[1], args[2]);
+            need_float(scale, "the scale")?;
+            if quantize {
+                need_float(x, "the operand")?;
+                same_dtype(x, scale, "the operand and the scale")?;
+            } else if !matches!(x.dtype(), DType::U8 | DType::I8 | DType::I32) {
+                return Err(format!(
+                    "the operand must be u8, i8 or i32, found {}",
+                    x.dtype()
+                ));
+            }
+            // An i32 zero point only for dequantizing i32 values (a bias).
+            let byte = matches!(zero.dtype(), DType::U8 | DType::I8);
+            if !byte && (quantize || zero.dtype() != DType::I32) {
+                return Err(format!(
+                    "the zero point must be u8 or i8 (the quantized dtype), found {}",
+                    zero.dtype()
+                ));
+            }
+            if !quantize {
+                same_dtype(x, zero, "the operand and the zero point")?;
+            }
+            if scale.dims() != zero.dims() {
+                return Err(format!(
+                    "the scale {} and the zero point {} must have one shape",
+                    scale.shape(),
+                    zero.shape()
+                ));
+            }
+            if !broadcasts_to(scale.dims(), x.dims()) {
+                return Err(format!(
+                    "the scale and zero point {} must broadcast to the operand's shape {} \
+                     (per channel of axis 1 of NCHW: [C, 1, 1])",
+                    scale.shape(),
+                    x.shape()
+                ));
+            }
+            let dtype = if quantize {
+                zero.dtype()
+            } else {
+                scale.dtype()
+            };
+            one(tt(dtype, x.dims().to_vec())?)
+        }
         OpKind::TopK { k, axis: a, .. } => {
             let x = args[0];
             need_numeric(x, "the operand")?;

@@ -428,3 +428,51 @@ fn empty_products_are_positive_zero() {
     };
     assert!(v.iter().all(|x| x.to_bits() == 0), "{v:?}");
 }
+
+/// `quantize_linear` divides in f32, rounds half to even, adds the zero point and saturates
+/// (NaN to the zero point); `dequantize_linear` inverts it on the levels; per-channel scales
+/// broadcast; a scale that is not positive and finite is an error naming the op.
+#[test]
+fn quantize_and_dequantize_linear() {
+    let src = "func @f(%x: f32[2,4]) -> (u8[2,4], i8[2,4], f32[2,4]) {
+  %s = const {value=0.5} : f32[]
+  %z = const {value=10} : u8[]
+  %q = quantize_linear %x, %s, %z : u8[2,4]
+  %cs = const {value=[1.0, 0.25]} : f32[2,1]
+  %cz = const {value=[0, -3]} : i8[2,1]
+  %qi = quantize_linear %x, %cs, %cz : i8[2,4]
+  %d = dequantize_linear %qi, %cs, %cz : f32[2,4]
+  return %q, %qi, %d
+}";
+    let x = [
+        0.25,
+        0.75,
+        -1.25,
+        200.0,
+        f32::NAN,
+        -3.0,
+        2.6,
+        f32::NEG_INFINITY,
+    ];
+    let r = eval(src, vec![f32s(&[2, 4], &x)]).unwrap();
+    // x / 0.5 = 0.5, 1.5, -2.5, 400, NaN, -6, 5.2, -inf; halves to even: 0, 2, -2, ...
+    assert_eq!(r[0].data(), &Data::U8(vec![10, 12, 8, 255, 10, 4, 15, 0]));
+    // Row 0 / 1: 0.25 -> 0, 0.75 -> 1, -1.25 -> -1, 200 -> 127 (saturated); row 1 / 0.25 - 3:
+    // NaN -> -3, -12 - 3 = -15, 10.4 -> 10 - 3 = 7, -inf -> -128.
+    assert_eq!(
+        r[1].data(),
+        &Data::I8(vec![0, 1, -1, 127, -3, -15, 7, -128])
+    );
+    assert_close(&r[2], &[0.0, 1.0, -1.0, 127.0, 0.0, -3.0, 2.5, -31.25]);
+    let bad = "func @f(%x: f32[2]) -> (u8[2]) {
+  %s = const {value=[0.5, 0.0]} : f32[2]
+  %z = const {value=[0, 0]} : u8[2]
+  %q = quantize_linear %x, %s, %z : u8[2]
+  return %q
+}";
+    let e = eval(bad, vec![f32s(&[2], &[1.0, 2.0])]).unwrap_err();
+    assert!(
+        e.contains("quantize_linear") && e.contains("positive"),
+        "{e}"
+    );
+}

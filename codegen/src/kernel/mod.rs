@@ -106,6 +106,9 @@ pub fn supported_op(f: &Function, op: tcc_ir::Op) -> bool {
         OpKind::Binary(_) => true,
         OpKind::Identity | OpKind::StopGradient | OpKind::BroadcastTo { .. } => true,
         OpKind::FakeQuant { .. } => true,
+        // Between dtype families (floats and bytes): not in one lane; the reference kernels
+        // run them for now.
+        OpKind::QuantizeLinear | OpKind::DequantizeLinear => false,
         // Masks: comparisons, used by `select` and casts in the same kernel.
         OpKind::Compare(_) | OpKind::Select => true,
         OpKind::Cast { to } => !matches!(to, DType::Bool | DType::I64),

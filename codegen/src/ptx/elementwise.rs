@@ -5,7 +5,7 @@
 //! alone, over the shared `kernel::math::pow`.
 
 use super::lower::{BLOCK, Ctx, Lowered, render};
-use super::prog::{IOp, Reg};
+use super::prog::{Cmp, CmpTy, Cvt, FOp, FUn, IOp, Inst, Mem, Reg, RegTy, Space};
 use crate::kernel::expr::{self, Body, Class, Lane};
 use crate::kernel::lower::body as body_of;
 use crate::plan::KernelData;
@@ -37,6 +37,76 @@ pub fn pow(f: &Function, kd: &KernelData, name: String) -> Result<Lowered, Strin
     let r = crate::kernel::math::pow(&mut b, at(x), at(y));
     b.results = vec![r];
     elementwise_body(f, kd, Lane::F32, &b, name)
+}
+
+/// A `quantize_linear` or `dequantize_linear` alone (f32 or f64 scales, u8 or i8 values; the
+/// kernel layer keeps one dtype family per kernel, and these cross from floats to bytes), as a
+/// grid-stride loop computing what the interpreter does: `x / scale` divided in the scale's
+/// type, rounded half to even, plus the zero point, saturated (NaN: the zero point); or
+/// `(q - zero)` converted to the scale's type times the scale.
+pub fn quantize_linear(f: &Function, kd: &KernelData, name: String) -> Result<Lowered, String> {
+    let d = f.op(kd.ops[0]);
+    let quantize = matches!(d.kind, tcc_ir::OpKind::QuantizeLinear);
+    let (x, y) = (d.args[0], d.results[0]);
+    let bytes = |v: Value| matches!(f.ty(v).dtype(), DType::U8 | DType::I8);
+    let (lane, fty, fmem) = match f.ty(d.args[1]).dtype() {
+        DType::F32 => (Lane::F32, RegTy::F32, Mem::B32),
+        DType::F64 => (Lane::F64, RegTy::F64, Mem::B64),
+        _ => return Err("a scale that is not a float".into()),
+    };
+    if !bytes(d.args[2]) || !(bytes(x) || quantize) {
+        return Err("only u8 and i8 values have a GPU kernel".into());
+    }
+    let out_dims = f.ty(y).dims().to_vec();
+    let n: u64 = out_dims.iter().product();
+    let n_in = kd.inputs.len();
+    let mut c = Ctx::new(name, (n_in + kd.outputs.len()) as u32, BLOCK, n);
+    let params: Vec<usize> = (d.args.iter())
+        .map(|v| kd.inputs.iter().position(|x| x == v).expect("an input"))
+        .collect();
+    let ops = c.operands(f, lane, &d.args, &params, &out_dims)?;
+    let out = n_in
+        + kd.outputs
+            .iter()
+            .position(|&v| v == y)
+            .ok_or("not stored")?;
+    // The quantized range.
+    let (lo, hi) = if f.ty(y).dtype() == DType::U8 {
+        (0.0, 255.0)
+    } else {
+        (-128.0, 127.0)
+    };
+    let number = |x: f64| {
+        if fty == RegTy::F32 {
+            (x as f32).to_bits() as u64
+        } else {
+            x.to_bits()
+        }
+    };
+    c.grid_stride(n, |c, o| {
+        let a = c.load(&ops, o);
+        let (v, s, z) = (a[0], a[1], a[2]);
+        let (value, mem) = if quantize {
+            let q = c.b.fbin(FOp::Div, v, s);
+            let r = c.b.fun(FUn::Rni, q);
+            let zf = c.b.cvt(Cvt::S32ToFloat, fty, z);
+            let level = c.b.fbin(FOp::Add, r, zf);
+            let (lo, hi) = (c.b.imm(fty, number(lo)), c.b.imm(fty, number(hi)));
+            let level = c.b.fbin(FOp::Max, level, lo);
+            let level = c.b.fbin(FOp::Min, level, hi);
+            let int = c.b.cvt(Cvt::FloatToS32, RegTy::I32, level);
+            let nan = c.b.setp(CmpTy::Float, Cmp::Nan, q, q);
+            (c.b.selp(z, int, nan), Mem::U8)
+        } else {
+            let diff = c.b.ibin(IOp::Sub, v, z);
+            let df = c.b.cvt(Cvt::S32ToFloat, fty, diff);
+            (c.b.fbin(FOp::Mul, df, s), fmem)
+        };
+        let addr = c.address(c.bases[out], o, mem);
+        c.b.push(Inst::St(Space::Global, mem, addr, value));
+        Ok(())
+    })?;
+    Ok(c.finish(n.div_ceil(BLOCK as u64)))
 }
 
 /// Kernel `kd`'s loop over its output's elements computing `body` (arguments: the kernel's

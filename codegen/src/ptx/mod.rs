@@ -294,6 +294,9 @@ fn lower_kernel(
     let [op] = kd.ops[..] else { return None };
     Some(match f.op(op).kind {
         OpKind::Binary(tcc_ir::BinaryOp::Pow) => elementwise::pow(f, kd, name),
+        OpKind::QuantizeLinear | OpKind::DequantizeLinear => {
+            elementwise::quantize_linear(f, kd, name)
+        }
         OpKind::Softmax { .. } | OpKind::LogSoftmax { .. } => rows::row_strided(f, kd, name),
         OpKind::TopK { .. } => rows::top_k(f, kd, name),
         OpKind::SoftmaxCrossEntropyGrad => rows::cross_entropy_grad(f, kd, name),

@@ -203,6 +203,41 @@ fn cases() -> Vec<(String, Function, Vec<Tensor>)> {
             vec![x.clone(), y.clone()],
         );
     }
+    // Quantizing to each byte type and back, on the special values (halves, NaN, infinities,
+    // saturation), per tensor with constants and per channel with parameters.
+    for (zt, z) in [("u8", "128"), ("i8", "-5")] {
+        add(
+            format!("quantize {zt}"),
+            format!(
+                "func @f(%x: f32[{n}]) -> ({zt}[{n}], f32[{n}]) {{
+  %s = const {{value=0.5}} : f32[]
+  %z = const {{value={z}}} : {zt}[]
+  %q = quantize_linear %x, %s, %z : {zt}[{n}]
+  %d = dequantize_linear %q, %s, %z : f32[{n}]
+  return %q, %d
+}}"
+            ),
+            vec![x.clone()],
+        );
+    }
+    add(
+        "quantize per channel".into(),
+        "func @f(%x: f32[4,7], %s: f32[4,1], %z: i8[4,1]) -> (i8[4,7], f32[4,7]) {
+  %q = quantize_linear %x, %s, %z : i8[4,7]
+  %d = dequantize_linear %q, %s, %z : f32[4,7]
+  return %q, %d
+}"
+        .into(),
+        vec![
+            Tensor::from_f32(&[4, 7], special()).unwrap(),
+            Tensor::from_f32(&[4, 1], vec![0.1, 1.0, 3.0, 1e-3]).unwrap(),
+            Tensor::new(
+                tcc_ir::TensorType::new(tcc_ir::DType::I8, vec![4, 1]).unwrap(),
+                Data::I8(vec![0, -128, 127, 3]),
+            )
+            .unwrap(),
+        ],
+    );
     // Broadcasts of every access pattern, at sizes that are not multiples of anything.
     let mut rng = Rng::new(7);
     for (big, small) in [

@@ -456,6 +456,22 @@ fn from_nchwc(buf: &Buf, plain: &[u64], block: u64) -> Buf {
     }
 }
 
+/// `x / scale` (divided in f32 when `f32`) rounded half to even, plus `zero`, saturated to
+/// `lo..=hi`; NaN gives `zero`.
+fn quantize(x: f64, scale: f64, zero: i64, f32: bool, (lo, hi): (i64, i64)) -> i64 {
+    let q = if f32 {
+        (x as f32 / scale as f32) as f64
+    } else {
+        x / scale
+    };
+    if q.is_nan() {
+        return zero;
+    }
+    // Saturating in floats first: the level may be far outside any integer type.
+    let level = q.round_ties_even() + zero as f64;
+    level.clamp(lo as f64, hi as f64) as i64
+}
+
 /// Evaluates `kind` on `args`, producing values of types `tys`.
 pub(crate) fn eval(kind: &OpKind, args: &[&Val], tys: &[TensorType]) -> R<Vec<Val>> {
     let out = &tys[0];
@@ -513,6 +529,42 @@ pub(crate) fn eval(kind: &OpKind, args: &[&Val], tys: &[TensorType]) -> R<Vec<Va
                     .map(|k| super::fake_quant(x[ix[k]], lo[il[k]], hi[ih[k]], *bits, *narrow, f32))
                     .collect(),
             )
+        }
+        OpKind::QuantizeLinear | OpKind::DequantizeLinear => {
+            let (ix, is) = (
+                bcast_map(args[0].dims(), out.dims()),
+                bcast_map(args[1].dims(), out.dims()),
+            );
+            let (scale, zero) = (args[1].f(), args[2].i());
+            if let Some(s) = scale.iter().find(|s| !(s.is_finite() && **s > 0.0)) {
+                return Err(format!(
+                    "a scale is {s}: scales must be positive and finite"
+                ));
+            }
+            let f32 = args[1].ty.dtype() == DType::F32;
+            if matches!(kind, OpKind::QuantizeLinear) {
+                let x = args[0].f();
+                let (lo, hi) = if out.dtype() == DType::U8 {
+                    (0, 255)
+                } else {
+                    (-128, 127)
+                };
+                Buf::I(
+                    (0..n)
+                        .map(|k| quantize(x[ix[k]], scale[is[k]], zero[is[k]], f32, (lo, hi)))
+                        .collect(),
+                )
+            } else {
+                let q = args[0].i();
+                // In f32, (q - zero) rounded to f32 times the scale: the product of two f32
+                // values is exact in f64, so rounding it once to f32 is f32's multiplication.
+                let level = |d: i64| if f32 { d as f32 as f64 } else { d as f64 };
+                Buf::F(
+                    (0..n)
+                        .map(|k| level(q[ix[k]] - zero[is[k]]) * scale[is[k]])
+                        .collect(),
+                )
+            }
         }
         OpKind::Select => {
             let ic = bcast_map(args[0].dims(), out.dims());

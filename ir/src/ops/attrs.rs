@@ -379,6 +379,8 @@ macro_rules! declare_attrs {
             | OpKind::Identity
             | OpKind::SwapOut
             | OpKind::SwapIn
+            | OpKind::QuantizeLinear
+            | OpKind::DequantizeLinear
             | OpKind::MatMul
             | OpKind::GlobalAvgPool
             | OpKind::SoftmaxCrossEntropy

@@ -196,6 +196,15 @@ pub enum OpKind {
         /// Levels `1..2^bits - 1` instead of `0..2^bits - 1` (symmetric weights).
         narrow: bool,
     },
+    /// ONNX's `QuantizeLinear`: `(x, scale, zero_point)`, `x / scale` rounded half to even,
+    /// plus the zero point, saturated to the zero point's dtype (`u8` or `i8`); NaN gives the
+    /// zero point. `scale` (positive, finite) and `zero_point` have one shape, which
+    /// broadcasts to `x`'s: one pair for the tensor, or one per channel (`[C, 1, 1]` for axis 1
+    /// of NCHW activations, `[O, 1, 1, 1]` for a filter's output channels).
+    QuantizeLinear,
+    /// ONNX's `DequantizeLinear`: `(q, scale, zero_point)`, `(q - zero_point) * scale`, in the
+    /// scale's float dtype; shapes as for `quantize_linear`.
+    DequantizeLinear,
 
     // --- Linear algebra and convolution ---
     /// Batched matrix product: `[..., m, k] x [..., k, n] -> [..., m, n]`, batch dims broadcast.

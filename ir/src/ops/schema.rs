@@ -183,6 +183,8 @@ define_ops! {
     StopGradient "stop_gradient" Exactly(1), 1, Elementwise [ELEMENTWISE] "the operand; `grad` treats it as a constant";
     Identity "identity" Exactly(1), 1, Elementwise [ELEMENTWISE DIFFERENTIABLE] "the operand unchanged";
     FakeQuant "fake_quant" Exactly(3), 1, Elementwise [ELEMENTWISE DIFFERENTIABLE] "`(x, min, max)`: `x` rounded to the levels of a nudged `[min, max]`, TensorFlow's fake quantization";
+    QuantizeLinear "quantize_linear" Exactly(3), 1, Elementwise [ELEMENTWISE] "`(x, scale, zero_point)`: `x / scale` rounded half to even, plus the zero point, saturated to `u8` or `i8` (ONNX's QuantizeLinear)";
+    DequantizeLinear "dequantize_linear" Exactly(3), 1, Elementwise [ELEMENTWISE] "`(q, scale, zero_point)`: `(q - zero_point) * scale` (ONNX's DequantizeLinear)";
 
     MatMul "matmul" Exactly(2), 1, LinearAlgebra [DIFFERENTIABLE] "batched matrix product, batch dims broadcast";
     Conv2d "conv2d" Exactly(2), 1, LinearAlgebra [DIFFERENTIABLE] "2-D cross-correlation, NCHW, filter `[O, C/groups, kH, kW]`";
@@ -309,6 +311,8 @@ impl OpId {
                 bits: 8,
                 narrow: false,
             },
+            OpId::QuantizeLinear => K::QuantizeLinear,
+            OpId::DequantizeLinear => K::DequantizeLinear,
             OpId::TopK => K::TopK {
                 k: 0,
                 axis: -1,
@@ -442,6 +446,8 @@ impl OpKind {
             OpKind::LogSoftmax { .. } => OpId::LogSoftmax,
             OpKind::SoftmaxCrossEntropy => OpId::SoftmaxCrossEntropy,
             OpKind::FakeQuant { .. } => OpId::FakeQuant,
+            OpKind::QuantizeLinear => OpId::QuantizeLinear,
+            OpKind::DequantizeLinear => OpId::DequantizeLinear,
             OpKind::TopK { .. } => OpId::TopK,
             OpKind::BatchNorm { .. } => OpId::BatchNorm,
             OpKind::BatchNormTrain { .. } => OpId::BatchNormTrain,

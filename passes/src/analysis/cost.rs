@@ -89,6 +89,8 @@ pub fn op_flops(kind: &OpKind, args: &[&TensorType], results: &[&TensorType]) ->
         OpKind::Unary(_)
         | OpKind::Binary(_)
         | OpKind::Compare(_)
+        | OpKind::QuantizeLinear
+        | OpKind::DequantizeLinear
         | OpKind::Select
         | OpKind::BroadcastTo { .. }
         | OpKind::Cast { .. }

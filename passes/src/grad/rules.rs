@@ -181,7 +181,13 @@ impl Rules<'_> {
         };
         let dyv = || dy.expect("single-result op with a cotangent");
         match g.kind {
-            OpKind::Const { .. } | OpKind::StopGradient | OpKind::Compare(_) => {}
+            // No gradient flows through these (`fake_quant` is quantization's differentiable
+            // form; the integer ops are not `DIFFERENTIABLE`, so no path reaches them).
+            OpKind::Const { .. }
+            | OpKind::StopGradient
+            | OpKind::Compare(_)
+            | OpKind::QuantizeLinear
+            | OpKind::DequantizeLinear => {}
             // Copies: the gradient passes by them unchanged, in device memory (a cotangent is
             // never a host value, so no backward op reads one).
             OpKind::SwapOut | OpKind::SwapIn | OpKind::Identity => out[0] = dy,
