@@ -319,6 +319,49 @@ fn bad_graphs_are_errors_that_name_the_place() {
     assert!(err(&m).contains("imports no version of the default ONNX opset"));
 }
 
+/// QuantizeLinear with a per-axis scale whose length is not the axis's, or a zero point of
+/// another shape than the scale's: errors naming the node.
+#[test]
+fn quantize_linear_parameters_that_do_not_fit_are_errors() {
+    let quantize = |scale: &[i64], zero: Option<&[i64]>| {
+        let mut inputs = vec![value_info("x", DataType::Float, &[Some(2), Some(3)])];
+        let mut args = vec!["x", "s"];
+        if let Some(z) = zero {
+            let dims: Vec<Option<i64>> = z.iter().map(|&d| Some(d)).collect();
+            inputs.push(value_info("z", DataType::Uint8, &dims));
+            args.push("z");
+        }
+        let count = scale.iter().product::<i64>() as usize;
+        model(
+            GraphProto {
+                name: Some("q".into()),
+                node: vec![node("QuantizeLinear", "quant", &args, &["y"], vec![])],
+                initializer: vec![f32_init("s", scale, &vec![0.5; count])],
+                input: inputs,
+                output: vec![value_info("y", DataType::Uint8, &[Some(2), Some(3)])],
+                ..Default::default()
+            },
+            13,
+        )
+    };
+    // Axis 1 has 3 elements.
+    assert_eq!(
+        err(&quantize(&[2], None)),
+        "node `quant` (QuantizeLinear, opset 13): QuantizeLinear: 2 scales for axis 1 of 3 elements"
+    );
+    assert_eq!(
+        err(&quantize(&[3], Some(&[2]))),
+        "node `quant` (QuantizeLinear, opset 13): QuantizeLinear: the scale's shape [3] and the zero point's [2] differ"
+    );
+    assert!(
+        import(
+            &write_model(&quantize(&[3], Some(&[3]))),
+            &Options::default()
+        )
+        .is_ok()
+    );
+}
+
 #[test]
 fn absurd_sizes_are_errors() {
     // Dims whose product overflows.

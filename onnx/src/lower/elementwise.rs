@@ -1,7 +1,7 @@
 //! Elementwise ops that are compositions: Pow across types, Clip, the activation functions,
 //! Gelu, Dropout.
 
-use crate::ctx::{Ctx, Node, binary, cast, compare, const_input, unary};
+use crate::ctx::{Ctx, Node, axis, binary, cast, compare, const_input, reshape, unary};
 use crate::{Error, Result};
 use tcc_ir::{BinaryOp, CmpOp, DType, OpKind, Scalar, TensorType, UnaryOp, Value};
 
@@ -38,6 +38,124 @@ pub(super) fn clip(cx: &mut Ctx, n: &Node) -> Result<Value> {
         y = binary(cx, BinaryOp::Min, y, hi)?;
     }
     Ok(y)
+}
+
+/// QuantizeLinear (`quantize`) or DequantizeLinear: per tensor (a scalar or one-element scale)
+/// or per axis (a 1-D scale along `axis`, default 1, reshaped as `[C, 1, ...]` so that it
+/// broadcasts), with the zero point 0 of the quantized type where it is omitted (`u8`, or
+/// QuantizeLinear's `output_dtype`). Blocked scales (`block_size`) and the 2-, 4- and 16-bit
+/// and float8 types are not supported.
+pub(super) fn quantize_linear(cx: &mut Ctx, n: &Node, quantize: bool) -> Result<Value> {
+    let x = n.input(0, "the input")?;
+    let scale = n.input(1, "the scale")?;
+    if n.int("block_size", 0)? != 0 {
+        return n.unsupported("blocked scales (`block_size`)");
+    }
+    let zero = match n.opt(2) {
+        Some(z) => z,
+        None => {
+            let dt = if !quantize {
+                cx.dtype(x)
+            } else {
+                match n.int("output_dtype", 0)? {
+                    0 => DType::U8,
+                    t => crate::tensor::dtype(t as i32, "`output_dtype`")?,
+                }
+            };
+            let zero = cx.scalar(dt, 0.0)?;
+            let sd = cx.dims(scale);
+            if sd.is_empty() {
+                zero
+            } else {
+                cx.op1(OpKind::BroadcastTo { shape: sd }, &[zero])?
+            }
+        }
+    };
+    if quantize && !cx.dtype(x).is_float() {
+        return n.unsupported(format!("{} input", cx.dtype(x)));
+    }
+    let zt = cx.dtype(zero);
+    // i32 only for DequantizeLinear (a bias).
+    let byte = matches!(zt, DType::U8 | DType::I8);
+    if !byte && (quantize || zt != DType::I32) {
+        return n.unsupported(format!("{zt} quantized values"));
+    }
+    let (sd, zd) = (cx.dims(scale), cx.dims(zero));
+    if sd != zd {
+        return Err(Error::invalid(format!(
+            "{}: the scale's shape {sd:?} and the zero point's {zd:?} differ",
+            n.op_type()
+        )));
+    }
+    let dims = cx.dims(x);
+    let count: u64 = sd.iter().product();
+    let shape = match sd.len() {
+        _ if count == 1 => vec![],
+        1 => {
+            let a = axis(n.int("axis", 1)?, dims.len())?;
+            if sd[0] != dims[a] {
+                return Err(Error::invalid(format!(
+                    "{}: {} scales for axis {a} of {} elements",
+                    n.op_type(),
+                    sd[0],
+                    dims[a]
+                )));
+            }
+            let mut s = vec![sd[0]];
+            s.resize(dims.len() - a, 1);
+            s
+        }
+        _ => return n.unsupported(format!("a scale of shape {sd:?} (blocked)")),
+    };
+    let scale = reshape(cx, scale, &shape)?;
+    let zero = reshape(cx, zero, &shape)?;
+    let kind = if quantize {
+        OpKind::QuantizeLinear
+    } else {
+        OpKind::DequantizeLinear
+    };
+    cx.op1(kind, &[x, scale, zero])
+}
+
+/// DynamicQuantizeLinear of f32 `x`: the range `[min(0, min x), max(0, max x)]` over 255
+/// levels of `u8`, as the spec computes it (`scale = (hi - lo) / 255`, the zero point
+/// `round(-lo / scale)` saturated), then `quantize_linear`; the quantized tensor, the scale
+/// and the zero point. A tensor of zeros has scale 0, which `quantize_linear` refuses when it
+/// runs.
+pub(super) fn dynamic_quantize_linear(cx: &mut Ctx, x: Value) -> Result<(Value, Value, Value)> {
+    if cx.dtype(x) != DType::F32 {
+        return Err(Error::unsupported(format!(
+            "DynamicQuantizeLinear of {} (it takes f32)",
+            cx.dtype(x)
+        )));
+    }
+    let all: Vec<i64> = (0..cx.dims(x).len() as i64).collect();
+    let reduce = |cx: &mut Ctx, v: Value| -> Result<Value> {
+        let k = OpKind::Reduce {
+            op: tcc_ir::ReduceOp::Max,
+            axes: all.clone(),
+            keepdims: false,
+        };
+        cx.op1(k, &[v])
+    };
+    let zero = cx.scalar(DType::F32, 0.0)?;
+    let hi = reduce(cx, x)?;
+    let hi = binary(cx, BinaryOp::Max, hi, zero)?;
+    let neg = unary(cx, UnaryOp::Neg, x)?;
+    let lo = reduce(cx, neg)?;
+    let lo = unary(cx, UnaryOp::Neg, lo)?;
+    let lo = binary(cx, BinaryOp::Min, lo, zero)?;
+    let span = binary(cx, BinaryOp::Sub, hi, lo)?;
+    let levels = cx.scalar(DType::F32, 255.0)?;
+    let scale = binary(cx, BinaryOp::Div, span, levels)?;
+    let ratio = binary(cx, BinaryOp::Div, lo, scale)?;
+    let from = binary(cx, BinaryOp::Sub, zero, ratio)?;
+    let point = unary(cx, UnaryOp::Round, from)?;
+    let point = binary(cx, BinaryOp::Max, point, zero)?;
+    let point = binary(cx, BinaryOp::Min, point, levels)?;
+    let point = cast(cx, point, DType::U8)?;
+    let y = cx.op1(OpKind::QuantizeLinear, &[x, scale, point])?;
+    Ok((y, scale, point))
 }
 
 pub(super) fn leaky_relu(cx: &mut Ctx, x: Value, alpha: f64) -> Result<Value> {

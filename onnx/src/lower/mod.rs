@@ -7,7 +7,10 @@ use crate::ctx::{
 };
 use crate::{Error, Result, tensor};
 use conv::{conv, conv_transpose, gemm, global, matmul, max_pool_with_indices, pool};
-use elementwise::{clip, dropout, elu, gelu, hard_sigmoid, leaky_relu, modulo, pow, softplus};
+use elementwise::{
+    clip, dropout, dynamic_quantize_linear, elu, gelu, hard_sigmoid, leaky_relu, modulo, pow,
+    quantize_linear, softplus,
+};
 use reduce::{batch_norm_training, layer_norm, lrn, reduce, reduce_composite, softmax};
 use shape::{constant, pad, reshape_dims, slice, split, trilu};
 use tcc_ir::ops::F64;
@@ -254,6 +257,12 @@ pub(crate) fn lower(cx: &mut Ctx, n: &Node) -> Result<Vec<Option<Value>>> {
             one(cast(cx, x()?, to)?)
         }
         "Clip" => one(clip(cx, n)?),
+        "QuantizeLinear" => one(quantize_linear(cx, n, true)?),
+        "DequantizeLinear" => one(quantize_linear(cx, n, false)?),
+        "DynamicQuantizeLinear" => {
+            let (y, scale, zero) = dynamic_quantize_linear(cx, x()?)?;
+            Ok(vec![Some(y), Some(scale), Some(zero)])
+        }
         "LeakyRelu" => {
             let alpha = n.float("alpha", 0.01)?;
             one(leaky_relu(cx, x()?, alpha as f64)?)
