@@ -272,6 +272,25 @@ impl Gen {
                 };
                 self.b.op1(kind, &[x])
             }
+            10 if r >= 2 && self.rng.chance(0.2) => {
+                // The product of x quantized to u8 and its transpose quantized to i8, with
+                // per-row and per-column zero points, back to floats.
+                let mut perm: Vec<u64> = (0..r as u64).collect();
+                perm.swap(r - 2, r - 1);
+                let xt = self.b.transpose(x, &perm).ok()?;
+                let (m, dt) = (t.dims()[r - 2], t.dtype());
+                let mut rows = vec![1; r];
+                rows[r - 2] = m;
+                let s = self.b.splat(dt, &[], self.rng.uniform(0.05, 0.5)).ok()?;
+                let zu = self.b.splat(DType::U8, &[], 100.0).ok()?;
+                let zi = self.b.splat(DType::I8, &[], -3.0).ok()?;
+                let a = self.b.op1(OpKind::QuantizeLinear, &[x, s, zu]).ok()?;
+                let b = self.b.op1(OpKind::QuantizeLinear, &[xt, s, zi]).ok()?;
+                let za = self.b.splat(DType::U8, &rows, 90.0).ok()?;
+                let zb = self.b.splat(DType::I8, &[m], 5.0).ok()?;
+                let p = self.b.op1(OpKind::MatMulInteger, &[a, b, za, zb]).ok()?;
+                self.b.op1(OpKind::Cast { to: dt }, &[p])
+            }
             10 if r >= 2 => {
                 let mut perm: Vec<u64> = (0..r as u64).collect();
                 perm.swap(r - 2, r - 1);

@@ -91,6 +91,26 @@ pub fn slice_range(n: u64, start: i64, end: i64, step: i64) -> (i64, u64) {
     (s as i64, len as u64)
 }
 
+/// The shape of `a x b` as `matmul` multiplies them (matrices of the last two axes, batch axes
+/// broadcast).
+fn matmul_dims(a: &TensorType, b: &TensorType) -> R<Vec<u64>> {
+    if a.rank() < 2 || b.rank() < 2 {
+        return Err(format!(
+            "`matmul` needs operands of rank 2 or more, found {a} and {b}; reshape vectors to matrices"
+        ));
+    }
+    let (ad, bd) = (a.dims(), b.dims());
+    let (m, k1) = (ad[ad.len() - 2], ad[ad.len() - 1]);
+    let (k2, n) = (bd[bd.len() - 2], bd[bd.len() - 1]);
+    if k1 != k2 {
+        return Err(format!("inner dims {k1} != {k2} ({a} x {b})"));
+    }
+    let mut s = broadcast_shapes(&ad[..ad.len() - 2], &bd[..bd.len() - 2])
+        .map_err(|e| format!("batch dims: {e}"))?;
+    s.extend([m, n]);
+    Ok(s)
+}
+
 fn need_float(t: &TensorType, what: &str) -> R<()> {
     if t.dtype().is_float() {
         Ok(())
@@ -325,21 +345,31 @@ pub fn infer(kind: &OpKind, args: &[&TensorType]) -> R<Vec<TensorType>> {
             let (a, b) = (args[0], args[1]);
             same_dtype(a, b, "the operands")?;
             need_numeric(a, "the operands")?;
-            if a.rank() < 2 || b.rank() < 2 {
-                return Err(format!(
-                    "`matmul` needs operands of rank 2 or more, found {a} and {b}; reshape vectors to matrices"
-                ));
+            one(tt(a.dtype(), matmul_dims(a, b)?)?)
+        }
+        OpKind::MatMulInteger => {
+            let (a, b, az, bz) = (args[0], args[1], args[2], args[3]);
+            for (v, z, what, per) in [
+                (a, az, "left", "[M, 1] per row"),
+                (b, bz, "right", "[N] per column"),
+            ] {
+                if !matches!(v.dtype(), DType::U8 | DType::I8) {
+                    return Err(format!(
+                        "the {what} operand must be u8 or i8, found {}",
+                        v.dtype()
+                    ));
+                }
+                same_dtype(v, z, &format!("the {what} operand and its zero point"))?;
+                if !broadcasts_to(z.dims(), v.dims()) {
+                    return Err(format!(
+                        "the {what} zero point {} must broadcast to the operand's shape {} \
+                         (a scalar, or {per})",
+                        z.shape(),
+                        v.shape()
+                    ));
+                }
             }
-            let (ad, bd) = (a.dims(), b.dims());
-            let (m, k1) = (ad[ad.len() - 2], ad[ad.len() - 1]);
-            let (k2, n) = (bd[bd.len() - 2], bd[bd.len() - 1]);
-            if k1 != k2 {
-                return Err(format!("inner dims {k1} != {k2} ({a} x {b})"));
-            }
-            let mut s = broadcast_shapes(&ad[..ad.len() - 2], &bd[..bd.len() - 2])
-                .map_err(|e| format!("batch dims: {e}"))?;
-            s.extend([m, n]);
-            one(tt(a.dtype(), s)?)
+            one(tt(DType::I32, matmul_dims(a, b)?)?)
         }
         OpKind::Conv2d(c) => {
             let (x, w) = (args[0], args[1]);

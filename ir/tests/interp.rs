@@ -476,3 +476,29 @@ fn quantize_and_dequantize_linear() {
         "{e}"
     );
 }
+
+/// `matmul_integer` subtracts the zero points (per row of `a`, per column of `b`) before an
+/// integer product, which may leave the 8-bit ranges; the result is i32.
+#[test]
+fn matmul_integer_subtracts_zero_points() {
+    let src = "func @f(%a: u8[2,3], %b: i8[3,2]) -> (i32[2,2]) {
+  %za = const {value=[1, 255]} : u8[2,1]
+  %zb = const {value=[0, -128]} : i8[2]
+  %y = matmul_integer %a, %b, %za, %zb : i32[2,2]
+  return %y
+}";
+    let a = Tensor::new(
+        tcc_ir::TensorType::new(tcc_ir::DType::U8, vec![2, 3]).unwrap(),
+        Data::U8(vec![1, 2, 3, 0, 255, 10]),
+    )
+    .unwrap();
+    let b = Tensor::new(
+        tcc_ir::TensorType::new(tcc_ir::DType::I8, vec![3, 2]).unwrap(),
+        Data::I8(vec![1, -128, 2, 127, -3, 0]),
+    )
+    .unwrap();
+    let r = eval(src, vec![a, b]).unwrap();
+    // a - za = [[0, 1, 2], [-255, 0, -245]]; b - zb = [[1, 0], [2, 255], [-3, 128]].
+    // Row 0: [0 + 2 - 6, 0 + 255 + 256] = [-4, 511]; row 1: [-255 + 0 + 735, 0 + 0 - 31360].
+    assert_eq!(r[0].data(), &Data::I32(vec![-4, 511, 480, -31360]));
+}

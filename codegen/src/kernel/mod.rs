@@ -115,6 +115,7 @@ pub fn supported_op(f: &Function, op: tcc_ir::Op) -> bool {
         // Not elementwise: rows, reductions and library kernels handle these.
         OpKind::Const { .. }
         | OpKind::MatMul
+        | OpKind::MatMulInteger
         | OpKind::Conv2d(_)
         | OpKind::Conv2dNchwc { .. }
         | OpKind::ToNchwc { .. }

@@ -534,6 +534,128 @@ pub fn matmul(
     Ok(c.finish(tiles))
 }
 
+/// `matmul_integer` kernel `kd` of `f` (u8/i8 operands with zero points broadcast to them,
+/// batch dims broadcasting, an i32 result), named `name`: a thread per output, which
+/// accumulates `(a - a_zero) * (b - b_zero)` along `k` in order, in i32 (wrapping), as the
+/// interpreter does. Not tiled: the 8-bit GEMM (`dp4a`) is still to come.
+pub fn matmul_integer(f: &Function, kd: &KernelData, name: String) -> Result<Lowered, String> {
+    let d = f.op(kd.ops[0]);
+    let [a, b, za, zb] = d.args[..] else {
+        return Err("not a matmul_integer".into());
+    };
+    let r = d.results[0];
+    let (ad, bd, od) = (f.ty(a).dims(), f.ty(b).dims(), f.ty(r).dims().to_vec());
+    let (m, k, n) = (ad[ad.len() - 2], ad[ad.len() - 1], bd[bd.len() - 1]);
+    let batch = &od[..od.len() - 2];
+    let outputs: u64 = od.iter().product();
+    let numel = |v: Value| f.ty(v).numel();
+    let mut c = Ctx::new(
+        name,
+        (kd.inputs.len() + kd.outputs.len()) as u32,
+        BLOCK,
+        outputs.max(numel(a)).max(numel(b)),
+    );
+    let base =
+        |c: &Ctx, v: Value| c.bases[kd.inputs.iter().position(|&x| x == v).expect("an input")];
+    let out = c.bases[kd.inputs.len()
+        + kd.outputs
+            .iter()
+            .position(|&x| x == r)
+            .ok_or("the result is not stored")?];
+    let mem = |v: Value| {
+        if f.ty(v).dtype() == DType::I8 {
+            Mem::S8
+        } else {
+            Mem::U8
+        }
+    };
+    // Row-major strides of `dims`, aligned to the last `rank` axes, 0 where `dims` has 1 or
+    // lacks the axis (a broadcast).
+    let bstrides = |dims: &[u64], rank: usize| -> Vec<u64> {
+        let mut st = vec![0u64; rank];
+        let mut s = 1;
+        for (i, &dd) in dims.iter().enumerate().rev() {
+            st[rank - dims.len() + i] = if dd == 1 { 0 } else { s };
+            s *= dd;
+        }
+        st
+    };
+    // Each operand's (and zero point's) strides over the output's batch axes, its row and its
+    // column: the operand's over its own axes, a zero point's over its operand's.
+    let layout = |v: Value, z: Value| {
+        let own = f.ty(v).dims();
+        let of_v = bstrides(own, own.len());
+        let of_z = bstrides(f.ty(z).dims(), own.len());
+        let lift = |st: &[u64]| {
+            let mut out = vec![0u64; batch.len()];
+            for (i, &s) in st[..own.len() - 2].iter().enumerate() {
+                out[batch.len() - (own.len() - 2) + i] = s;
+            }
+            (out, st[own.len() - 2], st[own.len() - 1])
+        };
+        (lift(&of_v), lift(&of_z))
+    };
+    let (la, lza) = layout(a, za);
+    let (lb, lzb) = layout(b, zb);
+    let (a_base, b_base, za_base, zb_base) = (base(&c, a), base(&c, b), base(&c, za), base(&c, zb));
+    c.grid_stride(outputs, |c, o| {
+        let bi = c.op_n(IOp::DivU, o, m * n);
+        let rest = c.op_n(IOp::RemU, o, m * n);
+        let i = c.op_n(IOp::DivU, rest, n);
+        let j = c.op_n(IOp::RemU, rest, n);
+        // The offset of batch `bi` with strides `st`.
+        let batch_off = |c: &mut Ctx, st: &[u64]| {
+            let mut acc = c.n(0);
+            let mut inner = 1u64;
+            for (&extent, &stride) in batch.iter().zip(st).rev() {
+                if stride != 0 {
+                    let q = c.op_n(IOp::DivU, bi, inner);
+                    let coord = c.op_n(IOp::RemU, q, extent);
+                    acc = c.mad_n(coord, stride, acc);
+                }
+                inner *= extent;
+            }
+            acc
+        };
+        // Where row/column `x` (stride `sx`) and depth `p` (stride `sp`) of a layout start.
+        let start = |c: &mut Ctx, l: &(Vec<u64>, u64, u64), x: Reg, row: bool| {
+            let off = batch_off(c, &l.0);
+            let sx = if row { l.1 } else { l.2 };
+            c.mad_n(x, sx, off)
+        };
+        let (a0, za0) = (start(c, &la, i, true), start(c, &lza, i, true));
+        let (b0, zb0) = (start(c, &lb, j, false), start(c, &lzb, j, false));
+        let acc = c.b.reg(RegTy::I32);
+        let zero = c.b.imm(RegTy::I32, 0);
+        c.b.push(Inst::Mov(acc, zero));
+        let p = c.b.reg(c.it);
+        let (zero_i, one) = (c.n(0), c.n(1));
+        c.b.push(Inst::Mov(p, zero_i));
+        let kn = c.n(k);
+        // Strides along k: A's column, B's row.
+        let (sa, sza, sb, szb) = (la.2, lza.2, lb.1, lzb.1);
+        c.for_loop(p, kn, one, |c| {
+            let elem = |c: &mut Ctx, buf: Reg, at: Reg, stride: u64, mem: Mem| {
+                let idx = c.mad_n(p, stride, at);
+                let addr = c.address(buf, idx, mem);
+                c.b.ld(Space::Global, mem, RegTy::I32, addr)
+            };
+            let x = elem(c, a_base, a0, sa, mem(a));
+            let xz = elem(c, za_base, za0, sza, mem(za));
+            let y = elem(c, b_base, b0, sb, mem(b));
+            let yz = elem(c, zb_base, zb0, szb, mem(zb));
+            let dx = c.b.ibin(IOp::Sub, x, xz);
+            let dy = c.b.ibin(IOp::Sub, y, yz);
+            c.b.push(Inst::IMad(acc, dx, dy, acc));
+            Ok(())
+        })?;
+        let addr = c.address(out, o, Mem::B32);
+        c.b.push(Inst::St(Space::Global, Mem::B32, addr, acc));
+        Ok(())
+    })?;
+    Ok(c.finish(outputs.div_ceil(BLOCK as u64)))
+}
+
 /// Convolution kernel `kd` of `f` (`conv2d` over NCHW in f32, any stride, padding, dilation
 /// and groups, with its fused epilogue), named `name`, as an implicit GEMM on the tiled kernel
 /// ([`gemm`]): per group, A is the group's filters as `OC/g x (C/g)·KH·KW` and B the input

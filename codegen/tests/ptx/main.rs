@@ -238,6 +238,51 @@ fn cases() -> Vec<(String, Function, Vec<Tensor>)> {
             .unwrap(),
         ],
     );
+    // Integer products over the whole 8-bit ranges: zero points per row of A and per column of
+    // B, and scalars; both byte types on either side; a batch broadcast each way.
+    let bytes = |dt: tcc_ir::DType, dims: &[u64], seed: u64| {
+        let mut rng = Rng::new(seed);
+        let n: u64 = dims.iter().product();
+        let data = if dt == tcc_ir::DType::U8 {
+            Data::U8((0..n).map(|_| rng.below(256) as u8).collect())
+        } else {
+            Data::I8(
+                (0..n)
+                    .map(|_| (rng.below(256) as i64 - 128) as i8)
+                    .collect(),
+            )
+        };
+        Tensor::new(tcc_ir::TensorType::new(dt, dims.to_vec()).unwrap(), data).unwrap()
+    };
+    use tcc_ir::DType::{I8, U8};
+    add(
+        "matmul_integer per row and column".into(),
+        "func @f(%a: u8[2,5,7], %b: i8[7,3], %za: u8[5,1], %zb: i8[3]) -> (i32[2,5,3]) {
+  %y = matmul_integer %a, %b, %za, %zb : i32[2,5,3]
+  return %y
+}"
+        .into(),
+        vec![
+            bytes(U8, &[2, 5, 7], 1),
+            bytes(I8, &[7, 3], 2),
+            bytes(U8, &[5, 1], 3),
+            bytes(I8, &[3], 4),
+        ],
+    );
+    add(
+        "matmul_integer scalars".into(),
+        "func @f(%a: i8[4,9], %b: u8[3,9,2], %za: i8[], %zb: u8[]) -> (i32[3,4,2]) {
+  %y = matmul_integer %a, %b, %za, %zb : i32[3,4,2]
+  return %y
+}"
+        .into(),
+        vec![
+            bytes(I8, &[4, 9], 5),
+            bytes(U8, &[3, 9, 2], 6),
+            bytes(I8, &[], 7),
+            bytes(U8, &[], 8),
+        ],
+    );
     // Broadcasts of every access pattern, at sizes that are not multiples of anything.
     let mut rng = Rng::new(7);
     for (big, small) in [

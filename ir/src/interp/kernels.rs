@@ -653,6 +653,20 @@ pub(crate) fn eval(kind: &OpKind, args: &[&Val], tys: &[TensorType]) -> R<Vec<Va
                 _ => unreachable!("type rules: numeric operands of one dtype"),
             }
         }
+        OpKind::MatMulInteger => {
+            // The operands less their zero points, multiplied as integers; the i32 result
+            // wraps.
+            let shifted = |v: &Val, z: &Val| {
+                let map = bcast_map(z.dims(), v.dims());
+                let (q, zero) = (v.i(), z.i());
+                Val {
+                    ty: v.ty.clone(),
+                    buf: Buf::I(q.iter().zip(&map).map(|(&x, &i)| x - zero[i]).collect()),
+                }
+            };
+            let (a, b) = (shifted(args[0], args[2]), shifted(args[1], args[3]));
+            return eval(&OpKind::MatMul, &[&a, &b], tys);
+        }
         OpKind::Conv2d(c) => {
             let (x, w) = (args[0].f(), args[1].f());
             let mut res = vec![0.0; n];

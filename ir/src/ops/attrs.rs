@@ -382,6 +382,7 @@ macro_rules! declare_attrs {
             | OpKind::QuantizeLinear
             | OpKind::DequantizeLinear
             | OpKind::MatMul
+            | OpKind::MatMulInteger
             | OpKind::GlobalAvgPool
             | OpKind::SoftmaxCrossEntropy
             | OpKind::SoftmaxCrossEntropyGrad => {}

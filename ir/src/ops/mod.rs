@@ -209,6 +209,10 @@ pub enum OpKind {
     // --- Linear algebra and convolution ---
     /// Batched matrix product: `[..., m, k] x [..., k, n] -> [..., m, n]`, batch dims broadcast.
     MatMul,
+    /// ONNX's `MatMulInteger`: `(a, b, a_zero, b_zero)`, `(a - a_zero) x (b - b_zero)` of `u8`
+    /// or `i8` operands, accumulated in `i32` (wrapping). `a_zero` broadcasts to `a` (a scalar,
+    /// or `[m, 1]` per row), `b_zero` to `b` (a scalar, or `[n]` per column).
+    MatMulInteger,
     /// 2-D convolution (really cross-correlation), NCHW.
     Conv2d(Conv2d),
     /// `conv2d` on channel-blocked tensors (NCHWc): `(x, w) -> y` where `x` is

@@ -187,6 +187,7 @@ define_ops! {
     DequantizeLinear "dequantize_linear" Exactly(3), 1, Elementwise [ELEMENTWISE] "`(q, scale, zero_point)`: `(q - zero_point) * scale` (ONNX's DequantizeLinear)";
 
     MatMul "matmul" Exactly(2), 1, LinearAlgebra [DIFFERENTIABLE] "batched matrix product, batch dims broadcast";
+    MatMulInteger "matmul_integer" Exactly(4), 1, LinearAlgebra [] "`(a, b, a_zero, b_zero)`: `(a - a_zero) x (b - b_zero)` of u8/i8 matrices in i32 (ONNX's MatMulInteger)";
     Conv2d "conv2d" Exactly(2), 1, LinearAlgebra [DIFFERENTIABLE] "2-D cross-correlation, NCHW, filter `[O, C/groups, kH, kW]`";
     Conv2dNchwc "conv2d_nchwc" Exactly(2), 1, LinearAlgebra [DIFFERENTIABLE] "`conv2d` from and to channel-blocked tensors `[N, C/b, H, W, b]`";
 
@@ -284,6 +285,7 @@ impl OpId {
             OpId::StopGradient => K::StopGradient,
             OpId::Identity => K::Identity,
             OpId::MatMul => K::MatMul,
+            OpId::MatMulInteger => K::MatMulInteger,
             OpId::Conv2d => K::Conv2d(Conv2d::default()),
             OpId::Conv2dNchwc => K::Conv2dNchwc {
                 conv: Conv2d::default(),
@@ -436,6 +438,7 @@ impl OpKind {
             OpKind::StopGradient => OpId::StopGradient,
             OpKind::Identity => OpId::Identity,
             OpKind::MatMul => OpId::MatMul,
+            OpKind::MatMulInteger => OpId::MatMulInteger,
             OpKind::Conv2d(_) => OpId::Conv2d,
             OpKind::Conv2dNchwc { .. } => OpId::Conv2dNchwc,
             OpKind::MaxPool2d(_) => OpId::MaxPool2d,

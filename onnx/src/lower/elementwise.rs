@@ -158,6 +158,73 @@ pub(super) fn dynamic_quantize_linear(cx: &mut Ctx, x: Value) -> Result<(Value, 
     Ok((y, scale, point))
 }
 
+/// MatMulInteger: `matmul_integer` of 2-D or batched u8/i8 operands (inputs `a`, `b` and the
+/// zero points `za`, `zb` at the positions `at`), the zero points 0 where omitted; `a`'s 1-D
+/// zero point (one per row) as `[M, 1]`.
+pub(super) fn matmul_integer(cx: &mut Ctx, n: &Node, at: [usize; 4]) -> Result<Value> {
+    let a = n.input(at[0], "A")?;
+    let b = n.input(at[1], "B")?;
+    for v in [a, b] {
+        if cx.dims(v).len() < 2 {
+            return n.unsupported("a 1-D operand");
+        }
+    }
+    let zero = |cx: &mut Ctx, i: usize, of: Value, per_row: bool| -> Result<Value> {
+        let Some(z) = n.opt(i) else {
+            return cx.scalar(cx.dtype(of), 0.0);
+        };
+        let zd = cx.dims(z);
+        if per_row && zd.len() == 1 && zd[0] != 1 {
+            let mut shape = zd.clone();
+            shape.push(1);
+            return reshape(cx, z, &shape);
+        }
+        Ok(z)
+    };
+    let za = zero(cx, at[2], a, true)?;
+    let zb = zero(cx, at[3], b, false)?;
+    cx.op1(OpKind::MatMulInteger, &[a, b, za, zb])
+}
+
+/// QLinearMatMul as ONNX's reference computes it: the integer product (`matmul_integer`), times
+/// `a_scale * b_scale / y_scale` (that factor in f32, the product in f64, as numpy promotes an
+/// int32 array times a float32), then `quantize_linear` with scale 1 and the output's zero
+/// point (rounding half to even and saturating). Per-row `a_scale` and per-column `b_scale`
+/// broadcast as `[M, 1]` and `[N]`.
+pub(super) fn qlinear_matmul(cx: &mut Ctx, n: &Node) -> Result<Value> {
+    let p = matmul_integer(cx, n, [0, 3, 2, 5])?;
+    let (sa, sb, sy) = (
+        n.input(1, "a_scale")?,
+        n.input(4, "b_scale")?,
+        n.input(6, "y_scale")?,
+    );
+    let zy = n.input(7, "y_zero_point")?;
+    for s in [sa, sb, sy] {
+        if cx.dtype(s) != DType::F32 {
+            return n.unsupported(format!("{} scales", cx.dtype(s)));
+        }
+    }
+    let sd = cx.dims(sa);
+    let sa = if sd.len() == 1 && sd[0] != 1 {
+        reshape(cx, sa, &[sd[0], 1])?
+    } else {
+        sa
+    };
+    let ab = binary(cx, BinaryOp::Mul, sa, sb)?;
+    let factor = binary(cx, BinaryOp::Div, ab, sy)?;
+    let factor = cast(cx, factor, DType::F64)?;
+    let wide = cast(cx, p, DType::F64)?;
+    let y = binary(cx, BinaryOp::Mul, wide, factor)?;
+    let one = cx.scalar(DType::F64, 1.0)?;
+    let zd = cx.dims(zy);
+    let (one, zy) = if zd.iter().product::<u64>() == 1 {
+        (one, reshape(cx, zy, &[])?)
+    } else {
+        return n.unsupported(format!("a y_zero_point of shape {zd:?}"));
+    };
+    cx.op1(OpKind::QuantizeLinear, &[y, one, zy])
+}
+
 pub(super) fn leaky_relu(cx: &mut Ctx, x: Value, alpha: f64) -> Result<Value> {
     let dt = cx.dtype(x);
     let a = cx.scalar(dt, alpha)?;

@@ -8,8 +8,8 @@ use crate::ctx::{
 use crate::{Error, Result, tensor};
 use conv::{conv, conv_transpose, gemm, global, matmul, max_pool_with_indices, pool};
 use elementwise::{
-    clip, dropout, dynamic_quantize_linear, elu, gelu, hard_sigmoid, leaky_relu, modulo, pow,
-    quantize_linear, softplus,
+    clip, dropout, dynamic_quantize_linear, elu, gelu, hard_sigmoid, leaky_relu, matmul_integer,
+    modulo, pow, qlinear_matmul, quantize_linear, softplus,
 };
 use reduce::{batch_norm_training, layer_norm, lrn, reduce, reduce_composite, softmax};
 use shape::{constant, pad, reshape_dims, slice, split, trilu};
@@ -259,6 +259,8 @@ pub(crate) fn lower(cx: &mut Ctx, n: &Node) -> Result<Vec<Option<Value>>> {
         "Clip" => one(clip(cx, n)?),
         "QuantizeLinear" => one(quantize_linear(cx, n, true)?),
         "DequantizeLinear" => one(quantize_linear(cx, n, false)?),
+        "MatMulInteger" => one(matmul_integer(cx, n, [0, 1, 2, 3])?),
+        "QLinearMatMul" => one(qlinear_matmul(cx, n)?),
         "DynamicQuantizeLinear" => {
             let (y, scale, zero) = dynamic_quantize_linear(cx, x()?)?;
             Ok(vec![Some(y), Some(scale), Some(zero)])

@@ -43,7 +43,7 @@ pub fn op_flops(kind: &OpKind, args: &[&TensorType], results: &[&TensorType]) ->
         }
         // Copies between memory spaces: bytes over a link, no arithmetic.
         OpKind::SwapOut | OpKind::SwapIn => 0,
-        OpKind::MatMul => {
+        OpKind::MatMul | OpKind::MatMulInteger => {
             let k = args[0].dims().last().copied().unwrap_or(1);
             out().saturating_mul(k).saturating_mul(2)
         }
@@ -188,6 +188,7 @@ impl Machine {
     pub fn body_time(&self, kind: &OpKind, flops: u64, bytes: Traffic) -> f64 {
         let rate = match kind {
             OpKind::MatMul
+            | OpKind::MatMulInteger
             | OpKind::Conv2d(_)
             | OpKind::Conv2dNchwc { .. }
             | OpKind::Conv2dGradInput { .. }

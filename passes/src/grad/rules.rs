@@ -187,7 +187,8 @@ impl Rules<'_> {
             | OpKind::StopGradient
             | OpKind::Compare(_)
             | OpKind::QuantizeLinear
-            | OpKind::DequantizeLinear => {}
+            | OpKind::DequantizeLinear
+            | OpKind::MatMulInteger => {}
             // Copies: the gradient passes by them unchanged, in device memory (a cotangent is
             // never a host value, so no backward op reads one).
             OpKind::SwapOut | OpKind::SwapIn | OpKind::Identity => out[0] = dy,
