@@ -13,6 +13,7 @@ mod elementwise;
 mod layers;
 mod movement;
 mod pooling;
+mod quantize;
 
 #[path = "../common/mod.rs"]
 mod common;

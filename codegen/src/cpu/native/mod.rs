@@ -1,6 +1,7 @@
 //! Hand-written kernels for single ops the JIT does not generate: pooling and its gradients,
 //! global average pooling, reductions over any axes, softmax over any axis, softmax
-//! cross-entropy and batch norm (in `f32`), and the data movement of any dtype: transposes,
+//! cross-entropy and batch norm (in `f32`), quantization (`quantize_linear`,
+//! `dequantize_linear`, `matmul_integer`), and the data movement of any dtype: transposes,
 //! slices, concatenations and gathers.
 //!
 //! They read and write the arena directly, like compiled kernels, and compute in `f32` (sums in
@@ -9,12 +10,14 @@
 //!
 //! This file chooses the kernel for an op ([`Native::for_op`]) and runs it; the kernels live by
 //! job: `pool.rs` (pooling and its gradients), `lines.rs` (work along lines: reductions,
-//! softmax, cross-entropy, batch norm, `top_k`), `movement.rs` (byte copies of any dtype).
+//! softmax, cross-entropy, batch norm, `top_k`), `movement.rs` (byte copies of any dtype),
+//! `quant.rs` (quantization).
 
 mod layout;
 mod lines;
 mod movement;
 mod pool;
+mod quant;
 
 use movement::{SliceCopy, transpose};
 use tcc_ir::ops::normalize_axis;
@@ -122,6 +125,21 @@ enum Kind {
         yd: [usize; 5],
         wide: bool,
     },
+    /// `quantize_linear` of f32 into `u8` or (`signed`) `i8`.
+    Quantize {
+        per: quant::Per,
+        signed: bool,
+    },
+    /// `dequantize_linear` of `u8` or (`signed`) `i8` into f32.
+    Dequantize {
+        per: quant::Per,
+        signed: bool,
+    },
+    /// `matmul_integer`; whether `a` and `b` are `i8`.
+    MatMulInteger {
+        product: quant::IntegerProduct,
+        signed: [bool; 2],
+    },
     /// Concatenation: each of `outer` rows of the result is the operands' rows side by side,
     /// operand `i`'s row `row_bytes[i]` long (any dtype).
     Concat {
@@ -156,6 +174,8 @@ impl Native {
                 | OpKind::Gather { .. }
                 | OpKind::ToNchwc { .. }
                 | OpKind::FromNchwc { .. }
+                | OpKind::DequantizeLinear
+                | OpKind::MatMulInteger
         );
         if f.ty(x).dtype() != DType::F32 && !any_dtype {
             return None;
@@ -329,6 +349,26 @@ impl Native {
                 classes: dims(f, x)[1],
                 labels: f.ty(d.args[1]).dtype(),
             },
+            OpKind::QuantizeLinear => Kind::Quantize {
+                per: quant::Per::of(f.ty(d.args[1]).dims(), f.ty(x).dims())?,
+                signed: quant::signed(f, d.results[0]),
+            },
+            OpKind::DequantizeLinear
+                if f.ty(d.args[1]).dtype() == DType::F32
+                    && matches!(f.ty(x).dtype(), DType::U8 | DType::I8) =>
+            {
+                Kind::Dequantize {
+                    per: quant::Per::of(f.ty(d.args[1]).dims(), f.ty(x).dims())?,
+                    signed: quant::signed(f, x),
+                }
+            }
+            OpKind::MatMulInteger => {
+                let args = [d.args[0], d.args[1], d.args[2], d.args[3]];
+                Kind::MatMulInteger {
+                    product: quant::IntegerProduct::of(f, args, d.results[0])?,
+                    signed: [quant::signed(f, args[0]), quant::signed(f, args[1])],
+                }
+            }
             OpKind::SoftmaxCrossEntropyGrad => Kind::CrossEntropyGrad {
                 rows: dims(f, x)[0],
                 classes: dims(f, x)[1],
@@ -390,6 +430,10 @@ impl Native {
         // SAFETY (every arm): the caller's contract; slices cover exactly each value's elements.
         unsafe {
             let input = |i: usize| std::slice::from_raw_parts(arg(i), len(self.args[i]));
+            // Operand `i`'s bytes (a u8 or i8 tensor).
+            let bytes = |i: usize| {
+                std::slice::from_raw_parts(addr(self.args[i]) as *const u8, len(self.args[i]))
+            };
             let output = |i: usize| std::slice::from_raw_parts_mut(res(i), len(self.results[i]));
             match &self.kind {
                 Kind::Transpose { dims, perm } => {
@@ -505,6 +549,25 @@ impl Native {
                     let srcs: Vec<*const u8> =
                         self.args.iter().map(|&v| addr(v) as *const u8).collect();
                     movement::concat(&srcs, addr(self.results[0]), *outer, row_bytes);
+                }
+                Kind::Quantize { per, signed } => {
+                    let zero = quant::levels(bytes(2), *signed);
+                    let out =
+                        std::slice::from_raw_parts_mut(res(0) as *mut u8, len(self.results[0]));
+                    quant::quantize(input(0), input(1), &zero, *per, *signed, out)?;
+                }
+                Kind::Dequantize { per, signed } => {
+                    let q = quant::levels(bytes(0), *signed);
+                    let zero = quant::levels(bytes(2), *signed);
+                    quant::dequantize(&q, input(1), &zero, *per, output(0))?;
+                }
+                Kind::MatMulInteger { product, signed } => {
+                    let [sa, sb] = *signed;
+                    let (a, b) = (quant::levels(bytes(0), sa), quant::levels(bytes(1), sb));
+                    let (za, zb) = (quant::levels(bytes(2), sa), quant::levels(bytes(3), sb));
+                    let out =
+                        std::slice::from_raw_parts_mut(res(0) as *mut i32, len(self.results[0]));
+                    product.run(&a, &b, &za, &zb, out);
                 }
             }
         }

@@ -1,0 +1,223 @@
+//! Quantization's kernels: `quantize_linear` and `dequantize_linear` with f32 scales (one per
+//! tensor, or one per block of a layout: a channel of NCHW), and `matmul_integer`'s product of
+//! u8/i8 matrices in i32. Each computes what the interpreter does, bit for bit: the quotient in
+//! f32, rounded half to even, the zero point added and the level saturated (NaN: the zero
+//! point); `(q - zero)` as f32 times the scale; the product's sums wrapping in i32.
+//!
+//! The integer product here is the portable one (rows of `a` against `b` less its zero
+//! points, prepared once); the VNNI and AVX2 kernels come next.
+
+use tcc_ir::{DType, Function, Value};
+
+/// Which scale and zero point element `i` of the operand uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Per {
+    /// One for the tensor.
+    Tensor,
+    /// Element `(i / inner) % n`: one per channel of a layout.
+    Block { inner: usize, n: usize },
+}
+
+impl Per {
+    /// How `params` (the scale's dims) broadcast to `dims`, if one of the two forms.
+    pub(super) fn of(params: &[u64], dims: &[u64]) -> Option<Per> {
+        match crate::kernel::access(params, dims)? {
+            crate::kernel::Access::Scalar(_) => Some(Per::Tensor),
+            crate::kernel::Access::Same => Some(Per::Block {
+                inner: 1,
+                n: dims.iter().product::<u64>() as usize,
+            }),
+            crate::kernel::Access::Block { inner, n } => Some(Per::Block {
+                inner: inner as usize,
+                n: n as usize,
+            }),
+            crate::kernel::Access::Gapped { .. } => None,
+        }
+    }
+
+    /// Calls `run(start, end, p)` for each run of elements `start..end` of an `len`-element
+    /// operand that uses parameter `p`.
+    fn runs(self, len: usize, mut run: impl FnMut(usize, usize, usize)) {
+        match self {
+            Per::Tensor => run(0, len, 0),
+            Per::Block { inner, n } => {
+                for (r, start) in (0..len).step_by(inner.max(1)).enumerate() {
+                    run(start, (start + inner).min(len), r % n);
+                }
+            }
+        }
+    }
+}
+
+/// The scales, checked as the interpreter checks them.
+fn checked(scale: &[f32]) -> Result<(), String> {
+    match scale.iter().find(|s| !(s.is_finite() && **s > 0.0)) {
+        Some(s) => Err(format!(
+            "a scale is {s}: scales must be positive and finite"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Bytes of a `u8` or `i8` tensor as integers.
+pub(super) fn levels(bytes: &[u8], signed: bool) -> Vec<i32> {
+    if signed {
+        bytes.iter().map(|&b| b as i8 as i32).collect()
+    } else {
+        bytes.iter().map(|&b| b as i32).collect()
+    }
+}
+
+/// `quantize_linear` of `x` into `out` (the levels' bytes; `signed`: i8).
+pub(super) fn quantize(
+    x: &[f32],
+    scale: &[f32],
+    zero: &[i32],
+    per: Per,
+    signed: bool,
+    out: &mut [u8],
+) -> Result<(), String> {
+    checked(scale)?;
+    let (lo, hi) = if signed {
+        (-128.0, 127.0)
+    } else {
+        (0.0, 255.0)
+    };
+    per.runs(x.len(), |start, end, p| {
+        let (s, z) = (scale[p], zero[p]);
+        for (o, &v) in out[start..end].iter_mut().zip(&x[start..end]) {
+            let q = v / s;
+            let level = if q.is_nan() {
+                z
+            } else {
+                ((q as f64).round_ties_even() + z as f64).clamp(lo, hi) as i32
+            };
+            *o = level as u8;
+        }
+    });
+    Ok(())
+}
+
+/// `dequantize_linear` of the levels `q` into `out`.
+pub(super) fn dequantize(
+    q: &[i32],
+    scale: &[f32],
+    zero: &[i32],
+    per: Per,
+    out: &mut [f32],
+) -> Result<(), String> {
+    checked(scale)?;
+    per.runs(q.len(), |start, end, p| {
+        let (s, z) = (scale[p], zero[p]);
+        for (o, &v) in out[start..end].iter_mut().zip(&q[start..end]) {
+            *o = v.wrapping_sub(z) as f32 * s;
+        }
+    });
+    Ok(())
+}
+
+/// A `matmul_integer` as the kernel runs it: each batch's element offsets into `a` and `b`,
+/// the matrix sizes, and whether each zero point is one per row (of `a`) or per column (of
+/// `b`) rather than one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct IntegerProduct {
+    pub batches: Vec<(usize, usize)>,
+    pub m: usize,
+    pub k: usize,
+    pub n: usize,
+    pub rows: bool,
+    pub columns: bool,
+}
+
+impl IntegerProduct {
+    /// The product `matmul_integer(a, b, za, zb)` of `f`, if its zero points are one per
+    /// tensor, per row of `a` or per column of `b` (the ONNX forms).
+    pub(super) fn of(f: &Function, [a, b, za, zb]: [Value; 4], r: Value) -> Option<IntegerProduct> {
+        let (ad, bd, od) = (f.ty(a).dims(), f.ty(b).dims(), f.ty(r).dims());
+        let (m, k, n) = (ad[ad.len() - 2], ad[ad.len() - 1], bd[bd.len() - 1]);
+        // The zero point's only non-1 axis, counted from the end, if any.
+        let along = |z: Value| {
+            let zd = f.ty(z).dims();
+            let big: Vec<usize> = (0..zd.len()).filter(|&i| zd[i] != 1).collect();
+            match big[..] {
+                [] => Some(None),
+                [i] => Some(Some(zd.len() - i)),
+                _ => None,
+            }
+        };
+        let rows = match along(za)? {
+            None => false,
+            Some(2) if m > 1 => true,
+            _ => return None,
+        };
+        let columns = match along(zb)? {
+            None => false,
+            Some(1) if n > 1 => true,
+            _ => return None,
+        };
+        // Each batch's offsets, broadcasting as the interpreter does.
+        let batch = &od[..od.len() - 2];
+        let offsets = |dims: &[u64], size: u64| -> Vec<usize> {
+            let own = &dims[..dims.len() - 2];
+            let mut strides = vec![0u64; batch.len()];
+            let mut s = size;
+            for (i, &d) in own.iter().enumerate().rev() {
+                strides[batch.len() - own.len() + i] = if d == 1 { 0 } else { s };
+                s *= d;
+            }
+            let count: u64 = batch.iter().product();
+            (0..count)
+                .map(|mut bi| {
+                    let mut off = 0;
+                    for (&d, &st) in batch.iter().zip(&strides).rev() {
+                        off += (bi % d) * st;
+                        bi /= d;
+                    }
+                    off as usize
+                })
+                .collect()
+        };
+        let (oa, ob) = (offsets(ad, m * k), offsets(bd, k * n));
+        Some(IntegerProduct {
+            batches: oa.into_iter().zip(ob).collect(),
+            m: m as usize,
+            k: k as usize,
+            n: n as usize,
+            rows,
+            columns,
+        })
+    }
+
+    /// The product of `a` and `b` (levels), less zero points `za` and `zb`, into `out`.
+    pub(super) fn run(&self, a: &[i32], b: &[i32], za: &[i32], zb: &[i32], out: &mut [i32]) {
+        let IntegerProduct { m, k, n, .. } = *self;
+        let mut shifted = vec![0i32; k * n];
+        for (bi, &(oa, ob)) in self.batches.iter().enumerate() {
+            for p in 0..k {
+                for j in 0..n {
+                    let z = zb[if self.columns { j } else { 0 }];
+                    shifted[p * n + j] = b[ob + p * n + j].wrapping_sub(z);
+                }
+            }
+            for i in 0..m {
+                let z = za[if self.rows { i } else { 0 }];
+                let row = &mut out[(bi * m + i) * n..][..n];
+                row.fill(0);
+                for p in 0..k {
+                    let x = a[oa + i * k + p].wrapping_sub(z);
+                    if x == 0 {
+                        continue;
+                    }
+                    for (o, &y) in row.iter_mut().zip(&shifted[p * n..][..n]) {
+                        *o = o.wrapping_add(x.wrapping_mul(y));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Whether `v` is `i8` (else `u8`).
+pub(super) fn signed(f: &Function, v: Value) -> bool {
+    f.ty(v).dtype() == DType::I8
+}
