@@ -98,7 +98,8 @@ pub struct Features {
     /// vectors: AVX-512F, on a CPU that runs them at full width unless [`VectorWidth`] says
     /// otherwise. Without it they use 256-bit AVX2+FMA code.
     pub wide: bool,
-    /// AVX-512 VNNI or AVX-VNNI (int8 dot products): reported, not used by any kernel yet.
+    /// AVX-512 VNNI or AVX-VNNI (int8 dot products): the integer product (`matmul_integer`)
+    /// uses AVX-512 VNNI where the target also has AVX-512F.
     pub vnni: bool,
 }
 
@@ -133,13 +134,14 @@ impl Features {
     }
 
     /// The names of the features code may use, as CPU manuals write them, in a fixed order
-    /// (VNNI, which no kernel uses yet, is not among them).
+    /// (VNNI where the integer product uses it: with AVX-512F).
     pub fn names(&self) -> Vec<&'static str> {
         [
             (self.avx, "AVX"),
             (self.avx2, "AVX2"),
             (self.fma, "FMA"),
             (self.avx512f, "AVX-512F"),
+            (self.avx512f && self.vnni, "VNNI"),
         ]
         .into_iter()
         .filter_map(|(on, name)| on.then_some(name))

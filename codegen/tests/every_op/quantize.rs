@@ -51,3 +51,63 @@ fn integer_products() {
         94,
     );
 }
+
+/// The integer product on every target (AVX-512 VNNI where the host has it; `host,-avx512f`
+/// the portable loop) over the whole 8-bit ranges and at the extremes (255 x -128 over `k` =
+/// 300, zero points at the ends of their ranges), for each pairing of u8 and i8, with rows and
+/// columns that leave partial kernel tiles (9 rows, 37 columns) and `k` not a multiple of 4.
+#[test]
+fn integer_products_over_full_ranges() {
+    use tcc_ir::DType::{I8, U8};
+    let bytes = |dt: tcc_ir::DType, dims: &[u64], fill: Option<i64>, seed: u64| {
+        let mut rng = Rng::new(seed);
+        let n: u64 = dims.iter().product();
+        let mut value = |lo: i64| fill.unwrap_or_else(|| rng.below(256) as i64 + lo);
+        let data = if dt == U8 {
+            Data::U8((0..n).map(|_| value(0) as u8).collect())
+        } else {
+            Data::I8((0..n).map(|_| value(-128) as i8).collect())
+        };
+        Tensor::new(tcc_ir::TensorType::new(dt, dims.to_vec()).unwrap(), data).unwrap()
+    };
+    let name = |dt| if dt == U8 { "u8" } else { "i8" };
+    for (ta, tb) in [(U8, I8), (I8, U8), (U8, U8), (I8, I8)] {
+        for k in [300u64, 7] {
+            let src = format!(
+                "func @f(%a: {a}[2,9,{k}], %b: {b}[{k},37], %za: {a}[9,1], %zb: {b}[37]) -> (i32[2,9,37]) {{
+  %y = matmul_integer %a, %b, %za, %zb : i32[2,9,37]
+  return %y
+}}",
+                a = name(ta),
+                b = name(tb)
+            );
+            let f = parse_function(&src).unwrap();
+            // Random bytes; then the extremes: A at its top, B at its bottom, zero points at
+            // the other ends (the largest products).
+            let (top_a, low_b) = (
+                if ta == U8 { 255 } else { 127 },
+                if tb == U8 { 0 } else { -128 },
+            );
+            let (low_a, top_b) = (
+                if ta == U8 { 0 } else { -128 },
+                if tb == U8 { 255 } else { 127 },
+            );
+            for (i, extreme) in [false, true].into_iter().enumerate() {
+                let pick = |v: i64| extreme.then_some(v);
+                let inputs = vec![
+                    bytes(ta, &[2, 9, k], pick(top_a), 10 + i as u64),
+                    bytes(tb, &[k, 37], pick(low_b), 20 + i as u64),
+                    bytes(ta, &[9, 1], pick(low_a), 30 + i as u64),
+                    bytes(tb, &[37], pick(top_b), 40 + i as u64),
+                ];
+                let want = tcc_ir::interp::run(&f, &inputs).unwrap();
+                for target in common::TARGETS {
+                    let exe = common::compile(&f, target, true);
+                    assert_eq!(exe.reference_ops(), Vec::<String>::new());
+                    let got = exe.run(&inputs).unwrap();
+                    assert_eq!(got, want, "{src}\ntarget {target:?}, extremes {extreme}");
+                }
+            }
+        }
+    }
+}

@@ -78,8 +78,8 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
         cpu_name(),
         features.names().join(" "),
         if features.wide { 512 } else { 256 },
-        if features.vnni {
-            " (the CPU also has VNNI, which no kernel uses yet)"
+        if features.vnni && !features.avx512f {
+            " (the CPU also has VNNI, which the integer kernel uses only with AVX-512F)"
         } else {
             ""
         },

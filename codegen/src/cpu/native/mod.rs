@@ -13,6 +13,8 @@
 //! softmax, cross-entropy, batch norm, `top_k`), `movement.rs` (byte copies of any dtype),
 //! `quant.rs` (quantization).
 
+#[cfg(target_arch = "x86_64")]
+mod int8;
 mod layout;
 mod lines;
 mod movement;
@@ -365,7 +367,7 @@ impl Native {
             OpKind::MatMulInteger => {
                 let args = [d.args[0], d.args[1], d.args[2], d.args[3]];
                 Kind::MatMulInteger {
-                    product: quant::IntegerProduct::of(f, args, d.results[0])?,
+                    product: quant::IntegerProduct::of(f, args, d.results[0], vnni(features))?,
                     signed: [quant::signed(f, args[0]), quant::signed(f, args[1])],
                 }
             }
@@ -562,16 +564,27 @@ impl Native {
                     quant::dequantize(&q, input(1), &zero, *per, output(0))?;
                 }
                 Kind::MatMulInteger { product, signed } => {
-                    let [sa, sb] = *signed;
-                    let (a, b) = (quant::levels(bytes(0), sa), quant::levels(bytes(1), sb));
-                    let (za, zb) = (quant::levels(bytes(2), sa), quant::levels(bytes(3), sb));
                     let out =
                         std::slice::from_raw_parts_mut(res(0) as *mut i32, len(self.results[0]));
-                    product.run(&a, &b, &za, &zb, out);
+                    product.run_bytes([bytes(0), bytes(1), bytes(2), bytes(3)], *signed, out);
                 }
             }
         }
         Ok(())
+    }
+}
+
+/// Whether integer products run on AVX-512 VNNI: the target has AVX-512F (`host,-avx512f` turns
+/// it off, for the portable loop) and the CPU has AVX-512 VNNI.
+fn vnni(features: &crate::cpu::Features) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        features.avx512f && features.vnni && std::is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = features;
+        false
     }
 }
 

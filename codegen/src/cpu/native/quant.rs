@@ -4,8 +4,9 @@
 //! f32, rounded half to even, the zero point added and the level saturated (NaN: the zero
 //! point); `(q - zero)` as f32 times the scale; the product's sums wrapping in i32.
 //!
-//! The integer product here is the portable one (rows of `a` against `b` less its zero
-//! points, prepared once); the VNNI and AVX2 kernels come next.
+//! The integer product runs on AVX-512 VNNI where the target has it (`int8.rs`), else on the
+//! portable loop here (rows of `a` against `b` less its zero points, prepared once); an AVX2
+//! kernel is still to come.
 
 use tcc_ir::{DType, Function, Value};
 
@@ -127,12 +128,19 @@ pub(super) struct IntegerProduct {
     pub n: usize,
     pub rows: bool,
     pub columns: bool,
+    /// Whether it runs on AVX-512 VNNI ([`super::int8::product`]).
+    pub vnni: bool,
 }
 
 impl IntegerProduct {
     /// The product `matmul_integer(a, b, za, zb)` of `f`, if its zero points are one per
     /// tensor, per row of `a` or per column of `b` (the ONNX forms).
-    pub(super) fn of(f: &Function, [a, b, za, zb]: [Value; 4], r: Value) -> Option<IntegerProduct> {
+    pub(super) fn of(
+        f: &Function,
+        [a, b, za, zb]: [Value; 4],
+        r: Value,
+        vnni: bool,
+    ) -> Option<IntegerProduct> {
         let (ad, bd, od) = (f.ty(a).dims(), f.ty(b).dims(), f.ty(r).dims());
         let (m, k, n) = (ad[ad.len() - 2], ad[ad.len() - 1], bd[bd.len() - 1]);
         // The zero point's only non-1 axis, counted from the end, if any.
@@ -185,7 +193,53 @@ impl IntegerProduct {
             n: n as usize,
             rows,
             columns,
+            vnni,
         })
+    }
+
+    /// The product of byte tensors `a` and `b` (`i8` where `signed` says, else `u8`) less zero
+    /// points `za` and `zb` (bytes of the same types), into `out`.
+    pub(super) fn run_bytes(
+        &self,
+        [a, b, za, zb]: [&[u8]; 4],
+        [sa, sb]: [bool; 2],
+        out: &mut [i32],
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if self.vnni {
+            // u8 x i8: an i8 A plus 128 (its top bit flipped) is u8, a u8 B minus 128 is i8,
+            // and their zero points move with them.
+            let flip = |x: &[u8], on: bool| -> Vec<u8> {
+                x.iter().map(|&v| if on { v ^ 0x80 } else { v }).collect()
+            };
+            let a = flip(a, sa);
+            let b: Vec<i8> = flip(b, !sb).into_iter().map(|v| v as i8).collect();
+            let za: Vec<i32> = (levels(za, sa).into_iter())
+                .map(|z| if sa { z + 128 } else { z })
+                .collect();
+            let zb: Vec<i32> = (levels(zb, sb).into_iter())
+                .map(|z| if sb { z } else { z - 128 })
+                .collect();
+            let IntegerProduct { m, k, n, .. } = *self;
+            for (bi, &(oa, ob)) in self.batches.iter().enumerate() {
+                // SAFETY: `vnni` is set only where the target has AVX-512F and VNNI; the
+                // slices are this batch's matrices.
+                unsafe {
+                    super::int8::product(
+                        &a[oa..oa + m * k],
+                        &b[ob..ob + k * n],
+                        (m, k, n),
+                        &za,
+                        &zb,
+                        &mut out[bi * m * n..(bi + 1) * m * n],
+                    )
+                };
+            }
+            return;
+        }
+        let (a, b) = (levels(a, sa), levels(b, sb));
+        let (za, zb) = (levels(za, sa), levels(zb, sb));
+        self.run(&a, &b, &za, &zb, out);
     }
 
     /// The product of `a` and `b` (levels), less zero points `za` and `zb`, into `out`.

@@ -1,0 +1,113 @@
+//! The u8 x i8 -> i32 matrix product on AVX-512 VNNI (`vpdpbusd`), for `matmul_integer`.
+//!
+//! `vpdpbusd` multiplies 4 unsigned bytes by 4 signed bytes and adds the 4 products to an i32
+//! lane, wrapping: exact, so the raw product `A' B'` is the interpreter's sum modulo 2^32. The
+//! caller maps any u8/i8 combination onto u8 x i8 (an i8 operand plus 128 is a u8 one, a u8
+//! one minus 128 an i8 one, the zero points shifted alike) and the zero points come back as
+//! corrections: `sum (a - za)(b - zb) = A'B' - za colsum(B) - zb rowsum(A) + k za zb`, all
+//! wrapping in i32, which is the same sum modulo 2^32.
+//!
+//! B is packed once per batch into panels of 16 columns, 4 rows of `k` at a time (64 bytes: 4
+//! bytes per column), `k` padded to a multiple of 4 with zeros; each row of A (padded the same
+//! way) is read 4 bytes at a time, broadcast. The kernel takes 4 rows by 2 panels: 8
+//! accumulators, per 4-deep step 2 panel loads, 4 broadcasts and 8 `vpdpbusd`.
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+/// Columns per panel (the i32 lanes of a 512-bit register).
+const PANEL: usize = 16;
+/// Rows of A per kernel call.
+const ROWS: usize = 4;
+
+/// `out (m x n) = A (m x k, u8) B (k x n, i8)` less the zero points `za` (one, or one per row)
+/// and `zb` (one, or one per column), wrapping in i32.
+///
+/// # Safety
+/// The CPU has AVX-512F and AVX-512 VNNI; the slices hold `m * k`, `k * n` and `m * n`
+/// elements.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vnni")]
+pub(super) unsafe fn product(
+    a: &[u8],
+    b: &[i8],
+    (m, k, n): (usize, usize, usize),
+    za: &[i32],
+    zb: &[i32],
+    out: &mut [i32],
+) {
+    let kp = k.div_ceil(4) * 4;
+    let panels = n.div_ceil(PANEL);
+    // B in panels: panel p, step g, column c, byte t at ((p * kp/4 + g) * 16 + c) * 4 + t.
+    let mut packed = vec![0i8; panels * kp * PANEL];
+    let mut colsum = vec![0i32; n];
+    for p in 0..k {
+        for j in 0..n {
+            let v = b[p * n + j];
+            colsum[j] = colsum[j].wrapping_add(v as i32);
+            let (panel, c) = (j / PANEL, j % PANEL);
+            packed[((panel * (kp / 4) + p / 4) * PANEL + c) * 4 + p % 4] = v;
+        }
+    }
+    // A's rows padded to `kp`, and their sums.
+    let mut rows = vec![0u8; m * kp];
+    let mut rowsum = vec![0i32; m];
+    for i in 0..m {
+        rows[i * kp..i * kp + k].copy_from_slice(&a[i * k..(i + 1) * k]);
+        rowsum[i] = a[i * k..(i + 1) * k].iter().map(|&x| x as i32).sum();
+    }
+    let za_of = |i: usize| za[if za.len() == 1 { 0 } else { i }];
+    let zb_of = |j: usize| zb[if zb.len() == 1 { 0 } else { j }];
+    let kz = k as i32;
+    for i0 in (0..m).step_by(ROWS) {
+        let live = (m - i0).min(ROWS);
+        for p0 in (0..panels).step_by(2) {
+            let two = p0 + 1 < panels;
+            // SAFETY: rows `i0..i0 + live` (the others read row `i0` again) and panels `p0`,
+            // `p0 + 1` (when `two`) lie inside the buffers; loads and stores are unaligned.
+            let acc = unsafe {
+                let mut acc = [[_mm512_setzero_si512(); 2]; ROWS];
+                let row_ptr: [*const u8; ROWS] =
+                    std::array::from_fn(|r| rows.as_ptr().add((i0 + r.min(live - 1)) * kp));
+                let panel0 = packed.as_ptr().add(p0 * kp * PANEL);
+                let panel1 = if two {
+                    packed.as_ptr().add((p0 + 1) * kp * PANEL)
+                } else {
+                    panel0
+                };
+                for g in 0..kp / 4 {
+                    let b0 = _mm512_loadu_si512(panel0.add(g * 64) as *const _);
+                    let b1 = _mm512_loadu_si512(panel1.add(g * 64) as *const _);
+                    for (r, ptr) in row_ptr.iter().enumerate() {
+                        let four = (ptr.add(g * 4) as *const i32).read_unaligned();
+                        let x = _mm512_set1_epi32(four);
+                        acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], x, b0);
+                        acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], x, b1);
+                    }
+                }
+                let mut lanes = [[[0i32; PANEL]; 2]; ROWS];
+                for r in 0..ROWS {
+                    for h in 0..2 {
+                        _mm512_storeu_si512(lanes[r][h].as_mut_ptr() as *mut _, acc[r][h]);
+                    }
+                }
+                lanes
+            };
+            for (r, lanes) in acc.iter().enumerate().take(live) {
+                let i = i0 + r;
+                let (zr, sr) = (za_of(i), rowsum[i]);
+                for (h, lane) in lanes.iter().enumerate().take(if two { 2 } else { 1 }) {
+                    let j0 = (p0 + h) * PANEL;
+                    for (c, &raw) in lane.iter().enumerate().take(n.saturating_sub(j0)) {
+                        let j = j0 + c;
+                        let zc = zb_of(j);
+                        out[i * n + j] = raw
+                            .wrapping_sub(zr.wrapping_mul(colsum[j]))
+                            .wrapping_sub(zc.wrapping_mul(sr))
+                            .wrapping_add(kz.wrapping_mul(zr).wrapping_mul(zc));
+                    }
+                }
+            }
+        }
+    }
+}
