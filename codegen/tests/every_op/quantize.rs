@@ -111,3 +111,38 @@ fn integer_products_over_full_ranges() {
         }
     }
 }
+
+/// A product big enough (64 x 300 x 70) for the integer kernel to split its rows across the
+/// thread pool, against the interpreter on every target.
+#[test]
+fn integer_products_split_across_threads() {
+    let f = parse_function(
+        "func @f(%a: u8[64,300], %b: i8[300,70], %za: u8[64,1], %zb: i8[70]) -> (i32[64,70]) {
+  %y = matmul_integer %a, %b, %za, %zb : i32[64,70]
+  return %y
+}",
+    )
+    .unwrap();
+    let mut rng = Rng::new(5);
+    let inputs: Vec<Tensor> = (f.params().iter())
+        .map(|&p| {
+            let ty = f.ty(p).clone();
+            let n = ty.numel();
+            let data = if ty.dtype() == tcc_ir::DType::U8 {
+                Data::U8((0..n).map(|_| rng.below(256) as u8).collect())
+            } else {
+                Data::I8(
+                    (0..n)
+                        .map(|_| (rng.below(256) as i64 - 128) as i8)
+                        .collect(),
+                )
+            };
+            Tensor::new(ty, data).unwrap()
+        })
+        .collect();
+    let want = tcc_ir::interp::run(&f, &inputs).unwrap();
+    for target in common::TARGETS {
+        let got = common::compile(&f, target, true).run(&inputs).unwrap();
+        assert_eq!(got, want, "target {target:?}");
+    }
+}

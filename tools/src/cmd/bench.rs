@@ -79,7 +79,7 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
         features.names().join(" "),
         if features.wide { 512 } else { 256 },
         if features.vnni && !features.avx512f {
-            " (the CPU also has VNNI, which the integer kernel uses only with AVX-512F)"
+            " (the CPU also has VNNI, which this target does not use)"
         } else {
             ""
         },

@@ -10,7 +10,8 @@
 //! B is packed once per batch into panels of 16 columns, 4 rows of `k` at a time (64 bytes: 4
 //! bytes per column), `k` padded to a multiple of 4 with zeros; each row of A (padded the same
 //! way) is read 4 bytes at a time, broadcast. The kernel takes 4 rows by 2 panels: 8
-//! accumulators, per 4-deep step 2 panel loads, 4 broadcasts and 8 `vpdpbusd`.
+//! accumulators, per 4-deep step 2 panel loads, 4 broadcasts and 8 `vpdpbusd`. Blocks of 4
+//! rows are split across the thread pool for products of 2^20 multiply-adds or more.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -56,56 +57,104 @@ pub(super) unsafe fn product(
         rows[i * kp..i * kp + k].copy_from_slice(&a[i * k..(i + 1) * k]);
         rowsum[i] = a[i * k..(i + 1) * k].iter().map(|&x| x as i32).sum();
     }
-    let za_of = |i: usize| za[if za.len() == 1 { 0 } else { i }];
-    let zb_of = |j: usize| zb[if zb.len() == 1 { 0 } else { j }];
+    let blocks = m.div_ceil(ROWS);
+    // SAFETY: each job writes the rows of its own block of `out` only.
+    let dst = unsafe { crate::cpu::send_ptr::SendPtr::new(out.as_mut_ptr()) };
+    let job = |ib: usize| {
+        // SAFETY: AVX-512F and VNNI, as this function's contract; block `ib`'s rows of `out`
+        // are this job's alone.
+        unsafe {
+            block(
+                Shared {
+                    rows: &rows,
+                    packed: &packed,
+                    colsum: &colsum,
+                    rowsum: &rowsum,
+                    za,
+                    zb,
+                },
+                (m, k, n),
+                ib * ROWS,
+                dst.get(),
+            )
+        }
+    };
+    // Split across the pool when the product is big enough to pay for it.
+    if m * n * k >= 1 << 20 {
+        crate::cpu::pool::for_each(blocks, &job);
+    } else {
+        (0..blocks).for_each(job);
+    }
+}
+
+/// What every row block reads: A's padded rows, B's panels, their sums and the zero points.
+struct Shared<'a> {
+    rows: &'a [u8],
+    packed: &'a [i8],
+    colsum: &'a [i32],
+    rowsum: &'a [i32],
+    za: &'a [i32],
+    zb: &'a [i32],
+}
+
+/// Rows `i0..i0 + 4` (those below `m`) of the product, written to `out` (`m x n`, row-major).
+///
+/// # Safety
+/// AVX-512F and VNNI; `out` holds `m * n` elements, and no one else writes these rows.
+#[target_feature(enable = "avx512f,avx512vnni")]
+unsafe fn block(sh: Shared, (m, k, n): (usize, usize, usize), i0: usize, out: *mut i32) {
+    let kp = k.div_ceil(4) * 4;
+    let panels = n.div_ceil(PANEL);
+    let za_of = |i: usize| sh.za[if sh.za.len() == 1 { 0 } else { i }];
+    let zb_of = |j: usize| sh.zb[if sh.zb.len() == 1 { 0 } else { j }];
     let kz = k as i32;
-    for i0 in (0..m).step_by(ROWS) {
-        let live = (m - i0).min(ROWS);
-        for p0 in (0..panels).step_by(2) {
-            let two = p0 + 1 < panels;
-            // SAFETY: rows `i0..i0 + live` (the others read row `i0` again) and panels `p0`,
-            // `p0 + 1` (when `two`) lie inside the buffers; loads and stores are unaligned.
-            let acc = unsafe {
-                let mut acc = [[_mm512_setzero_si512(); 2]; ROWS];
-                let row_ptr: [*const u8; ROWS] =
-                    std::array::from_fn(|r| rows.as_ptr().add((i0 + r.min(live - 1)) * kp));
-                let panel0 = packed.as_ptr().add(p0 * kp * PANEL);
-                let panel1 = if two {
-                    packed.as_ptr().add((p0 + 1) * kp * PANEL)
-                } else {
-                    panel0
-                };
-                for g in 0..kp / 4 {
-                    let b0 = _mm512_loadu_si512(panel0.add(g * 64) as *const _);
-                    let b1 = _mm512_loadu_si512(panel1.add(g * 64) as *const _);
-                    for (r, ptr) in row_ptr.iter().enumerate() {
-                        let four = (ptr.add(g * 4) as *const i32).read_unaligned();
-                        let x = _mm512_set1_epi32(four);
-                        acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], x, b0);
-                        acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], x, b1);
-                    }
-                }
-                let mut lanes = [[[0i32; PANEL]; 2]; ROWS];
-                for r in 0..ROWS {
-                    for h in 0..2 {
-                        _mm512_storeu_si512(lanes[r][h].as_mut_ptr() as *mut _, acc[r][h]);
-                    }
-                }
-                lanes
+    let live = (m - i0).min(ROWS);
+    for p0 in (0..panels).step_by(2) {
+        let two = p0 + 1 < panels;
+        // SAFETY: rows `i0..i0 + live` (the others read row `i0 + live - 1` again) and panels
+        // `p0`, `p0 + 1` (when `two`) lie inside the buffers; loads and stores are unaligned.
+        let acc = unsafe {
+            let mut acc = [[_mm512_setzero_si512(); 2]; ROWS];
+            let row_ptr: [*const u8; ROWS] =
+                std::array::from_fn(|r| sh.rows.as_ptr().add((i0 + r.min(live - 1)) * kp));
+            let panel0 = sh.packed.as_ptr().add(p0 * kp * PANEL);
+            let panel1 = if two {
+                sh.packed.as_ptr().add((p0 + 1) * kp * PANEL)
+            } else {
+                panel0
             };
-            for (r, lanes) in acc.iter().enumerate().take(live) {
-                let i = i0 + r;
-                let (zr, sr) = (za_of(i), rowsum[i]);
-                for (h, lane) in lanes.iter().enumerate().take(if two { 2 } else { 1 }) {
-                    let j0 = (p0 + h) * PANEL;
-                    for (c, &raw) in lane.iter().enumerate().take(n.saturating_sub(j0)) {
-                        let j = j0 + c;
-                        let zc = zb_of(j);
-                        out[i * n + j] = raw
-                            .wrapping_sub(zr.wrapping_mul(colsum[j]))
-                            .wrapping_sub(zc.wrapping_mul(sr))
-                            .wrapping_add(kz.wrapping_mul(zr).wrapping_mul(zc));
-                    }
+            for g in 0..kp / 4 {
+                let b0 = _mm512_loadu_si512(panel0.add(g * 64) as *const _);
+                let b1 = _mm512_loadu_si512(panel1.add(g * 64) as *const _);
+                for (r, ptr) in row_ptr.iter().enumerate() {
+                    let four = (ptr.add(g * 4) as *const i32).read_unaligned();
+                    let x = _mm512_set1_epi32(four);
+                    acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], x, b0);
+                    acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], x, b1);
+                }
+            }
+            let mut lanes = [[[0i32; PANEL]; 2]; ROWS];
+            for r in 0..ROWS {
+                for h in 0..2 {
+                    _mm512_storeu_si512(lanes[r][h].as_mut_ptr() as *mut _, acc[r][h]);
+                }
+            }
+            lanes
+        };
+        for (r, lanes) in acc.iter().enumerate().take(live) {
+            let i = i0 + r;
+            let (zr, sr) = (za_of(i), sh.rowsum[i]);
+            for (h, lane) in lanes.iter().enumerate().take(if two { 2 } else { 1 }) {
+                let j0 = (p0 + h) * PANEL;
+                for (c, &raw) in lane.iter().enumerate().take(n.saturating_sub(j0)) {
+                    let j = j0 + c;
+                    let zc = zb_of(j);
+                    let v = raw
+                        .wrapping_sub(zr.wrapping_mul(sh.colsum[j]))
+                        .wrapping_sub(zc.wrapping_mul(sr))
+                        .wrapping_add(kz.wrapping_mul(zr).wrapping_mul(zc));
+                    // SAFETY: row `i` of this block, column `j < n`.
+                    unsafe { *out.add(i * n + j) = v };
                 }
             }
         }
