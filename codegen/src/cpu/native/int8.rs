@@ -55,7 +55,8 @@ pub(super) unsafe fn product(
     let mut rowsum = vec![0i32; m];
     for i in 0..m {
         rows[i * kp..i * kp + k].copy_from_slice(&a[i * k..(i + 1) * k]);
-        rowsum[i] = a[i * k..(i + 1) * k].iter().map(|&x| x as i32).sum();
+        // Wrapping, like every other sum here (it cannot overflow below k = 2^23).
+        rowsum[i] = (a[i * k..(i + 1) * k].iter()).fold(0i32, |s, &x| s.wrapping_add(x as i32));
     }
     let blocks = m.div_ceil(ROWS);
     // SAFETY: each job writes the rows of its own block of `out` only.
