@@ -438,14 +438,8 @@ fn light_models_assemble_for_the_gpu() {
     let light = data_dir().join("light");
     let dir = Path::new(ROOT).join("target/ptx-test");
     std::fs::create_dir_all(&dir).unwrap();
-    let pipeline = tcc::passes::Pipeline::parse("canonicalize,fold-bn,cse,dce").unwrap();
     for (name, _) in LIGHT {
-        let path = light.join(format!("light_{name}.onnx"));
-        let mut m = tcc::onnx::import_file(&path, &Default::default())
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
-        tcc::passes::PassManager::new(pipeline.clone())
-            .run(&mut m, &mut std::io::sink())
-            .unwrap();
+        let m = light_model(&light, name);
         let compiled = tcc::codegen::compile(&tcc::codegen::ptx::Ptx::new(80), &m.functions[0]);
         let module = compiled.unwrap_or_else(|e| panic!("{name}: {e}"));
         for sm in [80, 90] {
@@ -470,15 +464,9 @@ fn light_models_on_the_gpu() {
         .unwrap_or_else(|e| panic!("{e}: this test needs an NVIDIA GPU"));
     let backend = gpu.backend().unwrap();
     let light = data_dir().join("light");
-    let pipeline = tcc::passes::Pipeline::parse("canonicalize,fold-bn,cse,dce").unwrap();
     let mut failures = Vec::new();
     for (name, rtol) in LIGHT {
-        let path = light.join(format!("light_{name}.onnx"));
-        let mut m = tcc::onnx::import_file(&path, &Default::default())
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
-        tcc::passes::PassManager::new(pipeline.clone())
-            .run(&mut m, &mut std::io::sink())
-            .unwrap();
+        let m = light_model(&light, name);
         let f = &m.functions[0];
         let want = read_pb(&light.join(format!("light_{name}_output_0.pb")))
             .unwrap_or_else(|e| panic!("{name}: {e:?}"));
@@ -507,6 +495,18 @@ const LIGHT: [(&str, f64); 9] = [
     ("vgg19", 1e-3),
     ("zfnet512", 1e-3),
 ];
+
+/// Light model `name` imported and put through the pipeline the GPU tests compile it with.
+fn light_model(light: &Path, name: &str) -> tcc::ir::Module {
+    let path = light.join(format!("light_{name}.onnx"));
+    let mut m = tcc::onnx::import_file(&path, &Default::default())
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let pipeline = tcc::passes::Pipeline::parse("canonicalize,fold-bn,cse,dce").unwrap();
+    tcc::passes::PassManager::new(pipeline)
+        .run(&mut m, &mut std::io::sink())
+        .unwrap();
+    m
+}
 
 /// A light model's inputs: `arange(n)/n` in each parameter's shape, as the runner feeds them.
 fn light_inputs(f: &tcc::ir::Function) -> Vec<Tensor> {

@@ -7,6 +7,21 @@ use tcc_codegen::Executable;
 use tcc_ir::random::{Rng, random_tensor};
 use tcc_ir::{Data, Function, Tensor};
 
+/// A `u8` or `i8` tensor of `dims`: every element `fill` where given, else uniform over the
+/// whole range of the type (the generator's random bytes stay small).
+pub fn bytes(dt: tcc_ir::DType, dims: &[u64], fill: Option<i64>, seed: u64) -> Tensor {
+    let mut rng = Rng::new(seed);
+    let n: u64 = dims.iter().product();
+    let signed = dt == tcc_ir::DType::I8;
+    let mut value = || fill.unwrap_or_else(|| rng.below(256) as i64 - if signed { 128 } else { 0 });
+    let data = if signed {
+        Data::I8((0..n).map(|_| value() as i8).collect())
+    } else {
+        Data::U8((0..n).map(|_| value() as u8).collect())
+    };
+    Tensor::new(tcc_ir::TensorType::new(dt, dims.to_vec()).unwrap(), data).unwrap()
+}
+
 /// `|a - b| <= atol + rtol |b|`, NaN equal to NaN, infinities equal to themselves.
 pub fn close(a: f64, b: f64, rtol: f64, atol: f64) -> bool {
     (a.is_nan() && b.is_nan()) || a == b || (a - b).abs() <= atol + rtol * b.abs()

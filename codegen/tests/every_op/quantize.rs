@@ -59,17 +59,7 @@ fn integer_products() {
 #[test]
 fn integer_products_over_full_ranges() {
     use tcc_ir::DType::{I8, U8};
-    let bytes = |dt: tcc_ir::DType, dims: &[u64], fill: Option<i64>, seed: u64| {
-        let mut rng = Rng::new(seed);
-        let n: u64 = dims.iter().product();
-        let mut value = |lo: i64| fill.unwrap_or_else(|| rng.below(256) as i64 + lo);
-        let data = if dt == U8 {
-            Data::U8((0..n).map(|_| value(0) as u8).collect())
-        } else {
-            Data::I8((0..n).map(|_| value(-128) as i8).collect())
-        };
-        Tensor::new(tcc_ir::TensorType::new(dt, dims.to_vec()).unwrap(), data).unwrap()
-    };
+    let bytes = common::bytes;
     let name = |dt| if dt == U8 { "u8" } else { "i8" };
     for (ta, tb) in [(U8, I8), (I8, U8), (U8, U8), (I8, I8)] {
         for k in [300u64, 7] {
@@ -123,22 +113,8 @@ fn integer_products_split_across_threads() {
 }",
     )
     .unwrap();
-    let mut rng = Rng::new(5);
-    let inputs: Vec<Tensor> = (f.params().iter())
-        .map(|&p| {
-            let ty = f.ty(p).clone();
-            let n = ty.numel();
-            let data = if ty.dtype() == tcc_ir::DType::U8 {
-                Data::U8((0..n).map(|_| rng.below(256) as u8).collect())
-            } else {
-                Data::I8(
-                    (0..n)
-                        .map(|_| (rng.below(256) as i64 - 128) as i8)
-                        .collect(),
-                )
-            };
-            Tensor::new(ty, data).unwrap()
-        })
+    let inputs: Vec<Tensor> = (f.params().iter().enumerate())
+        .map(|(i, &p)| common::bytes(f.ty(p).dtype(), f.ty(p).dims(), None, 5 + i as u64))
         .collect();
     let want = tcc_ir::interp::run(&f, &inputs).unwrap();
     for target in common::TARGETS {

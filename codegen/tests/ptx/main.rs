@@ -240,20 +240,7 @@ fn cases() -> Vec<(String, Function, Vec<Tensor>)> {
     );
     // Integer products over the whole 8-bit ranges: zero points per row of A and per column of
     // B, and scalars; both byte types on either side; a batch broadcast each way.
-    let bytes = |dt: tcc_ir::DType, dims: &[u64], seed: u64| {
-        let mut rng = Rng::new(seed);
-        let n: u64 = dims.iter().product();
-        let data = if dt == tcc_ir::DType::U8 {
-            Data::U8((0..n).map(|_| rng.below(256) as u8).collect())
-        } else {
-            Data::I8(
-                (0..n)
-                    .map(|_| (rng.below(256) as i64 - 128) as i8)
-                    .collect(),
-            )
-        };
-        Tensor::new(tcc_ir::TensorType::new(dt, dims.to_vec()).unwrap(), data).unwrap()
-    };
+    let bytes = |dt, dims: &[u64], seed| common::bytes(dt, dims, None, seed);
     use tcc_ir::DType::{I8, U8};
     add(
         "matmul_integer per row and column".into(),
