@@ -4,6 +4,14 @@
 
 use super::*;
 
+/// Every target of `common::TARGETS` (AVX-512 VNNI where the host has it, AVX2 for
+/// `host,-avx512f`), and one without AVX2 for the integer product's portable loop.
+fn integer_targets() -> Vec<common::Target> {
+    let mut t = common::TARGETS.to_vec();
+    t.push((Some("host,-avx512f,-avx2"), tcc_codegen::VectorWidth::Auto));
+    t
+}
+
 #[test]
 fn quantize_and_dequantize() {
     for (zt, z) in [("u8", "7"), ("i8", "-3")] {
@@ -52,8 +60,8 @@ fn integer_products() {
     );
 }
 
-/// The integer product on every target (AVX-512 VNNI where the host has it; `host,-avx512f`
-/// the portable loop) over the whole 8-bit ranges and at the extremes (255 x -128 over `k` =
+/// The integer product on every target (AVX-512 VNNI where the host has it, AVX2, the portable
+/// loop) over the whole 8-bit ranges and at the extremes (255 x -128 over `k` =
 /// 300, zero points at the ends of their ranges), for each pairing of u8 and i8, with rows and
 /// columns that leave partial kernel tiles (9 rows, 37 columns) and `k` not a multiple of 4.
 #[test]
@@ -91,7 +99,7 @@ fn integer_products_over_full_ranges() {
                     bytes(tb, &[37], pick(top_b), 40 + i as u64),
                 ];
                 let want = tcc_ir::interp::run(&f, &inputs).unwrap();
-                for target in common::TARGETS {
+                for target in integer_targets() {
                     let exe = common::compile(&f, target, true);
                     assert_eq!(exe.reference_ops(), Vec::<String>::new());
                     let got = exe.run(&inputs).unwrap();
@@ -117,7 +125,7 @@ fn integer_products_split_across_threads() {
         .map(|(i, &p)| common::bytes(f.ty(p).dtype(), f.ty(p).dims(), None, 5 + i as u64))
         .collect();
     let want = tcc_ir::interp::run(&f, &inputs).unwrap();
-    for target in common::TARGETS {
+    for target in integer_targets() {
         let got = common::compile(&f, target, true).run(&inputs).unwrap();
         assert_eq!(got, want, "target {target:?}");
     }

@@ -161,3 +161,120 @@ unsafe fn block(sh: Shared, (m, k, n): (usize, usize, usize), i0: usize, out: *m
         }
     }
 }
+
+/// Columns per AVX2 panel (the i32 lanes of a 256-bit register).
+const PANEL2: usize = 8;
+
+/// The same product on AVX2 without VNNI, exactly: `vpmaddubsw` would saturate its 16-bit
+/// pair sums (255 x -128 twice is -65,280), so both operands less their zero points are
+/// widened to i16 (each within -255..255) and multiplied by `vpmaddwd`, whose pair sums (at
+/// most 130,050) are exact in i32; no corrections are needed. B less its zero points is packed
+/// in 8-column panels of 2-deep i16 pairs; 4 rows by 2 panels accumulate per 2-deep step with 8
+/// `vpmaddwd`. Row blocks split across the pool as for VNNI.
+///
+/// # Safety
+/// The CPU has AVX2; the slices hold `m * k`, `k * n` and `m * n` elements (`a` and `b` as
+/// levels: bytes already read as integers).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn product_avx2(
+    a: &[i32],
+    b: &[i32],
+    (m, k, n): (usize, usize, usize),
+    za: &[i32],
+    zb: &[i32],
+    out: &mut [i32],
+) {
+    let kp = k.div_ceil(2) * 2;
+    let panels = n.div_ceil(PANEL2);
+    let za_of = |i: usize| za[if za.len() == 1 { 0 } else { i }];
+    let zb_of = |j: usize| zb[if zb.len() == 1 { 0 } else { j }];
+    // Panel p, step g, column c, element t at ((p * kp/2 + g) * 8 + c) * 2 + t: b - zb.
+    let mut packed = vec![0i16; panels * kp * PANEL2];
+    for p in 0..k {
+        for j in 0..n {
+            let (panel, c) = (j / PANEL2, j % PANEL2);
+            packed[((panel * (kp / 2) + p / 2) * PANEL2 + c) * 2 + p % 2] =
+                (b[p * n + j] - zb_of(j)) as i16;
+        }
+    }
+    // Rows of a - za, padded to `kp` with zeros.
+    let mut rows = vec![0i16; m * kp];
+    for i in 0..m {
+        for p in 0..k {
+            rows[i * kp + p] = (a[i * k + p] - za_of(i)) as i16;
+        }
+    }
+    // SAFETY: each job writes the rows of its own block of `out` only.
+    let dst = unsafe { crate::cpu::send_ptr::SendPtr::new(out.as_mut_ptr()) };
+    let job = |ib: usize| {
+        // SAFETY: AVX2, as this function's contract; block `ib`'s rows are this job's alone.
+        unsafe { block_avx2(&rows, &packed, (m, k, n), ib * ROWS, dst.get()) }
+    };
+    if m * n * k >= 1 << 20 {
+        crate::cpu::pool::for_each(m.div_ceil(ROWS), &job);
+    } else {
+        (0..m.div_ceil(ROWS)).for_each(job);
+    }
+}
+
+/// Rows `i0..i0 + 4` (those below `m`) of the AVX2 product.
+///
+/// # Safety
+/// AVX2; `out` holds `m * n` elements, and no one else writes these rows.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn block_avx2(
+    rows: &[i16],
+    packed: &[i16],
+    (m, k, n): (usize, usize, usize),
+    i0: usize,
+    out: *mut i32,
+) {
+    let kp = k.div_ceil(2) * 2;
+    let panels = n.div_ceil(PANEL2);
+    let live = (m - i0).min(ROWS);
+    for p0 in (0..panels).step_by(2) {
+        let two = p0 + 1 < panels;
+        // SAFETY: rows `i0..i0 + live` (the others repeat the last) and panels `p0`, `p0 + 1`
+        // (when `two`) lie inside the buffers; loads and stores are unaligned.
+        let lanes = unsafe {
+            let mut acc = [[_mm256_setzero_si256(); 2]; ROWS];
+            let row_ptr: [*const i16; ROWS] =
+                std::array::from_fn(|r| rows.as_ptr().add((i0 + r.min(live - 1)) * kp));
+            let panel0 = packed.as_ptr().add(p0 * kp * PANEL2);
+            let panel1 = if two {
+                packed.as_ptr().add((p0 + 1) * kp * PANEL2)
+            } else {
+                panel0
+            };
+            for g in 0..kp / 2 {
+                let b0 = _mm256_loadu_si256(panel0.add(g * 16) as *const _);
+                let b1 = _mm256_loadu_si256(panel1.add(g * 16) as *const _);
+                for (r, ptr) in row_ptr.iter().enumerate() {
+                    let pair = (ptr.add(g * 2) as *const i32).read_unaligned();
+                    let x = _mm256_set1_epi32(pair);
+                    acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(x, b0));
+                    acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(x, b1));
+                }
+            }
+            let mut lanes = [[[0i32; PANEL2]; 2]; ROWS];
+            for r in 0..ROWS {
+                for h in 0..2 {
+                    _mm256_storeu_si256(lanes[r][h].as_mut_ptr() as *mut _, acc[r][h]);
+                }
+            }
+            lanes
+        };
+        for (r, lanes) in lanes.iter().enumerate().take(live) {
+            let i = i0 + r;
+            for (h, lane) in lanes.iter().enumerate().take(if two { 2 } else { 1 }) {
+                let j0 = (p0 + h) * PANEL2;
+                for (c, &v) in lane.iter().enumerate().take(n.saturating_sub(j0)) {
+                    // SAFETY: row `i` of this block, column `j0 + c < n`.
+                    unsafe { *out.add(i * n + j0 + c) = v };
+                }
+            }
+        }
+    }
+}

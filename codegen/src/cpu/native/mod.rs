@@ -367,7 +367,12 @@ impl Native {
             OpKind::MatMulInteger => {
                 let args = [d.args[0], d.args[1], d.args[2], d.args[3]];
                 Kind::MatMulInteger {
-                    product: quant::IntegerProduct::of(f, args, d.results[0], vnni(features))?,
+                    product: quant::IntegerProduct::of(
+                        f,
+                        args,
+                        d.results[0],
+                        (vnni(features), !vnni(features) && features.avx2),
+                    )?,
                     signed: [quant::signed(f, args[0]), quant::signed(f, args[1])],
                 }
             }

@@ -4,9 +4,9 @@
 //! f32, rounded half to even, the zero point added and the level saturated (NaN: the zero
 //! point); `(q - zero)` as f32 times the scale; the product's sums wrapping in i32.
 //!
-//! The integer product runs on AVX-512 VNNI where the target has it (`int8.rs`), else on the
-//! portable loop here (rows of `a` against `b` less its zero points, prepared once); an AVX2
-//! kernel is still to come.
+//! The integer product runs on AVX-512 VNNI where the target has it, else on AVX2 (both in
+//! `int8.rs`), else on the portable loop here (rows of `a` against `b` less its zero points,
+//! prepared once).
 
 use tcc_ir::{DType, Function, Value};
 
@@ -130,6 +130,8 @@ pub(super) struct IntegerProduct {
     pub columns: bool,
     /// Whether it runs on AVX-512 VNNI ([`super::int8::product`]).
     pub vnni: bool,
+    /// Whether it runs on AVX2 ([`super::int8::product_avx2`]), where VNNI is not used.
+    pub avx2: bool,
 }
 
 impl IntegerProduct {
@@ -139,7 +141,7 @@ impl IntegerProduct {
         f: &Function,
         [a, b, za, zb]: [Value; 4],
         r: Value,
-        vnni: bool,
+        (vnni, avx2): (bool, bool),
     ) -> Option<IntegerProduct> {
         let (ad, bd, od) = (f.ty(a).dims(), f.ty(b).dims(), f.ty(r).dims());
         let (m, k, n) = (ad[ad.len() - 2], ad[ad.len() - 1], bd[bd.len() - 1]);
@@ -194,6 +196,7 @@ impl IntegerProduct {
             rows,
             columns,
             vnni,
+            avx2,
         })
     }
 
@@ -239,6 +242,25 @@ impl IntegerProduct {
         }
         let (a, b) = (levels(a, sa), levels(b, sb));
         let (za, zb) = (levels(za, sa), levels(zb, sb));
+        #[cfg(target_arch = "x86_64")]
+        if self.avx2 {
+            let IntegerProduct { m, k, n, .. } = *self;
+            for (bi, &(oa, ob)) in self.batches.iter().enumerate() {
+                // SAFETY: `avx2` is set only where the target has AVX2; the slices are this
+                // batch's matrices.
+                unsafe {
+                    super::int8::product_avx2(
+                        &a[oa..oa + m * k],
+                        &b[ob..ob + k * n],
+                        (m, k, n),
+                        &za,
+                        &zb,
+                        &mut out[bi * m * n..(bi + 1) * m * n],
+                    )
+                };
+            }
+            return;
+        }
         self.run(&a, &b, &za, &zb, out);
     }
 
