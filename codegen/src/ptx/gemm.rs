@@ -721,11 +721,8 @@ pub fn conv2d(
         };
         let iy = at(c, oy, sh, i, dh, pt);
         let ix = at(c, ox, sw, j, dw, pl);
-        let (hn, wn, kn, cn) = (c.n(h), c.n(wi), c.n(k), c.n(cols));
-        let outside = [(iy, hn), (ix, wn), (kk, kn), (col, cn)]
-            .into_iter()
-            .map(|(v, n)| c.b.setp(CmpTy::Unsigned, Cmp::Ge, v, n))
-            .collect::<Vec<_>>();
+        let outside = c.outside(&[(iy, h), (ix, wi), (kk, k), (col, cols)]);
+        let (hn, wn) = (c.n(h), c.n(wi));
         // Flat input index ((img * C + g*cg + ic) * H + iy) * W + ix, 0 where outside.
         let chan = c.b.ibin(IOp::Add, coff, ic);
         let plane = c.mad_n(img, ch, chan);
@@ -853,14 +850,10 @@ pub fn conv2d_grad(
             let ch_ = c.b.ibin(IOp::Add, goff, row);
             let plane = c.mad_n(img, oc, ch_);
             let idx = c.mad_n(plane, oh * ow, p);
-            let kn = c.n(k);
-            let mn = c.n(og);
-            let past_k = c.b.setp(CmpTy::Unsigned, Cmp::Ge, kk, kn);
-            let past_m = c.b.setp(CmpTy::Unsigned, Cmp::Ge, row, mn);
             Src {
                 base: dy,
                 idx,
-                zero_if: vec![past_k, past_m],
+                zero_if: c.outside(&[(kk, k), (row, og)]),
             }
         };
         // B(kk, col) = x[img][g*cg + ic][oy*sh - pt + ky*dh][ox*sw - pl + kx*dw], col = (ic,
@@ -885,13 +878,7 @@ pub fn conv2d_grad(
             let plane = c.mad_n(img, ch, chan);
             let rowi = c.mad_n(plane, h, iy);
             let idx = c.mad_n(rowi, wi, ix);
-            let outside = [(iy, h), (ix, wi), (kk, k), (col, cg * taps)]
-                .into_iter()
-                .map(|(v, n)| {
-                    let nn = c.n(n);
-                    c.b.setp(CmpTy::Unsigned, Cmp::Ge, v, nn)
-                })
-                .collect::<Vec<_>>();
+            let outside = c.outside(&[(iy, h), (ix, wi), (kk, k), (col, cg * taps)]);
             Src {
                 base: x,
                 idx,
@@ -913,14 +900,10 @@ pub fn conv2d_grad(
             let filt = c.b.ibin(IOp::Add, goff, o);
             let plane = c.mad_n(filt, cg, row);
             let idx = c.mad_n(plane, taps, t);
-            let kn = c.n(k);
-            let mn = c.n(cg);
-            let past_k = c.b.setp(CmpTy::Unsigned, Cmp::Ge, kk, kn);
-            let past_m = c.b.setp(CmpTy::Unsigned, Cmp::Ge, row, mn);
             Src {
                 base: w,
                 idx,
-                zero_if: vec![past_k, past_m],
+                zero_if: c.outside(&[(kk, k), (row, cg)]),
             }
         };
         // B(kk, col) = dy[img][g*og + o][oy][ox] where oy*sh = iy + pt - ky*dh (and the same
@@ -951,13 +934,8 @@ pub fn conv2d_grad(
             let rowi = c.mad_n(plane, oh, oy);
             let idx = c.mad_n(rowi, ow, ox);
             let zero = c.n(0);
-            let mut outside = [(ty, oh * sh), (tx, ow * sw), (kk, k), (col, nb * h * wi)]
-                .into_iter()
-                .map(|(v, n)| {
-                    let nn = c.n(n);
-                    c.b.setp(CmpTy::Unsigned, Cmp::Ge, v, nn)
-                })
-                .collect::<Vec<_>>();
+            let mut outside =
+                c.outside(&[(ty, oh * sh), (tx, ow * sw), (kk, k), (col, nb * h * wi)]);
             for rem in [ry, rx] {
                 outside.push(c.b.setp(CmpTy::Unsigned, Cmp::Ne, rem, zero));
             }
@@ -1042,10 +1020,6 @@ fn matrix(
         c.mad_n(r, cols, col)
     };
     let idx = c.b.ibin(IOp::Add, at, off);
-    let (nr, nc) = (c.n(rows), c.n(cols));
-    let zero_if = vec![
-        c.b.setp(CmpTy::Unsigned, Cmp::Ge, r, nr),
-        c.b.setp(CmpTy::Unsigned, Cmp::Ge, col, nc),
-    ];
+    let zero_if = c.outside(&[(r, rows), (col, cols)]);
     Src { base, idx, zero_if }
 }

@@ -146,6 +146,17 @@ impl Ctx {
         s
     }
 
+    /// For each `(v, n)` of indices, the predicate `v >= n` (unsigned: indices that wrapped
+    /// below zero count as past the end).
+    pub(super) fn outside(&mut self, bounds: &[(Reg, u64)]) -> Vec<Reg> {
+        (bounds.iter())
+            .map(|&(v, n)| {
+                let n = self.n(n);
+                self.b.setp(CmpTy::Unsigned, Cmp::Ge, v, n)
+            })
+            .collect()
+    }
+
     /// The address of element `idx` of a `mem` buffer at `base`.
     pub(super) fn address(&mut self, base: Reg, idx: Reg, mem: Mem) -> Reg {
         let wide = if self.it == RegTy::I32 {

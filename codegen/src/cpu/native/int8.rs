@@ -80,9 +80,14 @@ pub(super) unsafe fn product(
             )
         }
     };
-    // Split across the pool when the product is big enough to pay for it.
-    if m * n * k >= 1 << 20 {
-        crate::cpu::pool::for_each(blocks, &job);
+    row_blocks(blocks, m * n * k, &job);
+}
+
+/// `job(b)` for each of `blocks` row blocks: across the thread pool when the product has
+/// `work` multiply-adds, 2^20 or more (enough to pay for it), else here.
+fn row_blocks(blocks: usize, work: usize, job: &(dyn Fn(usize) + Sync)) {
+    if work >= 1 << 20 {
+        crate::cpu::pool::for_each(blocks, job);
     } else {
         (0..blocks).for_each(job);
     }
@@ -211,11 +216,7 @@ pub(super) unsafe fn product_avx2(
         // SAFETY: AVX2, as this function's contract; block `ib`'s rows are this job's alone.
         unsafe { block_avx2(&rows, &packed, (m, k, n), ib * ROWS, dst.get()) }
     };
-    if m * n * k >= 1 << 20 {
-        crate::cpu::pool::for_each(m.div_ceil(ROWS), &job);
-    } else {
-        (0..m.div_ceil(ROWS)).for_each(job);
-    }
+    row_blocks(m.div_ceil(ROWS), m * n * k, &job);
 }
 
 /// Rows `i0..i0 + 4` (those below `m`) of the AVX2 product.

@@ -208,6 +208,7 @@ impl IntegerProduct {
         [sa, sb]: [bool; 2],
         out: &mut [i32],
     ) {
+        let dims = (self.m, self.k, self.n);
         #[cfg(target_arch = "x86_64")]
         if self.vnni {
             // u8 x i8: an i8 A plus 128 (its top bit flipped) is u8, a u8 B minus 128 is i8,
@@ -223,70 +224,61 @@ impl IntegerProduct {
             let zb: Vec<i32> = (levels(zb, sb).into_iter())
                 .map(|z| if sb { z } else { z - 128 })
                 .collect();
-            let IntegerProduct { m, k, n, .. } = *self;
-            for (bi, &(oa, ob)) in self.batches.iter().enumerate() {
-                // SAFETY: `vnni` is set only where the target has AVX-512F and VNNI; the
-                // slices are this batch's matrices.
-                unsafe {
-                    super::int8::product(
-                        &a[oa..oa + m * k],
-                        &b[ob..ob + k * n],
-                        (m, k, n),
-                        &za,
-                        &zb,
-                        &mut out[bi * m * n..(bi + 1) * m * n],
-                    )
-                };
-            }
+            // SAFETY: `vnni` is set only where the target has AVX-512F and VNNI.
+            self.each_batch(&a, &b, out, |a, b, o| unsafe {
+                super::int8::product(a, b, dims, &za, &zb, o)
+            });
             return;
         }
         let (a, b) = (levels(a, sa), levels(b, sb));
         let (za, zb) = (levels(za, sa), levels(zb, sb));
         #[cfg(target_arch = "x86_64")]
         if self.avx2 {
-            let IntegerProduct { m, k, n, .. } = *self;
-            for (bi, &(oa, ob)) in self.batches.iter().enumerate() {
-                // SAFETY: `avx2` is set only where the target has AVX2; the slices are this
-                // batch's matrices.
-                unsafe {
-                    super::int8::product_avx2(
-                        &a[oa..oa + m * k],
-                        &b[ob..ob + k * n],
-                        (m, k, n),
-                        &za,
-                        &zb,
-                        &mut out[bi * m * n..(bi + 1) * m * n],
-                    )
-                };
-            }
+            // SAFETY: `avx2` is set only where the target has AVX2.
+            self.each_batch(&a, &b, out, |a, b, o| unsafe {
+                super::int8::product_avx2(a, b, dims, &za, &zb, o)
+            });
             return;
         }
-        self.run(&a, &b, &za, &zb, out);
+        self.each_batch(&a, &b, out, |a, b, o| self.portable(a, b, &za, &zb, o));
     }
 
-    /// The product of `a` and `b` (levels), less zero points `za` and `zb`, into `out`.
-    pub(super) fn run(&self, a: &[i32], b: &[i32], za: &[i32], zb: &[i32], out: &mut [i32]) {
+    /// `product(a, b, out)` for each batch: its matrices of `a` and `b` and its block of `out`.
+    fn each_batch<A, B>(
+        &self,
+        a: &[A],
+        b: &[B],
+        out: &mut [i32],
+        mut product: impl FnMut(&[A], &[B], &mut [i32]),
+    ) {
+        let IntegerProduct { m, k, n, .. } = *self;
+        for (&(oa, ob), o) in self.batches.iter().zip(out.chunks_mut((m * n).max(1))) {
+            product(&a[oa..oa + m * k], &b[ob..ob + k * n], o);
+        }
+    }
+
+    /// One batch's product of `a` and `b` (levels) less zero points `za` and `zb`, as a
+    /// portable loop: each row of `a` against `b` less its zero points (prepared once).
+    fn portable(&self, a: &[i32], b: &[i32], za: &[i32], zb: &[i32], out: &mut [i32]) {
         let IntegerProduct { m, k, n, .. } = *self;
         let mut shifted = vec![0i32; k * n];
-        for (bi, &(oa, ob)) in self.batches.iter().enumerate() {
-            for p in 0..k {
-                for j in 0..n {
-                    let z = zb[if self.columns { j } else { 0 }];
-                    shifted[p * n + j] = b[ob + p * n + j].wrapping_sub(z);
-                }
+        for p in 0..k {
+            for j in 0..n {
+                let z = zb[if self.columns { j } else { 0 }];
+                shifted[p * n + j] = b[p * n + j].wrapping_sub(z);
             }
-            for i in 0..m {
-                let z = za[if self.rows { i } else { 0 }];
-                let row = &mut out[(bi * m + i) * n..][..n];
-                row.fill(0);
-                for p in 0..k {
-                    let x = a[oa + i * k + p].wrapping_sub(z);
-                    if x == 0 {
-                        continue;
-                    }
-                    for (o, &y) in row.iter_mut().zip(&shifted[p * n..][..n]) {
-                        *o = o.wrapping_add(x.wrapping_mul(y));
-                    }
+        }
+        for i in 0..m {
+            let z = za[if self.rows { i } else { 0 }];
+            let row = &mut out[i * n..][..n];
+            row.fill(0);
+            for p in 0..k {
+                let x = a[i * k + p].wrapping_sub(z);
+                if x == 0 {
+                    continue;
+                }
+                for (o, &y) in row.iter_mut().zip(&shifted[p * n..][..n]) {
+                    *o = o.wrapping_add(x.wrapping_mul(y));
                 }
             }
         }
