@@ -9,7 +9,7 @@
 //! kernel's grid, block, shared memory and the storage of each of its parameters.
 //!
 //! The kernels are lowered in `elementwise.rs`, `reduce.rs`, `rows.rs` (softmax rows,
-//! cross-entropy, `top_k`), `gemm.rs` (matmuls, convolutions and their gradients) and
+//! cross-entropy, `top_k`), `gemm/` (matmuls, convolutions and their gradients) and
 //! `movement.rs` (data movement, casts, pooling and the one-op kernels), all on the context of
 //! `lower.rs`; a function with a kernel none of them has is a compile error naming the op
 //! (docs/codegen.md lists what compiles). [`Ptx`] is a [`Backend`]: `compile` makes a
