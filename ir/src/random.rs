@@ -445,6 +445,21 @@ impl Gen {
                         // The gradient ops, fed the forward result as the cotangent, or the
                         // convolution on channel blocks (from a blocked or a plain input).
                         match self.rng.below(5) {
+                            0 if self.rng.chance(0.3) => {
+                                // The convolution of the image quantized to u8 and the filter
+                                // to i8 per output channel, back to floats.
+                                let s = self.b.splat(dt, &[], self.rng.uniform(0.05, 0.5)).ok()?;
+                                let zu = self.b.splat(DType::U8, &[], 120.0).ok()?;
+                                let per = [o, 1, 1, 1];
+                                let sw = self.b.splat(dt, &per, 0.1).ok()?;
+                                let zi = self.b.splat(DType::I8, &per, -2.0).ok()?;
+                                let q = OpKind::QuantizeLinear;
+                                let qx = self.b.op1(q.clone(), &[img, s, zu]).ok()?;
+                                let qw = self.b.op1(q, &[filt, sw, zi]).ok()?;
+                                let k = OpKind::ConvInteger(c);
+                                let acc = self.b.op1(k, &[qx, qw, zu, zi]).ok()?;
+                                self.b.op1(OpKind::Cast { to: dt }, &[acc])
+                            }
                             0 => Ok(y),
                             1 => self
                                 .b

@@ -379,6 +379,37 @@ pub fn infer(kind: &OpKind, args: &[&TensorType]) -> R<Vec<TensorType>> {
             need_float(x, "the input")?;
             one(tt(x.dtype(), conv_dims(c, x.dims(), w.dims())?)?)
         }
+        OpKind::ConvInteger(c) => {
+            let (x, w, xz, wz) = (args[0], args[1], args[2], args[3]);
+            need_rank(x, 4, "the input (NCHW)")?;
+            need_rank(w, 4, "the filter ([O, C/groups, kH, kW])")?;
+            let o = w.dims()[0];
+            for (v, z, what, per_channel, per) in [
+                (x, xz, "input", false, "a scalar"),
+                (
+                    w,
+                    wz,
+                    "filter",
+                    true,
+                    "a scalar, or [O, 1, 1, 1] per output channel",
+                ),
+            ] {
+                if !matches!(v.dtype(), DType::U8 | DType::I8) {
+                    return Err(format!("the {what} must be u8 or i8, found {}", v.dtype()));
+                }
+                same_dtype(v, z, &format!("the {what} and its zero point"))?;
+                let zd = z.dims();
+                let scalar = zd.iter().all(|&d| d == 1);
+                let per_channel = per_channel && zd == [o, 1, 1, 1];
+                if zd.len() > 4 || !(scalar || per_channel) {
+                    return Err(format!(
+                        "the {what}'s zero point {} must be {per}",
+                        z.shape()
+                    ));
+                }
+            }
+            one(tt(DType::I32, conv_dims(c, x.dims(), w.dims())?)?)
+        }
         OpKind::Conv2dNchwc { conv, block } => {
             let (x, w) = (args[0], args[1]);
             need_block(*block)?;

@@ -502,3 +502,29 @@ fn matmul_integer_subtracts_zero_points() {
     // Row 0: [0 + 2 - 6, 0 + 255 + 256] = [-4, 511]; row 1: [-255 + 0 + 735, 0 + 0 - 31360].
     assert_eq!(r[0].data(), &Data::I32(vec![-4, 511, 480, -31360]));
 }
+
+/// `conv_integer` subtracts the zero points (the filter's per output channel) and pads with
+/// the input's zero point, so that padding adds nothing.
+#[test]
+fn conv_integer_pads_with_the_zero_point() {
+    let src = "func @f(%x: u8[1,1,2,2], %w: i8[2,1,2,2]) -> (i32[1,2,2,2]) {
+  %xz = const {value=1} : u8[]
+  %wz = const {value=[0, 2]} : i8[2,1,1,1]
+  %y = conv_integer %x, %w, %xz, %wz {pads=[1,1,0,0]} : i32[1,2,2,2]
+  return %y
+}";
+    let x = Tensor::new(
+        tcc_ir::TensorType::new(tcc_ir::DType::U8, vec![1, 1, 2, 2]).unwrap(),
+        Data::U8(vec![1, 2, 3, 4]),
+    )
+    .unwrap();
+    let w = Tensor::new(
+        tcc_ir::TensorType::new(tcc_ir::DType::I8, vec![2, 1, 2, 2]).unwrap(),
+        Data::I8(vec![1, 0, 0, -1, 2, 2, 2, 2]),
+    )
+    .unwrap();
+    let r = eval(src, vec![x, w]).unwrap();
+    // x - xz = [[0, 1], [2, 3]] below and right of a padding row and column of zeros; filter 0
+    // takes the top-left tap less the bottom-right one; filter 1 less its zero point is 0.
+    assert_eq!(r[0].data(), &Data::I32(vec![0, -1, -2, -3, 0, 0, 0, 0]));
+}

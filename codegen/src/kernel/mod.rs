@@ -116,6 +116,7 @@ pub fn supported_op(f: &Function, op: tcc_ir::Op) -> bool {
         OpKind::Const { .. }
         | OpKind::MatMul
         | OpKind::MatMulInteger
+        | OpKind::ConvInteger(_)
         | OpKind::Conv2d(_)
         | OpKind::Conv2dNchwc { .. }
         | OpKind::ToNchwc { .. }

@@ -298,6 +298,7 @@ fn lower_kernel(
             elementwise::quantize_linear(f, kd, name)
         }
         OpKind::MatMulInteger => gemm::matmul_integer(f, kd, name),
+        OpKind::ConvInteger(_) => gemm::conv_integer(f, kd, name),
         OpKind::Softmax { .. } | OpKind::LogSoftmax { .. } => rows::row_strided(f, kd, name),
         OpKind::TopK { .. } => rows::top_k(f, kd, name),
         OpKind::SoftmaxCrossEntropyGrad => rows::cross_entropy_grad(f, kd, name),

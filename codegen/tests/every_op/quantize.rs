@@ -130,3 +130,107 @@ fn integer_products_split_across_threads() {
         assert_eq!(got, want, "target {target:?}");
     }
 }
+
+/// `conv_integer` on every target against the interpreter, exactly: padding (which must add
+/// nothing, as the input's zero point), strides, dilations, groups, depthwise, the 1x1 case
+/// that reads the image as its columns, zero points per tensor and per output channel, each
+/// pairing of u8 and i8, random bytes and the extremes (largest products, padding included).
+#[test]
+fn integer_convolutions() {
+    use tcc_ir::DType::{I8, U8};
+    let name = |dt| if dt == U8 { "u8" } else { "i8" };
+    // (input dims, filter dims, attributes, output dims, per-channel filter zero points)
+    let shapes = [
+        (
+            [2, 5, 7, 7],
+            [9, 5, 3, 3],
+            "pads=[1,1,1,1]",
+            [2, 9, 7, 7],
+            true,
+        ),
+        (
+            [1, 4, 9, 8],
+            [6, 2, 3, 2],
+            "strides=[2,1], pads=[1,0,2,1], dilations=[2,2], groups=2",
+            [1, 6, 4, 7],
+            true,
+        ),
+        (
+            [1, 6, 5, 5],
+            [6, 1, 3, 3],
+            "pads=[1,1,1,1], groups=6",
+            [1, 6, 5, 5],
+            true,
+        ),
+        ([2, 8, 4, 5], [3, 8, 1, 1], "", [2, 3, 4, 5], false),
+        (
+            [1, 3, 5, 5],
+            [4, 3, 1, 1],
+            "strides=[2,2]",
+            [1, 4, 3, 3],
+            true,
+        ),
+    ];
+    for (ta, tb) in [(U8, I8), (I8, U8), (U8, U8), (I8, I8)] {
+        for (xd, wd, attrs, yd, per_channel) in &shapes {
+            let wz: Vec<u64> = if *per_channel {
+                vec![wd[0], 1, 1, 1]
+            } else {
+                vec![]
+            };
+            let src = format!(
+                "func @f(%x: {a}{xd:?}, %w: {b}{wd:?}, %xz: {a}[], %wz: {b}{wz:?}) -> (i32{yd:?}) {{
+  %y = conv_integer %x, %w, %xz, %wz {{{attrs}}} : i32{yd:?}
+  return %y
+}}",
+                a = name(ta),
+                b = name(tb)
+            )
+            .replace(" {}", "");
+            let f = parse_function(&src).unwrap_or_else(|d| panic!("{src}\n{d}"));
+            let (top_a, low_b, low_a, top_b) = (
+                if ta == U8 { 255 } else { 127 },
+                if tb == U8 { 0 } else { -128 },
+                if ta == U8 { 0 } else { -128 },
+                if tb == U8 { 255 } else { 127 },
+            );
+            for (i, extreme) in [false, true].into_iter().enumerate() {
+                let pick = |v: i64| extreme.then_some(v);
+                let inputs = vec![
+                    common::bytes(ta, xd, pick(top_a), 50 + i as u64),
+                    common::bytes(tb, wd, pick(low_b), 60 + i as u64),
+                    common::bytes(ta, &[], pick(low_a), 70 + i as u64),
+                    common::bytes(tb, &wz, pick(top_b), 80 + i as u64),
+                ];
+                let want = tcc_ir::interp::run(&f, &inputs).unwrap();
+                for target in integer_targets() {
+                    let exe = common::compile(&f, target, true);
+                    assert_eq!(exe.reference_ops(), Vec::<String>::new());
+                    let got = exe.run(&inputs).unwrap();
+                    assert_eq!(got, want, "{src}\ntarget {target:?}, extremes {extreme}");
+                }
+            }
+        }
+    }
+}
+
+/// A convolution big enough (64 x 288 x 256 multiply-adds per image) for the product to split
+/// across the thread pool, against the interpreter on every target.
+#[test]
+fn integer_convolutions_split_across_threads() {
+    let f = parse_function(
+        "func @f(%x: u8[1,32,16,16], %w: i8[64,32,3,3], %xz: u8[], %wz: i8[64,1,1,1]) -> (i32[1,64,16,16]) {
+  %y = conv_integer %x, %w, %xz, %wz {pads=[1,1,1,1]} : i32[1,64,16,16]
+  return %y
+}",
+    )
+    .unwrap();
+    let inputs: Vec<Tensor> = (f.params().iter().enumerate())
+        .map(|(i, &p)| common::bytes(f.ty(p).dtype(), f.ty(p).dims(), None, 15 + i as u64))
+        .collect();
+    let want = tcc_ir::interp::run(&f, &inputs).unwrap();
+    for target in integer_targets() {
+        let got = common::compile(&f, target, true).run(&inputs).unwrap();
+        assert_eq!(got, want, "target {target:?}");
+    }
+}

@@ -270,6 +270,36 @@ fn cases() -> Vec<(String, Function, Vec<Tensor>)> {
             bytes(U8, &[], 8),
         ],
     );
+    // Integer convolutions: padding (the input's zero point), strides, dilation, groups, zero
+    // points per output channel and per tensor.
+    add(
+        "conv_integer padded, strided, grouped".into(),
+        "func @f(%x: u8[2,4,7,6], %w: i8[6,2,3,2], %xz: u8[], %wz: i8[6,1,1,1]) -> (i32[2,6,4,5]) {
+  %y = conv_integer %x, %w, %xz, %wz {strides=[2,1], pads=[1,0,2,1], dilations=[1,2], groups=2} : i32[2,6,4,5]
+  return %y
+}"
+        .into(),
+        vec![
+            bytes(U8, &[2, 4, 7, 6], 9),
+            bytes(I8, &[6, 2, 3, 2], 10),
+            bytes(U8, &[], 11),
+            bytes(I8, &[6, 1, 1, 1], 12),
+        ],
+    );
+    add(
+        "conv_integer depthwise i8 x u8".into(),
+        "func @f(%x: i8[1,3,5,5], %w: u8[3,1,3,3], %xz: i8[], %wz: u8[]) -> (i32[1,3,5,5]) {
+  %y = conv_integer %x, %w, %xz, %wz {pads=[1,1,1,1], groups=3} : i32[1,3,5,5]
+  return %y
+}"
+        .into(),
+        vec![
+            bytes(I8, &[1, 3, 5, 5], 13),
+            bytes(U8, &[3, 1, 3, 3], 14),
+            bytes(I8, &[], 15),
+            bytes(U8, &[], 16),
+        ],
+    );
     // Broadcasts of every access pattern, at sizes that are not multiples of anything.
     let mut rng = Rng::new(7);
     for (big, small) in [

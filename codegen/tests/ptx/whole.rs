@@ -320,8 +320,9 @@ fn gpu_matches_the_emulator() {
 
 /// Random functions of the IR's generator (every op kind), compiled for the GPU where every
 /// kernel has a GPU form, run in the emulator against the interpreter with the CPU's random
-/// function tolerance. How many compile is printed (234 of 299 on 2026-11-26, with swaps and
-/// the generator's quantize/dequantize pairs and integer products; what
+/// function tolerance. How many compile is printed (233 of 299 on 2026-11-26, with swaps and
+/// the generator's quantize/dequantize pairs, integer products and convolutions: the last
+/// moved the sample, none of the 66 that stop is an integer op; what
 /// stops the others, with `TCC_PTX_WHY=1`: f64 matmuls, convolutions, reductions, softmax,
 /// pooling and batch norm, and the CPU's blocked-layout ops); the test asserts a floor, so that
 /// losing kernels shows.
@@ -372,5 +373,5 @@ fn random_functions_match_where_they_compile() {
         result.unwrap_or_else(|e| panic!("seed {seed}: {e}\n{f}"));
     }
     println!("{compiled} of {total} random functions compile for the GPU");
-    assert!(compiled >= 234, "{compiled} of {total}");
+    assert!(compiled >= 233, "{compiled} of {total}");
 }

@@ -306,7 +306,7 @@ macro_rules! declare_attrs {
                 $v.attr("shape", shape, Required)?
             }
             OpKind::Cast { to } => $v.attr("to", to, Required)?,
-            OpKind::Conv2d(c) => conv!(c),
+            OpKind::Conv2d(c) | OpKind::ConvInteger(c) => conv!(c),
             OpKind::Conv2dNchwc { conv, block } => {
                 conv!(conv);
                 $v.attr("block", block, Required)?;

@@ -215,6 +215,11 @@ pub enum OpKind {
     MatMulInteger,
     /// 2-D convolution (really cross-correlation), NCHW.
     Conv2d(Conv2d),
+    /// ONNX's `ConvInteger`: `(x, w, x_zero, w_zero)`, `conv2d` of `u8` or `i8` operands less
+    /// their zero points, accumulated in `i32` (wrapping). `x_zero` is a scalar; `w_zero` a
+    /// scalar or one per output channel (`[O, 1, 1, 1]`). Padding stands for `x_zero`, so it
+    /// adds nothing.
+    ConvInteger(Conv2d),
     /// `conv2d` on channel-blocked tensors (NCHWc): `(x, w) -> y` where `x` is
     /// `[N, ceil(C/block), H, W, block]` (or plain `[N, C, H, W]`), `w` the plain filter
     /// `[O, C/groups, kH, kW]` and `y` is `to_nchwc(conv2d(x, w))`, `[N, ceil(O/block), oH, oW,

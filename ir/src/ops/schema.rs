@@ -189,6 +189,7 @@ define_ops! {
     MatMul "matmul" Exactly(2), 1, LinearAlgebra [DIFFERENTIABLE] "batched matrix product, batch dims broadcast";
     MatMulInteger "matmul_integer" Exactly(4), 1, LinearAlgebra [] "`(a, b, a_zero, b_zero)`: `(a - a_zero) x (b - b_zero)` of u8/i8 matrices in i32 (ONNX's MatMulInteger)";
     Conv2d "conv2d" Exactly(2), 1, LinearAlgebra [DIFFERENTIABLE] "2-D cross-correlation, NCHW, filter `[O, C/groups, kH, kW]`";
+    ConvInteger "conv_integer" Exactly(4), 1, LinearAlgebra [] "`(x, w, x_zero, w_zero)`: `conv2d` of u8/i8 tensors less their zero points in i32 (ONNX's ConvInteger)";
     Conv2dNchwc "conv2d_nchwc" Exactly(2), 1, LinearAlgebra [DIFFERENTIABLE] "`conv2d` from and to channel-blocked tensors `[N, C/b, H, W, b]`";
 
     MaxPool2d "max_pool2d" Exactly(1), 1, Pooling [DIFFERENTIABLE] "maximum over windows; padding never wins";
@@ -287,6 +288,7 @@ impl OpId {
             OpId::MatMul => K::MatMul,
             OpId::MatMulInteger => K::MatMulInteger,
             OpId::Conv2d => K::Conv2d(Conv2d::default()),
+            OpId::ConvInteger => K::ConvInteger(Conv2d::default()),
             OpId::Conv2dNchwc => K::Conv2dNchwc {
                 conv: Conv2d::default(),
                 block: 0,
@@ -440,6 +442,7 @@ impl OpKind {
             OpKind::MatMul => OpId::MatMul,
             OpKind::MatMulInteger => OpId::MatMulInteger,
             OpKind::Conv2d(_) => OpId::Conv2d,
+            OpKind::ConvInteger(_) => OpId::ConvInteger,
             OpKind::Conv2dNchwc { .. } => OpId::Conv2dNchwc,
             OpKind::MaxPool2d(_) => OpId::MaxPool2d,
             OpKind::AvgPool2d { .. } => OpId::AvgPool2d,

@@ -49,11 +49,14 @@ pub fn op_flops(kind: &OpKind, args: &[&TensorType], results: &[&TensorType]) ->
         }
         // The filter is operand 1 of conv2d and conv2d_grad_input; its shape is an attribute
         // of conv2d_grad_filter.
-        OpKind::Conv2d(_) | OpKind::Conv2dNchwc { .. } | OpKind::Conv2dGradInput { .. } => {
+        OpKind::Conv2d(_)
+        | OpKind::ConvInteger(_)
+        | OpKind::Conv2dNchwc { .. }
+        | OpKind::Conv2dGradInput { .. } => {
             let w = args[1].dims();
             let taps = w[1..].iter().product::<u64>();
             let y = match kind {
-                OpKind::Conv2d(_) => out(),
+                OpKind::Conv2d(_) | OpKind::ConvInteger(_) => out(),
                 // The padding lanes of the output's last block are not computed.
                 OpKind::Conv2dNchwc { .. } => {
                     let yd = results[0].dims();

@@ -188,7 +188,8 @@ impl Rules<'_> {
             | OpKind::Compare(_)
             | OpKind::QuantizeLinear
             | OpKind::DequantizeLinear
-            | OpKind::MatMulInteger => {}
+            | OpKind::MatMulInteger
+            | OpKind::ConvInteger(_) => {}
             // Copies: the gradient passes by them unchanged, in device memory (a cotangent is
             // never a host value, so no backward op reads one).
             OpKind::SwapOut | OpKind::SwapIn | OpKind::Identity => out[0] = dy,

@@ -15,6 +15,7 @@
 
 #[cfg(target_arch = "x86_64")]
 mod int8;
+mod int_conv;
 mod layout;
 mod lines;
 mod movement;
@@ -142,6 +143,11 @@ enum Kind {
         product: quant::IntegerProduct,
         signed: [bool; 2],
     },
+    /// `conv_integer`; whether `x` and `w` are `i8`.
+    ConvInteger {
+        conv: int_conv::IntegerConv,
+        signed: [bool; 2],
+    },
     /// Concatenation: each of `outer` rows of the result is the operands' rows side by side,
     /// operand `i`'s row `row_bytes[i]` long (any dtype).
     Concat {
@@ -178,6 +184,7 @@ impl Native {
                 | OpKind::FromNchwc { .. }
                 | OpKind::DequantizeLinear
                 | OpKind::MatMulInteger
+                | OpKind::ConvInteger(_)
         );
         if f.ty(x).dtype() != DType::F32 && !any_dtype {
             return None;
@@ -373,6 +380,19 @@ impl Native {
                         d.results[0],
                         (vnni(features), !vnni(features) && features.avx2),
                     )?,
+                    signed: [quant::signed(f, args[0]), quant::signed(f, args[1])],
+                }
+            }
+            OpKind::ConvInteger(c) => {
+                let args = [d.args[0], d.args[1], d.args[2], d.args[3]];
+                Kind::ConvInteger {
+                    conv: int_conv::IntegerConv::of(
+                        f,
+                        c,
+                        args,
+                        d.results[0],
+                        (vnni(features), !vnni(features) && features.avx2),
+                    ),
                     signed: [quant::signed(f, args[0]), quant::signed(f, args[1])],
                 }
             }
@@ -572,6 +592,11 @@ impl Native {
                     let out =
                         std::slice::from_raw_parts_mut(res(0) as *mut i32, len(self.results[0]));
                     product.run_bytes([bytes(0), bytes(1), bytes(2), bytes(3)], *signed, out);
+                }
+                Kind::ConvInteger { conv, signed } => {
+                    let out =
+                        std::slice::from_raw_parts_mut(res(0) as *mut i32, len(self.results[0]));
+                    conv.run_bytes([bytes(0), bytes(1), bytes(2), bytes(3)], *signed, out);
                 }
             }
         }

@@ -5,7 +5,7 @@
 use super::{Gemm, GemmTiles, Side, Src, Tiling, epilogue, gemm, matrix};
 use crate::plan::KernelData;
 use crate::ptx::lower::{BLOCK, Ctx, Lowered};
-use crate::ptx::prog::{Cmp, CmpTy, IOp, Inst, Reg};
+use crate::ptx::prog::{Cmp, CmpTy, IOp, Inst, Mem, Reg, RegTy, Space};
 use tcc_ir::{DType, Function, OpKind, Value};
 
 /// Convolution kernel `kd` of `f` (`conv2d` over NCHW in f32, any stride, padding, dilation
@@ -354,4 +354,102 @@ pub fn conv2d_grad(
     let t = Tiling::choose(tiles, m, n, groups);
     let tiles = gemm(&mut c, &gemm_spec, t, &finish)?;
     Ok(c.finish(tiles))
+}
+
+/// `conv_integer` kernel `kd` of `f`: a thread per output, summing `(x - x_zero)(w - w_zero)`
+/// over its taps in i32 (wrapping), the channel loop at run time and the window unrolled; taps
+/// in the padding add nothing (they stand for the zero point). Not yet on the tiled kernel
+/// (nor `dp4a`).
+pub fn conv_integer(f: &Function, kd: &KernelData, name: String) -> Result<Lowered, String> {
+    let d = f.op(kd.ops[0]);
+    let (OpKind::ConvInteger(cv), &[x, w, xz, wz]) = (&d.kind, &d.args[..]) else {
+        return Err("not a conv_integer".into());
+    };
+    let r = d.results[0];
+    let d4 = |v: Value| -> [u64; 4] { std::array::from_fn(|i| f.ty(v).dims()[i]) };
+    let ([_, ch, h, wd], [o, cg, kh, kw], [_, _, oh, ow]) = (d4(x), d4(w), d4(r));
+    let outputs = f.ty(r).numel();
+    let og = o / cv.groups;
+    let mut c = Ctx::new(
+        name,
+        (kd.inputs.len() + kd.outputs.len()) as u32,
+        BLOCK,
+        outputs.max(f.ty(x).numel()).max(f.ty(w).numel()),
+    );
+    let base = |c: &Ctx, v: Value| c.bases[kd.inputs.iter().position(|&i| i == v).expect("input")];
+    let out = c.bases[kd.inputs.len()
+        + (kd.outputs.iter().position(|&v| v == r)).ok_or("the result is not stored")?];
+    let mem = |v: Value| {
+        if f.ty(v).dtype() == DType::I8 {
+            Mem::S8
+        } else {
+            Mem::U8
+        }
+    };
+    let (xb, wb, xzb, wzb) = (base(&c, x), base(&c, w), base(&c, xz), base(&c, wz));
+    let per_channel = f.ty(wz).numel() > 1;
+    c.grid_stride(outputs, |c, i| {
+        let ox = c.op_n(IOp::RemU, i, ow);
+        let t = c.op_n(IOp::DivU, i, ow);
+        let oy = c.op_n(IOp::RemU, t, oh);
+        let t = c.op_n(IOp::DivU, t, oh);
+        let oc = c.op_n(IOp::RemU, t, o);
+        let b = c.op_n(IOp::DivU, t, o);
+        let load = |c: &mut Ctx, buf: Reg, idx: Reg, mem: Mem| {
+            let addr = c.address(buf, idx, mem);
+            c.b.ld(Space::Global, mem, RegTy::I32, addr)
+        };
+        let zero_idx = c.n(0);
+        let x_zero = load(c, xzb, zero_idx, mem(xz));
+        let w_zero = load(c, wzb, if per_channel { oc } else { zero_idx }, mem(wz));
+        // The group's first input plane, and the window's top-left corner (wrapping below
+        // zero, where the unsigned bounds test counts it as outside).
+        let g = c.op_n(IOp::DivU, oc, og);
+        let first = c.mad_n(b, ch / cg, g);
+        let plane0 = c.op_n(IOp::Mul, first, cg);
+        let y0 = c.op_n(IOp::Mul, oy, cv.strides[0]);
+        let pt = c.n(cv.pads[0]);
+        let y0 = c.b.ibin(IOp::Sub, y0, pt);
+        let x0 = c.op_n(IOp::Mul, ox, cv.strides[1]);
+        let pl = c.n(cv.pads[1]);
+        let x0 = c.b.ibin(IOp::Sub, x0, pl);
+        let acc = c.b.reg(RegTy::I32);
+        let zero = c.b.imm(RegTy::I32, 0);
+        c.b.push(Inst::Mov(acc, zero));
+        let ci = c.b.reg(c.it);
+        c.b.push(Inst::Mov(ci, zero_idx));
+        let (count, one) = (c.n(cg), c.n(1));
+        c.for_loop(ci, count, one, |c| {
+            let plane = c.b.ibin(IOp::Add, plane0, ci);
+            let filter = c.mad_n(oc, cg, ci);
+            for ky in 0..kh {
+                let iy = c.op_n(IOp::Add, y0, ky * cv.dilations[0]);
+                for kx in 0..kw {
+                    let ix = c.op_n(IOp::Add, x0, kx * cv.dilations[1]);
+                    let outside = c.outside(&[(iy, h), (ix, wd)]);
+                    let row = c.mad_n(plane, h, iy);
+                    let mut at = c.mad_n(row, wd, ix);
+                    for &p in &outside {
+                        at = c.b.selp(zero_idx, at, p);
+                    }
+                    let xv = load(c, xb, at, mem(x));
+                    let mut dx = c.b.ibin(IOp::Sub, xv, x_zero);
+                    for &p in &outside {
+                        dx = c.b.selp(zero, dx, p);
+                    }
+                    let (ky_, kx_) = (c.n(ky), c.n(kx));
+                    let tap = c.mad_n(filter, kh, ky_);
+                    let wi = c.mad_n(tap, kw, kx_);
+                    let wv = load(c, wb, wi, mem(w));
+                    let dw = c.b.ibin(IOp::Sub, wv, w_zero);
+                    c.b.push(Inst::IMad(acc, dx, dw, acc));
+                }
+            }
+            Ok(())
+        })?;
+        let addr = c.address(out, i, Mem::B32);
+        c.b.push(Inst::St(Space::Global, Mem::B32, addr, acc));
+        Ok(())
+    })?;
+    Ok(c.finish(outputs.div_ceil(BLOCK as u64)))
 }

@@ -6,7 +6,7 @@
 mod conv;
 mod matmul;
 
-pub use conv::{conv2d, conv2d_grad};
+pub use conv::{conv_integer, conv2d, conv2d_grad};
 pub use matmul::{matmul, matmul_integer};
 
 use super::lower::{BLOCK, Ctx, render};

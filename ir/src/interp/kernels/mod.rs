@@ -226,6 +226,25 @@ pub(crate) fn eval(kind: &OpKind, args: &[&Val], tys: &[TensorType]) -> R<Vec<Va
             );
             Buf::F(res)
         }
+        OpKind::ConvInteger(c) => {
+            // The operands less their zero points (padding is the input's zero point, so it
+            // adds nothing); the i32 sums wrap.
+            let shifted = |v: &Val, z: &Val| -> Vec<i64> {
+                let map = bcast_map(z.dims(), v.dims());
+                let (q, zero) = (v.i(), z.i());
+                q.iter().zip(&map).map(|(&x, &i)| x - zero[i]).collect()
+            };
+            let (x, w) = (shifted(args[0], args[2]), shifted(args[1], args[3]));
+            let mut res = vec![0i32; n];
+            conv_taps(
+                c,
+                args[0].dims(),
+                args[1].dims(),
+                out.dims(),
+                |xi, wi, yi| res[yi] = res[yi].wrapping_add((x[xi] * w[wi]) as i32),
+            );
+            Buf::I(res.into_iter().map(i64::from).collect())
+        }
         OpKind::Conv2dNchwc { conv, block } => {
             // `conv2d` on the plain input, then blocked.
             let (x, w) = (args[0], args[1]);
