@@ -216,7 +216,7 @@ impl Planar {
     }
 
     /// The result in the node's rank.
-    fn back(self, cx: &mut Ctx, y: Value) -> Result<Value> {
+    pub(super) fn back(self, cx: &mut Ctx, y: Value) -> Result<Value> {
         if !self.one_d {
             return Ok(y);
         }
@@ -243,10 +243,17 @@ pub(super) fn to_2d(cx: &mut Ctx, x: Value, what: &str, op: &str) -> Result<(Val
     }
 }
 
-pub(super) fn conv(cx: &mut Ctx, n: &Node) -> Result<Value> {
-    let (x, w) = (n.input(0, "X")?, n.input(1, "W")?);
-    let (x4, planar) = to_2d(cx, x, "the input", "Conv")?;
-    let (w4, _) = to_2d(cx, w, "the filter", "Conv")?;
+/// A convolution node's operands as 2-D ones and its attributes: the input `x` and filter `w`
+/// (1-D convolutions as 2-D over `[N, C, 1, W]`, which [`Planar::back`] undoes), checked
+/// against `kernel_shape`; `op` names the node's type in errors.
+pub(super) fn conv_geometry(
+    cx: &mut Ctx,
+    n: &Node,
+    [x, w]: [Value; 2],
+    op: &str,
+) -> Result<(Value, Value, Conv2d, Planar)> {
+    let (x4, planar) = to_2d(cx, x, "the input", op)?;
+    let (w4, _) = to_2d(cx, w, "the filter", op)?;
     if cx.ty(x).rank() != cx.ty(w).rank() {
         return Err(Error::invalid(format!(
             "input {} and filter {} differ in rank",
@@ -254,8 +261,7 @@ pub(super) fn conv(cx: &mut Ctx, n: &Node) -> Result<Value> {
             cx.ty(w)
         )));
     }
-    let wd = cx.dims(w);
-    let kernel: Vec<u64> = wd[2..].to_vec();
+    let kernel: Vec<u64> = cx.dims(w)[2..].to_vec();
     if let Some(ks) = n.ints("kernel_shape")?
         && positive(ks.clone(), "`kernel_shape`")? != kernel
     {
@@ -271,15 +277,27 @@ pub(super) fn conv(cx: &mut Ctx, n: &Node) -> Result<Value> {
         dilations: planar.pair(&win.dilations, 1),
         groups: group(n)?,
     };
+    Ok((x4, w4, attrs, planar))
+}
+
+pub(super) fn conv(cx: &mut Ctx, n: &Node) -> Result<Value> {
+    let (x, w) = (n.input(0, "X")?, n.input(1, "W")?);
+    let (x4, w4, attrs, planar) = conv_geometry(cx, n, [x, w], "Conv")?;
     let y = cx.op1(OpKind::Conv2d(attrs), &[x4, w4])?;
-    let y = add_bias(cx, n, y, wd[0])?;
+    let y = add_bias(cx, n, 2, y, cx.dims(w)[0])?;
     planar.back(cx, y)
 }
 
-/// Adds the optional per-channel bias (input 2, `[channels]`) of a convolution node to `y`
+/// Adds the optional per-channel bias (input `at`, `[channels]`) of a convolution node to `y`
 /// (`[N, channels, H, W]`).
-fn add_bias(cx: &mut Ctx, n: &Node, y: Value, channels: u64) -> Result<Value> {
-    let Some(b) = n.opt(2) else {
+pub(super) fn add_bias(
+    cx: &mut Ctx,
+    n: &Node,
+    at: usize,
+    y: Value,
+    channels: u64,
+) -> Result<Value> {
+    let Some(b) = n.opt(at) else {
         return Ok(y);
     };
     if cx.dims(b) != [channels] {
@@ -671,6 +689,6 @@ pub(super) fn conv_transpose(cx: &mut Ctx, n: &Node) -> Result<Value> {
     let o2 = planar.pair(&out, 1);
     let shape = vec![xd[0], wd[1] * g, o2[0], o2[1]];
     let y = cx.op1(OpKind::Conv2dGradInput { conv, shape }, &[x4, w4])?;
-    let y = add_bias(cx, n, y, wd[1] * g)?;
+    let y = add_bias(cx, n, 2, y, wd[1] * g)?;
     planar.back(cx, y)
 }

@@ -7,9 +7,10 @@ use crate::ctx::{
 };
 use crate::{Error, Result, tensor};
 use conv::{conv, conv_transpose, gemm, global, matmul, max_pool_with_indices, pool};
-use elementwise::{
-    clip, dropout, dynamic_quantize_linear, elu, gelu, hard_sigmoid, leaky_relu, matmul_integer,
-    modulo, pow, qlinear_matmul, quantize_linear, softplus,
+use elementwise::{clip, dropout, elu, gelu, hard_sigmoid, leaky_relu, modulo, pow, softplus};
+use quant::{
+    conv_integer, dynamic_quantize_linear, matmul_integer, qlinear_conv, qlinear_matmul,
+    quantize_linear,
 };
 use reduce::{batch_norm_training, layer_norm, lrn, reduce, reduce_composite, softmax};
 use shape::{constant, pad, reshape_dims, slice, split, trilu};
@@ -23,6 +24,7 @@ mod conv;
 mod einsum;
 mod elementwise;
 mod loss;
+mod quant;
 mod reduce;
 mod resize;
 mod rnn;
@@ -261,6 +263,8 @@ pub(crate) fn lower(cx: &mut Ctx, n: &Node) -> Result<Vec<Option<Value>>> {
         "DequantizeLinear" => one(quantize_linear(cx, n, false)?),
         "MatMulInteger" => one(matmul_integer(cx, n, [0, 1, 2, 3])?),
         "QLinearMatMul" => one(qlinear_matmul(cx, n)?),
+        "ConvInteger" => one(conv_integer(cx, n)?),
+        "QLinearConv" => one(qlinear_conv(cx, n)?),
         "DynamicQuantizeLinear" => {
             let (y, scale, zero) = dynamic_quantize_linear(cx, x()?)?;
             Ok(vec![Some(y), Some(scale), Some(zero)])
