@@ -63,10 +63,22 @@ fn qoperator_model_matches_onnxruntime_on_integer_kernels() {
     let f = optimized("qoperator");
     assert_eq!(count(&f, |k| matches!(k, OpKind::ConvInteger(_))), 4);
     assert_eq!(count(&f, |k| matches!(k, OpKind::MatMulInteger)), 1);
-    assert_eq!(count(&f, |k| matches!(k, OpKind::Conv2d(_))), 0);
+    assert_eq!(
+        count(&f, |k| matches!(k, OpKind::Conv2d(_) | OpKind::MatMul)),
+        0
+    );
 }
 
+/// The QDQ form's convolutions and matmul run on the integer ops after the `qdq` pass (the
+/// inference pipeline's first), and no float convolution or product is left.
 #[test]
-fn qdq_model_matches_onnxruntime() {
+fn qdq_model_matches_onnxruntime_on_integer_kernels() {
     matches_onnxruntime("qdq");
+    let f = optimized("qdq");
+    assert_eq!(count(&f, |k| matches!(k, OpKind::ConvInteger(_))), 4);
+    assert_eq!(count(&f, |k| matches!(k, OpKind::MatMulInteger)), 1);
+    assert_eq!(
+        count(&f, |k| matches!(k, OpKind::Conv2d(_) | OpKind::MatMul)),
+        0
+    );
 }

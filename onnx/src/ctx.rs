@@ -75,8 +75,12 @@ impl Ctx {
                 _ => None,
             })
             .collect();
+        // Dequantization stays an op, so that the `qdq` pass finds quantized weights (it folds
+        // those it leaves).
         let folded = match consts {
-            Some(consts) if !args.is_empty() => fold(&kind, &consts, &out, FOLD_LIMIT),
+            Some(consts) if !args.is_empty() && !matches!(kind, OpKind::DequantizeLinear) => {
+                fold(&kind, &consts, &out, FOLD_LIMIT)
+            }
             _ => None,
         };
         match folded {

@@ -32,11 +32,13 @@ pub use manager::{
 };
 
 /// The pipeline `tcc run` and `tcc::Program::from_onnx` run before compiling, as onnxruntime
-/// optimizes a graph before running it: constant folding and identities, batch-norm folding,
+/// optimizes a graph before running it: quantized (QDQ) convolutions and products onto the
+/// integer ops (before constant folding would turn quantized weights into floats), constant
+/// folding and identities, batch-norm folding,
 /// common subexpressions, dead code, then equality saturation with its default rule sets
 /// (exact but for rounding; never estimated slower than its input). Each keeps results within
 /// rounding of the original.
-pub const INFERENCE_PIPELINE: &str = "canonicalize,fold-bn,cse,dce,eqsat";
+pub const INFERENCE_PIPELINE: &str = "qdq,canonicalize,fold-bn,cse,dce,eqsat";
 
 use manager::OptionInfo;
 
@@ -101,6 +103,12 @@ pub(crate) static REGISTRY: &[PassInfo] = &[
         summary: "keep, recompute or swap each activation the backward part reads, for the least predicted step under a device-memory budget",
         options: offload::OPTIONS,
         create: offload::create,
+    },
+    PassInfo {
+        name: "qdq",
+        summary: "run convolutions and matmuls of dequantized u8/i8 operands (ONNX's QDQ form) as conv_integer/matmul_integer times one scale",
+        options: &[],
+        create: |_| Ok(Box::new(quant::qdq::Qdq)),
     },
     PassInfo {
         name: "quantize",

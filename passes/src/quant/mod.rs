@@ -5,12 +5,15 @@
 //!   dense layer before them; [`fold_bn_training`]: training batch norm, with TensorFlow's
 //!   corrections and freeze delay.
 //! - [`Quantize`]: fake quantization of weights and activations for quantization-aware training.
+//! - [`qdq`](mod@qdq): convolutions and matrix products of dequantized operands (ONNX's QDQ
+//!   form) on the integer ops.
 //!
 //! Both keep their state explicit: parameters (`quant/...`, `<bn>/moving_mean`, ...) and
 //! results `new/<name>` a train loop feeds back; [`initial_value`] says where each starts.
 
 pub mod fold_bn;
 pub mod fold_bn_training;
+pub mod qdq;
 pub mod quantize;
 
 pub use fold_bn::{FoldStats, fold_bn};

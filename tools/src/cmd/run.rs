@@ -24,7 +24,7 @@ pub(crate) struct Model {
     #[arg(long, value_name = "SPEC")]
     pub target: Option<String>,
     /// The passes run before compiling (default: the inference pipeline,
-    /// `canonicalize,fold-bn,cse,dce,eqsat`).
+    /// `qdq,canonicalize,fold-bn,cse,dce,eqsat`).
     #[arg(long, value_name = "PIPELINE")]
     pub passes: Option<String>,
     /// Run no passes before compiling (the same as --passes='').

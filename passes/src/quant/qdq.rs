@@ -1,0 +1,196 @@
+//! `qdq`: convolutions and matrix products of dequantized operands run on integers.
+//!
+//! ONNX's QDQ form (what onnxruntime's `quantize_static` writes by default, and what PyTorch and
+//! TensorFlow Lite converters export) keeps float ops and marks their quantized operands with
+//! `DequantizeLinear`: `conv2d(dequantize_linear(xq, sx, zx), dequantize_linear(wq, sw, zw))`.
+//! Since `dequantize_linear(q, s, z) = (q - z) * s`, that convolution is
+//! `conv_integer(xq, wq, zx, zw) * (sx * sw)`: the sums exact in i32, then one multiply per
+//! output (per output channel for per-channel weights). The same holds for `matmul` and
+//! `matmul_integer`, per column of the right operand. What follows (the bias, the
+//! `quantize_linear` of the next layer's input) stays as it is.
+//!
+//! The result differs from the float form only by rounding: the float convolution rounds each
+//! partial sum to f32, the integer one is exact until the final `cast`. Operands whose zero
+//! points or scales have other shapes (per input channel, per row of the left operand) are left
+//! in float, as are operands that reach the op through a reshape or transpose.
+//!
+//! A `transpose` or `reshape` of a per-tensor dequantization (a `Gemm` with `transB` leaves
+//! its weights so) is moved above it first. The dequantizations the rewrite leaves whose
+//! operands are constants are folded afterwards (with the moves of constants), as the ONNX
+//! importer folds other constant subgraphs, so that they do not run on every call.
+//!
+//! It runs first in the inference pipeline: `canonicalize` would fold the dequantization of
+//! small constant weights into float constants, and then the quantized weights are gone.
+
+use super::Emit;
+use crate::canonicalize::fold::{const_args, fold};
+use crate::manager::Pass;
+use tcc_ir::{BinaryOp, DType, Function, Op, OpKind, Value};
+
+/// The most elements a constant the pass folds may have (as the ONNX importer's limit).
+const FOLD_LIMIT: u64 = 1 << 20;
+
+/// The pass object.
+pub struct Qdq;
+
+impl Pass for Qdq {
+    fn name(&self) -> &'static str {
+        "qdq"
+    }
+
+    fn run_on_function(&self, f: &mut Function) -> Result<(), String> {
+        qdq(f);
+        Ok(())
+    }
+}
+
+/// Rewrites every convolution and matrix product of two dequantized operands (see the module
+/// docs); returns how many.
+pub fn qdq(f: &mut Function) -> usize {
+    move_above_dequantize(f);
+    let schedule: Vec<Op> = f.schedule().to_vec();
+    let mut names: Vec<(Value, String)> = Vec::new();
+    for op in schedule {
+        let Some((ops, y)) = integer_form(f, op) else {
+            continue;
+        };
+        for &n in &ops {
+            f.insert_before(n, op);
+        }
+        let old = f.op(op).results[0];
+        f.replace_all_uses(old, y);
+        names.push((y, f.name(old).to_string()));
+    }
+    crate::dce(f);
+    fold_constants(f);
+    // Each product keeps the name of the float op it replaces, free once that op is gone.
+    for (y, name) in &names {
+        if f.lookup(name).is_none() {
+            f.rename(*y, name);
+        }
+    }
+    names.len()
+}
+
+/// `(q, scale, zero_point)` when `v` is `dequantize_linear` of u8 or i8 levels.
+fn dequantized(f: &Function, v: Value) -> Option<(Value, Value, Value)> {
+    let d = f.op(f.def_op(v)?);
+    if !matches!(d.kind, OpKind::DequantizeLinear) || !d.deps.is_empty() {
+        return None;
+    }
+    let q = d.args[0];
+    matches!(f.ty(q).dtype(), DType::U8 | DType::I8).then_some((q, d.args[1], d.args[2]))
+}
+
+/// The new ops for `op` in integer form and the value that replaces its result, if `op` is a
+/// convolution or matrix product of dequantized operands whose scales and zero points the
+/// integer ops take.
+fn integer_form(f: &mut Function, op: Op) -> Option<(Vec<Op>, Value)> {
+    let d = f.op(op);
+    if !d.deps.is_empty() {
+        return None;
+    }
+    let int_kind = match &d.kind {
+        OpKind::Conv2d(c) => OpKind::ConvInteger(c.clone()),
+        OpKind::MatMul => OpKind::MatMulInteger,
+        _ => return None,
+    };
+    let (kind, out) = (d.kind.clone(), d.results[0]);
+    let (a, b) = (d.args[0], d.args[1]);
+    let (aq, sa, za) = dequantized(f, a)?;
+    let (bq, sb, zb) = dequantized(f, b)?;
+    let dt = f.ty(out).dtype();
+    let numel = |v: Value| f.ty(v).numel();
+    let dims = |v: Value| f.ty(v).dims().to_vec();
+    // The right operand's scale along its output axis: a filter's `[O, 1, 1, 1]` as `[O, 1, 1]`
+    // (the output's channels), a matrix's `[N]` as it is (its columns).
+    let per = match &kind {
+        OpKind::Conv2d(_) => {
+            let o = dims(bq)[0];
+            (dims(zb) == [o, 1, 1, 1]).then_some(vec![o, 1, 1])
+        }
+        _ => {
+            let n = *dims(bq).last()?;
+            (dims(zb) == [n]).then_some(vec![n])
+        }
+    };
+    if numel(za) != 1 || numel(sa) != 1 || (numel(zb) != 1 && per.is_none()) {
+        return None;
+    }
+    let mut e = Emit { f, ops: Vec::new() };
+    let built = (|| -> Result<Value, String> {
+        let scalar = |e: &mut Emit, v: Value| e.op(OpKind::Reshape { shape: vec![] }, &[v], "qdq");
+        let za = scalar(&mut e, za)?;
+        let sa = scalar(&mut e, sa)?;
+        let (zb, sb) = match &per {
+            None => (scalar(&mut e, zb)?, scalar(&mut e, sb)?),
+            Some(shape) => {
+                let shape = shape.clone();
+                (zb, e.op(OpKind::Reshape { shape }, &[sb], "qdq")?)
+            }
+        };
+        let acc = e.op(int_kind, &[aq, bq, za, zb], "qdq")?;
+        let acc = e.op(OpKind::Cast { to: dt }, &[acc], "qdq")?;
+        let scale = e.bin(BinaryOp::Mul, sa, sb, "qdq")?;
+        e.bin(BinaryOp::Mul, acc, scale, "qdq")
+    })();
+    let ops = e.ops;
+    // Nothing is scheduled on failure; the unscheduled ops go with the dead ones.
+    let y = built.ok()?;
+    (f.ty(y) == f.ty(out)).then_some((ops, y))
+}
+
+/// Rewrites `transpose` or `reshape` of `dequantize_linear(q, s, z)` with one scale and zero
+/// point as `dequantize_linear` of the moved levels.
+fn move_above_dequantize(f: &mut Function) {
+    for op in f.schedule().to_vec() {
+        let d = f.op(op);
+        if !matches!(d.kind, OpKind::Transpose { .. } | OpKind::Reshape { .. })
+            || !d.deps.is_empty()
+        {
+            continue;
+        }
+        let (kind, out) = (d.kind.clone(), d.results[0]);
+        let Some((q, s, z)) = dequantized(f, d.args[0]) else {
+            continue;
+        };
+        if f.ty(s).numel() != 1 || f.ty(z).numel() != 1 {
+            continue;
+        }
+        let mut e = Emit { f, ops: Vec::new() };
+        let built = (|| -> Result<Value, String> {
+            let moved = e.op(kind, &[q], "qdq")?;
+            e.op(OpKind::DequantizeLinear, &[moved, s, z], "qdq")
+        })();
+        let ops = e.ops;
+        let Ok(y) = built else { continue };
+        for n in ops {
+            f.insert_before(n, op);
+        }
+        f.replace_all_uses(out, y);
+    }
+}
+
+/// Folds every dequantization, transpose and reshape of constants into a constant (up to
+/// [`FOLD_LIMIT`] elements), in schedule order so that chains fold.
+fn fold_constants(f: &mut Function) {
+    for op in f.schedule().to_vec() {
+        let d = f.op(op);
+        let foldable = matches!(
+            d.kind,
+            OpKind::DequantizeLinear | OpKind::Transpose { .. } | OpKind::Reshape { .. }
+        );
+        if !foldable || !d.deps.is_empty() {
+            continue;
+        }
+        let out = f.ty(d.results[0]).clone();
+        let Some(value) = const_args(f, &d.args).and_then(|c| fold(&d.kind, &c, &out, FOLD_LIMIT))
+        else {
+            continue;
+        };
+        let d = f.op_mut(op);
+        d.kind = OpKind::Const { ty: out, value };
+        d.args.clear();
+    }
+    crate::dce(f);
+}

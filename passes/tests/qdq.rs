@@ -1,0 +1,120 @@
+//! `qdq`: convolutions and products of dequantized operands on the integer ops, with results
+//! equal (to rounding: the interpreter computes float ops in f64) to the float form on random
+//! levels; and the forms it must leave in float.
+
+use tcc_ir::random::{Rng, random_tensor};
+use tcc_ir::{Data, Function, OpKind, Tensor, interp, parse_function, verify_function};
+use tcc_passes::quant::qdq::qdq;
+
+fn f64s(t: &Tensor) -> Vec<f64> {
+    match t.data() {
+        Data::F32(v) => v.iter().map(|&x| x as f64).collect(),
+        Data::F64(v) => v.clone(),
+        d => panic!("not floats: {:?}", d.dtype()),
+    }
+}
+
+/// Rewrites `src`, checks the results against the original's on random inputs, and returns
+/// how many ops were rewritten and the new function.
+fn check(src: &str) -> (usize, Function) {
+    let f = parse_function(src).unwrap_or_else(|d| panic!("{src}\n{d}"));
+    let mut g = f.clone();
+    let n = qdq(&mut g);
+    verify_function(&g).unwrap_or_else(|d| panic!("{d}\n{g}"));
+    let mut rng = Rng::new(11);
+    for _ in 0..3 {
+        let inputs: Vec<Tensor> = (f.params().iter())
+            .map(|&p| random_tensor(f.ty(p), &mut rng))
+            .collect();
+        let want = interp::run(&f, &inputs).unwrap();
+        let got = interp::run(&g, &inputs).unwrap();
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(a.ty(), b.ty());
+            let (a, b) = (f64s(a), f64s(b));
+            let scale = b.iter().fold(0f64, |m, x| m.max(x.abs())).max(1e-30);
+            let err = (a.iter().zip(&b))
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f64::max);
+            assert!(
+                err <= 1e-6 * scale,
+                "result {i} differs by {err:e}\n{src}\n{g}"
+            );
+        }
+    }
+    (n, g)
+}
+
+fn count(f: &Function, is: impl Fn(&OpKind) -> bool) -> usize {
+    f.schedule()
+        .iter()
+        .filter(|&&op| is(&f.op(op).kind))
+        .count()
+}
+
+#[test]
+fn grouped_strided_convolution_with_per_channel_filters() {
+    let (n, g) = check(
+        "func @f(%xq: u8[2,4,7,6], %wq: i8[6,2,3,3], %zw: i8[6,1,1,1]) -> (f32[2,6,3,2]) {
+  %sx = const {value=0.03} : f32[]
+  %zx = const {value=131} : u8[]
+  %x = dequantize_linear %xq, %sx, %zx : f32[2,4,7,6]
+  %sw = const {value=[0.5, 0.25, 0.125, 0.1, 0.2, 0.3]} : f32[6,1,1,1]
+  %w = dequantize_linear %wq, %sw, %zw : f32[6,2,3,3]
+  %y = conv2d %x, %w {strides=[2,2], pads=[1,0,0,0], groups=2} : f32[2,6,3,2]
+  return %y
+}",
+    );
+    assert_eq!(n, 1);
+    assert_eq!(count(&g, |k| matches!(k, OpKind::ConvInteger(_))), 1);
+    assert_eq!(count(&g, |k| matches!(k, OpKind::Conv2d(_))), 0);
+}
+
+#[test]
+fn batched_products_per_column_and_gemm_transposes() {
+    let (n, g) = check(
+        "func @f(%aq: i8[3,4,5], %bq: u8[5,6], %zb: u8[6], %cq: u8[2,5]) -> (f32[3,4,6], f32[3,4,2]) {
+  %sa = const {value=0.02} : f32[]
+  %za = const {value=-3} : i8[]
+  %a = dequantize_linear %aq, %sa, %za : f32[3,4,5]
+  %sb = const {value=[1.0, 0.5, 0.25, 2.0, 4.0, 0.125]} : f32[6]
+  %b = dequantize_linear %bq, %sb, %zb : f32[5,6]
+  %p = matmul %a, %b : f32[3,4,6]
+  %sc = const {value=0.5} : f32[]
+  %zc = const {value=7} : u8[]
+  %c = dequantize_linear %cq, %sc, %zc : f32[2,5]
+  %ct = transpose %c {perm=[1,0]} : f32[5,2]
+  %q = matmul %a, %ct : f32[3,4,2]
+  return %p, %q
+}",
+    );
+    assert_eq!(n, 2);
+    assert_eq!(count(&g, |k| matches!(k, OpKind::MatMulInteger)), 2);
+    assert_eq!(count(&g, |k| matches!(k, OpKind::MatMul)), 0);
+}
+
+/// Per-channel input zero points, per-row left scales and float operands stay in float (and
+/// the results are unchanged).
+#[test]
+fn other_forms_stay_in_float() {
+    let (n, g) = check(
+        "func @f(%xq: u8[1,2,3,3], %x: f32[4,3], %mq: u8[4,3], %zr: u8[4,1], %wq: i8[2,2,2,2]) -> (f32[1,2,2,2], f32[4,2], f32[4,2]) {
+  %sx = const {value=[0.5, 0.25]} : f32[2,1,1]
+  %zx = const {value=[128, 120]} : u8[2,1,1]
+  %xd = dequantize_linear %xq, %sx, %zx : f32[1,2,3,3]
+  %sw = const {value=0.25} : f32[]
+  %zw = const {value=0} : i8[]
+  %w = dequantize_linear %wq, %sw, %zw : f32[2,2,2,2]
+  %y = conv2d %xd, %w : f32[1,2,2,2]
+  %gq = const {value=[1, 2, 3, 4, 5, 6]} : i8[3,2]
+  %g = dequantize_linear %gq, %sw, %zw : f32[3,2]
+  %p = matmul %x, %g : f32[4,2]
+  %sr = const {value=[0.5, 0.25, 1.0, 2.0]} : f32[4,1]
+  %m = dequantize_linear %mq, %sr, %zr : f32[4,3]
+  %r = matmul %m, %g : f32[4,2]
+  return %y, %p, %r
+}",
+    );
+    assert_eq!(n, 0);
+    assert_eq!(count(&g, |k| matches!(k, OpKind::Conv2d(_))), 1);
+    assert_eq!(count(&g, |k| matches!(k, OpKind::MatMul)), 2);
+}
