@@ -52,6 +52,10 @@ pub fn lower_ops(b: &mut Body, f: &Function, ops: &[Op], vals: &mut HashMap<Valu
                 let (one, zero) = (b.c(1.0), b.c(0.0));
                 b.select(a[0], one, zero)
             }
+            OpKind::Cast { .. } if super::int_bits(f, d.args[0], b.lane) => {
+                let x = b.bits(a[0]);
+                b.to_num(x)
+            }
             OpKind::Cast { .. } => a[0],
             // `supported_op`, an exhaustive match, decides which ops reach here.
             _ => unreachable!("not a supported op"),

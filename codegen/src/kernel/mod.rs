@@ -168,7 +168,8 @@ pub fn pow_exponent(f: &Function, e: Value) -> Option<f64> {
 ///
 /// Masks are `bool` values that comparisons produce (inside the kernel, or in another kernel
 /// that stored them) and only `select` conditions and casts consume. An `f32` kernel may also compare `i32` values (one-hot
-/// masks: integer labels against class ids), which it reads as their bits: [`int_bits`].
+/// masks: integer labels against class ids) or convert them to `f32` (integer products'
+/// accumulators), reading them as their bits: [`int_bits`].
 pub fn kernel_lane(f: &Function, k: &KernelData) -> Option<Lane> {
     // The dtype of the last result that is not a mask; a kernel of comparisons only computes
     // in its operands' dtype.
@@ -220,8 +221,11 @@ pub fn kernel_lane(f: &Function, k: &KernelData) -> Option<Lane> {
                 OpKind::Select => {
                     inside(d.args[0]) && d.args[1..].iter().chain(&d.results).all(num)
                 }
+                // An `f32` kernel converts `i32` operands read as bits (the accumulators of
+                // integer products, scaled back to floats).
                 OpKind::Cast { .. } => {
-                    (inside(d.args[0]) || num(&d.args[0])) && d.results.iter().all(num)
+                    (inside(d.args[0]) || num(&d.args[0]) || bits(&d.args[0]))
+                        && d.results.iter().all(num)
                 }
                 OpKind::Unary(u) if lane == Lane::F64 && math::approximated(u) => false,
                 OpKind::Binary(BinaryOp::Div) if int => false,
@@ -246,8 +250,8 @@ pub fn f32_with_masks(f: &Function, k: &KernelData) -> bool {
         })
 }
 
-/// Whether value `v` of a kernel computing in `lane` is an `i32` it only compares, read as its
-/// bits (an `f32` kernel's integer operands, see [`kernel_lane`]). Such operands are loaded
+/// Whether value `v` of a kernel computing in `lane` is an `i32` it only compares or converts,
+/// read as its bits (an `f32` kernel's integer operands, see [`kernel_lane`]). Such operands are loaded
 /// raw, never as an immediate number.
 pub fn int_bits(f: &Function, v: Value, lane: Lane) -> bool {
     lane == Lane::F32 && f.ty(v).dtype() == DType::I32

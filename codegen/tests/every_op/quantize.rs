@@ -234,3 +234,59 @@ fn integer_convolutions_split_across_threads() {
         assert_eq!(got, want, "target {target:?}");
     }
 }
+
+/// `quantize_linear` at the values that decide its rounding and saturation: exact halves
+/// (which round to even), the ends of both ranges and half a level past them, huge and
+/// infinite quotients, NaN (the zero point), negative zero; u8 and i8, on every target.
+#[test]
+fn quantize_rounds_half_to_even_and_saturates() {
+    let xs: Vec<f32> = vec![
+        -2.5,
+        -1.5,
+        -0.5,
+        -0.0,
+        0.5,
+        1.5,
+        2.5,
+        3.5,
+        126.5,
+        127.5,
+        128.5,
+        253.5,
+        254.5,
+        255.5,
+        -127.5,
+        -128.5,
+        -129.5,
+        1e30,
+        -1e30,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        4194303.5,
+        -4194304.5,
+        1025.0,
+        -1025.0,
+        0.49999997,
+        8388609.0,
+    ];
+    let n = xs.len();
+    for (zt, z) in [("u8", "3"), ("i8", "-3"), ("u8", "255"), ("i8", "127")] {
+        let src = format!(
+            "func @f(%x: f32[{n}]) -> ({zt}[{n}]) {{
+  %s = const {{value=1.0}} : f32[]
+  %z = const {{value={z}}} : {zt}[]
+  %y = quantize_linear %x, %s, %z : {zt}[{n}]
+  return %y
+}}"
+        );
+        let f = parse_function(&src).unwrap();
+        let inputs = vec![Tensor::from_f32(&[n as u64], xs.clone()).unwrap()];
+        let want = tcc_ir::interp::run(&f, &inputs).unwrap();
+        for target in integer_targets() {
+            let exe = common::compile(&f, target, true);
+            assert_eq!(exe.reference_ops(), Vec::<String>::new());
+            assert_eq!(exe.run(&inputs).unwrap(), want, "{src}\ntarget {target:?}");
+        }
+    }
+}
