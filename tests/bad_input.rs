@@ -104,7 +104,7 @@ fn usage_errors_exit_2() {
     let (code, _, err) = run(&["opt", "--passes=cse,bogus", "-"], b"");
     assert_eq!(code, 2);
     assert!(
-        err.contains("unknown pass `bogus`; valid passes are: adam, canonicalize, cse, dce, eqsat, fold-bn, grad, momentum, nchwc, offload, quantize, remat, sgd, swap"),
+        err.contains("unknown pass `bogus`; valid passes are: adam, canonicalize, cse, dce, eqsat, fold-bn, grad, momentum, nchwc, offload, qdq, quantize, remat, sgd, swap"),
         "{err}"
     );
     let (code, _, err) = run(&["opt", "--passes=eqsat{rules=[algebra,bogus]}", "-"], b"");
