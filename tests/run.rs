@@ -285,7 +285,7 @@ fn compiled_and_interpreted_runs_agree() {
         .collect();
     assert_eq!(
         err.join("\n"),
-        "pass canonicalize: 4 -> 4 ops, unchanged\npass fold-bn: 4 -> 4 ops, unchanged\n\
+        "pass qdq: 4 -> 4 ops, unchanged\npass canonicalize: 4 -> 4 ops, unchanged\npass fold-bn: 4 -> 4 ops, unchanged\n\
          pass cse: 4 -> 4 ops, unchanged\npass dce: 4 -> 4 ops, unchanged\n\
          pass eqsat: 4 -> 4 ops, unchanged\n  \
          @f: 2 iterations, stopped: saturated; 10 e-nodes, 7 e-classes; \
