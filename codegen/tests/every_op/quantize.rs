@@ -82,14 +82,7 @@ fn integer_products_over_full_ranges() {
             let f = parse_function(&src).unwrap();
             // Random bytes; then the extremes: A at its top, B at its bottom, zero points at
             // the other ends (the largest products).
-            let (top_a, low_b) = (
-                if ta == U8 { 255 } else { 127 },
-                if tb == U8 { 0 } else { -128 },
-            );
-            let (low_a, top_b) = (
-                if ta == U8 { 0 } else { -128 },
-                if tb == U8 { 255 } else { 127 },
-            );
+            let (top_a, low_b, low_a, top_b) = extremes(ta, tb);
             for (i, extreme) in [false, true].into_iter().enumerate() {
                 let pick = |v: i64| extreme.then_some(v);
                 let inputs = vec![
@@ -114,21 +107,40 @@ fn integer_products_over_full_ranges() {
 /// thread pool, against the interpreter on every target.
 #[test]
 fn integer_products_split_across_threads() {
-    let f = parse_function(
+    same_on_every_target(
         "func @f(%a: u8[64,300], %b: i8[300,70], %za: u8[64,1], %zb: i8[70]) -> (i32[64,70]) {
   %y = matmul_integer %a, %b, %za, %zb : i32[64,70]
   return %y
 }",
-    )
-    .unwrap();
+        5,
+    );
+}
+
+/// `src` compiled for every integer target against the interpreter, on random bytes for each
+/// parameter (seeds from `seed`).
+fn same_on_every_target(src: &str, seed: u64) {
+    let f = parse_function(src).unwrap();
     let inputs: Vec<Tensor> = (f.params().iter().enumerate())
-        .map(|(i, &p)| common::bytes(f.ty(p).dtype(), f.ty(p).dims(), None, 5 + i as u64))
+        .map(|(i, &p)| common::bytes(f.ty(p).dtype(), f.ty(p).dims(), None, seed + i as u64))
         .collect();
     let want = tcc_ir::interp::run(&f, &inputs).unwrap();
     for target in integer_targets() {
         let got = common::compile(&f, target, true).run(&inputs).unwrap();
         assert_eq!(got, want, "target {target:?}");
     }
+}
+
+/// The levels that make the largest products of a `ta` operand with a `tb` one: A at its top
+/// and B at its bottom, their zero points at the other ends (`(top_a, low_b, low_a, top_b)`).
+fn extremes(ta: tcc_ir::DType, tb: tcc_ir::DType) -> (i64, i64, i64, i64) {
+    let u8_a = ta == tcc_ir::DType::U8;
+    let u8_b = tb == tcc_ir::DType::U8;
+    (
+        if u8_a { 255 } else { 127 },
+        if u8_b { 0 } else { -128 },
+        if u8_a { 0 } else { -128 },
+        if u8_b { 255 } else { 127 },
+    )
 }
 
 /// `conv_integer` on every target against the interpreter, exactly: padding (which must add
@@ -188,12 +200,7 @@ fn integer_convolutions() {
             )
             .replace(" {}", "");
             let f = parse_function(&src).unwrap_or_else(|d| panic!("{src}\n{d}"));
-            let (top_a, low_b, low_a, top_b) = (
-                if ta == U8 { 255 } else { 127 },
-                if tb == U8 { 0 } else { -128 },
-                if ta == U8 { 0 } else { -128 },
-                if tb == U8 { 255 } else { 127 },
-            );
+            let (top_a, low_b, low_a, top_b) = extremes(ta, tb);
             for (i, extreme) in [false, true].into_iter().enumerate() {
                 let pick = |v: i64| extreme.then_some(v);
                 let inputs = vec![
@@ -218,21 +225,13 @@ fn integer_convolutions() {
 /// across the thread pool, against the interpreter on every target.
 #[test]
 fn integer_convolutions_split_across_threads() {
-    let f = parse_function(
+    same_on_every_target(
         "func @f(%x: u8[1,32,16,16], %w: i8[64,32,3,3], %xz: u8[], %wz: i8[64,1,1,1]) -> (i32[1,64,16,16]) {
   %y = conv_integer %x, %w, %xz, %wz {pads=[1,1,1,1]} : i32[1,64,16,16]
   return %y
 }",
-    )
-    .unwrap();
-    let inputs: Vec<Tensor> = (f.params().iter().enumerate())
-        .map(|(i, &p)| common::bytes(f.ty(p).dtype(), f.ty(p).dims(), None, 15 + i as u64))
-        .collect();
-    let want = tcc_ir::interp::run(&f, &inputs).unwrap();
-    for target in integer_targets() {
-        let got = common::compile(&f, target, true).run(&inputs).unwrap();
-        assert_eq!(got, want, "target {target:?}");
-    }
+        15,
+    );
 }
 
 /// `quantize_linear` at the values that decide its rounding and saturation: exact halves

@@ -2,7 +2,7 @@
 //! filters as one matrix, the input's windows (or the output gradient gathered back through
 //! them) as the other, never materialised.
 
-use super::{Gemm, GemmTiles, Side, Src, Tiling, epilogue, gemm, matrix};
+use super::{Gemm, GemmTiles, Side, Src, Tiling, byte_mem, epilogue, gemm, load_level, matrix};
 use crate::plan::KernelData;
 use crate::ptx::lower::{BLOCK, Ctx, Lowered};
 use crate::ptx::prog::{Cmp, CmpTy, IOp, Inst, Mem, Reg, RegTy, Space};
@@ -379,13 +379,7 @@ pub fn conv_integer(f: &Function, kd: &KernelData, name: String) -> Result<Lower
     let base = |c: &Ctx, v: Value| c.bases[kd.inputs.iter().position(|&i| i == v).expect("input")];
     let out = c.bases[kd.inputs.len()
         + (kd.outputs.iter().position(|&v| v == r)).ok_or("the result is not stored")?];
-    let mem = |v: Value| {
-        if f.ty(v).dtype() == DType::I8 {
-            Mem::S8
-        } else {
-            Mem::U8
-        }
-    };
+    let mem = |v: Value| byte_mem(f, v);
     let (xb, wb, xzb, wzb) = (base(&c, x), base(&c, w), base(&c, xz), base(&c, wz));
     let per_channel = f.ty(wz).numel() > 1;
     c.grid_stride(outputs, |c, i| {
@@ -395,13 +389,9 @@ pub fn conv_integer(f: &Function, kd: &KernelData, name: String) -> Result<Lower
         let t = c.op_n(IOp::DivU, t, oh);
         let oc = c.op_n(IOp::RemU, t, o);
         let b = c.op_n(IOp::DivU, t, o);
-        let load = |c: &mut Ctx, buf: Reg, idx: Reg, mem: Mem| {
-            let addr = c.address(buf, idx, mem);
-            c.b.ld(Space::Global, mem, RegTy::I32, addr)
-        };
         let zero_idx = c.n(0);
-        let x_zero = load(c, xzb, zero_idx, mem(xz));
-        let w_zero = load(c, wzb, if per_channel { oc } else { zero_idx }, mem(wz));
+        let x_zero = load_level(c, xzb, zero_idx, mem(xz));
+        let w_zero = load_level(c, wzb, if per_channel { oc } else { zero_idx }, mem(wz));
         // The group's first input plane, and the window's top-left corner (wrapping below
         // zero, where the unsigned bounds test counts it as outside).
         let g = c.op_n(IOp::DivU, oc, og);
@@ -432,7 +422,7 @@ pub fn conv_integer(f: &Function, kd: &KernelData, name: String) -> Result<Lower
                     for &p in &outside {
                         at = c.b.selp(zero_idx, at, p);
                     }
-                    let xv = load(c, xb, at, mem(x));
+                    let xv = load_level(c, xb, at, mem(x));
                     let mut dx = c.b.ibin(IOp::Sub, xv, x_zero);
                     for &p in &outside {
                         dx = c.b.selp(zero, dx, p);
@@ -440,7 +430,7 @@ pub fn conv_integer(f: &Function, kd: &KernelData, name: String) -> Result<Lower
                     let (ky_, kx_) = (c.n(ky), c.n(kx));
                     let tap = c.mad_n(filter, kh, ky_);
                     let wi = c.mad_n(tap, kw, kx_);
-                    let wv = load(c, wb, wi, mem(w));
+                    let wv = load_level(c, wb, wi, mem(w));
                     let dw = c.b.ibin(IOp::Sub, wv, w_zero);
                     c.b.push(Inst::IMad(acc, dx, dw, acc));
                 }

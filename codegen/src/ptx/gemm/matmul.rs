@@ -1,7 +1,7 @@
 //! Matmuls on the tiled kernel (operands as matrices, folded transposes read with swapped
 //! strides, batches broadcast), and the integer product `matmul_integer`.
 
-use super::{Gemm, GemmTiles, Side, Tiling, epilogue, gemm, matrix};
+use super::{Gemm, GemmTiles, Side, Tiling, byte_mem, epilogue, gemm, load_level, matrix};
 use crate::plan::KernelData;
 use crate::ptx::lower::{BLOCK, Ctx, Lowered};
 use crate::ptx::prog::{IOp, Inst, Mem, Reg, RegTy, Space};
@@ -133,13 +133,7 @@ pub fn matmul_integer(f: &Function, kd: &KernelData, name: String) -> Result<Low
             .iter()
             .position(|&x| x == r)
             .ok_or("the result is not stored")?];
-    let mem = |v: Value| {
-        if f.ty(v).dtype() == DType::I8 {
-            Mem::S8
-        } else {
-            Mem::U8
-        }
-    };
+    let mem = |v: Value| byte_mem(f, v);
     // Row-major strides of `dims`, aligned to the last `rank` axes, 0 where `dims` has 1 or
     // lacks the axis (a broadcast).
     let bstrides = |dims: &[u64], rank: usize| -> Vec<u64> {
@@ -208,8 +202,7 @@ pub fn matmul_integer(f: &Function, kd: &KernelData, name: String) -> Result<Low
         c.for_loop(p, kn, one, |c| {
             let elem = |c: &mut Ctx, buf: Reg, at: Reg, stride: u64, mem: Mem| {
                 let idx = c.mad_n(p, stride, at);
-                let addr = c.address(buf, idx, mem);
-                c.b.ld(Space::Global, mem, RegTy::I32, addr)
+                load_level(c, buf, idx, mem)
             };
             let x = elem(c, a_base, a0, sa, mem(a));
             let xz = elem(c, za_base, za0, sza, mem(za));

@@ -462,3 +462,19 @@ fn matrix(
     let zero_if = c.outside(&[(r, rows), (col, cols)]);
     Src { base, idx, zero_if }
 }
+
+/// How the integer products' kernels read a u8 or i8 operand `v`: as bytes widened to 32 bits,
+/// sign-extended for `i8`.
+fn byte_mem(f: &Function, v: Value) -> Mem {
+    if f.ty(v).dtype() == tcc_ir::DType::I8 {
+        Mem::S8
+    } else {
+        Mem::U8
+    }
+}
+
+/// Level `idx` of the byte buffer at `buf` (read as `mem`), as an i32.
+fn load_level(c: &mut Ctx, buf: Reg, idx: Reg, mem: Mem) -> Reg {
+    let addr = c.address(buf, idx, mem);
+    c.b.ld(Space::Global, mem, RegTy::I32, addr)
+}
