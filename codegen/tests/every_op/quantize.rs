@@ -182,6 +182,30 @@ fn integer_convolutions() {
             [1, 4, 3, 3],
             true,
         ),
+        // Rows wider than a block of pixels: blocks inside a row and across two.
+        (
+            [1, 3, 6, 41],
+            [5, 3, 3, 3],
+            "pads=[1,1,1,1]",
+            [1, 5, 6, 41],
+            true,
+        ),
+        // Stride 3 (read a byte at a time), padding on two sides only.
+        (
+            [1, 2, 11, 40],
+            [4, 2, 3, 3],
+            "strides=[3,3], pads=[1,2,0,1]",
+            [1, 4, 4, 14],
+            false,
+        ),
+        // A stem: 7x7, stride 2, wide rows.
+        (
+            [1, 3, 9, 70],
+            [6, 3, 7, 7],
+            "strides=[2,2], pads=[3,3,3,3]",
+            [1, 6, 5, 35],
+            true,
+        ),
     ];
     for (ta, tb) in [(U8, I8), (I8, U8), (U8, U8), (I8, I8)] {
         for (xd, wd, attrs, yd, per_channel) in &shapes {
@@ -218,6 +242,35 @@ fn integer_convolutions() {
                 }
             }
         }
+    }
+}
+
+/// `conv_integer` with a constant filter and zero points (prepared once, at compile time, on
+/// AVX-512 VNNI) against the interpreter on every target: u8 and i8 images, i8 and u8 filters,
+/// the zero points per output channel.
+#[test]
+fn integer_convolutions_with_constant_filters() {
+    for (xt, wt) in [("u8", "i8"), ("i8", "u8")] {
+        let (o, c) = (11u64, 6u64);
+        let level = |i: u64| {
+            let v = (i * 37 + 11) % 256;
+            if wt == "i8" { v as i64 - 128 } else { v as i64 }
+        };
+        let list = |n: u64, from: u64| {
+            let v: Vec<String> = (0..n).map(|i| level(i + from).to_string()).collect();
+            v.join(", ")
+        };
+        let src = format!(
+            "func @f(%x: {xt}[2,{c},9,13], %xz: {xt}[]) -> (i32[2,{o},9,13]) {{
+  %w = const {{value=[{w}]}} : {wt}[{o},{c},3,3]
+  %wz = const {{value=[{z}]}} : {wt}[{o},1,1,1]
+  %y = conv_integer %x, %w, %xz, %wz {{pads=[1,1,1,1]}} : i32[2,{o},9,13]
+  return %y
+}}",
+            w = list(o * c * 9, 0),
+            z = list(o, 7),
+        );
+        same_on_every_target(&src, 25);
     }
 }
 

@@ -7,7 +7,13 @@
 
 use tcc_ir::{Conv2d, Function, Value};
 
-use super::quant::IntegerProduct;
+use super::quant::{IntegerProduct, signed};
+
+thread_local! {
+    /// A thread's receptive-field columns, kept between calls (every byte is written before it
+    /// is read).
+    static COLUMNS: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
 /// A `conv_integer` as the kernel runs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -18,6 +24,10 @@ pub(super) struct IntegerConv {
     yd: [usize; 4],
     /// One group's product: its filter rows times its columns.
     product: IntegerProduct,
+    /// With AVX-512 VNNI: the filter prepared at compile time when it and its zero points are
+    /// constants (`Some(None)`: prepared on each run).
+    #[cfg(target_arch = "x86_64")]
+    vnni: Option<Option<super::vnni_conv::Filter>>,
 }
 
 impl IntegerConv {
@@ -26,18 +36,30 @@ impl IntegerConv {
     pub(super) fn of(
         f: &Function,
         conv: &Conv2d,
-        [x, w, _, wz]: [Value; 4],
+        [x, filter, _, wz]: [Value; 4],
         r: Value,
         isa: (bool, bool),
     ) -> IntegerConv {
         let d4 = |v: Value| std::array::from_fn(|i| f.ty(v).dims()[i] as usize);
-        let (xd, wd, yd): ([usize; 4], [usize; 4], [usize; 4]) = (d4(x), d4(w), d4(r));
+        let (xd, wd, yd): ([usize; 4], [usize; 4], [usize; 4]) = (d4(x), d4(filter), d4(r));
         let groups = conv.groups as usize;
         let rows = f.ty(wz).numel() > 1;
+        let k = wd[1] * wd[2] * wd[3];
+        #[cfg(target_arch = "x86_64")]
+        let vnni = isa.0.then(|| {
+            let (w, z) = (const_bytes(f, filter)?, const_bytes(f, wz)?);
+            Some(super::vnni_conv::Filter::new(
+                &w,
+                &z,
+                signed(f, filter),
+                wd[0],
+                k,
+            ))
+        });
         let product = IntegerProduct {
             batches: vec![(0, 0)],
             m: wd[0] / groups,
-            k: wd[1] * wd[2] * wd[3],
+            k,
             n: yd[2] * yd[3],
             rows,
             columns: false,
@@ -50,6 +72,43 @@ impl IntegerConv {
             wd,
             yd,
             product,
+            #[cfg(target_arch = "x86_64")]
+            vnni,
+        }
+    }
+
+    /// Where a group's taps fall, for the VNNI kernel; a pointwise convolution as one row.
+    #[cfg(target_arch = "x86_64")]
+    fn geometry(&self) -> super::vnni_conv::Geometry {
+        let [_, c, h, w] = self.xd;
+        let [_, _, kh, kw] = self.wd;
+        let [_, _, oh, ow] = self.yd;
+        let conv = &self.conv;
+        if self.pointwise() {
+            return super::vnni_conv::Geometry {
+                c: c / conv.groups as usize,
+                h: 1,
+                w: h * w,
+                oh: 1,
+                ow: oh * ow,
+                kh: 1,
+                kw: 1,
+                stride: [1, 1],
+                dilation: [1, 1],
+                pad: [0, 0],
+            };
+        }
+        super::vnni_conv::Geometry {
+            c: c / conv.groups as usize,
+            h,
+            w,
+            oh,
+            ow,
+            kh,
+            kw,
+            stride: conv.strides.map(|s| s as usize),
+            dilation: conv.dilations.map(|d| d as usize),
+            pad: [conv.pads[0] as usize, conv.pads[1] as usize],
         }
     }
 
@@ -67,73 +126,146 @@ impl IntegerConv {
         [sx, sw]: [bool; 2],
         out: &mut [i32],
     ) {
+        let IntegerProduct { m, k, n, .. } = self.product;
+        #[cfg(target_arch = "x86_64")]
+        if let Some(prepared) = &self.vnni {
+            let fresh;
+            let filter = match prepared {
+                Some(filter) => filter,
+                None => {
+                    fresh = super::vnni_conv::Filter::new(w, wz, sw, self.wd[0], k);
+                    &fresh
+                }
+            };
+            let groups = self.conv.groups as usize;
+            let at = self.geometry();
+            let plane = at.c * at.h * at.w;
+            for (b, y) in out.chunks_mut(self.yd[1] * n).enumerate() {
+                for (g, y) in y.chunks_mut(m * n).enumerate() {
+                    let group = super::vnni_conv::Group {
+                        x: x[(b * groups + g) * plane..][..plane].as_ptr(),
+                        at,
+                        first: g * m,
+                        m,
+                        zx: if sx { xz[0] as i8 as i32 } else { xz[0] as i32 },
+                        signed: sx,
+                        out: y.as_mut_ptr(),
+                    };
+                    // SAFETY: `vnni` is set only where the CPU has AVX-512F, BW, VL and VNNI;
+                    // the group's planes and `m * n` results are in range, as the geometry
+                    // says.
+                    unsafe { super::vnni_conv::convolve(filter, group) };
+                }
+            }
+            return;
+        }
+        self.each_group(x, xz[0], out, |g, cols, y| {
+            let wz = if self.product.rows {
+                &wz[g * m..][..m]
+            } else {
+                wz
+            };
+            let w = &w[g * m * k..][..m * k];
+            self.product.run_bytes([w, cols, wz, xz], [sw, sx], y);
+        });
+    }
+
+    /// `group(g, columns, out)` for each image and group `g`: its receptive fields as columns
+    /// (`[K, oH * oW]`, the padding `zero`) and its block of `out`.
+    fn each_group(
+        &self,
+        x: &[u8],
+        zero: u8,
+        out: &mut [i32],
+        mut group: impl FnMut(usize, &[u8], &mut [i32]),
+    ) {
         let groups = self.conv.groups as usize;
         let IntegerProduct { m, k, n, .. } = self.product;
-        let [_, c, h, wide] = self.xd;
-        let cg = c / groups;
-        let image = c * h * wide;
-        let mut columns = vec![0u8; if self.pointwise() { 0 } else { k * n }];
-        for (b, y) in out.chunks_mut(self.yd[1] * n).enumerate() {
-            for (g, y) in y.chunks_mut(m * n).enumerate() {
-                let x = &x[b * image + g * cg * h * wide..][..cg * h * wide];
-                let cols = if self.pointwise() {
-                    x
-                } else {
-                    self.im2col(x, xz[0], &mut columns);
-                    &columns[..]
-                };
-                let wz = if self.product.rows {
-                    &wz[g * m..][..m]
-                } else {
-                    wz
-                };
-                let w = &w[g * m * k..][..m * k];
-                self.product.run_bytes([w, cols, wz, xz], [sw, sx], y);
+        let [_, c, h, w] = self.xd;
+        let plane = c / groups * h * w;
+        COLUMNS.with(|columns| {
+            let mut columns = columns.borrow_mut();
+            if !self.pointwise() && columns.len() < k * n {
+                columns.resize(k * n, 0);
             }
-        }
+            for (b, y) in out.chunks_mut(self.yd[1] * n).enumerate() {
+                for (g, y) in y.chunks_mut(m * n).enumerate() {
+                    let x = &x[(b * groups + g) * plane..][..plane];
+                    if self.pointwise() {
+                        group(g, x, y);
+                    } else {
+                        self.im2col(x, zero, &mut columns[..k * n]);
+                        group(g, &columns[..k * n], y);
+                    }
+                }
+            }
+        });
     }
 
     /// One group's receptive fields of `x` (`[C/groups, H, W]`) as the columns `cols`
-    /// (`[C/groups * kH * kW, oH * oW]`), `zero` where a tap falls in the padding.
+    /// (`[C/groups * kH * kW, oH * oW]`), `zero` where a tap falls in the padding; the rows of
+    /// each input channel and filter row are an item for the thread pool.
     fn im2col(&self, x: &[u8], zero: u8, cols: &mut [u8]) {
         let [_, cg, kh, kw] = self.wd;
+        let [_, _, oh, ow] = self.yd;
+        let len = kw * oh * ow;
+        // SAFETY: item `i` writes rows `i * kw..(i + 1) * kw` of `cols` alone.
+        let dst = unsafe { crate::cpu::send_ptr::SendPtr::new(cols.as_mut_ptr()) };
+        let item = |i: usize| {
+            // SAFETY: as above; `cols` holds `cg * kh` items of `len` bytes.
+            let rows = unsafe { std::slice::from_raw_parts_mut(dst.get().add(i * len), len) };
+            self.im2col_rows(x, zero, i / kh, i % kh, rows);
+        };
+        if cols.len() >= 1 << 16 {
+            crate::cpu::pool::for_each(cg * kh, &item);
+        } else {
+            (0..cg * kh).for_each(item);
+        }
+    }
+
+    /// The `kW` rows of input channel `ci` and filter row `ky` of [`IntegerConv::im2col`].
+    fn im2col_rows(&self, x: &[u8], zero: u8, ci: usize, ky: usize, rows: &mut [u8]) {
         let [_, _, h, w] = self.xd;
         let [_, _, oh, ow] = self.yd;
         let c = &self.conv;
         let [sh, sw] = c.strides.map(|s| s as usize);
         let [dh, dw] = c.dilations.map(|d| d as usize);
         let (pt, pl) = (c.pads[0] as usize, c.pads[1] as usize);
-        let mut rows = cols.chunks_mut(oh * ow);
-        for ci in 0..cg {
-            let plane = &x[ci * h * w..][..h * w];
-            for ky in 0..kh {
-                for kx in 0..kw {
-                    let row = rows.next().expect("k rows");
-                    // Output columns whose tap lands inside the row: `ox * sw + kx * dw - pl`
-                    // in `0..w`.
-                    let off = kx * dw;
-                    let lo = pl.saturating_sub(off).div_ceil(sw).min(ow);
-                    let hi = (w + pl).saturating_sub(off).div_ceil(sw).clamp(lo, ow);
-                    for (oy, dst) in row.chunks_mut(ow).enumerate() {
-                        let iy = (oy * sh + ky * dh).wrapping_sub(pt);
-                        if iy >= h {
-                            dst.fill(zero);
-                            continue;
-                        }
-                        let src = &plane[iy * w..][..w];
-                        dst[..lo].fill(zero);
-                        dst[hi..].fill(zero);
-                        let first = lo * sw + off - pl;
-                        if sw == 1 {
-                            dst[lo..hi].copy_from_slice(&src[first..first + hi - lo]);
-                        } else {
-                            for (t, d) in dst[lo..hi].iter_mut().enumerate() {
-                                *d = src[first + t * sw];
-                            }
-                        }
+        let plane = &x[ci * h * w..][..h * w];
+        for (kx, row) in rows.chunks_mut(oh * ow).enumerate() {
+            // Output columns whose tap lands inside the row: `ox * sw + kx * dw - pl` in
+            // `0..w`.
+            let off = kx * dw;
+            let lo = pl.saturating_sub(off).div_ceil(sw).min(ow);
+            let hi = (w + pl).saturating_sub(off).div_ceil(sw).clamp(lo, ow);
+            for (oy, dst) in row.chunks_mut(ow).enumerate() {
+                let iy = (oy * sh + ky * dh).wrapping_sub(pt);
+                if iy >= h {
+                    dst.fill(zero);
+                    continue;
+                }
+                let src = &plane[iy * w..][..w];
+                dst[..lo].fill(zero);
+                dst[hi..].fill(zero);
+                let first = lo * sw + off - pl;
+                if sw == 1 {
+                    dst[lo..hi].copy_from_slice(&src[first..first + hi - lo]);
+                } else {
+                    for (t, d) in dst[lo..hi].iter_mut().enumerate() {
+                        *d = src[first + t * sw];
                     }
                 }
             }
         }
     }
+}
+
+/// The bytes of `v` if it is a constant of a byte type.
+#[cfg(target_arch = "x86_64")]
+fn const_bytes(f: &Function, v: Value) -> Option<Vec<u8>> {
+    let tcc_ir::OpKind::Const { ty, value } = &f.op(f.def_op(v)?).kind else {
+        return None;
+    };
+    let t = tcc_ir::Tensor::from_literal(ty, value).ok()?;
+    (t.dtype().size_bytes() == 1).then(|| t.to_le_bytes())
 }

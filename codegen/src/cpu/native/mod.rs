@@ -21,6 +21,8 @@ mod lines;
 mod movement;
 mod pool;
 mod quant;
+#[cfg(target_arch = "x86_64")]
+mod vnni_conv;
 
 use movement::{SliceCopy, transpose};
 use tcc_ir::ops::normalize_axis;
@@ -128,10 +130,11 @@ enum Kind {
         yd: [usize; 5],
         wide: bool,
     },
-    /// `quantize_linear` of f32 into `u8` or (`signed`) `i8`.
+    /// `quantize_linear` of f32 into `u8` or (`signed`) `i8`; `wide`: with AVX2.
     Quantize {
         per: quant::Per,
         signed: bool,
+        wide: bool,
     },
     /// `dequantize_linear` of `u8` or (`signed`) `i8` into f32.
     Dequantize {
@@ -361,6 +364,7 @@ impl Native {
             OpKind::QuantizeLinear => Kind::Quantize {
                 per: quant::Per::of(f.ty(d.args[1]).dims(), f.ty(x).dims())?,
                 signed: quant::signed(f, d.results[0]),
+                wide: cfg!(target_arch = "x86_64") && features.avx2,
             },
             OpKind::DequantizeLinear
                 if f.ty(d.args[1]).dtype() == DType::F32
@@ -577,16 +581,15 @@ impl Native {
                         self.args.iter().map(|&v| addr(v) as *const u8).collect();
                     movement::concat(&srcs, addr(self.results[0]), *outer, row_bytes);
                 }
-                Kind::Quantize { per, signed } => {
+                Kind::Quantize { per, signed, wide } => {
                     let zero = quant::levels(bytes(2), *signed);
                     let out =
                         std::slice::from_raw_parts_mut(res(0) as *mut u8, len(self.results[0]));
-                    quant::quantize(input(0), input(1), &zero, *per, *signed, out)?;
+                    quant::quantize(input(0), input(1), &zero, *per, *signed, *wide, out)?;
                 }
                 Kind::Dequantize { per, signed } => {
-                    let q = quant::levels(bytes(0), *signed);
                     let zero = quant::levels(bytes(2), *signed);
-                    quant::dequantize(&q, input(1), &zero, *per, output(0))?;
+                    quant::dequantize(bytes(0), *signed, input(1), &zero, *per, output(0))?;
                 }
                 Kind::MatMulInteger { product, signed } => {
                     let out =
@@ -605,11 +608,16 @@ impl Native {
 }
 
 /// Whether integer products run on AVX-512 VNNI: the target has AVX-512F (`host,-avx512f` turns
-/// it off, for the portable loop) and the CPU has AVX-512 VNNI.
+/// it off, for the portable loop) and the CPU has AVX-512 VNNI (with BW and VL, which every
+/// such CPU has and the convolution's packing uses).
 fn vnni(features: &crate::cpu::Features) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        features.avx512f && features.vnni && std::is_x86_feature_detected!("avx512vnni")
+        features.avx512f
+            && features.vnni
+            && std::is_x86_feature_detected!("avx512vnni")
+            && std::is_x86_feature_detected!("avx512bw")
+            && std::is_x86_feature_detected!("avx512vl")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

@@ -36,14 +36,19 @@ impl Per {
         }
     }
 
-    /// Calls `run(start, end, p)` for each run of elements `start..end` of an `len`-element
-    /// operand that uses parameter `p`.
-    fn runs(self, len: usize, mut run: impl FnMut(usize, usize, usize)) {
+    /// Calls `run(start, end, p)` for each run of elements `start..end` within `from..to` of
+    /// an operand that uses parameter `p`.
+    fn runs(self, from: usize, to: usize, mut run: impl FnMut(usize, usize, usize)) {
         match self {
-            Per::Tensor => run(0, len, 0),
+            Per::Tensor => run(from, to, 0),
             Per::Block { inner, n } => {
-                for (r, start) in (0..len).step_by(inner.max(1)).enumerate() {
-                    run(start, (start + inner).min(len), r % n);
+                let inner = inner.max(1);
+                let mut start = from;
+                while start < to {
+                    let r = start / inner;
+                    let end = ((r + 1) * inner).min(to);
+                    run(start, end, r % n);
+                    start = end;
                 }
             }
         }
@@ -69,53 +74,154 @@ pub(super) fn levels(bytes: &[u8], signed: bool) -> Vec<i32> {
     }
 }
 
-/// `quantize_linear` of `x` into `out` (the levels' bytes; `signed`: i8).
+/// `quantize_linear` of `x` into `out` (the levels' bytes; `signed`: i8); `wide`: with AVX2
+/// ([`quantize_avx2`], the same steps eight lanes at a time). Large tensors split across the
+/// thread pool.
 pub(super) fn quantize(
     x: &[f32],
     scale: &[f32],
     zero: &[i32],
     per: Per,
     signed: bool,
+    wide: bool,
     out: &mut [u8],
 ) -> Result<(), String> {
     checked(scale)?;
+    const CHUNK: usize = 1 << 14;
+    // SAFETY: each item writes its own chunk of `out`.
+    let dst = unsafe { crate::cpu::send_ptr::SendPtr::new(out.as_mut_ptr()) };
+    let len = x.len();
+    let item = |c: usize| {
+        let (start, end) = (c * CHUNK, ((c + 1) * CHUNK).min(len));
+        // SAFETY: chunk `c` of `out`, this item's alone.
+        let out = unsafe { std::slice::from_raw_parts_mut(dst.get().add(start), end - start) };
+        per.runs(start, end, |a, b, p| {
+            let (x, out) = (&x[a..b], &mut out[a - start..b - start]);
+            #[cfg(target_arch = "x86_64")]
+            if wide {
+                // SAFETY: `wide` is set only where the CPU has AVX2.
+                unsafe { quantize_avx2(x, scale[p], zero[p], signed, out) };
+                return;
+            }
+            quantize_run(x, scale[p], zero[p], signed, out);
+        });
+    };
+    let chunks = len.div_ceil(CHUNK);
+    if chunks > 1 {
+        crate::cpu::pool::for_each(chunks, &item);
+    } else {
+        (0..chunks).for_each(item);
+    }
+    let _ = wide;
+    Ok(())
+}
+
+/// Adding and subtracting 1.5 * 2^23 rounds an f32 below 2^22 in magnitude to an integer, half
+/// to even (the adder's rounding); clamping the quotient to +-1024 first keeps it there and
+/// changes no saturated level (every level is within 383 of the zero point).
+const ROUND: f32 = 12_582_912.0;
+
+/// The levels of `x` with scale `s` and zero point `z`: the quotient in f32, rounded half to
+/// even, the zero point added and the level saturated (NaN: the zero point).
+fn quantize_run(x: &[f32], s: f32, z: i32, signed: bool, out: &mut [u8]) {
     let (lo, hi) = if signed {
         (-128.0, 127.0)
     } else {
         (0.0, 255.0)
     };
-    // Adding and subtracting 1.5 * 2^23 rounds an f32 below 2^22 in magnitude to an integer,
-    // half to even (the adder's rounding); clamping the quotient to +-1024 first keeps it there
-    // and changes no saturated level (every level is within 383 of the zero point). A loop
-    // the compiler vectorizes, where `round_ties_even` is a library call per element.
-    const ROUND: f32 = 12_582_912.0;
-    per.runs(x.len(), |start, end, p| {
-        let (s, z) = (scale[p], zero[p] as f32);
-        for (o, &v) in out[start..end].iter_mut().zip(&x[start..end]) {
-            let q = v / s;
-            let r = (q.clamp(-1024.0, 1024.0) + ROUND) - ROUND;
-            let level = if q.is_nan() { z } else { (r + z).clamp(lo, hi) };
-            *o = level as i32 as u8;
-        }
-    });
-    Ok(())
+    let z = z as f32;
+    for (o, &v) in out.iter_mut().zip(x) {
+        let q = v / s;
+        let r = (q.clamp(-1024.0, 1024.0) + ROUND) - ROUND;
+        let level = if q.is_nan() { z } else { (r + z).clamp(lo, hi) };
+        *o = level as i32 as u8;
+    }
 }
 
-/// `dequantize_linear` of the levels `q` into `out`.
+/// [`quantize_run`] eight lanes at a time, the same steps in the same order.
+///
+/// # Safety
+/// The CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn quantize_avx2(x: &[f32], s: f32, z: i32, signed: bool, out: &mut [u8]) {
+    use std::arch::x86_64::*;
+    let (lo, hi) = if signed {
+        (-128.0, 127.0)
+    } else {
+        (0.0, 255.0)
+    };
+    let n = x.len() / 8 * 8;
+    let (vs, vz) = (_mm256_set1_ps(s), _mm256_set1_ps(z as f32));
+    let (vlo, vhi) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
+    let (bound, round) = (_mm256_set1_ps(1024.0), _mm256_set1_ps(ROUND));
+    for i in (0..n).step_by(8) {
+        // SAFETY: lanes `i..i + 8` of both slices.
+        unsafe {
+            let q = _mm256_div_ps(_mm256_loadu_ps(x.as_ptr().add(i)), vs);
+            let c = _mm256_min_ps(
+                _mm256_max_ps(q, _mm256_sub_ps(_mm256_setzero_ps(), bound)),
+                bound,
+            );
+            let r = _mm256_sub_ps(_mm256_add_ps(c, round), round);
+            let level = _mm256_min_ps(_mm256_max_ps(_mm256_add_ps(r, vz), vlo), vhi);
+            let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(q, q);
+            let level = _mm256_cvtps_epi32(_mm256_blendv_ps(level, vz, nan));
+            // Levels in range: packing keeps them (signed packs for i8, unsigned for u8).
+            let words = _mm_packs_epi32(
+                _mm256_castsi256_si128(level),
+                _mm256_extracti128_si256::<1>(level),
+            );
+            let bytes = if signed {
+                _mm_packs_epi16(words, words)
+            } else {
+                _mm_packus_epi16(words, words)
+            };
+            _mm_storel_epi64(out.as_mut_ptr().add(i) as *mut __m128i, bytes);
+        }
+    }
+    quantize_run(&x[n..], s, z, signed, &mut out[n..]);
+}
+
+/// `dequantize_linear` of the levels `q` (bytes; `signed`: i8) into `out`. Large tensors
+/// split across the thread pool.
 pub(super) fn dequantize(
-    q: &[i32],
+    q: &[u8],
+    signed: bool,
     scale: &[f32],
     zero: &[i32],
     per: Per,
     out: &mut [f32],
 ) -> Result<(), String> {
     checked(scale)?;
-    per.runs(q.len(), |start, end, p| {
-        let (s, z) = (scale[p], zero[p]);
-        for (o, &v) in out[start..end].iter_mut().zip(&q[start..end]) {
-            *o = v.wrapping_sub(z) as f32 * s;
-        }
-    });
+    const CHUNK: usize = 1 << 14;
+    // SAFETY: each item writes its own chunk of `out`.
+    let dst = unsafe { crate::cpu::send_ptr::SendPtr::new(out.as_mut_ptr()) };
+    let len = q.len();
+    let item = |c: usize| {
+        let (start, end) = (c * CHUNK, ((c + 1) * CHUNK).min(len));
+        // SAFETY: chunk `c` of `out`, this item's alone.
+        let out = unsafe { std::slice::from_raw_parts_mut(dst.get().add(start), end - start) };
+        per.runs(start, end, |a, b, p| {
+            let (s, z) = (scale[p], zero[p]);
+            let out = &mut out[a - start..b - start];
+            if signed {
+                for (o, &v) in out.iter_mut().zip(&q[a..b]) {
+                    *o = (v as i8 as i32 - z) as f32 * s;
+                }
+            } else {
+                for (o, &v) in out.iter_mut().zip(&q[a..b]) {
+                    *o = (v as i32 - z) as f32 * s;
+                }
+            }
+        });
+    };
+    let chunks = len.div_ceil(CHUNK);
+    if chunks > 1 {
+        crate::cpu::pool::for_each(chunks, &item);
+    } else {
+        (0..chunks).for_each(item);
+    }
     Ok(())
 }
 

@@ -1,0 +1,394 @@
+//! `conv_integer` on AVX-512 VNNI, as `[O, K]` filter rows times `[K, P]` receptive-field
+//! columns (im2col's rows, or the image itself for a pointwise convolution).
+//!
+//! `vpdpbusd` multiplies unsigned bytes by signed ones, so both operands are shifted once into
+//! that form: the filter's levels `w` become `A = w + 128` if i8 (else `w`), the image's `x`
+//! become `B = x - 128` if u8 (else `x`), and their zero points move with them (`za`, `zb`).
+//! Then `sum (w - zw)(x - zx) = sum A B - za colsum(B) - zb rowsum(A) + K za zb`, wrapping in
+//! i32 like the interpreter's sum. The filter is the broadcast operand: its rows, shifted and
+//! padded to a multiple of 4 taps, with their sums, are prepared once ([`Filter`]; at compile
+//! time when the filter is a constant). The columns are the panel operand: each block of 32
+//! pixels is packed just before use into 4-tap steps of 32 pixels x 4 bytes (128 bytes, two
+//! registers), shifted on the way, and its per-pixel sums taken by `vpdpbusd` with ones.
+//!
+//! The register tile is 8 output channels by 32 pixels: per 4-tap step, two panel loads, eight
+//! 4-byte broadcasts and sixteen `vpdpbusd` into sixteen accumulators. A block stays in L1
+//! while every channel of the group runs over it. Blocks (and, when there are few, ranges of
+//! channels) are split across the thread pool.
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+/// Pixels per block: two 16-lane panels.
+const PX: usize = 32;
+/// Output channels per register tile.
+const CH: usize = 8;
+
+/// A filter prepared for [`convolve`]: each output channel's taps shifted to u8, padded with
+/// zeros to `kp` (a multiple of 4), with their sums and its shifted zero point.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Filter {
+    rows: Vec<u8>,
+    k: usize,
+    kp: usize,
+    sums: Vec<i32>,
+    zeros: Vec<i32>,
+}
+
+impl Filter {
+    /// The filter `w` (`o` rows of `k` levels; `signed`: i8) with zero points `zw` (one, or one
+    /// per row).
+    pub(super) fn new(w: &[u8], zw: &[u8], signed: bool, o: usize, k: usize) -> Filter {
+        let kp = k.div_ceil(4) * 4;
+        let flip = if signed { 0x80 } else { 0 };
+        let mut rows = vec![0u8; o * kp];
+        let mut sums = vec![0i32; o];
+        for ((row, src), sum) in (rows.chunks_mut(kp).zip(w.chunks(k))).zip(&mut sums) {
+            for (d, &s) in row.iter_mut().zip(src) {
+                *d = s ^ flip;
+                *sum = sum.wrapping_add(*d as i32);
+            }
+        }
+        let zeros = (0..o)
+            .map(|i| {
+                let z = zw[if zw.len() == 1 { 0 } else { i }];
+                if signed {
+                    z as i8 as i32 + 128
+                } else {
+                    z as i32
+                }
+            })
+            .collect();
+        Filter {
+            rows,
+            k,
+            kp,
+            sums,
+            zeros,
+        }
+    }
+}
+
+/// Where a convolution's taps fall: the input planes of a group and the output's size, the
+/// filter's, the strides, dilations and the top and left padding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Geometry {
+    pub c: usize,
+    pub h: usize,
+    pub w: usize,
+    pub oh: usize,
+    pub ow: usize,
+    pub kh: usize,
+    pub kw: usize,
+    pub stride: [usize; 2],
+    pub dilation: [usize; 2],
+    pub pad: [usize; 2],
+}
+
+/// What one group's convolution reads and writes.
+#[derive(Clone, Copy)]
+pub(super) struct Group {
+    /// The group's input planes (`c x h x w` bytes) and where its taps fall.
+    pub x: *const u8,
+    pub at: Geometry,
+    /// The filter's rows for this group.
+    pub first: usize,
+    pub m: usize,
+    /// The input's zero point (a level of the input's type) and whether the input is i8.
+    pub zx: i32,
+    pub signed: bool,
+    /// `m x n` results, row-major.
+    pub out: *mut i32,
+}
+
+/// One group of a convolution: `out = filter rows first..first + m` times the columns, less
+/// the zero points, wrapping in i32.
+///
+/// # Safety
+/// The CPU has AVX-512F, BW, VL and VNNI; `g.x` holds the group's `c x h x w` bytes, the
+/// geometry's taps make `filter.k` rows, and `g.out` holds `m x oh x ow` i32s that nothing
+/// else accesses during the call.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn convolve(filter: &Filter, g: Group) {
+    let n = g.at.oh * g.at.ow;
+    let blocks = n.div_ceil(PX);
+    let tiles = g.m.div_ceil(CH);
+    // Enough items for the pool to balance: split the channels when the blocks are few.
+    let threads = crate::cpu::pool::threads();
+    let splits = (4 * threads).div_ceil(blocks).clamp(1, tiles);
+    let work = g.m * n * filter.k;
+    // The shifted input zero point and each channel's constant term, `K za zb - zb rowsum`.
+    let zb = if g.signed { g.zx } else { g.zx - 128 };
+    let consts: Vec<i32> = (g.first..g.first + g.m)
+        .map(|o| {
+            (filter.k as i32)
+                .wrapping_mul(filter.zeros[o])
+                .wrapping_mul(zb)
+                .wrapping_sub(zb.wrapping_mul(filter.sums[o]))
+        })
+        .collect();
+    // SAFETY: items write disjoint (block, channel range) pieces of `out`; the columns and
+    // the filter are only read.
+    let g = unsafe { crate::cpu::send_ptr::SendPtr::new(g) };
+    let item = |i: usize| {
+        let (block, split) = (i / splits, i % splits);
+        let t0 = split * tiles / splits;
+        let t1 = (split + 1) * tiles / splits;
+        SCRATCH.with(|s| {
+            let mut s = s.borrow_mut();
+            // SAFETY: the CPU features and buffers as this function's contract.
+            unsafe {
+                run_block(
+                    filter,
+                    g.get(),
+                    &consts,
+                    block * PX,
+                    t0 * CH..t1 * CH,
+                    &mut s,
+                )
+            }
+        });
+    };
+    if work >= 1 << 20 {
+        crate::cpu::pool::for_each(blocks * splits, &item);
+    } else {
+        (0..blocks * splits).for_each(item);
+    }
+}
+
+/// A thread's working space: its packed block, and where the block's taps read.
+#[derive(Default)]
+struct Scratch {
+    packed: Vec<u8>,
+    /// Per run and filter column: the lanes inside the image, their bytes (stride 2) and the
+    /// offset lane 0 reads at in an input row.
+    columns: Vec<(u32, u64, isize)>,
+    /// Per run and filter row: the input row, `usize::MAX` in the padding.
+    rows: Vec<usize>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
+}
+
+/// Pixels `p0..p0 + 32` (those below `n`) of channels `chans` (of the group, clipped to `m`).
+///
+/// # Safety
+/// As [`convolve`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn run_block(
+    filter: &Filter,
+    g: Group,
+    consts: &[i32],
+    p0: usize,
+    chans: std::ops::Range<usize>,
+    scratch: &mut Scratch,
+) {
+    let kp = filter.kp;
+    scratch.packed.resize(kp * PX, 0);
+    let n = g.at.oh * g.at.ow;
+    let count = (n - p0).min(PX);
+    let zero = g.zx as u8;
+    // SAFETY: `g.x` holds the planes the geometry reads; `scratch` holds `kp * 32` bytes.
+    let colsum = unsafe { pack(g.x, &g.at, p0, count, zero, !g.signed, scratch) };
+    let panel = scratch.packed.as_ptr();
+    let mask = if count == 16 * 2 {
+        u32::MAX
+    } else {
+        (1u32 << count) - 1
+    };
+    let (lo, hi) = (mask as u16, (mask >> 16) as u16);
+    for c0 in chans.step_by(CH) {
+        let live = (g.m - c0).min(CH);
+        if live == 0 {
+            break;
+        }
+        let first = g.first + c0;
+        // SAFETY: rows `first..first + live` of the filter and `kp * 32` packed bytes.
+        let acc = unsafe { tile(filter.rows.as_ptr().add(first * kp), kp, live, panel) };
+        for (r, acc) in acc.iter().enumerate().take(live) {
+            let o = first + r;
+            let za = _mm512_set1_epi32(filter.zeros[o]);
+            let c = _mm512_set1_epi32(consts[c0 + r]);
+            for (h, (&a, m)) in acc.iter().zip([lo, hi]).enumerate() {
+                let v = _mm512_add_epi32(_mm512_sub_epi32(a, _mm512_mullo_epi32(za, colsum[h])), c);
+                // SAFETY: row `c0 + r` of the group's output, pixels below `n` (the mask).
+                unsafe {
+                    let dst = g.out.add((c0 + r) * n + p0 + 16 * h);
+                    _mm512_mask_storeu_epi32(dst as *mut _, m, v);
+                }
+            }
+        }
+    }
+}
+
+/// Packs the receptive fields of output pixels `p0..p0 + count` (at most 32) of the image `x`
+/// into `scratch.packed` as 4-tap steps of 32 pixels x 4 bytes, taps in the padding `zero`,
+/// each byte flipped by `0x80` where `flip` says (u8 to i8), taps past `k` zero; returns each
+/// pixel's sum of its packed bytes (two vectors of sixteen). Im2col without the columns: the
+/// block's pixels fall in runs along output rows, and each tap's 32 bytes are one masked load
+/// per run (strides of 1 and 2; a byte at a time for larger ones), with the lanes and offsets
+/// of each filter column and the input row of each filter row found once per block.
+///
+/// # Safety
+/// AVX-512F, BW, VL, VNNI, BMI2; `x` holds `at.c x at.h x at.w` bytes; `scratch.packed` holds
+/// `k.div_ceil(4) * 128` bytes for `k = c kh kw`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,bmi2")]
+unsafe fn pack(
+    x: *const u8,
+    at: &Geometry,
+    p0: usize,
+    count: usize,
+    zero: u8,
+    flip: bool,
+    scratch: &mut Scratch,
+) -> [__m512i; 2] {
+    let [sh, sw] = at.stride;
+    let (kh, kw) = (at.kh, at.kw);
+    scratch.columns.clear();
+    scratch.rows.clear();
+    let mut lane = 0;
+    let mut runs = 0;
+    while lane < count {
+        let (oy, ox) = ((p0 + lane) / at.ow, (p0 + lane) % at.ow);
+        let len = (at.ow - ox).min(count - lane);
+        for kx in 0..kw {
+            // Column `t` of the run reads input column `ix0 + t sw`, inside the row for `t`
+            // in `lo..hi`.
+            let ix0 = (ox * sw + kx * at.dilation[1]) as isize - at.pad[1] as isize;
+            let lo = if ix0 < 0 {
+                ((-ix0) as usize).div_ceil(sw)
+            } else {
+                0
+            };
+            let hi = ((at.w as isize - ix0).max(0) as usize)
+                .div_ceil(sw)
+                .min(len);
+            let lanes = if lo < hi {
+                ((u64::MAX >> (64 - (hi - lo))) << (lane + lo)) as u32
+            } else {
+                0
+            };
+            let bytes = _pdep_u64(lanes as u64, 0x5555_5555_5555_5555);
+            scratch
+                .columns
+                .push((lanes, bytes, ix0 - (lane * sw) as isize));
+        }
+        for ky in 0..kh {
+            let iy = (oy * sh + ky * at.dilation[0]).wrapping_sub(at.pad[0]);
+            scratch.rows.push(if iy < at.h { iy } else { usize::MAX });
+        }
+        runs += 1;
+        lane += len;
+    }
+    let (columns, rows) = (&scratch.columns[..], &scratch.rows[..]);
+    let out = scratch.packed.as_mut_ptr();
+    let k = at.c * kh * kw;
+    let bit = _mm256_set1_epi8(if flip { -128 } else { 0 });
+    let padding = _mm256_set1_epi8(zero as i8);
+    // The 32 bytes of tap `(ci, ky, kx)`.
+    let tap = |ci: usize, ky: usize, kx: usize| {
+        let plane = x.wrapping_add(ci * at.h * at.w);
+        let mut v = padding;
+        for r in 0..runs {
+            let iy = rows[r * kh + ky];
+            let (lanes, bytes, off) = columns[r * kw + kx];
+            if iy == usize::MAX || lanes == 0 {
+                continue;
+            }
+            // Where lane 0 would read: masked-off lanes are never read.
+            let base = plane.wrapping_add(iy * at.w).wrapping_offset(off) as *const i8;
+            // SAFETY: the mask's lanes read bytes inside row `iy` of plane `ci`.
+            unsafe {
+                v = match sw {
+                    1 => _mm256_mask_blend_epi8(lanes, v, _mm256_maskz_loadu_epi8(lanes, base)),
+                    2 => {
+                        let pairs = _mm512_maskz_loadu_epi8(bytes, base);
+                        _mm256_mask_blend_epi8(lanes, v, _mm512_cvtepi16_epi8(pairs))
+                    }
+                    _ => {
+                        let mut b = [0u8; 32];
+                        _mm256_storeu_si256(b.as_mut_ptr() as *mut _, v);
+                        for (l, b) in b.iter_mut().enumerate() {
+                            if lanes >> l & 1 == 1 {
+                                *b = *base.wrapping_add(l * sw) as u8;
+                            }
+                        }
+                        _mm256_loadu_si256(b.as_ptr() as *const _)
+                    }
+                };
+            }
+        }
+        _mm256_xor_si256(v, bit)
+    };
+    let ones = _mm256_set1_epi8(1);
+    // Sums of pixels 0-7, 8-15, 16-23 and 24-31, from the registers stored (a load of what
+    // was just stored would wait for the stores).
+    let mut sums = [_mm256_setzero_si256(); 4];
+    let (mut ci, mut ky, mut kx) = (0, 0, 0);
+    for s in 0..k.div_ceil(4) {
+        let mut four = [_mm256_setzero_si256(); 4];
+        for row in four.iter_mut().take(k - 4 * s) {
+            *row = tap(ci, ky, kx);
+            kx += 1;
+            if kx == kw {
+                kx = 0;
+                ky += 1;
+                if ky == kh {
+                    ky = 0;
+                    ci += 1;
+                }
+            }
+        }
+        let [a0, a1, a2, a3] = four;
+        let t0 = _mm256_unpacklo_epi8(a0, a1);
+        let t1 = _mm256_unpackhi_epi8(a0, a1);
+        let t2 = _mm256_unpacklo_epi8(a2, a3);
+        let t3 = _mm256_unpackhi_epi8(a2, a3);
+        // Pixels 0-3 | 16-19, 4-7 | 20-23, 8-11 | 24-27, 12-15 | 28-31.
+        let u0 = _mm256_unpacklo_epi16(t0, t2);
+        let u1 = _mm256_unpackhi_epi16(t0, t2);
+        let u2 = _mm256_unpacklo_epi16(t1, t3);
+        let u3 = _mm256_unpackhi_epi16(t1, t3);
+        let pixels = [
+            _mm256_permute2x128_si256(u0, u1, 0x20),
+            _mm256_permute2x128_si256(u2, u3, 0x20),
+            _mm256_permute2x128_si256(u0, u1, 0x31),
+            _mm256_permute2x128_si256(u2, u3, 0x31),
+        ];
+        for (i, (p, sum)) in pixels.into_iter().zip(&mut sums).enumerate() {
+            *sum = _mm256_dpbusd_epi32(*sum, ones, p);
+            // SAFETY: `packed` holds step `s`'s 128 bytes.
+            unsafe { _mm256_storeu_si256((out.add(s * 128) as *mut __m256i).add(i), p) };
+        }
+    }
+    let [s0, s1, s2, s3] = sums;
+    [
+        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(s0), s1),
+        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(s2), s3),
+    ]
+}
+
+/// The raw products `A B` of filter rows `rows..` (`live` of them, `kp` bytes apart; the tile's
+/// other rows repeat the last) with a packed block of 32 pixels.
+///
+/// # Safety
+/// AVX-512F and VNNI; `rows` reaches `live` rows of `kp` bytes, `panel` `kp * 32` bytes.
+#[target_feature(enable = "avx512f,avx512vnni")]
+unsafe fn tile(rows: *const u8, kp: usize, live: usize, panel: *const u8) -> [[__m512i; 2]; CH] {
+    let mut acc = [[_mm512_setzero_si512(); 2]; CH];
+    let ptr: [*const u8; CH] = std::array::from_fn(|r| unsafe { rows.add(r.min(live - 1) * kp) });
+    for g in 0..kp / 4 {
+        // SAFETY: step `g` of the panel and of each row, unaligned loads.
+        unsafe {
+            let b0 = _mm512_loadu_si512(panel.add(g * 128) as *const _);
+            let b1 = _mm512_loadu_si512(panel.add(g * 128 + 64) as *const _);
+            for (a, p) in acc.iter_mut().zip(ptr) {
+                let x = _mm512_set1_epi32((p.add(g * 4) as *const i32).read_unaligned());
+                a[0] = _mm512_dpbusd_epi32(a[0], x, b0);
+                a[1] = _mm512_dpbusd_epi32(a[1], x, b1);
+            }
+        }
+    }
+    acc
+}
