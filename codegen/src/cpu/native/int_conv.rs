@@ -3,7 +3,8 @@
 //! input's zero point so that it adds nothing), multiplied by the group's filter rows
 //! (`[O/groups, C/groups * kH * kW]`, contiguous in the filter) with the filter's zero points
 //! per row and the input's for every column. A 1x1 convolution with stride 1 and no padding
-//! reads the image itself as its columns.
+//! reads the image itself as its columns. With AVX-512 VNNI the convolution runs on its own
+//! kernel instead (`vnni_conv.rs`), which packs the pixels straight from the image.
 
 use tcc_ir::{Conv2d, Function, Value};
 
