@@ -415,6 +415,38 @@ impl Plan {
 }
 
 impl Plan {
+    /// This plan with the ops of each kernel `from` of `moves` appended to kernel `into`,
+    /// which comes before it (a backend that runs a chain of kernels as one step pulls the
+    /// later ones up to the first: the caller checks that what they read is there by then).
+    /// A kernel may take several; the order of `moves` is the order their ops are appended in.
+    pub fn moved(self, f: &Function, moves: &[(Kernel, Kernel)]) -> Plan {
+        let mut ops: Vec<Vec<Op>> = self.kernels.values().map(|kd| kd.ops.clone()).collect();
+        let mut gone = vec![false; ops.len()];
+        for &(from, into) in moves {
+            let taken = std::mem::take(&mut ops[from.index()]);
+            ops[into.index()].extend(taken);
+            gone[from.index()] = true;
+        }
+        let mut kernels: PrimaryMap<Kernel, KernelData> = PrimaryMap::new();
+        let mut kernel_of: SecondaryMap<Op, Option<Kernel>> =
+            SecondaryMap::with_capacity(f.num_ops_created());
+        for ((_, kd), (ops, gone)) in self.kernels.into_iter().zip(ops.into_iter().zip(gone)) {
+            if gone {
+                continue;
+            }
+            let k = kernels.push(KernelData {
+                kind: kd.kind,
+                ops,
+                inputs: Vec::new(),
+                outputs: Vec::new(),
+            });
+            for &op in &kernels[k].ops {
+                kernel_of[op] = Some(k);
+            }
+        }
+        with_interfaces(f, kernels, kernel_of, self.constants)
+    }
+
     /// This plan with each kernel of `split` cut into kernels of one op each, in order: the
     /// kernel's root (a reduction's or row's) keeps the kernel's kind, every other op is an
     /// elementwise kernel. A backend that cannot run a fused kernel as one loop (the PTX

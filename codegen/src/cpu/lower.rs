@@ -362,6 +362,8 @@ fn native_step(
         (KernelKind::Generic | KernelKind::Reduction { .. } | KernelKind::Row { .. }, &[op]) => {
             native::Native::for_op(f, op, &kd.outputs, features)
         }
+        // A `conv_integer` with its requantizing chain (see `Cpu::fuse`).
+        (KernelKind::Generic, ops) => native::Native::conv_chain(f, ops, features),
         _ => None,
     }
 }

@@ -164,11 +164,18 @@ impl Backend for Cpu {
     /// convolution that alone reads its output, where the pair runs fused (`conv::fusible`).
     fn fuse(&self, f: &Function, plan: Plan) -> Plan {
         let plan = crate::kernel::rows::group(f, plan);
+        let users = tcc_ir::edit::Users::new(f);
+        // Integer convolutions take the requantizing ops after them (on every target).
+        let moves = native::requant_moves(f, &users, &plan);
+        let plan = if moves.is_empty() {
+            plan
+        } else {
+            plan.moved(f, &moves)
+        };
         let usable = self.features().is_ok_and(|t| t.avx2 && t.fma);
         if !usable {
             return plan;
         }
-        let users = tcc_ir::edit::Users::new(f);
         let ks: Vec<(Kernel, &KernelData)> = plan.kernels.iter().collect();
         let absorbed: Vec<Kernel> = (ks.windows(2))
             .filter(|p| conv::fusible(f, &users, p[0].1, p[1].1))

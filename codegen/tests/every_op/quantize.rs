@@ -342,3 +342,114 @@ fn quantize_rounds_half_to_even_and_saturates() {
         }
     }
 }
+
+/// `conv_integer` and the requantizing chain after it (cast, scales, bias, relu,
+/// `quantize_linear`), which the CPU backend runs as one step storing the levels (or the f32
+/// result when the chain does not quantize): bit for bit the interpreter's on every target,
+/// random levels and parameters, including scales that overflow to infinity and biases that
+/// make NaN (-inf + inf), which must land on the saturated levels and the zero point.
+#[test]
+fn integer_convolutions_with_their_requantization() {
+    // (result type, filter type, per-channel scale, bias, relu, quantize)
+    let chains = [
+        ("u8", "i8", true, true, false, true),
+        ("i8", "i8", true, true, true, true),
+        ("u8", "u8", false, false, true, true),
+        ("f32", "i8", true, true, true, false),
+        ("f32", "i8", false, true, false, false),
+    ];
+    for (yt, wt, per_channel, bias, relu, quantize) in chains {
+        let s = if per_channel { "[1,7,1,1]" } else { "[]" };
+        let mut body = vec![
+            "  %acc = conv_integer %x, %w, %xz, %wz {pads=[1,1,1,1]} : i32[2,7,6,37]".to_string(),
+            "  %c = cast %acc {to=f32} : f32[2,7,6,37]".to_string(),
+            "  %m = mul %c, %s : f32[2,7,6,37]".to_string(),
+        ];
+        let mut cur = "%m";
+        if bias {
+            body.push(format!("  %b1 = add {cur}, %b : f32[2,7,6,37]"));
+            cur = "%b1";
+        }
+        if relu {
+            body.push(format!("  %r = relu {cur} : f32[2,7,6,37]"));
+            cur = "%r";
+        }
+        if quantize {
+            body.push(format!(
+                "  %q = quantize_linear {cur}, %qs, %qz : {yt}[2,7,6,37]"
+            ));
+            cur = "%q";
+        }
+        let src = format!(
+            "func @f(%x: u8[2,5,6,37], %w: {wt}[7,5,3,3], %xz: u8[], %wz: {wt}[], %s: f32{s}, %b: f32[1,7,1,1]) -> ({yt}[2,7,6,37]) {{
+  %qs = const {{value=0.37}} : f32[]
+  %qz = const {{value=3}} : {zq}[]
+{body}
+  return {cur}
+}}",
+            zq = if yt == "f32" { "u8" } else { yt },
+            body = body.join("\n"),
+        );
+        let f = parse_function(&src).unwrap_or_else(|d| panic!("{src}\n{d}"));
+        let floats = |dims: &[u64], seed: u64, special: &[f32]| {
+            let mut rng = tcc_ir::random::Rng::new(seed);
+            let n: u64 = dims.iter().product();
+            let v: Vec<f32> = (0..n as usize)
+                .map(|i| match special.get(i) {
+                    Some(&x) => x,
+                    None => (rng.below(2000) as f32 - 1000.0) / 4000.0,
+                })
+                .collect();
+            Tensor::from_f32(dims, v).unwrap()
+        };
+        let sd: Vec<u64> = if per_channel {
+            vec![1, 7, 1, 1]
+        } else {
+            vec![]
+        };
+        // Channel 0's scale overflows every sum to infinity; channel 1's bias is -inf and, with
+        // channel 1's scale also huge, some sums make NaN.
+        let huge = if per_channel {
+            vec![1e38, 1e38]
+        } else {
+            vec![]
+        };
+        let inputs = vec![
+            common::bytes(tcc_ir::DType::U8, &[2, 5, 6, 37], None, 1),
+            common::bytes(
+                if wt == "i8" {
+                    tcc_ir::DType::I8
+                } else {
+                    tcc_ir::DType::U8
+                },
+                &[7, 5, 3, 3],
+                None,
+                2,
+            ),
+            common::bytes(tcc_ir::DType::U8, &[], None, 3),
+            common::bytes(
+                if wt == "i8" {
+                    tcc_ir::DType::I8
+                } else {
+                    tcc_ir::DType::U8
+                },
+                &[],
+                None,
+                4,
+            ),
+            floats(&sd, 5, &huge),
+            floats(&[1, 7, 1, 1], 6, &[0.0, f32::NEG_INFINITY]),
+        ];
+        let want = tcc_ir::interp::run(&f, &inputs).unwrap();
+        for target in integer_targets() {
+            let exe = common::compile(&f, target, true);
+            let stats = exe.stats();
+            assert_eq!(
+                (stats.native, stats.compiled),
+                (1, 0),
+                "{src}\none fused step"
+            );
+            assert_eq!(exe.run(&inputs).unwrap(), want, "{src}\ntarget {target:?}");
+        }
+    }
+}

@@ -9,6 +9,7 @@
 use tcc_ir::{Conv2d, Function, Value};
 
 use super::quant::{IntegerProduct, signed};
+use super::requant::Bound;
 
 thread_local! {
     /// A thread's receptive-field columns, kept between calls (every byte is written before it
@@ -120,29 +121,40 @@ impl IntegerConv {
     }
 
     /// The convolution of byte tensors `x` and `w` (`i8` where `signed` says, else `u8`) less
-    /// the zero points `xz` (one byte) and `wz` (one, or one per output channel), into `out`.
-    pub(super) fn run_bytes(
+    /// the zero points `xz` (one byte) and `wz` (one, or one per output channel), into `out`:
+    /// its i32 sums, or what the requantizing chain `post` makes of them.
+    ///
+    /// # Safety
+    /// `out` has room for the output's elements of the stored type.
+    pub(super) unsafe fn run_bytes(
         &self,
         [x, w, xz, wz]: [&[u8]; 4],
         [sx, sw]: [bool; 2],
-        out: &mut [i32],
+        post: Option<&Bound>,
+        out: *mut u8,
     ) {
         let IntegerProduct { m, k, n, .. } = self.product;
+        let o = self.yd[1];
+        // Bytes per stored element: sums and f32 results 4, levels 1.
+        let size = match post {
+            Some(p) if p.quantize.is_some() => 1,
+            _ => 4,
+        };
         #[cfg(target_arch = "x86_64")]
         if let Some(prepared) = &self.vnni {
             let fresh;
             let filter = match prepared {
                 Some(filter) => filter,
                 None => {
-                    fresh = super::vnni_conv::Filter::new(w, wz, sw, self.wd[0], k);
+                    fresh = super::vnni_conv::Filter::new(w, wz, sw, o, k);
                     &fresh
                 }
             };
             let groups = self.conv.groups as usize;
             let at = self.geometry();
             let plane = at.c * at.h * at.w;
-            for (b, y) in out.chunks_mut(self.yd[1] * n).enumerate() {
-                for (g, y) in y.chunks_mut(m * n).enumerate() {
+            for b in 0..self.yd[0] {
+                for g in 0..groups {
                     let group = super::vnni_conv::Group {
                         x: x[(b * groups + g) * plane..][..plane].as_ptr(),
                         at,
@@ -150,7 +162,8 @@ impl IntegerConv {
                         m,
                         zx: if sx { xz[0] as i8 as i32 } else { xz[0] as i32 },
                         signed: sx,
-                        out: y.as_mut_ptr(),
+                        out: out.wrapping_add(size * (b * o + g * m) * n),
+                        post,
                     };
                     // SAFETY: `vnni` is set only where the CPU has AVX-512F, BW, VL and VNNI;
                     // the group's planes and `m * n` results are in range, as the geometry
@@ -160,7 +173,16 @@ impl IntegerConv {
             }
             return;
         }
-        self.each_group(x, xz[0], out, |g, cols, y| {
+        let mut sums = Vec::new();
+        let y: &mut [i32] = match post {
+            // SAFETY: the caller's contract: without a chain, `out` holds the i32 sums.
+            None => unsafe { std::slice::from_raw_parts_mut(out as *mut i32, self.yd[0] * o * n) },
+            Some(_) => {
+                sums.resize(self.yd[0] * o * n, 0);
+                &mut sums
+            }
+        };
+        self.each_group(x, xz[0], y, |g, cols, y| {
             let wz = if self.product.rows {
                 &wz[g * m..][..m]
             } else {
@@ -169,6 +191,12 @@ impl IntegerConv {
             let w = &w[g * m * k..][..m * k];
             self.product.run_bytes([w, cols, wz, xz], [sw, sx], y);
         });
+        if let Some(post) = post {
+            for (i, row) in sums.chunks(n).enumerate() {
+                // SAFETY: the caller's contract: `out` holds the chain's results.
+                unsafe { post.row(row, i % o, out.wrapping_add(size * i * n)) };
+            }
+        }
     }
 
     /// `group(g, columns, out)` for each image and group `g`: its receptive fields as columns

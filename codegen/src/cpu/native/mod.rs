@@ -21,10 +21,12 @@ mod lines;
 mod movement;
 mod pool;
 mod quant;
+mod requant;
 #[cfg(target_arch = "x86_64")]
 mod vnni_conv;
 
 use movement::{SliceCopy, transpose};
+pub(crate) use requant::moves as requant_moves;
 use tcc_ir::ops::normalize_axis;
 use tcc_ir::{DType, Function, Op, OpKind, Pool2d, ReduceOp, Value};
 
@@ -146,10 +148,11 @@ enum Kind {
         product: quant::IntegerProduct,
         signed: [bool; 2],
     },
-    /// `conv_integer`; whether `x` and `w` are `i8`.
+    /// `conv_integer`; whether `x` and `w` are `i8`; the requantizing chain merged into it.
     ConvInteger {
-        conv: int_conv::IntegerConv,
+        conv: Box<int_conv::IntegerConv>,
         signed: [bool; 2],
+        post: Option<requant::Requant>,
     },
     /// Concatenation: each of `outer` rows of the result is the operands' rows side by side,
     /// operand `i`'s row `row_bytes[i]` long (any dtype).
@@ -390,14 +393,15 @@ impl Native {
             OpKind::ConvInteger(c) => {
                 let args = [d.args[0], d.args[1], d.args[2], d.args[3]];
                 Kind::ConvInteger {
-                    conv: int_conv::IntegerConv::of(
+                    conv: Box::new(int_conv::IntegerConv::of(
                         f,
                         c,
                         args,
                         d.results[0],
                         (vnni(features), !vnni(features) && features.avx2),
-                    ),
+                    )),
                     signed: [quant::signed(f, args[0]), quant::signed(f, args[1])],
+                    post: None,
                 }
             }
             OpKind::SoftmaxCrossEntropyGrad => Kind::CrossEntropyGrad {
@@ -423,6 +427,26 @@ impl Native {
             results: d.results.clone(),
             stored: d.results.iter().map(|r| outputs.contains(r)).collect(),
         })
+    }
+
+    /// `conv_integer` `ops[0]` and the requantizing chain after it (`ops[1..]`, which
+    /// [`requant::Requant::of`] accepts), as one step storing the chain's result.
+    pub(crate) fn conv_chain(
+        f: &Function,
+        ops: &[Op],
+        features: &crate::cpu::Features,
+    ) -> Option<Native> {
+        let (&op, chain) = ops.split_first()?;
+        let mut n = Native::for_op(f, op, &f.op(op).results, features)?;
+        let users = tcc_ir::edit::Users::new(f);
+        let chain = requant::Requant::of(f, &users, f.op(op).results[0], chain)?;
+        let Kind::ConvInteger { post, .. } = &mut n.kind else {
+            return None;
+        };
+        n.results = vec![chain.out];
+        n.stored = vec![true];
+        *post = Some(chain);
+        Some(n)
     }
 
     /// The op it runs.
@@ -596,10 +620,30 @@ impl Native {
                         std::slice::from_raw_parts_mut(res(0) as *mut i32, len(self.results[0]));
                     product.run_bytes([bytes(0), bytes(1), bytes(2), bytes(3)], *signed, out);
                 }
-                Kind::ConvInteger { conv, signed } => {
-                    let out =
-                        std::slice::from_raw_parts_mut(res(0) as *mut i32, len(self.results[0]));
-                    conv.run_bytes([bytes(0), bytes(1), bytes(2), bytes(3)], *signed, out);
+                Kind::ConvInteger { conv, signed, post } => {
+                    let values = |v: tcc_ir::Value| {
+                        std::slice::from_raw_parts(addr(v) as *const f32, len(v))
+                    };
+                    let bound = match post {
+                        Some(p) => Some(requant::Bound {
+                            scale: p.scale.map(|s| values(s.value)),
+                            bias: p.bias.map(|b| values(b.value)),
+                            relu: p.relu,
+                            quantize: match p.quantize {
+                                Some((s, z, signed)) => {
+                                    let s = values(s)[0];
+                                    quant::checked(&[s])?;
+                                    let z = *(addr(z) as *const u8);
+                                    let z = if signed { z as i8 as i32 } else { z as i32 };
+                                    Some((s, z, signed))
+                                }
+                                None => None,
+                            },
+                        }),
+                        None => None,
+                    };
+                    let inputs = [bytes(0), bytes(1), bytes(2), bytes(3)];
+                    conv.run_bytes(inputs, *signed, bound.as_ref(), res(0) as *mut u8);
                 }
             }
         }

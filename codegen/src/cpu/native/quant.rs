@@ -56,7 +56,7 @@ impl Per {
 }
 
 /// The scales, checked as the interpreter checks them.
-fn checked(scale: &[f32]) -> Result<(), String> {
+pub(super) fn checked(scale: &[f32]) -> Result<(), String> {
     match scale.iter().find(|s| !(s.is_finite() && **s > 0.0)) {
         Some(s) => Err(format!(
             "a scale is {s}: scales must be positive and finite"
@@ -119,11 +119,11 @@ pub(super) fn quantize(
 /// Adding and subtracting 1.5 * 2^23 rounds an f32 below 2^22 in magnitude to an integer, half
 /// to even (the adder's rounding); clamping the quotient to +-1024 first keeps it there and
 /// changes no saturated level (every level is within 383 of the zero point).
-const ROUND: f32 = 12_582_912.0;
+pub(super) const ROUND: f32 = 12_582_912.0;
 
 /// The levels of `x` with scale `s` and zero point `z`: the quotient in f32, rounded half to
 /// even, the zero point added and the level saturated (NaN: the zero point).
-fn quantize_run(x: &[f32], s: f32, z: i32, signed: bool, out: &mut [u8]) {
+pub(super) fn quantize_run(x: &[f32], s: f32, z: i32, signed: bool, out: &mut [u8]) {
     let (lo, hi) = if signed {
         (-128.0, 127.0)
     } else {

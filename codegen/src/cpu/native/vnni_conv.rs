@@ -87,7 +87,7 @@ pub(super) struct Geometry {
 
 /// What one group's convolution reads and writes.
 #[derive(Clone, Copy)]
-pub(super) struct Group {
+pub(super) struct Group<'a> {
     /// The group's input planes (`c x h x w` bytes) and where its taps fall.
     pub x: *const u8,
     pub at: Geometry,
@@ -97,8 +97,9 @@ pub(super) struct Group {
     /// The input's zero point (a level of the input's type) and whether the input is i8.
     pub zx: i32,
     pub signed: bool,
-    /// `m x n` results, row-major.
-    pub out: *mut i32,
+    /// `m x n` results, row-major: the sums (i32), or with `post` what its chain stores.
+    pub out: *mut u8,
+    pub post: Option<&'a super::requant::Bound<'a>>,
 }
 
 /// One group of a convolution: `out = filter rows first..first + m` times the columns, less
@@ -106,7 +107,7 @@ pub(super) struct Group {
 ///
 /// # Safety
 /// The CPU has AVX-512F, BW, VL and VNNI; `g.x` holds the group's `c x h x w` bytes, the
-/// geometry's taps make `filter.k` rows, and `g.out` holds `m x oh x ow` i32s that nothing
+/// geometry's taps make `filter.k` rows, and `g.out` holds `m x oh x ow` results that nothing
 /// else accesses during the call.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn convolve(filter: &Filter, g: Group) {
@@ -212,10 +213,17 @@ unsafe fn run_block(
             let c = _mm512_set1_epi32(consts[c0 + r]);
             for (h, (&a, m)) in acc.iter().zip([lo, hi]).enumerate() {
                 let v = _mm512_add_epi32(_mm512_sub_epi32(a, _mm512_mullo_epi32(za, colsum[h])), c);
-                // SAFETY: row `c0 + r` of the group's output, pixels below `n` (the mask).
+                // Row `c0 + r` of the group's output, pixels below `n` (the mask).
+                let at = (c0 + r) * n + p0 + 16 * h;
+                // SAFETY: as above; the chain's operands cover channel `o`.
                 unsafe {
-                    let dst = g.out.add((c0 + r) * n + p0 + 16 * h);
-                    _mm512_mask_storeu_epi32(dst as *mut _, m, v);
+                    match g.post {
+                        None => _mm512_mask_storeu_epi32(g.out.add(4 * at) as *mut _, m, v),
+                        Some(post) => {
+                            let size = if post.quantize.is_some() { 1 } else { 4 };
+                            post.store16(v, o, m, g.out.add(size * at));
+                        }
+                    }
                 }
             }
         }

@@ -1,0 +1,292 @@
+//! The requantizing epilogue of `conv_integer`: what a quantized convolution does with its i32
+//! sums before the next layer reads them. In the IR it is a chain of ops (the `qdq` pass and
+//! ONNX's QLinearConv write it so): `cast` to f32, a multiply by the scales (one, or one per
+//! output channel), an add of the bias (the same forms), `relu`, and `quantize_linear` with one
+//! scale and zero point. The CPU backend merges such a chain into the convolution's step
+//! ([`Requant::of`] decides, for `Cpu::fuse` and for lowering alike), and the kernel applies it
+//! as it stores each vector of sums: one pass, the i32 and f32 tensors between never written.
+//!
+//! Every step is the interpreter's, in the same order and in f32 (float scales, not a
+//! fixed-point multiplier and shift: bit-identical to the unfused ops, which a fixed-point
+//! form is not, at no cost that shows next to the products): the sum converted to f32 rounding
+//! to nearest, times the scale, plus the bias, `relu` (NaN stays NaN, -0 becomes +0), then the
+//! quotient by the output scale rounded half to even, the zero point added, the level
+//! saturated (NaN: the zero point).
+
+use crate::plan::{Kernel, KernelKind};
+use tcc_ir::edit::Users;
+use tcc_ir::{BinaryOp, DType, Function, Op, OpKind, UnaryOp, Value};
+
+/// An f32 operand of the chain: one value for the tensor, or one per output channel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Operand {
+    pub value: Value,
+    pub per_channel: bool,
+}
+
+/// A recognised chain.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Requant {
+    /// The chain's ops, in order.
+    pub ops: Vec<Op>,
+    pub scale: Option<Operand>,
+    pub bias: Option<Operand>,
+    pub relu: bool,
+    /// `quantize_linear`'s scale and zero point (one each), and whether its levels are i8.
+    pub quantize: Option<(Value, Value, bool)>,
+    /// What the step stores: the levels, or the f32 result of the chain.
+    pub out: Value,
+}
+
+impl Requant {
+    /// The chain `ops` reading `conv_integer`'s result `r` (`[N, O, H, W]`), if it is one: a
+    /// `cast` to f32 of `r`, then optionally a multiply, an add, a `relu` and a
+    /// `quantize_linear`, in that order, each value but the last used only by the next op, each
+    /// other operand a constant or a parameter (so the step may run where the convolution
+    /// does). Every op of `ops` must be in the chain.
+    pub(crate) fn of(f: &Function, users: &Users, r: Value, ops: &[Op]) -> Option<Requant> {
+        let dims = f.ty(r).dims().to_vec();
+        let only_next = |v: Value, next: Op| {
+            !users.is_returned(v) && matches!(users.uses(v)[..], [(u, _)] if u == next)
+        };
+        let fixed = |v: Value| {
+            f.def_op(v)
+                .is_none_or(|op| matches!(f.op(op).kind, OpKind::Const { .. }))
+        };
+        let operand = |v: Value| -> Option<Operand> {
+            let ty = f.ty(v);
+            if ty.dtype() != DType::F32 || !fixed(v) {
+                return None;
+            }
+            if ty.numel() == 1 {
+                return Some(Operand {
+                    value: v,
+                    per_channel: false,
+                });
+            }
+            // `[.., O, 1, 1]` with ones before: one per output channel.
+            let vd = ty.dims();
+            let per_channel = vd.len() >= 3
+                && vd.len() <= 4
+                && vd[vd.len() - 3] == dims[1]
+                && vd[vd.len() - 2..] == [1, 1]
+                && vd[..vd.len() - 3].iter().all(|&d| d == 1);
+            per_channel.then_some(Operand {
+                value: v,
+                per_channel: true,
+            })
+        };
+        let (&first, rest) = ops.split_first()?;
+        let d = f.op(first);
+        if !matches!(d.kind, OpKind::Cast { to: DType::F32 })
+            || d.args[0] != r
+            || !only_next(r, first)
+        {
+            return None;
+        }
+        let mut chain = Requant {
+            ops: vec![first],
+            scale: None,
+            bias: None,
+            relu: false,
+            quantize: None,
+            out: d.results[0],
+        };
+        // 0: after the cast; 1: after the scale; 2: after the bias; 3: after relu; 4: quantized.
+        let mut stage = 0;
+        for &op in rest {
+            let d = f.op(op);
+            let cur = chain.out;
+            if !only_next(cur, op) || f.ty(d.results[0]).dims() != &dims[..] {
+                return None;
+            }
+            let other = || -> Option<Value> {
+                match d.args[..] {
+                    [a, b] if a == cur && b != cur => Some(b),
+                    [a, b] if b == cur && a != cur => Some(a),
+                    _ => None,
+                }
+            };
+            match d.kind {
+                OpKind::Binary(BinaryOp::Mul) if stage < 1 => {
+                    chain.scale = Some(operand(other()?)?);
+                    stage = 1;
+                }
+                OpKind::Binary(BinaryOp::Add) if stage < 2 => {
+                    chain.bias = Some(operand(other()?)?);
+                    stage = 2;
+                }
+                OpKind::Unary(UnaryOp::Relu) if stage < 3 => {
+                    chain.relu = true;
+                    stage = 3;
+                }
+                OpKind::QuantizeLinear if stage < 4 && d.args[0] == cur => {
+                    let (s, z) = (d.args[1], d.args[2]);
+                    let one = |v: Value| f.ty(v).numel() == 1 && fixed(v);
+                    if !(one(s) && one(z) && f.ty(s).dtype() == DType::F32) {
+                        return None;
+                    }
+                    chain.quantize = Some((s, z, f.ty(d.results[0]).dtype() == DType::I8));
+                    stage = 4;
+                }
+                _ => return None,
+            }
+            chain.ops.push(op);
+            chain.out = d.results[0];
+        }
+        Some(chain)
+    }
+}
+
+/// A chain's operands for one run.
+pub(crate) struct Bound<'a> {
+    pub scale: Option<&'a [f32]>,
+    pub bias: Option<&'a [f32]>,
+    pub relu: bool,
+    /// The output scale and zero point, and whether the levels are i8.
+    pub quantize: Option<(f32, i32, bool)>,
+}
+
+impl Bound<'_> {
+    /// The chain's f32 result for sum `acc` of output channel `o`, before quantizing.
+    fn real(&self, acc: i32, o: usize) -> f32 {
+        let at = |v: &[f32]| v[if v.len() == 1 { 0 } else { o }];
+        let mut y = acc as f32;
+        if let Some(s) = self.scale {
+            y *= at(s);
+        }
+        if let Some(b) = self.bias {
+            y += at(b);
+        }
+        if self.relu && !(y > 0.0 || y.is_nan()) {
+            y = 0.0;
+        }
+        y
+    }
+
+    /// Applies the chain to the sums `acc` of output channel `o`, writing `out` (levels, or
+    /// f32 bytes when the chain does not quantize), element `i` at `out + i * size`.
+    ///
+    /// # Safety
+    /// `out` has room for `acc.len()` elements of the output's type.
+    pub(crate) unsafe fn row(&self, acc: &[i32], o: usize, out: *mut u8) {
+        match self.quantize {
+            Some((s, z, signed)) => {
+                let real: Vec<f32> = acc.iter().map(|&a| self.real(a, o)).collect();
+                // SAFETY: the caller's contract: `acc.len()` bytes.
+                let out = unsafe { std::slice::from_raw_parts_mut(out, acc.len()) };
+                super::quant::quantize_run(&real, s, z, signed, out);
+            }
+            None => {
+                for (i, &a) in acc.iter().enumerate() {
+                    // SAFETY: the caller's contract: `acc.len()` f32s.
+                    unsafe { (out as *mut f32).add(i).write_unaligned(self.real(a, o)) };
+                }
+            }
+        }
+    }
+
+    /// [`Bound::row`] for sixteen sums of output channel `o`, the lanes of `mask`, on AVX-512:
+    /// the same steps.
+    ///
+    /// # Safety
+    /// AVX-512F, BW and VL; `out` has room for the lanes of `mask`.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(crate) unsafe fn store16(
+        &self,
+        acc: std::arch::x86_64::__m512i,
+        o: usize,
+        mask: u16,
+        out: *mut u8,
+    ) {
+        use std::arch::x86_64::*;
+        let at = |v: &[f32]| _mm512_set1_ps(v[if v.len() == 1 { 0 } else { o }]);
+        let mut y = _mm512_cvtepi32_ps(acc);
+        if let Some(s) = self.scale {
+            y = _mm512_mul_ps(y, at(s));
+        }
+        if let Some(b) = self.bias {
+            y = _mm512_add_ps(y, at(b));
+        }
+        if self.relu {
+            // `maxps` gives its second operand for NaN and for two zeros: NaN lanes put back.
+            let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(y, y);
+            y = _mm512_mask_blend_ps(nan, _mm512_max_ps(y, _mm512_setzero_ps()), y);
+        }
+        let Some((s, z, signed)) = self.quantize else {
+            // SAFETY: the caller's contract.
+            unsafe { _mm512_mask_storeu_ps(out as *mut f32, mask, y) };
+            return;
+        };
+        let (lo, hi) = if signed {
+            (-128.0, 127.0)
+        } else {
+            (0.0, 255.0)
+        };
+        let round = _mm512_set1_ps(super::quant::ROUND);
+        let vz = _mm512_set1_ps(z as f32);
+        let q = _mm512_div_ps(y, _mm512_set1_ps(s));
+        let c = _mm512_min_ps(
+            _mm512_max_ps(q, _mm512_set1_ps(-1024.0)),
+            _mm512_set1_ps(1024.0),
+        );
+        let r = _mm512_sub_ps(_mm512_add_ps(c, round), round);
+        let level = _mm512_min_ps(
+            _mm512_max_ps(_mm512_add_ps(r, vz), _mm512_set1_ps(lo)),
+            _mm512_set1_ps(hi),
+        );
+        let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(q, q);
+        let level = _mm512_cvtps_epi32(_mm512_mask_blend_ps(nan, level, vz));
+        // SAFETY: the caller's contract; levels are in range, so truncating keeps them.
+        unsafe { _mm512_mask_cvtepi32_storeu_epi8(out as *mut i8, mask, level) };
+    }
+}
+
+/// For `Cpu::fuse`: each `conv_integer` kernel of `plan` whose result's chain is one
+/// [`Requant::of`] accepts, with the kernels that hold the chain (its elementwise kernel, and
+/// the `quantize_linear` after it when that joins too), as `(from, into)` moves for
+/// [`crate::plan::Plan::moved`].
+pub(crate) fn moves(
+    f: &Function,
+    users: &Users,
+    plan: &crate::plan::Plan,
+) -> Vec<(Kernel, Kernel)> {
+    let mut moves = Vec::new();
+    for (k0, kd) in plan.kernels.iter() {
+        let &[op] = &kd.ops[..] else { continue };
+        if kd.kind != KernelKind::Generic || !matches!(f.op(op).kind, OpKind::ConvInteger(_)) {
+            continue;
+        }
+        let r = f.op(op).results[0];
+        let &[(cast, _)] = users.uses(r) else {
+            continue;
+        };
+        let Some(k1) = plan.kernel_of[cast] else {
+            continue;
+        };
+        let chain = &plan.kernels[k1];
+        if chain.kind != KernelKind::Elementwise || chain.ops.first() != Some(&cast) {
+            continue;
+        }
+        let last = *chain.ops.last().expect("a kernel has ops");
+        let quantized = match users.uses(f.op(last).results[0]) {
+            &[(q, 0)] if matches!(f.op(q).kind, OpKind::QuantizeLinear) => plan.kernel_of[q]
+                .filter(|&k2| plan.kernels[k2].ops == [q])
+                .map(|k2| (q, k2)),
+            _ => None,
+        };
+        if let Some((q, k2)) = quantized {
+            let mut ops = chain.ops.clone();
+            ops.push(q);
+            if Requant::of(f, users, r, &ops).is_some() {
+                moves.extend([(k1, k0), (k2, k0)]);
+                continue;
+            }
+        }
+        if Requant::of(f, users, r, &chain.ops).is_some() {
+            moves.push((k1, k0));
+        }
+    }
+    moves
+}
