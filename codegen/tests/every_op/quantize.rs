@@ -287,6 +287,19 @@ fn integer_convolutions_split_across_threads() {
     );
 }
 
+/// A deep layer: few pixels (two blocks) and many output channels, which the VNNI kernel
+/// splits across the pool by channels, each block packed once for all the items that read it.
+#[test]
+fn integer_convolutions_split_by_channels() {
+    same_on_every_target(
+        "func @f(%x: u8[1,64,7,7], %w: i8[128,64,3,3], %xz: u8[], %wz: i8[128,1,1,1]) -> (i32[1,128,7,7]) {
+  %y = conv_integer %x, %w, %xz, %wz {pads=[1,1,1,1]} : i32[1,128,7,7]
+  return %y
+}",
+        35,
+    );
+}
+
 /// `quantize_linear` at the values that decide its rounding and saturation: exact halves
 /// (which round to even), the ends of both ranges and half a level past them, huge and
 /// infinite quotients, NaN (the zero point), negative zero; u8 and i8, on every target.

@@ -131,10 +131,37 @@ pub(super) unsafe fn convolve(filter: &Filter, g: Group) {
     // SAFETY: items write disjoint (block, channel range) pieces of `out`; the columns and
     // the filter are only read.
     let g = unsafe { crate::cpu::send_ptr::SendPtr::new(g) };
+    // With the channels split, each block is packed once, before any item runs over it.
+    let kp = filter.kp;
+    let mut shared = Vec::new();
+    let mut sums = Vec::new();
+    if splits > 1 {
+        shared.resize(blocks * kp * PX, 0u8);
+        sums.resize(blocks, [_mm512_setzero_si512(); 2]);
+        // SAFETY: item `b` writes block `b` of `shared` and `sums` alone.
+        let (dst, sum) = unsafe {
+            (
+                crate::cpu::send_ptr::SendPtr::new(shared.as_mut_ptr()),
+                crate::cpu::send_ptr::SendPtr::new(sums.as_mut_ptr()),
+            )
+        };
+        let pack_item = |b: usize| {
+            SCRATCH.with(|s| {
+                let mut s = s.borrow_mut();
+                // SAFETY: as above, and this function's contract.
+                unsafe {
+                    let colsum = pack_block(g.get(), b * PX, &mut s, dst.get().add(b * kp * PX));
+                    sum.get().add(b).write(colsum);
+                }
+            });
+        };
+        parallel(blocks, work, &pack_item);
+    }
     let item = |i: usize| {
         let (block, split) = (i / splits, i % splits);
         let t0 = split * tiles / splits;
         let t1 = (split + 1) * tiles / splits;
+        let packed = (splits > 1).then(|| (shared[block * kp * PX..].as_ptr(), sums[block]));
         SCRATCH.with(|s| {
             let mut s = s.borrow_mut();
             // SAFETY: the CPU features and buffers as this function's contract.
@@ -145,16 +172,34 @@ pub(super) unsafe fn convolve(filter: &Filter, g: Group) {
                     &consts,
                     block * PX,
                     t0 * CH..t1 * CH,
+                    packed,
                     &mut s,
                 )
             }
         });
     };
+    parallel(blocks * splits, work, &item);
+}
+
+/// `item(i)` for `i` in `0..n`: across the thread pool when the convolution has `work`
+/// multiply-adds, 2^20 or more (enough to pay for it), else here.
+fn parallel(n: usize, work: usize, item: &(dyn Fn(usize) + Sync)) {
     if work >= 1 << 20 {
-        crate::cpu::pool::for_each(blocks * splits, &item);
+        crate::cpu::pool::for_each(n, item);
     } else {
-        (0..blocks * splits).for_each(item);
+        (0..n).for_each(item);
     }
+}
+
+/// Packs block `p0` of `g` into `out`: [`pack`] with the group's zero point and shift.
+///
+/// # Safety
+/// As [`convolve`]; `out` holds `kp * 32` bytes for the filter's `kp`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn pack_block(g: Group, p0: usize, scratch: &mut Scratch, out: *mut u8) -> [__m512i; 2] {
+    let count = (g.at.oh * g.at.ow - p0).min(PX);
+    // SAFETY: `g.x` holds the planes the geometry reads; `out` holds `kp * 32` bytes.
+    unsafe { pack(g.x, &g.at, p0, count, g.zx as u8, !g.signed, scratch, out) }
 }
 
 /// A thread's working space: its packed block, and where the block's taps read.
@@ -183,16 +228,23 @@ unsafe fn run_block(
     consts: &[i32],
     p0: usize,
     chans: std::ops::Range<usize>,
+    packed: Option<(*const u8, [__m512i; 2])>,
     scratch: &mut Scratch,
 ) {
     let kp = filter.kp;
-    scratch.packed.resize(kp * PX, 0);
     let n = g.at.oh * g.at.ow;
     let count = (n - p0).min(PX);
-    let zero = g.zx as u8;
-    // SAFETY: `g.x` holds the planes the geometry reads; `scratch` holds `kp * 32` bytes.
-    let colsum = unsafe { pack(g.x, &g.at, p0, count, zero, !g.signed, scratch) };
-    let panel = scratch.packed.as_ptr();
+    let (panel, colsum) = match packed {
+        Some(p) => p,
+        None => {
+            let mut buf = std::mem::take(&mut scratch.packed);
+            buf.resize(kp * PX, 0);
+            // SAFETY: as this function's contract; `buf` holds `kp * 32` bytes.
+            let colsum = unsafe { pack_block(g, p0, scratch, buf.as_mut_ptr()) };
+            scratch.packed = buf;
+            (scratch.packed.as_ptr(), colsum)
+        }
+    };
     let mask = if count == 16 * 2 {
         u32::MAX
     } else {
@@ -231,7 +283,7 @@ unsafe fn run_block(
 }
 
 /// Packs the receptive fields of output pixels `p0..p0 + count` (at most 32) of the image `x`
-/// into `scratch.packed` as 4-tap steps of 32 pixels x 4 bytes, taps in the padding `zero`,
+/// into `out` as 4-tap steps of 32 pixels x 4 bytes, taps in the padding `zero`,
 /// each byte flipped by `0x80` where `flip` says (u8 to i8), taps past `k` zero; returns each
 /// pixel's sum of its packed bytes (two vectors of sixteen). Im2col without the columns: the
 /// block's pixels fall in runs along output rows, and each tap's 32 bytes are one masked load
@@ -239,7 +291,7 @@ unsafe fn run_block(
 /// of each filter column and the input row of each filter row found once per block.
 ///
 /// # Safety
-/// AVX-512F, BW, VL, VNNI, BMI2; `x` holds `at.c x at.h x at.w` bytes; `scratch.packed` holds
+/// AVX-512F, BW, VL, VNNI, BMI2; `x` holds `at.c x at.h x at.w` bytes; `out` holds
 /// `k.div_ceil(4) * 128` bytes for `k = c kh kw`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,bmi2")]
 unsafe fn pack(
@@ -250,6 +302,7 @@ unsafe fn pack(
     zero: u8,
     flip: bool,
     scratch: &mut Scratch,
+    out: *mut u8,
 ) -> [__m512i; 2] {
     let [sh, sw] = at.stride;
     let (kh, kw) = (at.kh, at.kw);
@@ -290,7 +343,6 @@ unsafe fn pack(
         lane += len;
     }
     let (columns, rows) = (&scratch.columns[..], &scratch.rows[..]);
-    let out = scratch.packed.as_mut_ptr();
     let k = at.c * kh * kw;
     let bit = _mm256_set1_epi8(if flip { -128 } else { 0 });
     let padding = _mm256_set1_epi8(zero as i8);
