@@ -199,7 +199,7 @@ fn parallel(n: usize, work: usize, item: &(dyn Fn(usize) + Sync)) {
 unsafe fn pack_block(g: Group, p0: usize, scratch: &mut Scratch, out: *mut u8) -> [__m512i; 2] {
     let count = (g.at.oh * g.at.ow - p0).min(PX);
     // SAFETY: `g.x` holds the planes the geometry reads; `out` holds `kp * 32` bytes.
-    unsafe { pack(g.x, &g.at, p0, count, g.zx as u8, !g.signed, scratch, out) }
+    unsafe { pack(&g, p0, count, scratch, out) }
 }
 
 /// A thread's working space: its packed block, and where the block's taps read.
@@ -282,28 +282,27 @@ unsafe fn run_block(
     }
 }
 
-/// Packs the receptive fields of output pixels `p0..p0 + count` (at most 32) of the image `x`
-/// into `out` as 4-tap steps of 32 pixels x 4 bytes, taps in the padding `zero`,
-/// each byte flipped by `0x80` where `flip` says (u8 to i8), taps past `k` zero; returns each
+/// Packs the receptive fields of output pixels `p0..p0 + count` (at most 32) of group `g`'s
+/// image into `out` as 4-tap steps of 32 pixels x 4 bytes, taps in the padding the input's
+/// zero point, each byte shifted to i8 where the input is u8, taps past `k` zero; returns each
 /// pixel's sum of its packed bytes (two vectors of sixteen). Im2col without the columns: the
 /// block's pixels fall in runs along output rows, and each tap's 32 bytes are one masked load
 /// per run (strides of 1 and 2; a byte at a time for larger ones), with the lanes and offsets
 /// of each filter column and the input row of each filter row found once per block.
 ///
 /// # Safety
-/// AVX-512F, BW, VL, VNNI, BMI2; `x` holds `at.c x at.h x at.w` bytes; `out` holds
+/// AVX-512F, BW, VL, VNNI, BMI2; `g.x` holds `c x h x w` bytes; `out` holds
 /// `k.div_ceil(4) * 128` bytes for `k = c kh kw`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,bmi2")]
 unsafe fn pack(
-    x: *const u8,
-    at: &Geometry,
+    g: &Group,
     p0: usize,
     count: usize,
-    zero: u8,
-    flip: bool,
     scratch: &mut Scratch,
     out: *mut u8,
 ) -> [__m512i; 2] {
+    let (x, at) = (g.x, &g.at);
+    let (zero, flip) = (g.zx as u8, !g.signed);
     let [sh, sw] = at.stride;
     let (kh, kw) = (at.kh, at.kw);
     scratch.columns.clear();
