@@ -652,8 +652,8 @@ impl Native {
 }
 
 /// Whether integer products run on AVX-512 VNNI: the target has AVX-512F (`host,-avx512f` turns
-/// it off, for the portable loop) and the CPU has AVX-512 VNNI (with BW and VL, which every
-/// such CPU has and the convolution's packing uses).
+/// it off, for the portable loop) and the CPU has AVX-512 VNNI (with BW, VL and BMI2, which
+/// every such CPU has and the convolution's packing uses).
 fn vnni(features: &crate::cpu::Features) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -662,6 +662,7 @@ fn vnni(features: &crate::cpu::Features) -> bool {
             && std::is_x86_feature_detected!("avx512vnni")
             && std::is_x86_feature_detected!("avx512bw")
             && std::is_x86_feature_detected!("avx512vl")
+            && std::is_x86_feature_detected!("bmi2")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
