@@ -33,6 +33,15 @@ fn quantize_and_dequantize() {
             &format!("{zt}[2,3,5,5]"),
             91,
         );
+        // Large enough to split across the pool, channels crossing the chunks' bounds.
+        case_native(
+            &format!("%x: f32[2,3,100,100], %s: f32[3,1,1], %z: {zt}[3,1,1]"),
+            &format!(
+                "  %a = abs %s : f32[3,1,1]\n  %q = quantize_linear %x, %a, %z : {zt}[2,3,100,100]\n  %out = dequantize_linear %q, %a, %z : f32[2,3,100,100]"
+            ),
+            "f32[2,3,100,100]",
+            95,
+        );
         case_native(
             &format!("%q: {zt}[2,3,5,5], %s: f32[3,1,1], %z: {zt}[3,1,1]"),
             "  %a = abs %s : f32[3,1,1]\n  %out = dequantize_linear %q, %a, %z : f32[2,3,5,5]",

@@ -87,15 +87,8 @@ pub(super) fn quantize(
     out: &mut [u8],
 ) -> Result<(), String> {
     checked(scale)?;
-    const CHUNK: usize = 1 << 14;
-    // SAFETY: each item writes its own chunk of `out`.
-    let dst = unsafe { crate::cpu::send_ptr::SendPtr::new(out.as_mut_ptr()) };
-    let len = x.len();
-    let item = |c: usize| {
-        let (start, end) = (c * CHUNK, ((c + 1) * CHUNK).min(len));
-        // SAFETY: chunk `c` of `out`, this item's alone.
-        let out = unsafe { std::slice::from_raw_parts_mut(dst.get().add(start), end - start) };
-        per.runs(start, end, |a, b, p| {
+    in_chunks(out, |start, out| {
+        per.runs(start, start + out.len(), |a, b, p| {
             let (x, out) = (&x[a..b], &mut out[a - start..b - start]);
             #[cfg(target_arch = "x86_64")]
             if wide {
@@ -105,13 +98,7 @@ pub(super) fn quantize(
             }
             quantize_run(x, scale[p], zero[p], signed, out);
         });
-    };
-    let chunks = len.div_ceil(CHUNK);
-    if chunks > 1 {
-        crate::cpu::pool::for_each(chunks, &item);
-    } else {
-        (0..chunks).for_each(item);
-    }
+    });
     let _ = wide;
     Ok(())
 }
@@ -194,15 +181,8 @@ pub(super) fn dequantize(
     out: &mut [f32],
 ) -> Result<(), String> {
     checked(scale)?;
-    const CHUNK: usize = 1 << 14;
-    // SAFETY: each item writes its own chunk of `out`.
-    let dst = unsafe { crate::cpu::send_ptr::SendPtr::new(out.as_mut_ptr()) };
-    let len = q.len();
-    let item = |c: usize| {
-        let (start, end) = (c * CHUNK, ((c + 1) * CHUNK).min(len));
-        // SAFETY: chunk `c` of `out`, this item's alone.
-        let out = unsafe { std::slice::from_raw_parts_mut(dst.get().add(start), end - start) };
-        per.runs(start, end, |a, b, p| {
+    in_chunks(out, |start, out| {
+        per.runs(start, start + out.len(), |a, b, p| {
             let (s, z) = (scale[p], zero[p]);
             let out = &mut out[a - start..b - start];
             if signed {
@@ -215,6 +195,22 @@ pub(super) fn dequantize(
                 }
             }
         });
+    });
+    Ok(())
+}
+
+/// `work(start, chunk)` for each chunk of 2^14 elements of `out` (`start`: its first
+/// element's index), across the thread pool when there are several.
+fn in_chunks<T: Send>(out: &mut [T], work: impl Fn(usize, &mut [T]) + Sync) {
+    const CHUNK: usize = 1 << 14;
+    let len = out.len();
+    // SAFETY: each item writes its own chunk of `out`.
+    let dst = unsafe { crate::cpu::send_ptr::SendPtr::new(out.as_mut_ptr()) };
+    let item = |c: usize| {
+        let (start, end) = (c * CHUNK, ((c + 1) * CHUNK).min(len));
+        // SAFETY: chunk `c` of `out`, this item's alone.
+        let chunk = unsafe { std::slice::from_raw_parts_mut(dst.get().add(start), end - start) };
+        work(start, chunk);
     };
     let chunks = len.div_ceil(CHUNK);
     if chunks > 1 {
@@ -222,7 +218,6 @@ pub(super) fn dequantize(
     } else {
         (0..chunks).for_each(item);
     }
-    Ok(())
 }
 
 /// A `matmul_integer` as the kernel runs it: each batch's element offsets into `a` and `b`,
