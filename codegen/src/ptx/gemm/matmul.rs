@@ -26,18 +26,8 @@ pub fn matmul(
     let (ad, bd, od) = (f.ty(a).dims(), f.ty(b).dims(), f.ty(r).dims().to_vec());
     let (m, k, n) = (ad[ad.len() - 2], ad[ad.len() - 1], bd[bd.len() - 1]);
     let batch = od[..od.len() - 2].to_vec();
-    // Each operand's stride per output batch dimension (0 where it broadcasts).
-    let strides = |dims: &[u64]| -> Vec<u64> {
-        let own = &dims[..dims.len() - 2];
-        let mut st = vec![0u64; batch.len()];
-        let mut s = 1;
-        for (i, &dd) in own.iter().enumerate().rev() {
-            let o = batch.len() - own.len() + i;
-            st[o] = if dd == 1 { 0 } else { s };
-            s *= dd;
-        }
-        st
-    };
+    // Each operand's stride per output batch dimension, in matrices (0 where it broadcasts).
+    let strides = |dims: &[u64]| broadcast_strides(&dims[..dims.len() - 2], batch.len());
     let (sa, sb) = (strides(ad), strides(bd));
     let numel = |v: Value| f.ty(v).numel();
     let param = |v: &Value| kd.inputs.iter().position(|x| x == v).expect("an input");
@@ -53,23 +43,12 @@ pub fn matmul(
     let finish = epilogue(&mut c, f, kd, r, &od)?;
     let (a_base, b_base) = (c.bases[param(&a)], c.bases[param(&b)]);
     // The batch's offsets into A and B (broadcast dimensions stride 0).
-    let offset = |c: &mut Ctx, bi: Reg, st: &[u64], size: u64| {
-        let mut acc = c.n(0);
-        let mut inner = 1u64;
-        for (&extent, &stride) in batch.iter().zip(st).rev() {
-            if stride != 0 {
-                let q = c.op_n(IOp::DivU, bi, inner);
-                let coord = c.op_n(IOp::RemU, q, extent);
-                let s = c.n(stride * size);
-                let sum = c.b.reg(c.it);
-                c.b.push(Inst::IMad(sum, coord, s, acc));
-                acc = sum;
-            }
-            inner *= extent;
-        }
-        acc
+    let offsets = |c: &mut Ctx, bi: Reg| {
+        (
+            batch_offset(c, &batch, bi, &sa, m * k),
+            batch_offset(c, &batch, bi, &sb, k * n),
+        )
     };
-    let offsets = |c: &mut Ctx, bi: Reg| (offset(c, bi, &sa, m * k), offset(c, bi, &sb, k * n));
     let load_a =
         |c: &mut Ctx, off: Reg, row: Reg, col: Reg| matrix(c, a_base, off, (row, col), (m, k), ta);
     let load_b =
@@ -134,23 +113,12 @@ pub fn matmul_integer(f: &Function, kd: &KernelData, name: String) -> Result<Low
             .position(|&x| x == r)
             .ok_or("the result is not stored")?];
     let mem = |v: Value| byte_mem(f, v);
-    // Row-major strides of `dims`, aligned to the last `rank` axes, 0 where `dims` has 1 or
-    // lacks the axis (a broadcast).
-    let bstrides = |dims: &[u64], rank: usize| -> Vec<u64> {
-        let mut st = vec![0u64; rank];
-        let mut s = 1;
-        for (i, &dd) in dims.iter().enumerate().rev() {
-            st[rank - dims.len() + i] = if dd == 1 { 0 } else { s };
-            s *= dd;
-        }
-        st
-    };
     // Each operand's (and zero point's) strides over the output's batch axes, its row and its
     // column: the operand's over its own axes, a zero point's over its operand's.
     let layout = |v: Value, z: Value| {
         let own = f.ty(v).dims();
-        let of_v = bstrides(own, own.len());
-        let of_z = bstrides(f.ty(z).dims(), own.len());
+        let of_v = broadcast_strides(own, own.len());
+        let of_z = broadcast_strides(f.ty(z).dims(), own.len());
         let lift = |st: &[u64]| {
             let mut out = vec![0u64; batch.len()];
             for (i, &s) in st[..own.len() - 2].iter().enumerate() {
@@ -168,23 +136,9 @@ pub fn matmul_integer(f: &Function, kd: &KernelData, name: String) -> Result<Low
         let rest = c.op_n(IOp::RemU, o, m * n);
         let i = c.op_n(IOp::DivU, rest, n);
         let j = c.op_n(IOp::RemU, rest, n);
-        // The offset of batch `bi` with strides `st`.
-        let batch_off = |c: &mut Ctx, st: &[u64]| {
-            let mut acc = c.n(0);
-            let mut inner = 1u64;
-            for (&extent, &stride) in batch.iter().zip(st).rev() {
-                if stride != 0 {
-                    let q = c.op_n(IOp::DivU, bi, inner);
-                    let coord = c.op_n(IOp::RemU, q, extent);
-                    acc = c.mad_n(coord, stride, acc);
-                }
-                inner *= extent;
-            }
-            acc
-        };
         // Where row/column `x` (stride `sx`) and depth `p` (stride `sp`) of a layout start.
         let start = |c: &mut Ctx, l: &(Vec<u64>, u64, u64), x: Reg, row: bool| {
-            let off = batch_off(c, &l.0);
+            let off = batch_offset(c, batch, bi, &l.0, 1);
             let sx = if row { l.1 } else { l.2 };
             c.mad_n(x, sx, off)
         };
@@ -218,4 +172,32 @@ pub fn matmul_integer(f: &Function, kd: &KernelData, name: String) -> Result<Low
         Ok(())
     })?;
     Ok(c.finish(outputs.div_ceil(BLOCK as u64)))
+}
+
+/// Row-major strides of `dims`, aligned to the last of `rank` axes, 0 where `dims` has 1 or
+/// lacks the axis (a broadcast).
+fn broadcast_strides(dims: &[u64], rank: usize) -> Vec<u64> {
+    let mut st = vec![0u64; rank];
+    let mut s = 1;
+    for (i, &dd) in dims.iter().enumerate().rev() {
+        st[rank - dims.len() + i] = if dd == 1 { 0 } else { s };
+        s *= dd;
+    }
+    st
+}
+
+/// The offset of batch `bi` (an index over the output's `batch` axes) in an operand with
+/// `strides` over those axes, in elements of `unit` each.
+fn batch_offset(c: &mut Ctx, batch: &[u64], bi: Reg, strides: &[u64], unit: u64) -> Reg {
+    let mut acc = c.n(0);
+    let mut inner = 1u64;
+    for (&extent, &stride) in batch.iter().zip(strides).rev() {
+        if stride != 0 {
+            let q = c.op_n(IOp::DivU, bi, inner);
+            let coord = c.op_n(IOp::RemU, q, extent);
+            acc = c.mad_n(coord, stride * unit, acc);
+        }
+        inner *= extent;
+    }
+    acc
 }
