@@ -112,6 +112,7 @@ pub(super) fn compile(
     let (code, compiled) = jit.finish().map_err(CompileError)?;
     let mut steps = Vec::new();
     let mut origin = HashMap::new();
+    let users = tcc_ir::edit::Users::new(f);
     for (k, kd) in plan.kernels.iter() {
         if kd.kind == KernelKind::View {
             let op = kd.ops[0];
@@ -160,7 +161,7 @@ pub(super) fn compile(
                 args: kd.inputs.iter().chain(&kd.outputs).copied().collect(),
                 space,
             }),
-            (None, None) => match native_step(f, kd, &features) {
+            (None, None) => match native_step(f, &users, kd, &features) {
                 Some(n) => Step::Native(n),
                 None => Step::Reference,
             },
@@ -183,7 +184,6 @@ pub(super) fn compile(
     }) {
         *packed.entry(v).or_default() += 1;
     }
-    let users = tcc_ir::edit::Users::new(f);
     // Every reader packed it (each reads it once, as its right operand or filter).
     let only_packed = |v: Value| {
         let uses = users.uses(v);
@@ -352,9 +352,11 @@ fn epilogue(f: &Function, kd: &KernelData, r: Value) -> Option<(KernelData, Valu
     Some((epi, dst))
 }
 
-/// A single-op kernel on a hand-written kernel, if there is one for it.
+/// A single-op kernel on a hand-written kernel, if there is one for it (or a `conv_integer`
+/// with its requantizing chain).
 fn native_step(
     f: &Function,
+    users: &tcc_ir::edit::Users,
     kd: &KernelData,
     features: &super::Features,
 ) -> Option<native::Native> {
@@ -363,7 +365,7 @@ fn native_step(
             native::Native::for_op(f, op, &kd.outputs, features)
         }
         // A `conv_integer` with its requantizing chain (see `Cpu::fuse`).
-        (KernelKind::Generic, ops) => native::Native::conv_chain(f, ops, features),
+        (KernelKind::Generic, ops) => native::Native::conv_chain(f, users, ops, features),
         _ => None,
     }
 }

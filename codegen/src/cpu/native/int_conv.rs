@@ -26,10 +26,10 @@ pub(super) struct IntegerConv {
     yd: [usize; 4],
     /// One group's product: its filter rows times its columns.
     product: IntegerProduct,
-    /// With AVX-512 VNNI: the filter prepared at compile time when it and its zero points are
-    /// constants (`Some(None)`: prepared on each run).
+    /// On AVX-512 VNNI (`product.vnni`): the filter, prepared at compile time when it and its
+    /// zero points are constants (else on each run).
     #[cfg(target_arch = "x86_64")]
-    vnni: Option<Option<super::vnni_conv::Filter>>,
+    prepared: Option<super::vnni_conv::Filter>,
 }
 
 impl IntegerConv {
@@ -48,7 +48,7 @@ impl IntegerConv {
         let rows = f.ty(wz).numel() > 1;
         let k = wd[1] * wd[2] * wd[3];
         #[cfg(target_arch = "x86_64")]
-        let vnni = isa.0.then(|| {
+        let prepared = isa.0.then(|| {
             let (w, z) = (const_bytes(f, filter)?, const_bytes(f, wz)?);
             Some(super::vnni_conv::Filter::new(
                 &w,
@@ -75,7 +75,7 @@ impl IntegerConv {
             yd,
             product,
             #[cfg(target_arch = "x86_64")]
-            vnni,
+            prepared: prepared.flatten(),
         }
     }
 
@@ -141,9 +141,9 @@ impl IntegerConv {
             _ => 4,
         };
         #[cfg(target_arch = "x86_64")]
-        if let Some(prepared) = &self.vnni {
+        if self.product.vnni {
             let fresh;
-            let filter = match prepared {
+            let filter = match &self.prepared {
                 Some(filter) => filter,
                 None => {
                     fresh = super::vnni_conv::Filter::new(w, wz, sw, o, k);
@@ -192,9 +192,10 @@ impl IntegerConv {
             self.product.run_bytes([w, cols, wz, xz], [sw, sx], y);
         });
         if let Some(post) = post {
+            let mut real = Vec::with_capacity(n);
             for (i, row) in sums.chunks(n).enumerate() {
                 // SAFETY: the caller's contract: `out` holds the chain's results.
-                unsafe { post.row(row, i % o, out.wrapping_add(size * i * n)) };
+                unsafe { post.row(row, i % o, out.wrapping_add(size * i * n), &mut real) };
             }
         }
     }

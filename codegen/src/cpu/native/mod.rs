@@ -433,13 +433,13 @@ impl Native {
     /// [`requant::Requant::of`] accepts), as one step storing the chain's result.
     pub(crate) fn conv_chain(
         f: &Function,
+        users: &tcc_ir::edit::Users,
         ops: &[Op],
         features: &crate::cpu::Features,
     ) -> Option<Native> {
         let (&op, chain) = ops.split_first()?;
         let mut n = Native::for_op(f, op, &f.op(op).results, features)?;
-        let users = tcc_ir::edit::Users::new(f);
-        let chain = requant::Requant::of(f, &users, f.op(op).results[0], chain)?;
+        let chain = requant::Requant::of(f, users, f.op(op).results[0], chain)?;
         let Kind::ConvInteger { post, .. } = &mut n.kind else {
             return None;
         };

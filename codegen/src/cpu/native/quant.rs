@@ -99,6 +99,7 @@ pub(super) fn quantize(
             quantize_run(x, scale[p], zero[p], signed, out);
         });
     });
+    #[cfg(not(target_arch = "x86_64"))]
     let _ = wide;
     Ok(())
 }

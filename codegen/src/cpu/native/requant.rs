@@ -165,17 +165,19 @@ impl Bound<'_> {
     }
 
     /// Applies the chain to the sums `acc` of output channel `o`, writing `out` (levels, or
-    /// f32 bytes when the chain does not quantize), element `i` at `out + i * size`.
+    /// f32 bytes when the chain does not quantize), element `i` at `out + i * size`; `real`
+    /// holds the f32 results before quantizing.
     ///
     /// # Safety
     /// `out` has room for `acc.len()` elements of the output's type.
-    pub(crate) unsafe fn row(&self, acc: &[i32], o: usize, out: *mut u8) {
+    pub(crate) unsafe fn row(&self, acc: &[i32], o: usize, out: *mut u8, real: &mut Vec<f32>) {
         match self.quantize {
             Some((s, z, signed)) => {
-                let real: Vec<f32> = acc.iter().map(|&a| self.real(a, o)).collect();
+                real.clear();
+                real.extend(acc.iter().map(|&a| self.real(a, o)));
                 // SAFETY: the caller's contract: `acc.len()` bytes.
                 let out = unsafe { std::slice::from_raw_parts_mut(out, acc.len()) };
-                super::quant::quantize_run(&real, s, z, signed, out);
+                super::quant::quantize_run(real, s, z, signed, out);
             }
             None => {
                 for (i, &a) in acc.iter().enumerate() {

@@ -150,7 +150,7 @@ pub(super) unsafe fn convolve(filter: &Filter, g: Group) {
                 let mut s = s.borrow_mut();
                 // SAFETY: as above, and this function's contract.
                 unsafe {
-                    let colsum = pack_block(g.get(), b * PX, &mut s, dst.get().add(b * kp * PX));
+                    let colsum = pack(&g.get(), b * PX, &mut s.taps, dst.get().add(b * kp * PX));
                     sum.get().add(b).write(colsum);
                 }
             });
@@ -191,21 +191,16 @@ fn parallel(n: usize, work: usize, item: &(dyn Fn(usize) + Sync)) {
     }
 }
 
-/// Packs block `p0` of `g` into `out`: [`pack`] with the group's zero point and shift.
-///
-/// # Safety
-/// As [`convolve`]; `out` holds `kp * 32` bytes for the filter's `kp`.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn pack_block(g: Group, p0: usize, scratch: &mut Scratch, out: *mut u8) -> [__m512i; 2] {
-    let count = (g.at.oh * g.at.ow - p0).min(PX);
-    // SAFETY: `g.x` holds the planes the geometry reads; `out` holds `kp * 32` bytes.
-    unsafe { pack(&g, p0, count, scratch, out) }
-}
-
 /// A thread's working space: its packed block, and where the block's taps read.
 #[derive(Default)]
 struct Scratch {
     packed: Vec<u8>,
+    taps: Taps,
+}
+
+/// Where a block's taps read, found once per block by [`pack`].
+#[derive(Default)]
+struct Taps {
     /// Per run and filter column: the lanes inside the image, their bytes (stride 2) and the
     /// offset lane 0 reads at in an input row.
     columns: Vec<(u32, u64, isize)>,
@@ -237,11 +232,10 @@ unsafe fn run_block(
     let (panel, colsum) = match packed {
         Some(p) => p,
         None => {
-            let mut buf = std::mem::take(&mut scratch.packed);
-            buf.resize(kp * PX, 0);
-            // SAFETY: as this function's contract; `buf` holds `kp * 32` bytes.
-            let colsum = unsafe { pack_block(g, p0, scratch, buf.as_mut_ptr()) };
-            scratch.packed = buf;
+            scratch.packed.resize(kp * PX, 0);
+            let out = scratch.packed.as_mut_ptr();
+            // SAFETY: as this function's contract; `packed` holds `kp * 32` bytes.
+            let colsum = unsafe { pack(&g, p0, &mut scratch.taps, out) };
             (scratch.packed.as_ptr(), colsum)
         }
     };
@@ -282,8 +276,8 @@ unsafe fn run_block(
     }
 }
 
-/// Packs the receptive fields of output pixels `p0..p0 + count` (at most 32) of group `g`'s
-/// image into `out` as 4-tap steps of 32 pixels x 4 bytes, taps in the padding the input's
+/// Packs the receptive fields of output pixels `p0..p0 + 32` (those below `oh * ow`) of group
+/// `g`'s image into `out` as 4-tap steps of 32 pixels x 4 bytes, taps in the padding the input's
 /// zero point, each byte shifted to i8 where the input is u8, taps past `k` zero; returns each
 /// pixel's sum of its packed bytes (two vectors of sixteen). Im2col without the columns: the
 /// block's pixels fall in runs along output rows, and each tap's 32 bytes are one masked load
@@ -294,19 +288,14 @@ unsafe fn run_block(
 /// AVX-512F, BW, VL, VNNI, BMI2; `g.x` holds `c x h x w` bytes; `out` holds
 /// `k.div_ceil(4) * 128` bytes for `k = c kh kw`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,bmi2")]
-unsafe fn pack(
-    g: &Group,
-    p0: usize,
-    count: usize,
-    scratch: &mut Scratch,
-    out: *mut u8,
-) -> [__m512i; 2] {
+unsafe fn pack(g: &Group, p0: usize, taps: &mut Taps, out: *mut u8) -> [__m512i; 2] {
     let (x, at) = (g.x, &g.at);
+    let count = (at.oh * at.ow - p0).min(PX);
     let (zero, flip) = (g.zx as u8, !g.signed);
     let [sh, sw] = at.stride;
     let (kh, kw) = (at.kh, at.kw);
-    scratch.columns.clear();
-    scratch.rows.clear();
+    taps.columns.clear();
+    taps.rows.clear();
     let mut lane = 0;
     let mut runs = 0;
     while lane < count {
@@ -330,18 +319,17 @@ unsafe fn pack(
                 0
             };
             let bytes = _pdep_u64(lanes as u64, 0x5555_5555_5555_5555);
-            scratch
-                .columns
+            taps.columns
                 .push((lanes, bytes, ix0 - (lane * sw) as isize));
         }
         for ky in 0..kh {
             let iy = (oy * sh + ky * at.dilation[0]).wrapping_sub(at.pad[0]);
-            scratch.rows.push(if iy < at.h { iy } else { usize::MAX });
+            taps.rows.push(if iy < at.h { iy } else { usize::MAX });
         }
         runs += 1;
         lane += len;
     }
-    let (columns, rows) = (&scratch.columns[..], &scratch.rows[..]);
+    let (columns, rows) = (&taps.columns[..], &taps.rows[..]);
     let k = at.c * kh * kw;
     let bit = _mm256_set1_epi8(if flip { -128 } else { 0 });
     let padding = _mm256_set1_epi8(zero as i8);
