@@ -100,13 +100,8 @@ fn integer_products_over_full_ranges() {
                     bytes(ta, &[9, 1], pick(low_a), 30 + i as u64),
                     bytes(tb, &[37], pick(top_b), 40 + i as u64),
                 ];
-                let want = tcc_ir::interp::run(&f, &inputs).unwrap();
-                for target in integer_targets() {
-                    let exe = common::compile(&f, target, true);
-                    assert_eq!(exe.reference_ops(), Vec::<String>::new());
-                    let got = exe.run(&inputs).unwrap();
-                    assert_eq!(got, want, "{src}\ntarget {target:?}, extremes {extreme}");
-                }
+                let what = format!("{src}\nextremes {extreme}");
+                agrees_on_every_target(&f, &inputs, &what, no_reference_ops);
             }
         }
     }
@@ -132,11 +127,28 @@ fn same_on_every_target(src: &str, seed: u64) {
     let inputs: Vec<Tensor> = (f.params().iter().enumerate())
         .map(|(i, &p)| common::bytes(f.ty(p).dtype(), f.ty(p).dims(), None, seed + i as u64))
         .collect();
-    let want = tcc_ir::interp::run(&f, &inputs).unwrap();
+    agrees_on_every_target(&f, &inputs, src, |_| {});
+}
+
+/// `f` compiled for every integer target gives the interpreter's results on `inputs`, bit for
+/// bit (`what` says which case), after `check` of each executable.
+fn agrees_on_every_target(
+    f: &tcc_ir::Function,
+    inputs: &[Tensor],
+    what: &str,
+    check: impl Fn(&Executable),
+) {
+    let want = tcc_ir::interp::run(f, inputs).unwrap();
     for target in integer_targets() {
-        let got = common::compile(&f, target, true).run(&inputs).unwrap();
-        assert_eq!(got, want, "target {target:?}");
+        let exe = common::compile(f, target, true);
+        check(&exe);
+        assert_eq!(exe.run(inputs).unwrap(), want, "{what}\ntarget {target:?}");
     }
+}
+
+/// Every op of `exe` runs on compiled or native kernels.
+fn no_reference_ops(exe: &Executable) {
+    assert_eq!(exe.reference_ops(), Vec::<String>::new());
 }
 
 /// The levels that make the largest products of a `ta` operand with a `tb` one: A at its top
@@ -242,13 +254,8 @@ fn integer_convolutions() {
                     common::bytes(ta, &[], pick(low_a), 70 + i as u64),
                     common::bytes(tb, &wz, pick(top_b), 80 + i as u64),
                 ];
-                let want = tcc_ir::interp::run(&f, &inputs).unwrap();
-                for target in integer_targets() {
-                    let exe = common::compile(&f, target, true);
-                    assert_eq!(exe.reference_ops(), Vec::<String>::new());
-                    let got = exe.run(&inputs).unwrap();
-                    assert_eq!(got, want, "{src}\ntarget {target:?}, extremes {extreme}");
-                }
+                let what = format!("{src}\nextremes {extreme}");
+                agrees_on_every_target(&f, &inputs, &what, no_reference_ops);
             }
         }
     }
@@ -356,12 +363,7 @@ fn quantize_rounds_half_to_even_and_saturates() {
         );
         let f = parse_function(&src).unwrap();
         let inputs = vec![Tensor::from_f32(&[n as u64], xs.clone()).unwrap()];
-        let want = tcc_ir::interp::run(&f, &inputs).unwrap();
-        for target in integer_targets() {
-            let exe = common::compile(&f, target, true);
-            assert_eq!(exe.reference_ops(), Vec::<String>::new());
-            assert_eq!(exe.run(&inputs).unwrap(), want, "{src}\ntarget {target:?}");
-        }
+        agrees_on_every_target(&f, &inputs, &src, no_reference_ops);
     }
 }
 
@@ -462,16 +464,13 @@ fn integer_convolutions_with_their_requantization() {
             floats(&sd, 5, &huge),
             floats(&[1, 7, 1, 1], 6, &[0.0, f32::NEG_INFINITY]),
         ];
-        let want = tcc_ir::interp::run(&f, &inputs).unwrap();
-        for target in integer_targets() {
-            let exe = common::compile(&f, target, true);
+        agrees_on_every_target(&f, &inputs, &src, |exe| {
             let stats = exe.stats();
             assert_eq!(
                 (stats.native, stats.compiled),
                 (1, 0),
                 "{src}\none fused step"
             );
-            assert_eq!(exe.run(&inputs).unwrap(), want, "{src}\ntarget {target:?}");
-        }
+        });
     }
 }

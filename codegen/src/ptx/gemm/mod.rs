@@ -178,15 +178,7 @@ fn copies(c: &mut Ctx, s: &Side, extent: u64, at: u64, tid: Reg) -> Copies {
         (c.op_n(IOp::DivU, tid, run), c.op_n(IOp::Mul, o, per))
     };
     let el = c.mad_n(kk0, extent, o0);
-    let el = if c.it == RegTy::I32 {
-        c.b.cvt(Cvt::U32ToU64, RegTy::I64, el)
-    } else {
-        el
-    };
-    let four = c.b.imm(RegTy::I64, 4);
-    let base = c.b.imm(RegTy::I64, at);
-    let at0 = c.b.reg(RegTy::I64);
-    c.b.push(Inst::IMad(at0, el, four, base));
+    let at0 = word_offset(c, el, at);
     let each = (0..total.div_ceil(threads))
         .map(|j| {
             let (dk, d_o) = if k_first {
@@ -209,6 +201,21 @@ fn copies(c: &mut Ctx, s: &Side, extent: u64, at: u64, tid: Reg) -> Copies {
         idle,
         bytes: 4 * per as u32,
     }
+}
+
+/// The byte offset `at + 4 i` in shared memory of 4-byte word `i` (an index), as a 64-bit
+/// register.
+fn word_offset(c: &mut Ctx, i: Reg, at: u64) -> Reg {
+    let i = if c.it == RegTy::I32 {
+        c.b.cvt(Cvt::U32ToU64, RegTy::I64, i)
+    } else {
+        i
+    };
+    let four = c.b.imm(RegTy::I64, 4);
+    let base = c.b.imm(RegTy::I64, at);
+    let off = c.b.reg(RegTy::I64);
+    c.b.push(Inst::IMad(off, i, four, base));
+    off
 }
 
 /// The tiled kernel of `g` with tiling `t`: each block computes a `bm x bn` tile of one
@@ -252,15 +259,7 @@ fn gemm(
     c.b.push(Inst::SharedBase(smem));
     // The thread's first A and B words in stage 0.
     let word = |c: &mut Ctx, i: Reg, at: u64| {
-        let i = if c.it == RegTy::I32 {
-            c.b.cvt(Cvt::U32ToU64, RegTy::I64, i)
-        } else {
-            i
-        };
-        let four = c.b.imm(RegTy::I64, 4);
-        let base = c.b.imm(RegTy::I64, at);
-        let off = c.b.reg(RegTy::I64);
-        c.b.push(Inst::IMad(off, i, four, base));
+        let off = word_offset(c, i, at);
         c.b.ibin(IOp::Add, smem, off)
     };
     let a_word = word(c, ty4, 0);

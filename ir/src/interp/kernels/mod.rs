@@ -120,32 +120,24 @@ pub(crate) fn eval(kind: &OpKind, args: &[&Val], tys: &[TensorType]) -> R<Vec<Va
                 bcast_map(args[2].dims(), out.dims()),
             );
             let cond = args[0].b();
+            // Element `k` of the result: element `i` of operand `w`.
             let pick = |k: usize| if cond[ic[k]] { (1, ia[k]) } else { (2, ib[k]) };
+            fn chosen<'a, T: Copy + 'a>(
+                n: usize,
+                pick: impl Fn(usize) -> (usize, usize),
+                of: impl Fn(usize) -> &'a [T],
+            ) -> Vec<T> {
+                (0..n)
+                    .map(|k| {
+                        let (w, i) = pick(k);
+                        of(w)[i]
+                    })
+                    .collect()
+            }
             match &args[1].buf {
-                Buf::F(_) => Buf::F(
-                    (0..n)
-                        .map(|k| {
-                            let (w, i) = pick(k);
-                            args[w].f()[i]
-                        })
-                        .collect(),
-                ),
-                Buf::I(_) => Buf::I(
-                    (0..n)
-                        .map(|k| {
-                            let (w, i) = pick(k);
-                            args[w].i()[i]
-                        })
-                        .collect(),
-                ),
-                Buf::B(_) => Buf::B(
-                    (0..n)
-                        .map(|k| {
-                            let (w, i) = pick(k);
-                            args[w].b()[i]
-                        })
-                        .collect(),
-                ),
+                Buf::F(_) => Buf::F(chosen(n, pick, |w| args[w].f())),
+                Buf::I(_) => Buf::I(chosen(n, pick, |w| args[w].i())),
+                Buf::B(_) => Buf::B(chosen(n, pick, |w| args[w].b())),
             }
         }
         OpKind::BroadcastTo { .. } => take(
