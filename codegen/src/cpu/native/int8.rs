@@ -22,7 +22,9 @@ const PANEL: usize = 16;
 const ROWS: usize = 4;
 
 /// `out (m x n) = A (m x k, u8) B (k x n, i8)` less the zero points `za` (one, or one per row)
-/// and `zb` (one, or one per column), wrapping in i32.
+/// and `zb` (one, or one per column), wrapping in i32; A's and B's bytes are those of `a` and
+/// `b` with `flips[0]` and `flips[1]` xored in (0x80: an i8 read as u8 plus 128, or a u8 as i8
+/// minus 128).
 ///
 /// # Safety
 /// The CPU has AVX-512F and AVX-512 VNNI; the slices hold `m * k`, `k * n` and `m * n`
@@ -31,7 +33,8 @@ const ROWS: usize = 4;
 #[target_feature(enable = "avx512f,avx512vnni")]
 pub(super) unsafe fn product(
     a: &[u8],
-    b: &[i8],
+    b: &[u8],
+    flips: [u8; 2],
     (m, k, n): (usize, usize, usize),
     za: &[i32],
     zb: &[i32],
@@ -44,7 +47,7 @@ pub(super) unsafe fn product(
     let mut colsum = vec![0i32; n];
     for p in 0..k {
         for j in 0..n {
-            let v = b[p * n + j];
+            let v = (b[p * n + j] ^ flips[1]) as i8;
             colsum[j] = colsum[j].wrapping_add(v as i32);
             let (panel, c) = (j / PANEL, j % PANEL);
             packed[((panel * (kp / 4) + p / 4) * PANEL + c) * 4 + p % 4] = v;
@@ -54,9 +57,12 @@ pub(super) unsafe fn product(
     let mut rows = vec![0u8; m * kp];
     let mut rowsum = vec![0i32; m];
     for i in 0..m {
-        rows[i * kp..i * kp + k].copy_from_slice(&a[i * k..(i + 1) * k]);
+        let row = &mut rows[i * kp..i * kp + k];
+        for (d, &x) in row.iter_mut().zip(&a[i * k..(i + 1) * k]) {
+            *d = x ^ flips[0];
+        }
         // Wrapping, like every other sum here (it cannot overflow below k = 2^23).
-        rowsum[i] = (a[i * k..(i + 1) * k].iter()).fold(0i32, |s, &x| s.wrapping_add(x as i32));
+        rowsum[i] = row.iter().fold(0i32, |s, &x| s.wrapping_add(x as i32));
     }
     let blocks = m.div_ceil(ROWS);
     // SAFETY: each job writes the rows of its own block of `out` only.

@@ -316,12 +316,9 @@ impl IntegerProduct {
         #[cfg(target_arch = "x86_64")]
         if self.vnni {
             // u8 x i8: an i8 A plus 128 (its top bit flipped) is u8, a u8 B minus 128 is i8,
-            // and their zero points move with them.
-            let flip = |x: &[u8], on: bool| -> Vec<u8> {
-                x.iter().map(|&v| if on { v ^ 0x80 } else { v }).collect()
-            };
-            let a = flip(a, sa);
-            let b: Vec<i8> = flip(b, !sb).into_iter().map(|v| v as i8).collect();
+            // and their zero points move with them; the kernel flips the bytes as it packs
+            // them.
+            let flips = [if sa { 0x80 } else { 0 }, if sb { 0 } else { 0x80 }];
             let za: Vec<i32> = (levels(za, sa).into_iter())
                 .map(|z| if sa { z + 128 } else { z })
                 .collect();
@@ -329,8 +326,8 @@ impl IntegerProduct {
                 .map(|z| if sb { z } else { z - 128 })
                 .collect();
             // SAFETY: `vnni` is set only where the target has AVX-512F and VNNI.
-            self.each_batch(&a, &b, out, |a, b, o| unsafe {
-                super::int8::product(a, b, dims, &za, &zb, o)
+            self.each_batch(a, b, out, |a, b, o| unsafe {
+                super::int8::product(a, b, flips, dims, &za, &zb, o)
             });
             return;
         }
