@@ -10,6 +10,7 @@
 mod peer;
 
 use tcc::codegen::ptx::cuda::{Gpu, cublas_sgemm_seconds};
+use tcc::codegen::ptx::{GemmTiles, Ptx};
 use tcc::ir::random::{Rng, random_tensor};
 use tcc::ir::{Function, Tensor, parse_function};
 
@@ -82,17 +83,63 @@ fn main() {
             .run(&mut m, &mut std::io::sink())
             .unwrap();
         let line = match ours(&gpu, &m.functions[0], 20) {
-            Ok(t) => match torch.get(&key) {
-                Some(&p) if p > 0.0 => format!(
-                    "tcc {:.3} ms, PyTorch CUDA {:.3} ms: {:.2}x PyTorch's time",
+            Ok(t) => match (torch.get(&key), torch.get(&format!("{key}_tf32"))) {
+                (Some(&p), Some(&q)) if p > 0.0 => format!(
+                    "tcc {:.3} ms, PyTorch CUDA {:.3} ms in f32 ({:.3} ms with TF32 convolutions): \
+                     {:.2}x PyTorch's f32 time ({:.2}x its TF32 time)",
                     t * 1e3,
                     p * 1e3,
-                    t / p
+                    q * 1e3,
+                    t / p,
+                    t / q
                 ),
                 _ => format!("tcc {:.3} ms (PyTorch here has no CUDA)", t * 1e3),
             },
             Err(e) => format!("does not compile for the GPU: {e}"),
         };
         println!("{key}: {line}");
+        if let Some(top) = std::env::var("TCC_GPU_PROFILE")
+            .ok()
+            .and_then(|n| n.parse().ok())
+        {
+            profile(&gpu, &m.functions[0], top);
+        }
+    }
+}
+
+/// Prints, for the tiling the backend chooses and each forced, the `top` launches of `f` that
+/// take the most device time (`TCC_GPU_PROFILE=N`).
+fn profile(gpu: &Gpu, f: &Function, top: usize) {
+    for tiles in [GemmTiles::Auto, GemmTiles::Small, GemmTiles::Large] {
+        let run = || -> Result<Vec<tcc::codegen::ptx::cuda::LaunchTime>, String> {
+            let backend = Ptx {
+                tiles,
+                ..gpu.backend().map_err(|e| e.0)?
+            };
+            let m = tcc::codegen::compile(&backend, f).map_err(|e| e.0)?;
+            let loaded = gpu.load(m).map_err(|e| e.0)?;
+            loaded.profile(&inputs(f), 20).map_err(|e| e.0)
+        };
+        let mut launches = match run() {
+            Ok(l) => l,
+            Err(e) => return println!("  no profile: {e}"),
+        };
+        let total: f64 = launches.iter().map(|l| l.seconds).sum();
+        println!(
+            "  GEMM tiles {tiles:?}: {} launches, {:.3} ms with events between them",
+            launches.len(),
+            total * 1e3
+        );
+        launches.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+        for l in launches.iter().take(top) {
+            println!(
+                "  {:>8.3} ms {:>5.1}%  {} grid {} block {}",
+                l.seconds * 1e3,
+                100.0 * l.seconds / total,
+                l.name,
+                l.grid,
+                l.block
+            );
+        }
     }
 }

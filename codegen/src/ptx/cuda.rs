@@ -157,6 +157,15 @@ impl Loaded {
 
     /// Queues every launch of the manifest on the stream, over `b`.
     fn launch(&self, b: &Buffers) -> Result<(), RunError> {
+        self.launch_marked(b, &mut |_| Ok(()))
+    }
+
+    /// [`Loaded::launch`], calling `mark` with each launch's index before it is queued.
+    fn launch_marked(
+        &self,
+        b: &Buffers,
+        mark: &mut dyn FnMut(usize) -> Result<(), RunError>,
+    ) -> Result<(), RunError> {
         let (m, s) = (&self.module, &self.stream);
         let ptr = |x: &CudaSlice<u8>| x.device_ptr(s).0;
         let addr = |v: Value| -> Result<u64, RunError> {
@@ -168,14 +177,16 @@ impl Loaded {
                 Place::Host(_) => return Err(RunError("host memory has no device address".into())),
             })
         };
-        for l in &m.launches {
+        for (i, l) in m.launches.iter().enumerate() {
+            mark(i)?;
             let Some(kernel) = l.kernel else {
                 self.copy(b, l.args[0], l.args[1], &addr)?;
                 continue;
             };
-            let args = (l.args.iter())
+            let mut args = (l.args.iter())
                 .map(|&v| addr(v))
                 .collect::<Result<Vec<u64>, _>>()?;
+            args.extend(l.scratch.map(|off| ptr(&b.arena) + off));
             let mut builder = s.launch_builder(&self.functions[kernel]);
             for a in &args {
                 builder.arg(a);
@@ -272,6 +283,58 @@ impl Loaded {
         end.synchronize().map_err(driver)?;
         let ms = start.elapsed_ms(&end).map_err(driver)?;
         Ok(ms as f64 / 1e3 / runs.max(1) as f64)
+    }
+}
+
+/// One launch's share of a run, from [`Loaded::profile`].
+#[derive(Clone, Debug)]
+pub struct LaunchTime {
+    /// The kernel's name, or `copy` for a swap's copy.
+    pub name: String,
+    /// Blocks in the launch's grid (0 for a copy).
+    pub grid: u32,
+    /// Threads per block (0 for a copy).
+    pub block: u32,
+    /// Mean seconds from this launch's start to the next one's.
+    pub seconds: f64,
+}
+
+impl Loaded {
+    /// Where a run's device time goes: each launch's mean seconds over `runs` runs after a
+    /// warm-up, timed by CUDA events recorded between the launches (which add a little time
+    /// of their own; [`Loaded::time`] is the figure for the whole run).
+    pub fn profile(&self, inputs: &[Tensor], runs: usize) -> Result<Vec<LaunchTime>, RunError> {
+        let (m, s) = (&self.module, &self.stream);
+        let b = self.buffers(inputs)?;
+        self.launch(&b)?;
+        let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let mut total = vec![0.0f64; m.launches.len()];
+        for _ in 0..runs.max(1) {
+            let mut events = Vec::with_capacity(m.launches.len() + 1);
+            self.launch_marked(&b, &mut |_| {
+                events.push(s.record_event(timing).map_err(driver)?);
+                Ok(())
+            })?;
+            events.push(s.record_event(timing).map_err(driver)?);
+            events
+                .last()
+                .expect("an event")
+                .synchronize()
+                .map_err(driver)?;
+            for (i, pair) in events.windows(2).enumerate() {
+                total[i] += pair[0].elapsed_ms(&pair[1]).map_err(driver)? as f64 / 1e3;
+            }
+        }
+        Ok((m.launches.iter().zip(total))
+            .map(|(l, t)| LaunchTime {
+                name: l
+                    .kernel
+                    .map_or("copy".into(), |k| m.kernels[k].name.clone()),
+                grid: l.grid,
+                block: l.block,
+                seconds: t / runs.max(1) as f64,
+            })
+            .collect())
     }
 }
 

@@ -29,6 +29,9 @@ pub struct Lowered {
     pub kernel: Kernel,
     /// Blocks in the grid.
     pub grid: u32,
+    /// A kernel launched right after this one over the same parameters (the second half of a
+    /// product whose `k` is split).
+    pub then: Option<Box<Lowered>>,
 }
 
 /// The register type numbers of `lane` are computed in.
@@ -444,6 +447,7 @@ impl Ctx {
         Lowered {
             kernel: self.b.finish(),
             grid: grid.clamp(1, MAX_BLOCKS) as u32,
+            then: None,
         }
     }
 }

@@ -82,6 +82,9 @@ pub struct Launch {
     /// The values whose addresses the parameters are, in order (views resolved to the value
     /// holding the storage).
     pub args: Vec<Value>,
+    /// The arena offset of the plan kernel's scratch, where it has any: the address of the
+    /// last parameter, after `args`.
+    pub scratch: Option<u64>,
 }
 
 /// A function compiled for the GPU: the kernels, their launches in order, and the memory plan
@@ -157,6 +160,9 @@ impl Module {
                 let mut name = String::new();
                 let _ = tcc_ir::printer::write_name(&mut name, '%', f.name(v));
                 let _ = write!(s, "{sep}{name} {}", self.place_text(v));
+            }
+            if let Some(off) = l.scratch {
+                let _ = write!(s, ", scratch arena+{off}");
             }
             s.push('\n');
         }
@@ -403,8 +409,13 @@ impl Backend for Ptx {
         }
     }
 
-    fn scratch_bytes(&self, _f: &Function, _kd: &KernelData) -> u64 {
-        0
+    /// Products too small to fill the device split `k` and keep the pieces' partial matrices
+    /// in scratch; nothing else needs any.
+    fn scratch_bytes(&self, f: &Function, kd: &KernelData) -> u64 {
+        match kd.kind {
+            KernelKind::Library { .. } => gemm::scratch_bytes(f, kd, self.tiles),
+            _ => 0,
+        }
     }
 
     fn compile(&self, f: &Function, plan: Plan, mem: MemoryPlan) -> Result<Module, CompileError> {
@@ -444,6 +455,7 @@ impl Backend for Ptx {
                     block: 0,
                     shared: 0,
                     args: vec![src, d.results[0]],
+                    scratch: None,
                 });
                 continue;
             }
@@ -453,17 +465,31 @@ impl Backend for Ptx {
                 .map_err(|e| {
                     CompileError(format!("kernel {k} ({}): {e}", f.describe_op(kd.ops[0])))
                 })?;
-            let args = (kd.inputs.iter().chain(&kd.outputs))
+            let args: Vec<Value> = (kd.inputs.iter().chain(&kd.outputs))
                 .map(|v| origin.get(v).copied().unwrap_or(*v))
                 .collect();
-            launches.push(Launch {
-                kernel: Some(kernels.len()),
-                grid: low.grid,
-                block: low.kernel.block,
-                shared: low.kernel.shared,
-                args,
-            });
-            kernels.push(low.kernel);
+            let scratch = (mem.slots.iter())
+                .find(|s| s.scratch_for == Some(k))
+                .map(|s| s.offset);
+            let mut next = Some(low);
+            while let Some(low) = next {
+                if low.then.is_some() && scratch.is_none() {
+                    return Err(CompileError(format!(
+                        "kernel {k} ({}): split into two kernels without scratch space",
+                        f.describe_op(kd.ops[0])
+                    )));
+                }
+                launches.push(Launch {
+                    kernel: Some(kernels.len()),
+                    grid: low.grid,
+                    block: low.kernel.block,
+                    shared: low.kernel.shared,
+                    args: args.clone(),
+                    scratch,
+                });
+                kernels.push(low.kernel);
+                next = low.then.map(|b| *b);
+            }
         }
         let mut consts = HashMap::new();
         for &op in &plan.constants {
@@ -513,11 +539,12 @@ impl Backend for Ptx {
             })
         };
         for l in &m.launches {
-            let args = l
+            let mut args = l
                 .args
                 .iter()
                 .map(|&v| addr(v))
                 .collect::<Result<Vec<_>, _>>()?;
+            args.extend(l.scratch.map(|off| arena + off));
             match l.kernel {
                 Some(k) => emu::run(&m.kernels[k], l.grid, &args, &mut dev).map_err(RunError)?,
                 None => {

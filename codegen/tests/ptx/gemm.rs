@@ -173,6 +173,69 @@ fn convolutions_match() {
     }
 }
 
+/// Products with too few output tiles to fill the device split `k` into pieces: two launches
+/// (the pieces' partial matrices into the kernel's scratch, then `_sum` adding them in order
+/// and running the epilogue), agreeing with the interpreter under either tiling: a matmul
+/// whose last piece is shorter (k 300 in pieces of 80), batched, a convolution with its bias,
+/// relu and a residual, a grouped one. A product with tiles enough (256 of 128x128) stays one
+/// launch.
+#[test]
+fn small_products_split_k() {
+    let cases = [
+        (
+            "func @f(%x: f32[2,4,300], %w: f32[300,5], %b: f32[5]) -> (f32[2,4,5]) {
+  %m = matmul %x, %w : f32[2,4,5]
+  %a = add %m, %b : f32[2,4,5]
+  return %a
+}",
+            4 * 2 * 4 * 5,
+        ),
+        (
+            "func @f(%x: f32[1,64,7,7], %w: f32[128,64,3,3], %b: f32[128,1,1], %res: f32[1,128,7,7]) -> (f32[1,128,7,7]) {
+  %c = conv2d %x, %w {pads=[1,1,1,1]} : f32[1,128,7,7]
+  %a = add %c, %b : f32[1,128,7,7]
+  %r = relu %a : f32[1,128,7,7]
+  %o = add %r, %res : f32[1,128,7,7]
+  return %o
+}",
+            9 * 128 * 49,
+        ),
+        (
+            "func @f(%x: f32[1,128,4,4], %w: f32[64,64,3,3]) -> (f32[1,64,2,2]) {
+  %c = conv2d %x, %w {strides=[2,2], pads=[1,1,1,1], groups=2} : f32[1,64,2,2]
+  return %c
+}",
+            9 * 2 * 32 * 4,
+        ),
+    ];
+    for (i, (src, partials)) in cases.iter().enumerate() {
+        let f = parse_function(src).unwrap();
+        let inputs = randoms(&f, 80 + i as u64);
+        for ptx in tilings() {
+            let m = compiled(&ptx, &f);
+            let text = m.manifest();
+            assert_eq!(m.launches.len(), 2, "{text}");
+            assert!(m.kernels[1].name.ends_with("_sum"), "{text}");
+            assert!(m.launches.iter().all(|l| l.scratch.is_some()), "{text}");
+            let scratch = (m.memory().slots.iter())
+                .find(|s| s.scratch_for.is_some())
+                .map(|s| s.size);
+            assert_eq!(scratch, Some(4 * partials), "{:?}: {text}", ptx.tiles);
+            one_kernel_agrees(&ptx, &f, &inputs, 1e-5, 1e-5)
+                .unwrap_or_else(|e| panic!("{:?}: {src}: {e}", ptx.tiles));
+        }
+    }
+    let f = parse_function(
+        "func @f(%a: f32[2048,256], %b: f32[256,2048]) -> (f32[2048,2048]) {
+  %c = matmul %a, %b : f32[2048,2048]
+  return %c
+}",
+    )
+    .unwrap();
+    let m = compiled(&Ptx::default(), &f);
+    assert_eq!(m.launches.len(), 1, "{}", m.manifest());
+}
+
 /// The convolution gradients as implicit GEMMs against the interpreter, with either tiling:
 /// with respect to the
 /// filter and to the input, over padding, strides (positions the stride skips get nothing),

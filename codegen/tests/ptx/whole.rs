@@ -247,9 +247,10 @@ const SWAP: &str = "func @f(%x: f32[1024]) -> (f32[1024]) {
 
 /// On an NVIDIA GPU (`cargo test -p tcc-codegen --features cuda --test ptx gpu`; this needs a
 /// device, and fails saying so without one): every case above, a kernel of each other kind
-/// (both GEMM tilings forced), the examples and a swap through host memory, run on the device,
-/// equal the emulator bit for bit (NaN payloads aside), since each thread
-/// computes in the same order with the same correctly rounded operations.
+/// (both GEMM tilings forced; a convolution too small for the device splits `k`), the
+/// examples and a swap through host memory, run on the device, equal the emulator bit for bit
+/// (NaN payloads aside), since each thread computes in the same order with the same correctly
+/// rounded operations.
 #[cfg(feature = "cuda")]
 #[test]
 fn gpu_matches_the_emulator() {
@@ -269,6 +270,12 @@ fn gpu_matches_the_emulator() {
   %c = conv2d %x, %w {strides=[2,2], pads=[1,1,1,1], groups=2} : f32[2,6,5,5]
   %a = add %c, %b : f32[2,6,5,5]
   return %a
+}",
+        "func @f(%x: f32[1,64,7,7], %w: f32[128,64,3,3], %b: f32[128,1,1]) -> (f32[1,128,7,7]) {
+  %c = conv2d %x, %w {pads=[1,1,1,1]} : f32[1,128,7,7]
+  %a = add %c, %b : f32[1,128,7,7]
+  %r = relu %a : f32[1,128,7,7]
+  return %r
 }",
         "func @f(%x: f32[3,1000]) -> (f32[3,1000]) {\n  %p = log_softmax %x {axis=1} : f32[3,1000]\n  return %p\n}",
         "func @f(%x: f32[9,10]) -> (f32[9,10]) {\n  %p = softmax %x {axis=1} : f32[9,10]\n  return %p\n}",

@@ -2,7 +2,10 @@
 //! filters as one matrix, the input's windows (or the output gradient gathered back through
 //! them) as the other, never materialised.
 
-use super::{Gemm, GemmTiles, Side, Src, Tiling, byte_mem, epilogue, gemm, load_level, matrix};
+use super::{
+    Gemm, GemmTiles, Side, Src, Store, Tiling, byte_mem, epilogue, gemm, load_level, lower_product,
+    matrix,
+};
 use crate::plan::KernelData;
 use crate::ptx::lower::{BLOCK, Ctx, Lowered};
 use crate::ptx::prog::{Cmp, CmpTy, IOp, Inst, Mem, Reg, RegTy, Space};
@@ -37,17 +40,12 @@ pub fn conv2d(
     let cols = nb * oh * ow;
     let param = |v: &Value| kd.inputs.iter().position(|q| q == v).expect("an input");
     let numel = |v: Value| f.ty(v).numel();
-    let mut c = Ctx::new(
-        name,
-        (kd.inputs.len() + kd.outputs.len()) as u32,
-        BLOCK,
-        numel(x).max(numel(w)).max(numel(y)).max(k * cols),
-    );
-    let finish = epilogue(&mut c, f, kd, y, &yd)?;
-    let (x_base, w_base) = (c.bases[param(&x)], c.bases[param(&w)]);
+    let index = numel(x).max(numel(w)).max(numel(y)).max(k * cols);
+    let (xp, wp) = (param(&x), param(&w));
     // The group's filters start at g * og * k; its input channels at g * cg.
     let offsets = |c: &mut Ctx, g: Reg| (c.op_n(IOp::Mul, g, og * k), c.op_n(IOp::Mul, g, cg));
     let load_a = |c: &mut Ctx, off: Reg, row: Reg, col: Reg| {
+        let w_base = c.bases[wp];
         matrix(c, w_base, off, (row, col), (og, k), false)
     };
     let (sh, sw) = (cv.strides[0], cv.strides[1]);
@@ -56,6 +54,7 @@ pub fn conv2d(
     // B(kk, col): kk = (ic, i, j) of the window, col = (image, oy, ox) of the output;
     // x[image][g*cg + ic][oy*sh - pt + i*dh][ox*sw - pl + j*dw], 0 in the padding and past k.
     let load_b = |c: &mut Ctx, coff: Reg, kk: Reg, col: Reg| {
+        let x_base = c.bases[xp];
         let ic = c.op_n(IOp::DivU, kk, kh * kw);
         let r = c.op_n(IOp::RemU, kk, kh * kw);
         let i = c.op_n(IOp::DivU, r, kw);
@@ -124,9 +123,8 @@ pub fn conv2d(
         },
         out_index: &out_index,
     };
-    let t = Tiling::choose(tiles, og, cols, groups);
-    let tiles = gemm(&mut c, &g, t, &finish)?;
-    Ok(c.finish(tiles))
+    let t = Tiling::choose(tiles, (og, cols, k, groups), true);
+    lower_product(name, f, kd, (y, &yd), index, t, &g)
 }
 
 /// The two convolution gradients, each an implicit GEMM per group on the tiled kernel, with
@@ -351,8 +349,8 @@ pub fn conv2d_grad(
         },
         out_index: &out_index,
     };
-    let t = Tiling::choose(tiles, m, n, groups);
-    let tiles = gemm(&mut c, &gemm_spec, t, &finish)?;
+    let t = Tiling::choose(tiles, (m, n, k, groups), false);
+    let tiles = gemm(&mut c, &gemm_spec, t, &Store::Epilogue(&finish))?;
     Ok(c.finish(tiles))
 }
 

@@ -1,7 +1,7 @@
 //! Matmuls on the tiled kernel (operands as matrices, folded transposes read with swapped
 //! strides, batches broadcast), and the integer product `matmul_integer`.
 
-use super::{Gemm, GemmTiles, Side, Tiling, byte_mem, epilogue, gemm, load_level, matrix};
+use super::{Gemm, GemmTiles, Side, Tiling, byte_mem, load_level, lower_product, matrix};
 use crate::plan::KernelData;
 use crate::ptx::lower::{BLOCK, Ctx, Lowered};
 use crate::ptx::prog::{IOp, Inst, Mem, Reg, RegTy, Space};
@@ -31,17 +31,8 @@ pub fn matmul(
     let (sa, sb) = (strides(ad), strides(bd));
     let numel = |v: Value| f.ty(v).numel();
     let param = |v: &Value| kd.inputs.iter().position(|x| x == v).expect("an input");
-    let mut c = Ctx::new(
-        name,
-        (kd.inputs.len() + kd.outputs.len()) as u32,
-        BLOCK,
-        numel(a)
-            .max(numel(b))
-            .max(numel(r))
-            .max(numel(r) / m.max(1)),
-    );
-    let finish = epilogue(&mut c, f, kd, r, &od)?;
-    let (a_base, b_base) = (c.bases[param(&a)], c.bases[param(&b)]);
+    let index = (numel(a).max(numel(b)).max(numel(r))).max(numel(r) / m.max(1));
+    let (ap, bp) = (param(&a), param(&b));
     // The batch's offsets into A and B (broadcast dimensions stride 0).
     let offsets = |c: &mut Ctx, bi: Reg| {
         (
@@ -49,10 +40,14 @@ pub fn matmul(
             batch_offset(c, &batch, bi, &sb, k * n),
         )
     };
-    let load_a =
-        |c: &mut Ctx, off: Reg, row: Reg, col: Reg| matrix(c, a_base, off, (row, col), (m, k), ta);
-    let load_b =
-        |c: &mut Ctx, off: Reg, row: Reg, col: Reg| matrix(c, b_base, off, (row, col), (k, n), tb);
+    let load_a = |c: &mut Ctx, off: Reg, row: Reg, col: Reg| {
+        let a_base = c.bases[ap];
+        matrix(c, a_base, off, (row, col), (m, k), ta)
+    };
+    let load_b = |c: &mut Ctx, off: Reg, row: Reg, col: Reg| {
+        let b_base = c.bases[bp];
+        matrix(c, b_base, off, (row, col), (k, n), tb)
+    };
     let out_index = |c: &mut Ctx, bi: Reg, row: Reg, col: Reg| {
         let base = c.op_n(IOp::Mul, bi, m * n);
         let nn = c.n(n);
@@ -79,9 +74,8 @@ pub fn matmul(
         },
         out_index: &out_index,
     };
-    let t = Tiling::choose(tiles, m, n, g.batches);
-    let tiles = gemm(&mut c, &g, t, &finish)?;
-    Ok(c.finish(tiles))
+    let t = Tiling::choose(tiles, (m, n, k, g.batches), true);
+    lower_product(name, f, kd, (r, &od), index, t, &g)
 }
 
 /// `matmul_integer` kernel `kd` of `f` (u8/i8 operands with zero points broadcast to them,

@@ -9,12 +9,12 @@ mod matmul;
 pub use conv::{conv_integer, conv2d, conv2d_grad};
 pub use matmul::{matmul, matmul_integer};
 
-use super::lower::{BLOCK, Ctx, render};
-use super::prog::{Cmp, CmpTy, Cvt, IOp, Inst, Mem, Reg, RegTy, Space, Sreg};
+use super::lower::{BLOCK, Ctx, Lowered, render};
+use super::prog::{Cmp, CmpTy, Cvt, FOp, IOp, Inst, Mem, Reg, RegTy, Space, Sreg};
 use crate::kernel::expr::Lane;
 use crate::kernel::lower::{body as body_of, lower_ops};
 use crate::plan::KernelData;
-use tcc_ir::{Function, Value};
+use tcc_ir::{DType, Function, OpKind, Value};
 
 /// The depth of the slices of A and B a GEMM block stages in shared memory.
 const DEPTH: u64 = 8;
@@ -23,7 +23,7 @@ const DEPTH: u64 = 8;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum GemmTiles {
     /// By the problem: [`GemmTiles::Large`] where it still gives a block to each SM of an
-    /// A100 (108 blocks), else [`GemmTiles::Small`].
+    /// A100 (108 blocks, counting the pieces of a split `k`), else [`GemmTiles::Small`].
     #[default]
     Auto,
     /// 64x64 tiles, a 4x4 block of outputs per thread.
@@ -56,14 +56,24 @@ impl Tiling {
         tn: 8,
     };
 
-    /// The tiling `tiles` asks for, for `batches` products of `m x n`.
-    fn choose(tiles: GemmTiles, m: u64, n: u64, batches: u64) -> Tiling {
+    /// The tiling `tiles` asks for, for `batches` products of `m x k` by `k x n`: by the
+    /// problem, [`Tiling::LARGE`] where its blocks (counting the pieces of a split `k` where
+    /// the product `splits`) still give one to each multiprocessor of an A100 (108). Measured
+    /// on an H200 (resnet18's convolutions at batch 1 and 32): the large tiles take 0.45-0.65x
+    /// the small ones' time wherever both dimensions fill them, once splitting keeps the
+    /// device busy; with fewer blocks, the small tiles win.
+    fn choose(tiles: GemmTiles, (m, n, k, batches): (u64, u64, u64, u64), splits: bool) -> Tiling {
         let l = Tiling::LARGE;
         match tiles {
             GemmTiles::Small => Tiling::SMALL,
             GemmTiles::Large => l,
             GemmTiles::Auto => {
-                let blocks = batches * m.div_ceil(l.bm) * n.div_ceil(l.bn);
+                let pieces = if splits {
+                    Split::of(l, (m, n, k, batches)).pieces
+                } else {
+                    1
+                };
+                let blocks = batches * m.div_ceil(l.bm) * n.div_ceil(l.bn) * pieces;
                 if m >= l.bm && n >= l.bn && blocks >= 108 {
                     l
                 } else {
@@ -84,6 +94,89 @@ impl Tiling {
     fn spread(extent: u64, per: u64, i: u64) -> u64 {
         (i / 4) * (extent * 4 / per) + i % 4
     }
+}
+
+/// Blocks a GEMM should have to keep the device busy: two for each multiprocessor of an A100
+/// (108), about one and a half on an H100 or H200 (132). A product with fewer output tiles
+/// splits `k` ([`Split`]).
+const BUSY_BLOCKS: u64 = 216;
+
+/// The least depth along `k` a piece of a split product takes (8 slices of [`DEPTH`]).
+const MIN_PIECE: u64 = 64;
+
+/// How a GEMM's `k` is cut. With one piece, not at all: each block runs the whole `k` loop
+/// and the epilogue. With more (where the output has too few tiles to fill the device, as in
+/// the late layers of a CNN at batch 1), piece `p` of each tile multiplies `k` from
+/// `p * depth` to the next piece's start into its own partial matrix in the kernel's scratch,
+/// and a second kernel ([`sum_pieces`]) adds the pieces in order and runs the epilogue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Split {
+    pieces: u64,
+    depth: u64,
+}
+
+impl Split {
+    /// The split for `batches` products of `m x k` by `k x n` under tiling `t`.
+    fn of(t: Tiling, (m, n, k, batches): (u64, u64, u64, u64)) -> Split {
+        let tiles = batches * m.div_ceil(t.bm) * n.div_ceil(t.bn);
+        let want = BUSY_BLOCKS.div_ceil(tiles.max(1)).min(k / MIN_PIECE);
+        if want <= 1 {
+            return Split {
+                pieces: 1,
+                depth: k,
+            };
+        }
+        let depth = k.div_ceil(want).next_multiple_of(DEPTH);
+        Split {
+            pieces: k.div_ceil(depth),
+            depth,
+        }
+    }
+
+    /// Bytes of the partial matrices, for `batches` products of `m x n`.
+    fn scratch_bytes(self, (m, n, batches): (u64, u64, u64)) -> u64 {
+        if self.pieces == 1 {
+            0
+        } else {
+            4 * self.pieces * batches * m * n
+        }
+    }
+}
+
+/// The product kernel `kd` of `f` is, where it is one that may split `k` (an f32 matmul or
+/// convolution): its `(m, n, k, batches)`.
+fn problem(f: &Function, kd: &KernelData) -> Option<(u64, u64, u64, u64)> {
+    let d = f.op(kd.ops[0]);
+    if (d.args.iter().take(2).chain(&d.results)).any(|&v| f.ty(v).dtype() != DType::F32) {
+        return None;
+    }
+    match &d.kind {
+        OpKind::MatMul => {
+            let (ad, od) = (f.ty(d.args[0]).dims(), f.ty(d.results[0]).dims());
+            let (m, k, n) = (ad[ad.len() - 2], ad[ad.len() - 1], od[od.len() - 1]);
+            Some((m, n, k, od[..od.len() - 2].iter().product()))
+        }
+        OpKind::Conv2d(cv) => {
+            let (xd, wd, yd) = (
+                f.ty(d.args[0]).dims(),
+                f.ty(d.args[1]).dims(),
+                f.ty(d.results[0]).dims(),
+            );
+            let groups = cv.groups.max(1);
+            let k = xd[1] / groups * wd[2] * wd[3];
+            Some((wd[0] / groups, yd[0] * yd[2] * yd[3], k, groups))
+        }
+        _ => None,
+    }
+}
+
+/// Bytes of scratch the product kernel `kd` of `f` needs under `tiles`: its pieces' partial
+/// matrices where it splits `k`, else 0.
+pub fn scratch_bytes(f: &Function, kd: &KernelData, tiles: GemmTiles) -> u64 {
+    problem(f, kd).map_or(0, |(m, n, k, batches)| {
+        let t = Tiling::choose(tiles, (m, n, k, batches), true);
+        Split::of(t, (m, n, k, batches)).scratch_bytes((m, n, batches))
+    })
 }
 
 /// Where a GEMM operand's element is: element `idx` of the buffer at `base`, or 0 where any of
@@ -226,17 +319,17 @@ fn word_offset(c: &mut Ctx, i: Reg, at: u64) -> Reg {
 /// (zero-filled outside the matrices), so loading overlaps the arithmetic; one
 /// `cp.async.wait_group` and a barrier before each stage is read, a barrier after. Per slice
 /// and thread: 8 x (`tm + tn`) / 4 16-byte shared loads and 8 x `tm` x `tn` fused
-/// multiply-adds. Then `finish(c, out, acc)` for each of the thread's outputs inside the
-/// matrix. Returns the number of tiles.
-fn gemm(
-    c: &mut Ctx,
-    g: &Gemm,
-    t: Tiling,
-    finish: &dyn Fn(&mut Ctx, Reg, Reg) -> Result<(), String>,
-) -> Result<u64, String> {
+/// multiply-adds. Then, for each of the thread's outputs inside the matrix, `store` it.
+/// Returns the number of tiles (times the pieces where `k` is split).
+fn gemm(c: &mut Ctx, g: &Gemm, t: Tiling, store: &Store) -> Result<u64, String> {
     let (m, n, k) = (g.m, g.n, g.k);
     let (tiles_m, tiles_n) = (m.div_ceil(t.bm), n.div_ceil(t.bn));
-    let tiles = g.batches * tiles_m * tiles_n;
+    let split = match store {
+        Store::Epilogue(_) => None,
+        Store::Pieces { split, .. } => Some(*split),
+    };
+    let per_piece = g.batches * tiles_m * tiles_n;
+    let tiles = per_piece * split.map_or(1, |s| s.pieces);
     let stage = t.stage_bytes();
     c.b.k.shared = (2 * stage) as u32;
     // One block a multiprocessor is enough: without the hint `ptxas` holds some of these
@@ -268,7 +361,14 @@ fn gemm(
     let b_copies = copies(c, &g.b, t.bn, t.bm * DEPTH * 4, tid_i);
     let count = c.n(tiles);
     c.for_loop(tile, count, tile_step, |c| {
-        // Which batch and tile.
+        // Which piece of `k` (split products), batch and tile.
+        let (piece, tile) = match split {
+            None => (None, tile),
+            Some(_) => (
+                Some(c.op_n(IOp::DivU, tile, per_piece)),
+                c.op_n(IOp::RemU, tile, per_piece),
+            ),
+        };
         let per = tiles_m * tiles_n;
         let bi = c.op_n(IOp::DivU, tile, per);
         let rest = c.op_n(IOp::RemU, tile, per);
@@ -326,8 +426,16 @@ fn gemm(
             })
             .collect();
         let k0 = c.b.reg(c.it);
-        let zero_i = c.n(0);
-        c.b.push(Inst::Mov(k0, zero_i));
+        let (start, kn) = match (piece, split) {
+            (Some(p), Some(s)) => {
+                let start = c.op_n(IOp::Mul, p, s.depth);
+                let end = c.op_n(IOp::Add, start, s.depth);
+                let kn = c.n(k);
+                (start, c.b.ibin(IOp::MinS, end, kn))
+            }
+            _ => (c.n(0), c.n(k)),
+        };
+        c.b.push(Inst::Mov(k0, start));
         // The stage being read and the one being filled, as byte offsets.
         let (cur, next) = (c.b.reg(RegTy::I64), c.b.reg(RegTy::I64));
         let (s0, s1) = (c.b.imm(RegTy::I64, 0), c.b.imm(RegTy::I64, stage));
@@ -335,7 +443,6 @@ fn gemm(
         c.b.push(Inst::Mov(next, s1));
         issue(c, k0, cur);
         c.b.push(Inst::CpAsyncCommit);
-        let kn = c.n(k);
         let kstep = c.n(DEPTH);
         c.for_loop(k0, kn, kstep, |c| {
             let k1 = c.b.ibin(IOp::Add, k0, kstep);
@@ -392,14 +499,110 @@ fn gemm(
                 c.b.push(Inst::Bra(skip, Some((out_r, true))));
                 let out_c = c.b.setp(CmpTy::Unsigned, Cmp::Ge, col, nn);
                 c.b.push(Inst::Bra(skip, Some((out_c, true))));
-                let o = (g.out_index)(c, bi, row, col);
-                finish(c, o, accs[(i * t.tn + j) as usize])?;
+                let acc = accs[(i * t.tn + j) as usize];
+                match (store, piece) {
+                    (Store::Pieces { scratch, .. }, Some(p)) => {
+                        // Element ((p * batches + bi) * m + row) * n + col of the pieces.
+                        let pb = c.mad_n(p, g.batches, bi);
+                        let pr = c.mad_n(pb, m, row);
+                        let idx = c.mad_n(pr, n, col);
+                        let addr = c.address(*scratch, idx, Mem::B32);
+                        c.b.push(Inst::St(Space::Global, Mem::B32, addr, acc));
+                    }
+                    (Store::Epilogue(finish), _) => {
+                        let o = (g.out_index)(c, bi, row, col);
+                        finish(c, o, acc)?;
+                    }
+                    (Store::Pieces { .. }, None) => unreachable!("a split has pieces"),
+                }
                 c.b.place(skip);
             }
         }
         Ok(())
     })?;
     Ok(tiles)
+}
+
+/// What the tiled kernel does with each output's accumulator.
+enum Store<'a> {
+    /// `finish(c, out_index, acc)`: the epilogue, storing the kernel's outputs.
+    Epilogue(&'a dyn Fn(&mut Ctx, Reg, Reg) -> Result<(), String>),
+    /// Into its piece's partial matrix in the scratch at `scratch` (`k` split by `split`).
+    Pieces { split: Split, scratch: Reg },
+}
+
+/// The kernel(s) of product `g` (whose loads read their buffers from the context's
+/// parameters, so that it serves both kernels) for library kernel `kd` of `f`, whose GEMM
+/// computes `r` of shape `out`, under tiling `t`: one kernel ([`gemm`] with the epilogue)
+/// where the output's tiles fill the device; else `k` split into pieces ([`Split`]), the tiled
+/// kernel writing the pieces' partial matrices to the kernel's scratch (one more parameter,
+/// after the inputs and outputs) and a second kernel, launched after it ([`sum_pieces`]),
+/// finishing them. The kernels are `name`d, the second with `_sum` after it; `index` is the
+/// largest element index their operands need.
+fn lower_product(
+    name: String,
+    f: &Function,
+    kd: &KernelData,
+    (r, out): (Value, &[u64]),
+    index: u64,
+    t: Tiling,
+    g: &Gemm,
+) -> Result<Lowered, String> {
+    let params = (kd.inputs.len() + kd.outputs.len()) as u32;
+    let split = problem(f, kd).map_or(
+        Split {
+            pieces: 1,
+            depth: g.k,
+        },
+        |p| Split::of(t, p),
+    );
+    if split.pieces == 1 {
+        let mut c = Ctx::new(name, params, BLOCK, index);
+        let finish = epilogue(&mut c, f, kd, r, out)?;
+        let tiles = gemm(&mut c, g, t, &Store::Epilogue(&finish))?;
+        return Ok(c.finish(tiles));
+    }
+    let index = index.max(split.pieces * g.batches * g.m * g.n);
+    let mut c = Ctx::new(name.clone(), params + 1, BLOCK, index);
+    let scratch = c.bases[params as usize];
+    let tiles = gemm(&mut c, g, t, &Store::Pieces { split, scratch })?;
+    let mut sum = Ctx::new(format!("{name}_sum"), params + 1, BLOCK, index);
+    let finish = epilogue(&mut sum, f, kd, r, out)?;
+    let grid = sum_pieces(&mut sum, g, split, &finish)?;
+    let mut first = c.finish(tiles);
+    first.then = Some(Box::new(sum.finish(grid)));
+    Ok(first)
+}
+
+/// The second kernel of a product split into pieces: a thread per output `(batch, row, col)`
+/// adds the pieces' partials at it in piece order (from the scratch, the last parameter) and
+/// runs `finish` on the sum. Returns the grid.
+fn sum_pieces(
+    c: &mut Ctx,
+    g: &Gemm,
+    split: Split,
+    finish: &dyn Fn(&mut Ctx, Reg, Reg) -> Result<(), String>,
+) -> Result<u64, String> {
+    let (m, n) = (g.m, g.n);
+    let total = g.batches * m * n;
+    let scratch = *c.bases.last().expect("the scratch parameter");
+    c.grid_stride(total, |c, i| {
+        let at = c.address(scratch, i, Mem::B32);
+        let mut sum = c.b.ld(Space::Global, Mem::B32, RegTy::F32, at);
+        for p in 1..split.pieces {
+            let idx = c.op_n(IOp::Add, i, p * total);
+            let at = c.address(scratch, idx, Mem::B32);
+            let v = c.b.ld(Space::Global, Mem::B32, RegTy::F32, at);
+            sum = c.b.fbin(FOp::Add, sum, v);
+        }
+        let bi = c.op_n(IOp::DivU, i, m * n);
+        let rest = c.op_n(IOp::RemU, i, m * n);
+        let row = c.op_n(IOp::DivU, rest, n);
+        let col = c.op_n(IOp::RemU, rest, n);
+        let o = (g.out_index)(c, bi, row, col);
+        finish(c, o, sum)
+    })?;
+    Ok(total.div_ceil(BLOCK as u64))
 }
 
 /// The epilogue of library kernel `kd` (its ops after the root, whose result `r` is the
