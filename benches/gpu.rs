@@ -98,20 +98,17 @@ fn main() {
             Err(e) => format!("does not compile for the GPU: {e}"),
         };
         println!("{key}: {line}");
-        if let Some(top) = std::env::var("TCC_GPU_PROFILE")
-            .ok()
-            .and_then(|n| n.parse().ok())
-        {
-            profile(&gpu, &m.functions[0], top);
+        if std::env::var_os("TCC_GPU_PROFILE").is_some() {
+            profile(&gpu, &m.functions[0]);
         }
     }
 }
 
-/// Prints, for the tiling the backend chooses and each forced, the `top` launches of `f` that
-/// take the most device time (`TCC_GPU_PROFILE=N`).
-fn profile(gpu: &Gpu, f: &Function, top: usize) {
+/// Prints, for the tiling the backend chooses and each forced, where the device time goes
+/// (the 25 launches taking most; `TCC_GPU_PROFILE=1`).
+fn profile(gpu: &Gpu, f: &Function) {
     for tiles in [GemmTiles::Auto, GemmTiles::Small, GemmTiles::Large] {
-        let run = || -> Result<Vec<tcc::codegen::ptx::cuda::LaunchTime>, String> {
+        let run = || -> Result<tcc::codegen::Profile, String> {
             let backend = Ptx {
                 tiles,
                 ..gpu.backend().map_err(|e| e.0)?
@@ -120,26 +117,9 @@ fn profile(gpu: &Gpu, f: &Function, top: usize) {
             let loaded = gpu.load(m).map_err(|e| e.0)?;
             loaded.profile(&inputs(f), 20).map_err(|e| e.0)
         };
-        let mut launches = match run() {
-            Ok(l) => l,
-            Err(e) => return println!("  no profile: {e}"),
-        };
-        let total: f64 = launches.iter().map(|l| l.seconds).sum();
-        println!(
-            "  GEMM tiles {tiles:?}: {} launches, {:.3} ms with events between them",
-            launches.len(),
-            total * 1e3
-        );
-        launches.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
-        for l in launches.iter().take(top) {
-            println!(
-                "  {:>8.3} ms {:>5.1}%  {} grid {} block {}",
-                l.seconds * 1e3,
-                100.0 * l.seconds / total,
-                l.name,
-                l.grid,
-                l.block
-            );
+        match run() {
+            Ok(p) => print!("  GEMM tiles {tiles:?}: {p}"),
+            Err(e) => println!("  GEMM tiles {tiles:?}: no profile: {e}"),
         }
     }
 }

@@ -329,6 +329,10 @@ fn profile_names_every_step() {
     // Without the flag, nothing is timed or printed.
     let (code, _, err) = tcc(&["run", "-"], src);
     assert_eq!((code, err.as_str()), (0, ""));
+    // The GPU emulator has no timings to give: a usage error, not a silent empty profile.
+    let (code, _, err) = tcc(&["run", "--device", "gpu-emulator", "--profile", "-"], src);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("the GPU emulator has no timings"), "{err}");
 }
 
 /// `tcc run` optimizes with the inference pipeline first (batch norm folded into the

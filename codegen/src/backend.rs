@@ -10,6 +10,7 @@ use crate::memory::{MemoryPlan, plan_memory};
 use crate::plan::{KernelData, Plan, plan};
 use std::borrow::Cow;
 use std::fmt;
+use std::time::Duration;
 use tcc_ir::{Function, Tensor};
 
 /// A function could not be compiled.
@@ -90,4 +91,53 @@ pub fn compile<B: Backend>(backend: &B, f: &Function) -> Result<B::Compiled, Com
     let plan = backend.fuse(f, plan(f));
     let mem = plan_memory(f, &plan, backend);
     backend.compile(f, plan, mem)
+}
+
+/// Where a compiled function's time went: each step's total over all runs so far, largest
+/// first. The CPU's [`Executable::profile`](crate::Executable::profile) makes one when
+/// profiling was asked for at compile time, a GPU module's `Loaded::profile` (`--features
+/// cuda`) by timing each launch; its `Display` is the table `tcc run --profile` prints.
+#[derive(Clone, Debug)]
+pub struct Profile {
+    /// The function's name.
+    pub function: String,
+    /// The runs timed.
+    pub runs: u32,
+    /// Each step's time over all runs and its description (`jit`, `library`, ... or the GPU
+    /// kernel's name, the plan kernel, then its first op: `matmul : f32[4,16] %y`), largest
+    /// first.
+    pub steps: Vec<(Duration, String)>,
+}
+
+impl fmt::Display for Profile {
+    /// The time per run, then the 25 largest steps (all with `{:#}`), each with its time per run
+    /// and share.
+    fn fmt(&self, out: &mut fmt::Formatter) -> fmt::Result {
+        let runs = f64::from(self.runs.max(1));
+        let total: f64 = self.steps.iter().map(|(t, _)| t.as_secs_f64()).sum();
+        writeln!(
+            out,
+            "profile of @{} over {} run{}: {:.3} ms per run in {} steps",
+            self.function,
+            self.runs,
+            if self.runs == 1 { "" } else { "s" },
+            total * 1e3 / runs,
+            self.steps.len()
+        )?;
+        let shown = if out.alternate() {
+            self.steps.len()
+        } else {
+            25
+        };
+        for (t, what) in self.steps.iter().take(shown) {
+            let t = t.as_secs_f64();
+            writeln!(
+                out,
+                "  {:>9.3} ms {:>5.1}%  {what}",
+                t * 1e3 / runs,
+                100.0 * t / total.max(1e-12)
+            )?;
+        }
+        Ok(())
+    }
 }

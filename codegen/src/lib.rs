@@ -15,7 +15,7 @@ pub mod memory;
 pub mod plan;
 pub mod ptx;
 
-pub use backend::{Backend, CompileError, RunError, compile};
-pub use cpu::{Copying, Cpu, Executable, Features, Layout, Profile, Stats, VectorWidth};
+pub use backend::{Backend, CompileError, Profile, RunError, compile};
+pub use cpu::{Copying, Cpu, Executable, Features, Layout, Stats, VectorWidth};
 pub use memory::{MemoryPlan, Storage, plan_memory, write_memory};
 pub use plan::{Kernel, KernelData, KernelKind, Plan, plan, write_plan};

@@ -542,3 +542,30 @@ pub fn write_plan(w: &mut impl Write, f: &Function, p: &Plan) -> fmt::Result {
     }
     Ok(())
 }
+
+/// What kernel `kd` of `f` computes, for profiles: its first op (the library call, the
+/// reduction or softmax root of its kind, or the first elementwise op) with its attributes,
+/// result type and result name (`conv2d{strides=[2,2]} : f32[1,64,56,56] %y`); a step that
+/// fused a second library call (a depthwise convolution and the 1x1 after it) names it too,
+/// and its result last.
+pub fn describe(f: &Function, kd: &KernelData) -> String {
+    let first = match kd.kind {
+        KernelKind::Reduction { root } | KernelKind::Row { root } => root,
+        _ => kd.ops[0],
+    };
+    let d = f.op(first);
+    let mut name = d.kind.mnemonic().to_string();
+    let _ = tcc_ir::printer::write_attrs(&mut name, &d.kind);
+    let fused: Vec<Op> = (kd.ops[1..].iter().copied())
+        .filter(|&op| matches!(f.op(op).kind, OpKind::Conv2dNchwc { .. }))
+        .collect();
+    for &op in &fused {
+        let _ = write!(name, " + {}", f.op(op).kind.mnemonic());
+    }
+    let r = d.results[0];
+    let _ = write!(name, " : {} %{}", f.ty(r), f.name(r));
+    for &op in &fused {
+        let _ = write!(name, " + %{}", f.name(f.op(op).results[0]));
+    }
+    name
+}

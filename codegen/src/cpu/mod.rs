@@ -40,7 +40,6 @@ mod simd;
 mod target;
 
 pub use accuracy::max_ulp_error;
-pub use runtime::Profile;
 pub use target::{Features, VectorWidth};
 
 use crate::backend::{Backend, CompileError, RunError, compile};

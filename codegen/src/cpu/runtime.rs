@@ -12,12 +12,11 @@ use super::matmul::run_matmul;
 use super::pool;
 use super::send_ptr::SendPtr;
 use super::{Copying, Executable};
+use crate::backend::Profile;
 use crate::backend::RunError;
 use crate::memory::Storage;
 use crate::plan::Kernel;
-use crate::plan::KernelKind;
 use std::collections::HashMap;
-use std::fmt;
 use std::time::Duration;
 use tcc_ir::interp::{check_inputs, eval_op};
 use tcc_ir::{Data, Tensor, TensorType, Value, ValueDef};
@@ -280,20 +279,6 @@ impl Executable {
     }
 }
 
-/// Where a compiled function's time went: each step's total over all runs so far, largest
-/// first. [`Executable::profile`] makes one when profiling was asked for at compile time;
-/// its `Display` is the table `tcc run --profile` prints.
-#[derive(Clone, Debug)]
-pub struct Profile {
-    /// The function's name.
-    pub function: String,
-    /// The runs timed.
-    pub runs: u32,
-    /// Each step's time over all runs and its description (`jit`, `library`, ..., the
-    /// kernel, then its first op: `matmul : f32[4,16] %y`), largest first.
-    pub steps: Vec<(Duration, String)>,
-}
-
 impl Executable {
     /// The time spent in each step over all runs so far; `None` unless compiled with
     /// [`Cpu::profile`](super::Cpu) set.
@@ -313,31 +298,7 @@ impl Executable {
                     Step::Reference => "reference",
                     Step::Swap { .. } => "copy",
                 };
-                // Named by the kernel's first op (the library call, the reduction or softmax
-                // root of its kind, or the first elementwise op): what it computes, its
-                // attributes and result type, and its result's name.
-                let kd = &self.plan.kernels[*k];
-                let first = match kd.kind {
-                    KernelKind::Reduction { root } | KernelKind::Row { root } => root,
-                    _ => kd.ops[0],
-                };
-                let d = f.op(first);
-                let mut name = d.kind.mnemonic().to_string();
-                let _ = tcc_ir::printer::write_attrs(&mut name, &d.kind);
-                // A step that fused a second library call (a depthwise convolution and the 1x1
-                // after it) names it too, and its result last.
-                let fused: Vec<_> = kd.ops[1..]
-                    .iter()
-                    .filter(|&&op| matches!(f.op(op).kind, tcc_ir::OpKind::Conv2dNchwc { .. }))
-                    .collect();
-                for &&op in &fused {
-                    name += &format!(" + {}", f.op(op).kind.mnemonic());
-                }
-                let r = d.results[0];
-                name += &format!(" : {} %{}", f.ty(r), f.name(r));
-                for &&op in &fused {
-                    name += &format!(" + %{}", f.name(f.op(op).results[0]));
-                }
+                let name = crate::plan::describe(f, &self.plan.kernels[*k]);
                 (t, format!("{what:<9} {:<5} {name}", k.to_string()))
             })
             .collect();
@@ -347,38 +308,5 @@ impl Executable {
             runs: *runs,
             steps,
         })
-    }
-}
-
-impl fmt::Display for Profile {
-    /// The time per run, then the 25 largest steps (all with `{:#}`), each with its time per run
-    /// and share.
-    fn fmt(&self, out: &mut fmt::Formatter) -> fmt::Result {
-        let runs = f64::from(self.runs.max(1));
-        let total: f64 = self.steps.iter().map(|(t, _)| t.as_secs_f64()).sum();
-        writeln!(
-            out,
-            "profile of @{} over {} run{}: {:.3} ms per run in {} steps",
-            self.function,
-            self.runs,
-            if self.runs == 1 { "" } else { "s" },
-            total * 1e3 / runs,
-            self.steps.len()
-        )?;
-        let shown = if out.alternate() {
-            self.steps.len()
-        } else {
-            25
-        };
-        for (t, what) in self.steps.iter().take(shown) {
-            let t = t.as_secs_f64();
-            writeln!(
-                out,
-                "  {:>9.3} ms {:>5.1}%  {what}",
-                t * 1e3 / runs,
-                100.0 * t / total.max(1e-12)
-            )?;
-        }
-        Ok(())
     }
 }

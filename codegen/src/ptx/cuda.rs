@@ -4,13 +4,14 @@
 //! allocated, every launch of the manifest in order, the results downloaded.
 
 use super::{Module, Place, Ptx};
-use crate::backend::RunError;
+use crate::backend::{Profile, RunError};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PinnedHostSlice,
     PushKernelArg, result,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 use tcc_ir::{Tensor, Value};
 
 /// A GPU and the stream modules run on.
@@ -286,24 +287,12 @@ impl Loaded {
     }
 }
 
-/// One launch's share of a run, from [`Loaded::profile`].
-#[derive(Clone, Debug)]
-pub struct LaunchTime {
-    /// The kernel's name, or `copy` for a swap's copy.
-    pub name: String,
-    /// Blocks in the launch's grid (0 for a copy).
-    pub grid: u32,
-    /// Threads per block (0 for a copy).
-    pub block: u32,
-    /// Mean seconds from this launch's start to the next one's.
-    pub seconds: f64,
-}
-
 impl Loaded {
-    /// Where a run's device time goes: each launch's mean seconds over `runs` runs after a
-    /// warm-up, timed by CUDA events recorded between the launches (which add a little time
-    /// of their own; [`Loaded::time`] is the figure for the whole run).
-    pub fn profile(&self, inputs: &[Tensor], runs: usize) -> Result<Vec<LaunchTime>, RunError> {
+    /// Where a run's device time goes: each launch's time over `runs` runs after a warm-up,
+    /// timed by CUDA events recorded between the launches (which add a little time of their
+    /// own; [`Loaded::time`] is the figure for the whole run), described by its kernel's name
+    /// and what it computes.
+    pub fn profile(&self, inputs: &[Tensor], runs: u32) -> Result<Profile, RunError> {
         let (m, s) = (&self.module, &self.stream);
         let b = self.buffers(inputs)?;
         self.launch(&b)?;
@@ -322,19 +311,21 @@ impl Loaded {
                 .synchronize()
                 .map_err(driver)?;
             for (i, pair) in events.windows(2).enumerate() {
-                total[i] += pair[0].elapsed_ms(&pair[1]).map_err(driver)? as f64 / 1e3;
+                total[i] += f64::from(pair[0].elapsed_ms(&pair[1]).map_err(driver)?) / 1e3;
             }
         }
-        Ok((m.launches.iter().zip(total))
-            .map(|(l, t)| LaunchTime {
-                name: l
-                    .kernel
-                    .map_or("copy".into(), |k| m.kernels[k].name.clone()),
-                grid: l.grid,
-                block: l.block,
-                seconds: t / runs.max(1) as f64,
+        let mut steps: Vec<(Duration, String)> = (m.launches.iter().zip(total))
+            .map(|(l, t)| {
+                let name = l.kernel.map_or("copy", |k| &m.kernels[k].name);
+                (Duration::from_secs_f64(t), format!("{name:<12} {}", l.what))
             })
-            .collect())
+            .collect();
+        steps.sort_by_key(|&(t, _)| std::cmp::Reverse(t));
+        Ok(Profile {
+            function: m.func.name.clone(),
+            runs: runs.max(1),
+            steps,
+        })
     }
 }
 

@@ -85,6 +85,8 @@ pub struct Launch {
     /// The arena offset of the plan kernel's scratch, where it has any: the address of the
     /// last parameter, after `args`.
     pub scratch: Option<u64>,
+    /// What it computes, for profiles ([`crate::plan::describe`] of its plan kernel).
+    pub what: String,
 }
 
 /// A function compiled for the GPU: the kernels, their launches in order, and the memory plan
@@ -171,19 +173,31 @@ impl Module {
 }
 
 /// Compiles `f` for NVIDIA GPU `ordinal` (the newest PTX target it runs) and runs it once on
-/// `inputs`. Without the `cuda` feature, an error saying how to build with it; on a machine
-/// without a driver or that device, an error saying so.
-pub fn run_on_gpu(f: &Function, inputs: &[Tensor], ordinal: usize) -> Result<Vec<Tensor>, String> {
+/// `inputs`; with `profile`, then times each launch over ten more runs
+/// ([`cuda::Loaded::profile`]). Without the `cuda` feature, an error saying how to build with
+/// it; on a machine without a driver or that device, an error saying so.
+pub fn run_on_gpu(
+    f: &Function,
+    inputs: &[Tensor],
+    ordinal: usize,
+    profile: bool,
+) -> Result<(Vec<Tensor>, Option<crate::Profile>), String> {
     #[cfg(feature = "cuda")]
     {
         let gpu = cuda::Gpu::new(ordinal).map_err(|e| e.0)?;
         let backend = gpu.backend().map_err(|e| e.0)?;
         let m = crate::compile(&backend, f).map_err(|e| e.0)?;
-        gpu.load(m).and_then(|l| l.run(inputs)).map_err(|e| e.0)
+        let loaded = gpu.load(m).map_err(|e| e.0)?;
+        let results = loaded.run(inputs).map_err(|e| e.0)?;
+        let profile = match profile {
+            true => Some(loaded.profile(inputs, 10).map_err(|e| e.0)?),
+            false => None,
+        };
+        Ok((results, profile))
     }
     #[cfg(not(feature = "cuda"))]
     {
-        let _ = (f, inputs, ordinal);
+        let _ = (f, inputs, ordinal, profile);
         Err(
             "this build of tcc has no CUDA runtime: build it with `--features cuda` \
              (the PTX itself needs none: `tcc ptx`, or `--device gpu-emulator`)"
@@ -456,6 +470,7 @@ impl Backend for Ptx {
                     shared: 0,
                     args: vec![src, d.results[0]],
                     scratch: None,
+                    what: crate::plan::describe(f, kd),
                 });
                 continue;
             }
@@ -486,6 +501,7 @@ impl Backend for Ptx {
                     shared: low.kernel.shared,
                     args: args.clone(),
                     scratch,
+                    what: crate::plan::describe(f, kd),
                 });
                 kernels.push(low.kernel);
                 next = low.then.map(|b| *b);

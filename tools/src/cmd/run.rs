@@ -92,7 +92,8 @@ pub(crate) struct Args {
     /// Print to stderr how the kernels ran (compiled or reference) and the arena size.
     #[arg(long)]
     pub stats: bool,
-    /// Time each compiled step and print to stderr where the time went, largest first.
+    /// Time each compiled step and print to stderr where the time went, largest first (with
+    /// `--device cuda`, each kernel launch over ten more runs, by CUDA events).
     #[arg(long)]
     pub profile: bool,
 }
@@ -226,15 +227,29 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
         tcc_ir::interp::run(f, inputs).map_err(|e| Error::input(format!("error: {e}")))?
     } else if let Some(gpu) = gpu {
         match gpu {
-            Some(n) => tcc_codegen::ptx::run_on_gpu(f, inputs, n),
+            Some(n) => {
+                let (results, profile) = tcc_codegen::ptx::run_on_gpu(f, inputs, n, a.profile)
+                    .map_err(|e| Error::input(format!("error: {e}")))?;
+                if let Some(p) = profile {
+                    let _ = write!(io.stderr, "{p}");
+                }
+                results
+            }
+            None if a.profile => {
+                return Err(Error::usage(
+                    "error: --profile: the GPU emulator has no timings (profile on a GPU with \
+                     --device cuda, or the CPU's steps without --device)"
+                        .to_string(),
+                ));
+            }
             None => {
                 let ptx = tcc_codegen::ptx::Ptx::default();
                 tcc_codegen::compile(&ptx, f)
                     .map_err(|e| e.0)
                     .and_then(|m| tcc_codegen::Backend::run(&ptx, &m, inputs).map_err(|e| e.0))
+                    .map_err(|e| Error::input(format!("error: {e}")))?
             }
         }
-        .map_err(|e| Error::input(format!("error: {e}")))?
     } else {
         let cpu = a.model.cpu(a.profile);
         let exe = tcc_codegen::compile(&cpu, f).map_err(|e| Error::usage(format!("error: {e}")))?;
