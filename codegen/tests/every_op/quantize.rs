@@ -120,6 +120,41 @@ fn integer_products_split_across_threads() {
     );
 }
 
+/// Products of constant right operands (a dense layer's weights, packed once at compile time
+/// on VNNI), i8 and u8, with zero points per column and per tensor, A batched over the shared
+/// B, against the interpreter on every target.
+#[test]
+fn integer_products_with_constant_weights() {
+    for (at, bt) in [("u8", "i8"), ("i8", "u8")] {
+        let (k, n) = (19u64, 21u64);
+        let level = |i: u64| {
+            let v = (i * 53 + 5) % 256;
+            if bt == "i8" { v as i64 - 128 } else { v as i64 }
+        };
+        let list = |count: u64, from: u64| {
+            let v: Vec<String> = (0..count).map(|i| level(i + from).to_string()).collect();
+            v.join(", ")
+        };
+        for zb in [format!("[{}]", list(n, 3)), level(9).to_string()] {
+            let zt = if zb.starts_with('[') {
+                format!("{bt}[{n}]")
+            } else {
+                format!("{bt}[]")
+            };
+            let src = format!(
+                "func @f(%a: {at}[3,5,{k}], %za: {at}[]) -> (i32[3,5,{n}]) {{
+  %b = const {{value=[{b}]}} : {bt}[{k},{n}]
+  %zb = const {{value={zb}}} : {zt}
+  %y = matmul_integer %a, %b, %za, %zb : i32[3,5,{n}]
+  return %y
+}}",
+                b = list(k * n, 0),
+            );
+            same_on_every_target(&src, 31);
+        }
+    }
+}
+
 /// `src` compiled for every integer target against the interpreter, on random bytes for each
 /// parameter (seeds from `seed`).
 fn same_on_every_target(src: &str, seed: u64) {

@@ -7,8 +7,9 @@
 //! corrections: `sum (a - za)(b - zb) = A'B' - za colsum(B) - zb rowsum(A) + k za zb`, all
 //! wrapping in i32, which is the same sum modulo 2^32.
 //!
-//! B is packed once per batch into panels of 16 columns, 4 rows of `k` at a time (64 bytes: 4
-//! bytes per column), `k` padded to a multiple of 4 with zeros; each row of A (padded the same
+//! B is packed once per batch (once at compile time when it is a constant: [`PackedB`]) into
+//! panels of 16 columns, 4 rows of `k` at a time (64 bytes: 4 bytes per column), `k` padded to
+//! a multiple of 4 with zeros; each row of A (padded the same
 //! way) is read 4 bytes at a time, broadcast. The kernel takes 4 rows by 2 panels: 8
 //! accumulators, per 4-deep step 2 panel loads, 4 broadcasts and 8 `vpdpbusd`. Blocks of 4
 //! rows are split across the thread pool for products of 2^20 multiply-adds or more.
@@ -20,6 +21,34 @@ use std::arch::x86_64::*;
 const PANEL: usize = 16;
 /// Rows of A per kernel call.
 const ROWS: usize = 4;
+
+/// B (`k x n`, i8) packed for [`product_packed`]: panel `p`, step `g`, column `c`, byte `t` at
+/// `((p * kp/4 + g) * 16 + c) * 4 + t`, `k` padded to `kp` (a multiple of 4) with zeros; and its
+/// column sums. Made per call, or once at compile time when B is a constant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct PackedB {
+    packed: Vec<i8>,
+    colsum: Vec<i32>,
+}
+
+impl PackedB {
+    /// `b`'s bytes with `flip` xored in (0x80: a u8 B read as i8 minus 128), packed.
+    pub(super) fn new(b: &[u8], flip: u8, (k, n): (usize, usize)) -> PackedB {
+        let kp = k.div_ceil(4) * 4;
+        let panels = n.div_ceil(PANEL);
+        let mut packed = vec![0i8; panels * kp * PANEL];
+        let mut colsum = vec![0i32; n];
+        for p in 0..k {
+            for j in 0..n {
+                let v = (b[p * n + j] ^ flip) as i8;
+                colsum[j] = colsum[j].wrapping_add(v as i32);
+                let (panel, c) = (j / PANEL, j % PANEL);
+                packed[((panel * (kp / 4) + p / 4) * PANEL + c) * 4 + p % 4] = v;
+            }
+        }
+        PackedB { packed, colsum }
+    }
+}
 
 /// `out (m x n) = A (m x k, u8) B (k x n, i8)` less the zero points `za` (one, or one per row)
 /// and `zb` (one, or one per column), wrapping in i32; A's and B's bytes are those of `a` and
@@ -40,26 +69,36 @@ pub(super) unsafe fn product(
     zb: &[i32],
     out: &mut [i32],
 ) {
+    let b = PackedB::new(b, flips[1], (k, n));
+    // SAFETY: as this function's contract.
+    unsafe { product_packed(a, flips[0], &b, (m, k, n), za, zb, out) }
+}
+
+/// [`product`] with B packed already (for a `k x n` B).
+///
+/// # Safety
+/// The CPU has AVX-512F and AVX-512 VNNI; `a` holds `m * k` elements and `out` `m * n`; `b`
+/// was packed for these `k` and `n`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vnni")]
+pub(super) unsafe fn product_packed(
+    a: &[u8],
+    flip: u8,
+    b: &PackedB,
+    (m, k, n): (usize, usize, usize),
+    za: &[i32],
+    zb: &[i32],
+    out: &mut [i32],
+) {
     let kp = k.div_ceil(4) * 4;
-    let panels = n.div_ceil(PANEL);
-    // B in panels: panel p, step g, column c, byte t at ((p * kp/4 + g) * 16 + c) * 4 + t.
-    let mut packed = vec![0i8; panels * kp * PANEL];
-    let mut colsum = vec![0i32; n];
-    for p in 0..k {
-        for j in 0..n {
-            let v = (b[p * n + j] ^ flips[1]) as i8;
-            colsum[j] = colsum[j].wrapping_add(v as i32);
-            let (panel, c) = (j / PANEL, j % PANEL);
-            packed[((panel * (kp / 4) + p / 4) * PANEL + c) * 4 + p % 4] = v;
-        }
-    }
+    assert_eq!(b.colsum.len(), n, "B packed for another shape");
     // A's rows padded to `kp`, and their sums.
     let mut rows = vec![0u8; m * kp];
     let mut rowsum = vec![0i32; m];
     for i in 0..m {
         let row = &mut rows[i * kp..i * kp + k];
         for (d, &x) in row.iter_mut().zip(&a[i * k..(i + 1) * k]) {
-            *d = x ^ flips[0];
+            *d = x ^ flip;
         }
         // Wrapping, like every other sum here (it cannot overflow below k = 2^23).
         rowsum[i] = row.iter().fold(0i32, |s, &x| s.wrapping_add(x as i32));
@@ -74,8 +113,8 @@ pub(super) unsafe fn product(
             block(
                 Shared {
                     rows: &rows,
-                    packed: &packed,
-                    colsum: &colsum,
+                    packed: &b.packed,
+                    colsum: &b.colsum,
                     rowsum: &rowsum,
                     za,
                     zb,

@@ -67,6 +67,8 @@ impl IntegerConv {
             columns: false,
             vnni: isa.0,
             avx2: isa.1,
+            #[cfg(target_arch = "x86_64")]
+            packed_b: None,
         };
         IntegerConv {
             conv: conv.clone(),
@@ -292,7 +294,7 @@ impl IntegerConv {
 
 /// The bytes of `v` if it is a constant of a byte type.
 #[cfg(target_arch = "x86_64")]
-fn const_bytes(f: &Function, v: Value) -> Option<Vec<u8>> {
+pub(super) fn const_bytes(f: &Function, v: Value) -> Option<Vec<u8>> {
     let tcc_ir::OpKind::Const { ty, value } = &f.op(f.def_op(v)?).kind else {
         return None;
     };

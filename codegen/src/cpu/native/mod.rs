@@ -380,15 +380,19 @@ impl Native {
             }
             OpKind::MatMulInteger => {
                 let args = [d.args[0], d.args[1], d.args[2], d.args[3]];
-                Kind::MatMulInteger {
-                    product: quant::IntegerProduct::of(
-                        f,
-                        args,
-                        d.results[0],
-                        (vnni(features), !vnni(features) && features.avx2),
-                    )?,
-                    signed: [quant::signed(f, args[0]), quant::signed(f, args[1])],
+                #[allow(unused_mut)]
+                let mut product = quant::IntegerProduct::of(
+                    f,
+                    args,
+                    d.results[0],
+                    (vnni(features), !vnni(features) && features.avx2),
+                )?;
+                let signed = [quant::signed(f, args[0]), quant::signed(f, args[1])];
+                #[cfg(target_arch = "x86_64")]
+                if let Some(b) = int_conv::const_bytes(f, args[1]) {
+                    product.pack_constant_b(&b, signed[1]);
                 }
+                Kind::MatMulInteger { product, signed }
             }
             OpKind::ConvInteger(c) => {
                 let args = [d.args[0], d.args[1], d.args[2], d.args[3]];

@@ -236,6 +236,9 @@ pub(super) struct IntegerProduct {
     pub vnni: bool,
     /// Whether it runs on AVX2 ([`super::int8::product_avx2`]), where VNNI is not used.
     pub avx2: bool,
+    /// On VNNI, B packed at compile time (a constant shared by every batch).
+    #[cfg(target_arch = "x86_64")]
+    pub packed_b: Option<std::sync::Arc<super::int8::PackedB>>,
 }
 
 impl IntegerProduct {
@@ -301,7 +304,20 @@ impl IntegerProduct {
             columns,
             vnni,
             avx2,
+            #[cfg(target_arch = "x86_64")]
+            packed_b: None,
         })
+    }
+
+    /// Packs constant B (bytes `b`, `i8` where `signed`) at compile time, where the product
+    /// runs on VNNI and every batch reads the same B.
+    #[cfg(target_arch = "x86_64")]
+    pub(super) fn pack_constant_b(&mut self, b: &[u8], signed: bool) {
+        if self.vnni && self.batches.iter().all(|&(_, ob)| ob == 0) && b.len() == self.k * self.n {
+            let flip = if signed { 0 } else { 0x80 };
+            let packed = super::int8::PackedB::new(b, flip, (self.k, self.n));
+            self.packed_b = Some(std::sync::Arc::new(packed));
+        }
     }
 
     /// The product of byte tensors `a` and `b` (`i8` where `signed` says, else `u8`) less zero
@@ -325,10 +341,16 @@ impl IntegerProduct {
             let zb: Vec<i32> = (levels(zb, sb).into_iter())
                 .map(|z| if sb { z } else { z - 128 })
                 .collect();
-            // SAFETY: `vnni` is set only where the target has AVX-512F and VNNI.
-            self.each_batch(a, b, out, |a, b, o| unsafe {
-                super::int8::product(a, b, flips, dims, &za, &zb, o)
-            });
+            match &self.packed_b {
+                // SAFETY (both): `vnni` is set only where the target has AVX-512F and VNNI;
+                // `packed_b` was packed for this `k` and `n`.
+                Some(pb) => self.each_batch(a, b, out, |a, _, o| unsafe {
+                    super::int8::product_packed(a, flips[0], pb, dims, &za, &zb, o)
+                }),
+                None => self.each_batch(a, b, out, |a, b, o| unsafe {
+                    super::int8::product(a, b, flips, dims, &za, &zb, o)
+                }),
+            }
             return;
         }
         let (a, b) = (levels(a, sa), levels(b, sb));
