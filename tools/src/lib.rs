@@ -97,6 +97,12 @@ enum Cmd {
         after_help = "Example:\n  tcc calibrate\n  tcc opt --passes='eqsat{gflops=150,vector-gflops=30,gbps=18,launch-us=0.5,sync-us=2}' model.tir\n\neqsat keeps fixed defaults so that its output is the same on every machine; pass these to\ntune it for this one."
     )]
     Calibrate(cmd::calibrate::Args),
+    /// Quantize a float model's convolutions and matrix products to int8 after calibrating
+    /// their activations, and report each layer's error.
+    #[command(
+        after_help = "Examples:\n  tcc quantize model.onnx --calib random:32 --per-channel -o model_int8.tir\n  tcc quantize model.onnx --calib calib/ --method percentile=99.99 --exclude fc -o q.tir\n\nThe table goes to stderr: per layer the activation range, its u8 scale and zero point, the\ni8 weight scales and the relative RMS error of the layer's result against the float model,\nthen the outputs' errors over the calibration runs. Run the result with `tcc run`."
+    )]
+    Quantize(cmd::quantize::Args),
     /// Print how each function is cut into kernels and where its values live in the arena.
     #[command(after_help = "Example:\n  tcc plan examples/mlp.tir")]
     Plan(cmd::plan::Args),
@@ -159,6 +165,7 @@ pub fn run(
         Cmd::Run(a) => cmd::run::run(a, io),
         Cmd::Bench(a) => cmd::bench::run(a, io),
         Cmd::Calibrate(a) => cmd::calibrate::run(a, io),
+        Cmd::Quantize(a) => cmd::quantize::run(a, io),
         Cmd::Plan(a) => cmd::plan::run(a, io),
         Cmd::Ptx(a) => cmd::ptx::run(a, io),
         Cmd::Grad(a) => cmd::grad::run(a, io),

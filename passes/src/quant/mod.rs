@@ -7,12 +7,15 @@
 //! - [`Quantize`]: fake quantization of weights and activations for quantization-aware training.
 //! - [`qdq`](mod@qdq): convolutions and matrix products of dequantized operands (ONNX's QDQ
 //!   form) on the integer ops.
+//! - [`ptq`]: post-training quantization (`tcc quantize`): layers put in QDQ form with the
+//!   scales a calibration chose, then through `qdq`.
 //!
 //! Both keep their state explicit: parameters (`quant/...`, `<bn>/moving_mean`, ...) and
 //! results `new/<name>` a train loop feeds back; [`initial_value`] says where each starts.
 
 pub mod fold_bn;
 pub mod fold_bn_training;
+pub mod ptq;
 pub mod qdq;
 pub mod quantize;
 
@@ -96,6 +99,12 @@ impl Emit<'_> {
         };
         let ty =
             TensorType::new(dtype, dims.to_vec()).map_err(|e| format!("internal error: {e}"))?;
+        self.op(OpKind::Const { ty, value }, &[], name)
+    }
+
+    /// A constant of type `ty` holding `data` (of its dtype).
+    pub fn constant_of(&mut self, ty: TensorType, data: Data, name: &str) -> Result<Value, String> {
+        let value = Literal::dense(data);
         self.op(OpKind::Const { ty, value }, &[], name)
     }
 

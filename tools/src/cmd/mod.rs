@@ -10,6 +10,7 @@ pub(crate) mod opt;
 pub(crate) mod passes;
 pub(crate) mod plan;
 pub(crate) mod ptx;
+pub(crate) mod quantize;
 pub(crate) mod run;
 pub(crate) mod train;
 pub(crate) mod verify;

@@ -1,0 +1,260 @@
+//! Post-training quantization (`tcc quantize`): which layers can run on integers, the scales
+//! chosen from the ranges a calibration observed, and the rewrite.
+//!
+//! A layer is a `conv2d` or `matmul` of an f32 activation by constant f32 weights (a
+//! convolution's filter, a matrix `[K, N]`). The rewrite puts it in ONNX's QDQ form, as
+//! onnxruntime's `quantize_static` does, and then [`qdq`](super::qdq::qdq) turns it into the
+//! integer op: the activation becomes `dequantize_linear(quantize_linear(x, s, z), s, z)` with
+//! u8 levels, the weights `dequantize_linear` of i8 levels (constants) with zero points 0.
+//! What follows the layer (its bias, relu, the next layer's quantization) stays, so the CPU
+//! backend fuses it into the integer convolution's store.
+//!
+//! - **Activations**: u8. Asymmetric (default): the observed range widened to include 0,
+//!   `scale = (max - min) / 255`, `zero = round(-min / scale)`, so 0 is exact. Symmetric:
+//!   `scale = 2 max(|min|, |max|) / 255`, zero point 128.
+//! - **Weights**: i8, symmetric over the narrow range [-127, 127], `scale = max|w| / 127`, per
+//!   tensor or per output channel (a filter's first axis, a matrix's columns).
+//!
+//! A range of zero width (an activation that was always 0) takes scale 1; a range that is not
+//! finite is an error naming the layer.
+
+use super::Emit;
+use super::qdq::qdq;
+use std::collections::{HashMap, HashSet};
+use tcc_ir::{DType, Data, Function, Op, OpKind, Tensor, TensorType, Value};
+
+/// A layer [`quantize`] can convert.
+#[derive(Clone, Debug)]
+pub struct Layer {
+    /// The `conv2d` or `matmul`.
+    pub op: Op,
+    /// Its activation operand, which becomes u8.
+    pub input: Value,
+    /// Its result; the layer is named after it.
+    pub output: Value,
+}
+
+/// The layers of `f` that can run on integers, in schedule order.
+pub fn layers(f: &Function) -> Vec<Layer> {
+    let is_f32 = |v: Value| f.ty(v).dtype() == DType::F32;
+    (f.schedule().iter().copied())
+        .filter_map(|op| {
+            let d = f.op(op);
+            let (x, w) = (*d.args.first()?, *d.args.get(1)?);
+            let shape_ok = match &d.kind {
+                OpKind::Conv2d(_) => true,
+                OpKind::MatMul => f.ty(w).rank() == 2,
+                _ => false,
+            };
+            let weights = f.def_op(w).and_then(|o| match &f.op(o).kind {
+                OpKind::Const { .. } => Some(()),
+                _ => None,
+            });
+            let activation = f
+                .def_op(x)
+                .is_none_or(|o| !matches!(f.op(o).kind, OpKind::Const { .. }));
+            (shape_ok && weights.is_some() && activation && is_f32(x) && is_f32(w)).then(|| Layer {
+                op,
+                input: x,
+                output: d.results[0],
+            })
+        })
+        .collect()
+}
+
+/// The range an activation took over the calibration inputs (after any clipping).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Range {
+    /// The smallest value.
+    pub min: f32,
+    /// The largest value.
+    pub max: f32,
+}
+
+/// How [`quantize`] quantizes.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Scheme {
+    /// One weight scale per output channel instead of one per tensor.
+    pub per_channel: bool,
+    /// Activations symmetric about 0 (zero point 128) instead of fitted to their range.
+    pub symmetric_activations: bool,
+}
+
+/// The u8 scale and zero point for an activation observed over `r` (see the module docs).
+pub fn activation_params(r: Range, symmetric: bool) -> Result<(f32, u8), String> {
+    if !r.min.is_finite() || !r.max.is_finite() {
+        return Err(format!("the range [{}, {}] is not finite", r.min, r.max));
+    }
+    let (lo, hi) = (r.min.min(0.0), r.max.max(0.0));
+    if symmetric {
+        let a = lo.abs().max(hi);
+        let s = if a > 0.0 { 2.0 * a / 255.0 } else { 1.0 };
+        return Ok((s, 128));
+    }
+    let s = (hi - lo) / 255.0;
+    if s == 0.0 {
+        return Ok((1.0, 0));
+    }
+    let z = (-lo / s).round_ties_even().clamp(0.0, 255.0);
+    Ok((s, z as u8))
+}
+
+/// Weights `w` as i8 levels and their `scales` scales, symmetric over [-127, 127]: element `i`
+/// takes scale `channel(i)`, which is `max|w| / 127` over the elements that take it.
+fn weight_levels(
+    w: &[f32],
+    scales: usize,
+    channel: impl Fn(usize) -> usize,
+) -> Result<(Vec<i8>, Vec<f32>), String> {
+    let mut amax = vec![0.0f32; scales];
+    for (i, &x) in w.iter().enumerate() {
+        if !x.is_finite() {
+            return Err(format!("weight {i} is {x}"));
+        }
+        let c = channel(i);
+        amax[c] = amax[c].max(x.abs());
+    }
+    let s: Vec<f32> = (amax.iter())
+        .map(|&a| if a > 0.0 { a / 127.0 } else { 1.0 })
+        .collect();
+    let q = (w.iter().enumerate())
+        .map(|(i, &x)| (x / s[channel(i)]).round_ties_even().clamp(-127.0, 127.0) as i8)
+        .collect();
+    Ok((q, s))
+}
+
+/// What [`quantize`] did to one layer, for `tcc quantize`'s table.
+#[derive(Clone, Debug)]
+pub struct Quantized {
+    /// The layer's name (its result's).
+    pub name: String,
+    /// The activation's range.
+    pub range: Range,
+    /// The activation's scale.
+    pub scale: f32,
+    /// The activation's zero point.
+    pub zero: u8,
+    /// The smallest and largest weight scale.
+    pub weight_scales: (f32, f32),
+    /// Whether it runs on the integer op (else it stayed in float: `qdq` did not take it).
+    pub integer: bool,
+}
+
+/// Quantizes `layers` of `f` with the activation ranges in `ranges` (by the layer's input) as
+/// the module docs say, then turns the QDQ form into integer ops ([`qdq`]). Layers whose
+/// input has no range are left alone.
+pub fn quantize(
+    f: &mut Function,
+    layers: &[Layer],
+    ranges: &HashMap<Value, Range>,
+    scheme: Scheme,
+) -> Result<Vec<Quantized>, String> {
+    let mut dequantized: HashMap<Value, (Value, f32, u8)> = HashMap::new();
+    let mut report = Vec::new();
+    for layer in layers {
+        let Some(&range) = ranges.get(&layer.input) else {
+            continue;
+        };
+        let name = f.name(layer.output).to_string();
+        let at = |e: String| format!("layer `{name}`: {e}");
+        let x = layer.input;
+        let mut e = Emit { f, ops: Vec::new() };
+        let (xd, scale, zero) = match dequantized.get(&x) {
+            Some(&known) => known,
+            None => {
+                let (s, z) = activation_params(range, scheme.symmetric_activations).map_err(at)?;
+                let sv = e.scalar(DType::F32, f64::from(s), "quant/scale")?;
+                let zv = e.scalar(DType::U8, f64::from(z), "quant/zero")?;
+                let q = e.op(OpKind::QuantizeLinear, &[x, sv, zv], "quant/q")?;
+                let d = e.op(OpKind::DequantizeLinear, &[q, sv, zv], "quant/dq")?;
+                dequantized.insert(x, (d, s, z));
+                (d, s, z)
+            }
+        };
+        let w = e.f.op(layer.op).args[1];
+        let (wd, weight_scales) =
+            dequantized_weights(&mut e, w, layer.op, scheme.per_channel).map_err(at)?;
+        let ops = std::mem::take(&mut e.ops);
+        for n in ops {
+            f.insert_before(n, layer.op);
+        }
+        f.op_mut(layer.op).args[0] = xd;
+        f.op_mut(layer.op).args[1] = wd;
+        report.push(Quantized {
+            name,
+            range,
+            scale,
+            zero,
+            weight_scales,
+            integer: false,
+        });
+    }
+    qdq(f);
+    let live: HashSet<Op> = f.schedule().iter().copied().collect();
+    for (r, layer) in report
+        .iter_mut()
+        .zip(layers.iter().filter(|l| ranges.contains_key(&l.input)))
+    {
+        r.integer = !live.contains(&layer.op);
+    }
+    Ok(report)
+}
+
+/// `dequantize_linear` of constant i8 levels for the constant weights `w` of layer `op`, and
+/// the smallest and largest scale.
+fn dequantized_weights(
+    e: &mut Emit,
+    w: Value,
+    op: Op,
+    per_channel: bool,
+) -> Result<(Value, (f32, f32)), String> {
+    let f = &*e.f;
+    let def = f.def_op(w).ok_or("the weights are not a constant")?;
+    let OpKind::Const { ty, value } = &f.op(def).kind else {
+        return Err("the weights are not a constant".into());
+    };
+    let t = Tensor::from_literal(ty, value).map_err(|e| e.to_string())?;
+    let Data::F32(data) = t.data() else {
+        return Err("the weights are not f32".into());
+    };
+    let dims = ty.dims().to_vec();
+    let conv = matches!(f.op(op).kind, OpKind::Conv2d(_));
+    // Per channel: a filter's output channels (its first axis, the scale shaped
+    // `[O, 1, 1, 1]`), a matrix's columns (`[N]`).
+    let (scales, scale_dims): (usize, Vec<u64>) = match (per_channel, conv) {
+        (false, _) => (1, vec![]),
+        (true, true) => (dims[0] as usize, vec![dims[0], 1, 1, 1]),
+        (true, false) => (dims[1] as usize, vec![dims[1]]),
+    };
+    let per_row = if conv {
+        dims[1..].iter().product::<u64>() as usize
+    } else {
+        1
+    };
+    let cols = dims.last().copied().unwrap_or(1) as usize;
+    let channel = |i: usize| match (scales, conv) {
+        (1, _) => 0,
+        (_, true) => i / per_row,
+        (_, false) => i % cols,
+    };
+    let (levels, s) = weight_levels(data, scales, channel)?;
+    let lo = s.iter().copied().fold(f32::INFINITY, f32::min);
+    let hi = s.iter().copied().fold(0.0f32, f32::max);
+    let q = e.constant_of(
+        TensorType::new(DType::I8, dims.clone()).map_err(|e| e.to_string())?,
+        Data::I8(levels),
+        "quant/w",
+    )?;
+    let sv = e.constant_of(
+        TensorType::new(DType::F32, scale_dims.clone()).map_err(|e| e.to_string())?,
+        Data::F32(s),
+        "quant/w_scale",
+    )?;
+    let zv = e.constant_of(
+        TensorType::new(DType::I8, scale_dims).map_err(|e| e.to_string())?,
+        Data::I8(vec![0; scales]),
+        "quant/w_zero",
+    )?;
+    let d = e.op(OpKind::DequantizeLinear, &[q, sv, zv], "quant/w_dq")?;
+    Ok((d, (lo, hi)))
+}

@@ -1,0 +1,268 @@
+//! Post-training quantization (`tcc quantize`'s rewrite): activation scales that keep 0 and the
+//! observed range on the levels, weights on [-127, 127] with each channel's largest at ±127,
+//! layers on the integer ops with results within the quantization's error, and what is left
+//! in float.
+
+use std::collections::HashMap;
+use tcc_ir::random::{Rng, random_tensor};
+use tcc_ir::{Data, Function, OpKind, Tensor, Value, interp, parse_function, verify_function};
+use tcc_passes::quant::ptq::{Range, Scheme, activation_params, layers, quantize};
+
+fn f64s(t: &Tensor) -> Vec<f64> {
+    t.data().to_f64s()
+}
+
+/// Asymmetric scales put the observed range inside [0, 255] after rounding and 0 on a level;
+/// ranges that exclude 0 are widened to it; a range of zero width takes scale 1; symmetric
+/// ones are centred on 128; ranges that are not finite are refused.
+#[test]
+fn activation_scales_keep_zero_and_the_range_on_the_levels() {
+    for (min, max) in [
+        (-1.3f32, 2.7f32),
+        (0.0, 5.0),
+        (-3.0, -1.0),
+        (2.0, 9.0),
+        (-1e-3, 1e3),
+    ] {
+        let (s, z) = activation_params(Range { min, max }, false).unwrap();
+        let level = |x: f32| (x / s).round_ties_even() + f32::from(z);
+        assert!(
+            level(min.min(0.0)) >= 0.0 && level(max.max(0.0)) <= 255.0,
+            "[{min}, {max}]"
+        );
+        assert_eq!(level(0.0), f32::from(z), "0 is level {z}");
+        // The levels are not wasted: the widened range spans (almost) all 256.
+        let span = (max.max(0.0) - min.min(0.0)) / s;
+        assert!((span - 255.0).abs() < 1e-3, "[{min}, {max}]: {span} levels");
+    }
+    assert_eq!(
+        activation_params(
+            Range {
+                min: -3.0,
+                max: -1.0
+            },
+            false
+        )
+        .unwrap()
+        .1,
+        255
+    );
+    assert_eq!(
+        activation_params(Range { min: 0.0, max: 0.0 }, false).unwrap(),
+        (1.0, 0)
+    );
+    let (s, z) = activation_params(
+        Range {
+            min: -2.0,
+            max: 0.5,
+        },
+        true,
+    )
+    .unwrap();
+    assert_eq!((s, z), (4.0 / 255.0, 128));
+    for bad in [f32::NAN, f32::INFINITY] {
+        let e = activation_params(Range { min: 0.0, max: bad }, false).unwrap_err();
+        assert!(e.contains("not finite"), "{e}");
+    }
+}
+
+/// A convolution (bias, relu) and a dense layer, with random constant weights.
+fn model(rng: &mut Rng) -> Function {
+    let src = "func @f(%x: f32[2,3,8,8]) -> (f32[2,5]) {
+  %w = const {value=0.0} : f32[4,3,3,3]
+  %b = const {value=0.1} : f32[4,1,1]
+  %c = conv2d %x, %w {pads=[1,1,1,1]} : f32[2,4,8,8]
+  %a = add %c, %b : f32[2,4,8,8]
+  %r = relu %a : f32[2,4,8,8]
+  %flat = reshape %r {shape=[2,256]} : f32[2,256]
+  %v = const {value=0.0} : f32[256,5]
+  %y = matmul %flat, %v : f32[2,5]
+  return %y
+}";
+    let mut f = parse_function(src).unwrap();
+    // Random weights, the conv's channels at different magnitudes so per-channel scales differ.
+    for name in ["w", "v"] {
+        let op = f.def_op(f.lookup(name).unwrap()).unwrap();
+        let OpKind::Const { ty, .. } = &f.op(op).kind else {
+            unreachable!()
+        };
+        let ty = ty.clone();
+        let mut t = f64s(&random_tensor(&ty, rng));
+        let per = t.len() / ty.dims()[0] as usize;
+        for (i, x) in t.iter_mut().enumerate() {
+            *x *= 1.0 + (i / per) as f64;
+        }
+        let data = Data::F32(t.iter().map(|&x| x as f32).collect());
+        f.op_mut(op).kind = OpKind::Const {
+            ty,
+            value: tcc_ir::Literal::dense(data),
+        };
+    }
+    f
+}
+
+/// The observed range of each layer's input over `inputs`, as a calibration would find it.
+fn ranges(f: &Function, inputs: &[Tensor]) -> HashMap<Value, Range> {
+    let mut g = f.clone();
+    let ins: Vec<Value> = layers(f).iter().map(|l| l.input).collect();
+    g.set_results(ins.clone());
+    let out = interp::run(&g, inputs).unwrap();
+    (ins.iter().zip(&out))
+        .map(|(&v, t)| {
+            let x = f64s(t);
+            let min = x.iter().copied().fold(f64::INFINITY, f64::min) as f32;
+            let max = x.iter().copied().fold(f64::NEG_INFINITY, f64::max) as f32;
+            (v, Range { min, max })
+        })
+        .collect()
+}
+
+/// Both layers run on the integer ops, per tensor and per channel; each weight level is its
+/// value over its scale rounded, each scale's channel reaches ±127; the output is within a
+/// few quantization steps of the float model's.
+#[test]
+fn layers_run_on_integers_within_the_quantization_error() {
+    let mut rng = Rng::new(5);
+    let f = model(&mut rng);
+    let x = random_tensor(f.ty(f.params()[0]), &mut rng);
+    let inputs = vec![x];
+    assert_eq!(layers(&f).len(), 2);
+    let want = f64s(&interp::run(&f, &inputs).unwrap()[0]);
+    for per_channel in [false, true] {
+        let mut q = f.clone();
+        let scheme = Scheme {
+            per_channel,
+            symmetric_activations: false,
+        };
+        let report = quantize(&mut q, &layers(&f), &ranges(&f, &inputs), scheme).unwrap();
+        verify_function(&q).unwrap_or_else(|d| panic!("{d}\n{q}"));
+        assert!(report.iter().all(|r| r.integer), "{report:?}");
+        let kinds: Vec<&OpKind> = q.schedule().iter().map(|&o| &q.op(o).kind).collect();
+        assert!(
+            !kinds
+                .iter()
+                .any(|k| matches!(k, OpKind::Conv2d(_) | OpKind::MatMul))
+        );
+        assert_eq!(
+            kinds
+                .iter()
+                .filter(|k| matches!(k, OpKind::ConvInteger(_) | OpKind::MatMulInteger))
+                .count(),
+            2,
+            "{q}"
+        );
+        // The filter's levels and scales against the float weights.
+        let conv = (q.schedule().iter())
+            .find(|&&o| matches!(q.op(o).kind, OpKind::ConvInteger(_)))
+            .copied()
+            .unwrap();
+        let constant = |v: Value| {
+            let OpKind::Const { ty, value } = &q.op(q.def_op(v).unwrap()).kind else {
+                panic!("not a constant:\n{q}")
+            };
+            Tensor::from_literal(ty, value).unwrap()
+        };
+        let levels = constant(q.op(conv).args[1]);
+        let Data::I8(levels) = levels.data() else {
+            panic!("the filter is not i8")
+        };
+        let w = f64s(&constant_of(&f, "w"));
+        let scales = w_scales(&q, conv);
+        let per = w.len() / 4;
+        for (i, (&l, &x)) in levels.iter().zip(&w).enumerate() {
+            let s = scales[if per_channel { i / per } else { 0 }];
+            assert!((-127..=127).contains(&l));
+            assert!(
+                (f64::from(l) * s - x).abs() <= s / 2.0 * (1.0 + 1e-6),
+                "weight {i}: level {l} x {s} for {x}"
+            );
+        }
+        for c in 0..scales.len() {
+            let group = if per_channel {
+                &levels[c * per..(c + 1) * per]
+            } else {
+                &levels[..]
+            };
+            assert_eq!(group.iter().map(|l| l.unsigned_abs()).max(), Some(127));
+        }
+        let got = f64s(&interp::run(&q, &inputs).unwrap()[0]);
+        let (num, den) = (got.iter().zip(&want)).fold((0.0, 0.0), |(n, d), (a, b)| {
+            (n + (a - b) * (a - b), d + b * b)
+        });
+        let rel = (num / den).sqrt();
+        assert!(
+            rel < 0.03,
+            "per channel {per_channel}: relative error {rel}"
+        );
+    }
+}
+
+fn constant_of(f: &Function, name: &str) -> Tensor {
+    let OpKind::Const { ty, value } = &f.op(f.def_op(f.lookup(name).unwrap()).unwrap()).kind else {
+        panic!("`{name}` is not a constant")
+    };
+    Tensor::from_literal(ty, value).unwrap()
+}
+
+/// The weight scales of integer convolution `conv` of `q`: the constant the `qdq` rewrite
+/// multiplies the accumulator by, divided by the activation's scale.
+fn w_scales(q: &Function, conv: tcc_ir::Op) -> Vec<f64> {
+    // conv_integer -> cast -> mul by (activation scale * weight scales).
+    let users = |v: Value| -> Vec<tcc_ir::Op> {
+        (q.schedule().iter().copied())
+            .filter(|&o| q.op(o).args.contains(&v))
+            .collect()
+    };
+    let cast = users(q.op(conv).results[0])[0];
+    let mul = users(q.op(cast).results[0])[0];
+    let scale = q.op(mul).args[1];
+    let combined = f64s(
+        &interp::run(
+            &{
+                let mut g = q.clone();
+                g.set_results(vec![scale]);
+                g
+            },
+            &[Tensor::zeros(q.ty(q.params()[0]).clone()).unwrap()],
+        )
+        .unwrap()[0],
+    );
+    // The activation's scale: the first quantize_linear's (a constant).
+    let quant = (q.schedule().iter())
+        .find(|&&o| matches!(q.op(o).kind, OpKind::QuantizeLinear))
+        .copied()
+        .unwrap();
+    let OpKind::Const { ty, value } = &q.op(q.def_op(q.op(quant).args[1]).unwrap()).kind else {
+        panic!("the activation scale is not a constant")
+    };
+    let sx = f64s(&Tensor::from_literal(ty, value).unwrap())[0];
+    combined.iter().map(|c| c / sx).collect()
+}
+
+/// Products whose weights are not constants, or whose activation is one, are not layers; a
+/// layer whose input has no range is left in float.
+#[test]
+fn what_stays_in_float() {
+    let f = parse_function(
+        "func @f(%x: f32[2,8], %w: f32[8,3]) -> (f32[2,3], f32[2,3]) {
+  %c = const {value=0.5} : f32[8,3]
+  %k = const {value=1.0} : f32[2,8]
+  %y = matmul %x, %w : f32[2,3]
+  %z = matmul %k, %c : f32[2,3]
+  %u = matmul %x, %c : f32[2,3]
+  %s = add %z, %u : f32[2,3]
+  return %y, %s
+}",
+    )
+    .unwrap();
+    let found = layers(&f);
+    assert_eq!(found.len(), 1);
+    assert_eq!(f.name(found[0].output), "u");
+    let mut q = f.clone();
+    let report = quantize(&mut q, &found, &HashMap::new(), Scheme::default()).unwrap();
+    assert!(report.is_empty());
+    assert!(
+        (q.schedule().iter()).all(|&o| !matches!(q.op(o).kind, OpKind::MatMulInteger)),
+        "{q}"
+    );
+}

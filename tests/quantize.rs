@@ -1,0 +1,220 @@
+//! `tcc quantize`: a float model calibrated, written on the integer ops, and runnable; the
+//! table it prints; `--exclude`, `--method percentile=P` and calibration directories; and the
+//! errors a user can cause.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use tcc::ir::{OpKind, Tensor, parse_module};
+use tcc_tools::npy;
+
+fn tcc(args: &[&str]) -> (i32, String, String) {
+    common::tcc_with(args, b"")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("tcc-quantize-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A small CNN (conv, bias, relu, conv, relu, dense) with weights that are not all alike.
+const MODEL: &str = "func @net(%x: f32[1,3,8,8]) -> (f32[1,10]) {
+  %w1 = const {value=[0.3, -0.2, 0.1, 0.05, 0.4, -0.3, 0.2, 0.1, -0.1, -0.25, 0.15, 0.3, 0.1, -0.05, 0.2, 0.35, -0.4, 0.1, 0.1, 0.2, -0.3, 0.4, -0.1, 0.05, -0.2, 0.3, 0.15, -0.1, 0.3, 0.2, 0.25, -0.35, 0.1, 0.05, 0.15, -0.2, 0.3, 0.1, -0.15, -0.2, 0.4, 0.05, 0.1, -0.3, 0.25, 0.2, -0.1, 0.35, 0.05, 0.1, -0.25, 0.3, 0.2, -0.05]} : f32[2,3,3,3]
+  %b1 = const {value=[0.05, -0.1]} : f32[2,1,1]
+  %c1 = conv2d %x, %w1 {pads=[1,1,1,1]} : f32[1,2,8,8]
+  %a1 = add %c1, %b1 : f32[1,2,8,8]
+  %conv1 = relu %a1 : f32[1,2,8,8]
+  %w2 = const {value=0.125} : f32[4,2,3,3]
+  %c2 = conv2d %conv1, %w2 {strides=[2,2], pads=[1,1,1,1]} : f32[1,4,4,4]
+  %conv2 = relu %c2 : f32[1,4,4,4]
+  %flat = reshape %conv2 {shape=[1,64]} : f32[1,64]
+  %v = const {value=0.05} : f32[64,10]
+  %logits = matmul %flat, %v : f32[1,10]
+  return %logits
+}";
+
+fn write_model(dir: &Path) -> String {
+    let p = dir.join("net.tir");
+    std::fs::write(&p, MODEL).unwrap();
+    p.to_string_lossy().into_owned()
+}
+
+fn count(text: &str, is: impl Fn(&OpKind) -> bool) -> usize {
+    let m = parse_module(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let f = &m.functions[0];
+    f.schedule().iter().filter(|&&o| is(&f.op(o).kind)).count()
+}
+
+/// Every layer goes on the integer ops; the table names each with its range and error and
+/// reports the output's; the written IR runs, close to the float model.
+#[test]
+fn quantizes_every_layer_and_writes_ir_that_runs() {
+    let d = scratch("all");
+    let model = write_model(&d);
+    let out = d.join("q.tir").to_string_lossy().into_owned();
+    let (code, _, err) = tcc(&[
+        "quantize",
+        &model,
+        "--calib",
+        "random:4",
+        "--per-channel",
+        "-o",
+        &out,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    for name in ["c1", "c2", "logits"] {
+        assert!(
+            err.lines().any(|l| l.starts_with(name)),
+            "no row for {name}:\n{err}"
+        );
+    }
+    assert!(
+        err.contains("3 of 3 layers on integer ops; over 4 calibration runs:"),
+        "{err}"
+    );
+    assert!(err.contains("output %logits: relative RMS error"), "{err}");
+    assert!(err.contains("top-1 of the first output agrees"), "{err}");
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(count(&text, |k| matches!(k, OpKind::ConvInteger(_))), 2);
+    assert_eq!(count(&text, |k| matches!(k, OpKind::MatMulInteger)), 1);
+    assert_eq!(
+        count(&text, |k| matches!(k, OpKind::Conv2d(_) | OpKind::MatMul)),
+        0
+    );
+    // The quantized model runs and stays near the float one on the same input.
+    let results = |file: &str, dir: &Path| {
+        let (code, _, err) = tcc(&[
+            "run",
+            file,
+            "--input",
+            "x=random:7",
+            "--output",
+            &dir.to_string_lossy(),
+        ]);
+        assert_eq!(code, 0, "{err}");
+        let t = npy::read(&std::fs::read(dir.join("logits.npy")).unwrap()).unwrap();
+        t.data().to_f64s()
+    };
+    let want = results(&model, &d.join("float"));
+    let got = results(&out, &d.join("int8"));
+    let (num, den) = (got.iter().zip(&want)).fold((0.0, 0.0), |(n, s), (a, b)| {
+        (n + (a - b) * (a - b), s + b * b)
+    });
+    assert!((num / den).sqrt() < 0.05, "{got:?} against {want:?}");
+}
+
+/// The first data row's activation range, `[min, max]`, for the layer named `layer`.
+fn range_of(table: &str, layer: &str) -> (f64, f64) {
+    let line = (table.lines())
+        .find(|l| l.starts_with(layer))
+        .unwrap_or_else(|| panic!("no row for {layer}:\n{table}"));
+    let inside = &line[line.find('[').unwrap() + 1..line.find(']').unwrap()];
+    let (a, b) = inside.split_once(',').unwrap();
+    (a.trim().parse().unwrap(), b.trim().parse().unwrap())
+}
+
+/// `--exclude` keeps a layer in float; percentiles narrow a range that min-max takes whole;
+/// a directory of .npy files calibrates.
+#[test]
+fn exclude_percentile_and_calibration_files() {
+    let d = scratch("options");
+    let model = write_model(&d);
+    let out = d.join("q.tir").to_string_lossy().into_owned();
+    let (code, _, err) = tcc(&[
+        "quantize",
+        &model,
+        "--calib",
+        "random:3",
+        "--exclude",
+        "c2",
+        "-o",
+        &out,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("2 of 2 layers on integer ops"), "{err}");
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(count(&text, |k| matches!(k, OpKind::Conv2d(_))), 1);
+    assert_eq!(count(&text, |k| matches!(k, OpKind::ConvInteger(_))), 1);
+
+    let calib = d.join("calib");
+    std::fs::create_dir_all(&calib).unwrap();
+    let mut rng = tcc::ir::random::Rng::new(3);
+    let ty = tcc::ir::TensorType::new(tcc::ir::DType::F32, vec![1, 3, 8, 8]).unwrap();
+    for i in 0..6 {
+        let t: Tensor = tcc::ir::random::random_tensor(&ty, &mut rng);
+        std::fs::write(calib.join(format!("s{i}.npy")), npy::write(&t)).unwrap();
+    }
+    let calib = calib.to_string_lossy().into_owned();
+    let run = |method: &str| {
+        let (code, _, err) = tcc(&[
+            "quantize", &model, "--calib", &calib, "--method", method, "-o", &out,
+        ]);
+        assert_eq!(code, 0, "{method}: {err}");
+        assert!(err.contains("over 6 calibration runs"), "{err}");
+        err
+    };
+    let whole = run("minmax");
+    let cut = run("percentile=90");
+    let (lo, hi) = range_of(&whole, "c1");
+    let (plo, phi) = range_of(&cut, "c1");
+    assert!(plo > lo && phi < hi, "[{plo}, {phi}] within [{lo}, {hi}]");
+}
+
+/// What the user can get wrong, each a clear error.
+#[test]
+fn user_errors_are_reported() {
+    let d = scratch("errors");
+    let model = write_model(&d);
+    let quantize = |extra: &[&str]| {
+        let mut args = vec!["quantize", model.as_str()];
+        args.extend_from_slice(extra);
+        tcc(&args)
+    };
+    let (code, _, err) = quantize(&["--calib", "random:2", "--method", "entropy"]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("--method entropy: not implemented yet"),
+        "{err}"
+    );
+    let (code, _, err) = quantize(&["--calib", "random:2", "--method", "percentile=30"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("percentile=P with P in (50, 100]"), "{err}");
+    let (code, _, err) = quantize(&["--calib", "random:0"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("expected random:N with N >= 1"), "{err}");
+    let (code, _, err) = quantize(&["--calib", "random:2", "--exclude", "nope"]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("--exclude `nope` matches no layer; the layers are `c1`, `c2`, `logits`"),
+        "{err}"
+    );
+    let calib = d.join("calib");
+    std::fs::create_dir_all(&calib).unwrap();
+    let (code, _, err) = quantize(&["--calib", &calib.to_string_lossy()]);
+    assert_eq!(code, 1);
+    assert!(err.contains("no .npy files in it"), "{err}");
+    let wrong =
+        Tensor::zeros(tcc::ir::TensorType::new(tcc::ir::DType::F32, vec![1, 3, 4, 4]).unwrap())
+            .unwrap();
+    std::fs::write(calib.join("a.npy"), npy::write(&wrong)).unwrap();
+    let (code, _, err) = quantize(&["--calib", &calib.to_string_lossy()]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("a.npy` holds f32[1,3,4,4], but the parameter `x` is f32[1,3,8,8]"),
+        "{err}"
+    );
+    let plain = d.join("plain.tir");
+    std::fs::write(
+        &plain,
+        "func @f(%x: f32[4]) -> (f32[4]) {\n  %y = relu %x : f32[4]\n  return %y\n}\n",
+    )
+    .unwrap();
+    let (code, _, err) = tcc(&["quantize", &plain.to_string_lossy(), "--calib", "random:1"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("no convolution or matrix product with constant f32 weights"),
+        "{err}"
+    );
+}
