@@ -254,6 +254,37 @@ fn integer_convolutions() {
             [1, 4, 4, 14],
             false,
         ),
+        // Depthwise (its own kernel): strides, dilation and padding on every side differing,
+        // batches; a 5x5 at stride 3; one big enough to split its channels across the pool;
+        // and a channel multiplier of 2, which is not depthwise in that sense.
+        (
+            [2, 8, 11, 13],
+            [8, 1, 3, 3],
+            "strides=[2,2], pads=[1,0,2,1], dilations=[2,1], groups=8",
+            [2, 8, 5, 6],
+            false,
+        ),
+        (
+            [1, 4, 10, 17],
+            [4, 1, 5, 5],
+            "strides=[3,3], pads=[2,2,2,2], groups=4",
+            [1, 4, 4, 6],
+            true,
+        ),
+        (
+            [2, 16, 20, 20],
+            [16, 1, 3, 3],
+            "pads=[1,1,1,1], groups=16",
+            [2, 16, 20, 20],
+            true,
+        ),
+        (
+            [1, 3, 6, 6],
+            [6, 1, 3, 3],
+            "pads=[1,1,1,1], groups=3",
+            [1, 6, 6, 6],
+            true,
+        ),
         // A stem: 7x7, stride 2, wide rows.
         (
             [1, 3, 9, 70],

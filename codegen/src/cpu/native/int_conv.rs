@@ -8,6 +8,7 @@
 
 use tcc_ir::{Conv2d, Function, Value};
 
+use super::int_depthwise::{Depthwise, Isa};
 use super::quant::{IntegerProduct, signed};
 use super::requant::Bound;
 
@@ -30,6 +31,8 @@ pub(super) struct IntegerConv {
     /// zero points are constants (else on each run).
     #[cfg(target_arch = "x86_64")]
     prepared: Option<super::vnni_conv::Filter>,
+    /// A depthwise convolution (one channel per group, in and out): its own kernel.
+    depthwise: Option<Depthwise>,
 }
 
 impl IntegerConv {
@@ -70,7 +73,16 @@ impl IntegerConv {
             #[cfg(target_arch = "x86_64")]
             packed_b: None,
         };
+        let depthwise = (wd[1] == 1 && groups == xd[1] && wd[0] == groups).then(|| Depthwise {
+            xd,
+            yd,
+            kernel: [wd[2], wd[3]],
+            strides: conv.strides.map(|s| s as usize),
+            dilations: conv.dilations.map(|d| d as usize),
+            pads: conv.pads.map(|p| p as usize),
+        });
         IntegerConv {
+            depthwise,
             conv: conv.clone(),
             xd,
             wd,
@@ -143,7 +155,7 @@ impl IntegerConv {
             _ => 4,
         };
         #[cfg(target_arch = "x86_64")]
-        if self.product.vnni {
+        if self.product.vnni && self.depthwise.is_none() {
             let fresh;
             let filter = match &self.prepared {
                 Some(filter) => filter,
@@ -184,15 +196,25 @@ impl IntegerConv {
                 &mut sums
             }
         };
-        self.each_group(x, xz[0], y, |g, cols, y| {
-            let wz = if self.product.rows {
-                &wz[g * m..][..m]
-            } else {
-                wz
-            };
-            let w = &w[g * m * k..][..m * k];
-            self.product.run_bytes([w, cols, wz, xz], [sw, sx], y);
-        });
+        match &self.depthwise {
+            Some(dw) => {
+                let isa = match (self.product.vnni, self.product.avx2) {
+                    (true, _) => Isa::Avx512,
+                    (_, true) => Isa::Avx2,
+                    _ => Isa::Portable,
+                };
+                dw.run([x, w, xz, wz], [sx, sw], isa, y);
+            }
+            None => self.each_group(x, xz[0], y, |g, cols, y| {
+                let wz = if self.product.rows {
+                    &wz[g * m..][..m]
+                } else {
+                    wz
+                };
+                let w = &w[g * m * k..][..m * k];
+                self.product.run_bytes([w, cols, wz, xz], [sw, sx], y);
+            }),
+        }
         if let Some(post) = post {
             let mut real = Vec::with_capacity(n);
             for (i, row) in sums.chunks(n).enumerate() {

@@ -16,6 +16,7 @@
 #[cfg(target_arch = "x86_64")]
 mod int8;
 mod int_conv;
+mod int_depthwise;
 mod layout;
 mod lines;
 mod movement;
