@@ -433,25 +433,39 @@ fn quantize_rounds_half_to_even_and_saturates() {
     }
 }
 
-/// `conv_integer` and the requantizing chain after it (cast, scales, bias, relu,
-/// `quantize_linear`), which the CPU backend runs as one step storing the levels (or the f32
+/// `conv_integer` (and its depthwise kernel) and the requantizing chain after it (cast, scales,
+/// bias, relu, a clip as `max` and `min` with scalars either side, `quantize_linear`), which the
+/// CPU backend runs as one step storing the levels (or the f32
 /// result when the chain does not quantize): bit for bit the interpreter's on every target,
 /// random levels and parameters, including scales that overflow to infinity and biases that
 /// make NaN (-inf + inf), which must land on the saturated levels and the zero point.
 #[test]
 fn integer_convolutions_with_their_requantization() {
-    // (result type, filter type, per-channel scale, bias, relu, quantize)
+    // (result type, filter type, per-channel scale, bias, relu, quantize, clip, depthwise);
+    // clip 1 is `min(max(y, 0), 0.05)`, 2 the same with the scalars first (which differ on
+    // zeros of both signs).
     let chains = [
-        ("u8", "i8", true, true, false, true),
-        ("i8", "i8", true, true, true, true),
-        ("u8", "u8", false, false, true, true),
-        ("f32", "i8", true, true, true, false),
-        ("f32", "i8", false, true, false, false),
+        ("u8", "i8", true, true, false, true, 0, false),
+        ("i8", "i8", true, true, true, true, 0, false),
+        ("u8", "u8", false, false, true, true, 0, false),
+        ("f32", "i8", true, true, true, false, 0, false),
+        ("f32", "i8", false, true, false, false, 0, false),
+        ("u8", "i8", true, true, false, true, 1, false),
+        ("f32", "i8", true, true, false, false, 2, false),
+        ("f32", "i8", true, true, false, false, 1, true),
+        ("i8", "u8", false, true, true, true, 2, true),
+        ("u8", "i8", true, true, false, true, 0, true),
     ];
-    for (yt, wt, per_channel, bias, relu, quantize) in chains {
+    for (yt, wt, per_channel, bias, relu, quantize, clip, depthwise) in chains {
+        let (c, conv_attrs) = if depthwise {
+            (7u64, "pads=[1,1,1,1], groups=7")
+        } else {
+            (5, "pads=[1,1,1,1]")
+        };
+        let cg = if depthwise { 1 } else { c };
         let s = if per_channel { "[1,7,1,1]" } else { "[]" };
         let mut body = vec![
-            "  %acc = conv_integer %x, %w, %xz, %wz {pads=[1,1,1,1]} : i32[2,7,6,37]".to_string(),
+            format!("  %acc = conv_integer %x, %w, %xz, %wz {{{conv_attrs}}} : i32[2,7,6,37]"),
             "  %c = cast %acc {to=f32} : f32[2,7,6,37]".to_string(),
             "  %m = mul %c, %s : f32[2,7,6,37]".to_string(),
         ];
@@ -464,6 +478,21 @@ fn integer_convolutions_with_their_requantization() {
             body.push(format!("  %r = relu {cur} : f32[2,7,6,37]"));
             cur = "%r";
         }
+        if clip > 0 {
+            let (a, b) = if clip == 1 {
+                (cur, "%lo")
+            } else {
+                ("%lo", cur)
+            };
+            body.push(format!("  %lo1 = max {a}, {b} : f32[2,7,6,37]"));
+            let (a, b) = if clip == 1 {
+                ("%lo1", "%hi")
+            } else {
+                ("%hi", "%lo1")
+            };
+            body.push(format!("  %hi1 = min {a}, {b} : f32[2,7,6,37]"));
+            cur = "%hi1";
+        }
         if quantize {
             body.push(format!(
                 "  %q = quantize_linear {cur}, %qs, %qz : {yt}[2,7,6,37]"
@@ -471,8 +500,10 @@ fn integer_convolutions_with_their_requantization() {
             cur = "%q";
         }
         let src = format!(
-            "func @f(%x: u8[2,5,6,37], %w: {wt}[7,5,3,3], %xz: u8[], %wz: {wt}[], %s: f32{s}, %b: f32[1,7,1,1]) -> ({yt}[2,7,6,37]) {{
+            "func @f(%x: u8[2,{c},6,37], %w: {wt}[7,{cg},3,3], %xz: u8[], %wz: {wt}[], %s: f32{s}, %b: f32[1,7,1,1]) -> ({yt}[2,7,6,37]) {{
   %qs = const {{value=0.37}} : f32[]
+  %lo = const {{value=0.0}} : f32[]
+  %hi = const {{value=0.05}} : f32[]
   %qz = const {{value=3}} : {zq}[]
 {body}
   return {cur}
@@ -505,14 +536,14 @@ fn integer_convolutions_with_their_requantization() {
             vec![]
         };
         let inputs = vec![
-            common::bytes(tcc_ir::DType::U8, &[2, 5, 6, 37], None, 1),
+            common::bytes(tcc_ir::DType::U8, &[2, c, 6, 37], None, 1),
             common::bytes(
                 if wt == "i8" {
                     tcc_ir::DType::I8
                 } else {
                     tcc_ir::DType::U8
                 },
-                &[7, 5, 3, 3],
+                &[7, cg, 3, 3],
                 None,
                 2,
             ),

@@ -154,8 +154,18 @@ impl IntegerConv {
             Some(p) if p.quantize.is_some() => 1,
             _ => 4,
         };
+        if let Some(dw) = &self.depthwise {
+            let isa = match (self.product.vnni, self.product.avx2) {
+                (true, _) => Isa::Avx512,
+                (_, true) => Isa::Avx2,
+                _ => Isa::Portable,
+            };
+            // SAFETY: the flags say what the host has; `out` as this function's contract.
+            unsafe { dw.run([x, w, xz, wz], [sx, sw], isa, post, out) };
+            return;
+        }
         #[cfg(target_arch = "x86_64")]
-        if self.product.vnni && self.depthwise.is_none() {
+        if self.product.vnni {
             let fresh;
             let filter = match &self.prepared {
                 Some(filter) => filter,
@@ -196,25 +206,15 @@ impl IntegerConv {
                 &mut sums
             }
         };
-        match &self.depthwise {
-            Some(dw) => {
-                let isa = match (self.product.vnni, self.product.avx2) {
-                    (true, _) => Isa::Avx512,
-                    (_, true) => Isa::Avx2,
-                    _ => Isa::Portable,
-                };
-                dw.run([x, w, xz, wz], [sx, sw], isa, y);
-            }
-            None => self.each_group(x, xz[0], y, |g, cols, y| {
-                let wz = if self.product.rows {
-                    &wz[g * m..][..m]
-                } else {
-                    wz
-                };
-                let w = &w[g * m * k..][..m * k];
-                self.product.run_bytes([w, cols, wz, xz], [sw, sx], y);
-            }),
-        }
+        self.each_group(x, xz[0], y, |g, cols, y| {
+            let wz = if self.product.rows {
+                &wz[g * m..][..m]
+            } else {
+                wz
+            };
+            let w = &w[g * m * k..][..m * k];
+            self.product.run_bytes([w, cols, wz, xz], [sw, sx], y);
+        });
         if let Some(post) = post {
             let mut real = Vec::with_capacity(n);
             for (i, row) in sums.chunks(n).enumerate() {

@@ -10,11 +10,50 @@
 //! Channels (of every image) are split across the thread pool.
 
 use super::quant::levels;
+use super::requant::Bound;
 use crate::cpu::send_ptr::SendPtr;
 
 thread_local! {
-    /// The padded plane, kept between calls.
-    static PLANE: std::cell::RefCell<Vec<i32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The padded plane and a channel's sums (where a chain follows), kept between calls.
+    static PLANE: std::cell::RefCell<(Vec<i32>, Vec<i32>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// The requantizing chain `post` on channel `o`'s sums `y`, into `out`: sixteen at a time on
+/// AVX-512 ([`Bound::store16`]), else row by row.
+///
+/// # Safety
+/// `out` has room for `y.len()` elements of the chain's output type; `isa` is the host's.
+unsafe fn finish(post: &Bound, y: &[i32], o: usize, out: *mut u8, isa: Isa) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        // SAFETY: as this function's contract.
+        unsafe { finish16(post, y, o, out) };
+        return;
+    }
+    let _ = isa;
+    let mut real = Vec::with_capacity(y.len());
+    // SAFETY: as this function's contract.
+    unsafe { post.row(y, o, out, &mut real) };
+}
+
+/// [`finish`] on AVX-512.
+///
+/// # Safety
+/// AVX-512F, BW and VL; as [`finish`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn finish16(post: &Bound, y: &[i32], o: usize, out: *mut u8) {
+    use std::arch::x86_64::*;
+    let size = if post.quantize.is_some() { 1 } else { 4 };
+    for (j, chunk) in y.chunks(16).enumerate() {
+        let mask = ((1u32 << chunk.len()) - 1) as u16;
+        // SAFETY: the lanes of `mask` lie in `y`; the outputs in `out`, as the contract says.
+        unsafe {
+            let acc = _mm512_maskz_loadu_epi32(mask, chunk.as_ptr());
+            post.store16(acc, o, mask, out.add(size * 16 * j));
+        }
+    }
 }
 
 /// The shape of a depthwise convolution: `[N, C, H, W]` in, `[N, C, oH, oW]` out, a `kh x kw`
@@ -38,14 +77,20 @@ pub(super) enum Isa {
 }
 
 impl Depthwise {
-    /// `out` (`[N, C, oH, oW]` i32) = the convolution of bytes `x` and `w` (`i8` where `signed`
-    /// says, else `u8`) less zero points `xz` (one) and `wz` (one, or one per channel).
-    pub(super) fn run(
+    /// The convolution of bytes `x` and `w` (`i8` where `signed` says, else `u8`) less zero
+    /// points `xz` (one) and `wz` (one, or one per channel), `[N, C, oH, oW]`, into `out`: its
+    /// i32 sums, or what the requantizing chain `post` makes of them (applied to each channel
+    /// as it is finished, by the same thread).
+    ///
+    /// # Safety
+    /// `out` has room for the output's elements of the stored type; `isa` is the host's.
+    pub(super) unsafe fn run(
         &self,
         [x, w, xz, wz]: [&[u8]; 4],
         [sx, sw]: [bool; 2],
         isa: Isa,
-        out: &mut [i32],
+        post: Option<&Bound>,
+        out: *mut u8,
     ) {
         let [n, c, h, wi] = self.xd;
         let [_, _, oh, ow] = self.yd;
@@ -56,23 +101,41 @@ impl Depthwise {
         let taps: Vec<i32> = (levels(w, sw).iter().enumerate())
             .map(|(i, &t)| t.wrapping_sub(wz[if wz.len() == 1 { 0 } else { i / (kh * kw) }]))
             .collect();
+        // Bytes per stored element: sums and f32 results 4, levels 1.
+        let size = match post {
+            Some(p) if p.quantize.is_some() => 1,
+            _ => 4,
+        };
         // SAFETY: each item writes its own channel's block of `out` only.
-        let dst = unsafe { SendPtr::new(out.as_mut_ptr()) };
+        let dst = unsafe { SendPtr::new(out) };
         let item = |i: usize| {
             let ch = i % c;
             let plane = &x[i * h * wi..][..h * wi];
-            // SAFETY: item `i` writes its own channel's `oh * ow` outputs alone.
-            let y = unsafe { std::slice::from_raw_parts_mut(dst.get().add(i * oh * ow), oh * ow) };
             let taps = &taps[ch * kh * kw..][..kh * kw];
+            let at = dst.get().wrapping_add(size * i * oh * ow);
             PLANE.with(|p| {
-                let mut p = p.borrow_mut();
-                // SAFETY (each): the ISA was checked by the caller.
+                let (plane_buf, sums) = &mut *p.borrow_mut();
+                let y: &mut [i32] = match post {
+                    // SAFETY: without a chain, this channel's `oh * ow` i32 sums are `out`'s.
+                    None => unsafe { std::slice::from_raw_parts_mut(at as *mut i32, oh * ow) },
+                    Some(_) => {
+                        sums.resize(oh * ow, 0);
+                        &mut sums[..]
+                    }
+                };
+                // SAFETY (each): the ISA is the host's, as this function's contract.
                 match isa {
                     #[cfg(target_arch = "x86_64")]
-                    Isa::Avx512 => unsafe { self.channel_avx512(plane, sx, zx, taps, &mut p, y) },
+                    Isa::Avx512 => unsafe {
+                        self.channel_avx512(plane, sx, zx, taps, plane_buf, y)
+                    },
                     #[cfg(target_arch = "x86_64")]
-                    Isa::Avx2 => unsafe { self.channel_avx2(plane, sx, zx, taps, &mut p, y) },
-                    _ => self.channel(plane, sx, zx, taps, &mut p, y),
+                    Isa::Avx2 => unsafe { self.channel_avx2(plane, sx, zx, taps, plane_buf, y) },
+                    _ => self.channel(plane, sx, zx, taps, plane_buf, y),
+                }
+                if let Some(post) = post {
+                    // SAFETY: this channel's outputs of the stored type are `at`'s.
+                    unsafe { finish(post, y, ch, at, isa) };
                 }
             });
         };
@@ -113,9 +176,11 @@ impl Depthwise {
     }
 
     /// One channel: `x` (`H x W` bytes) less `zx` into the padded `plane`, then `y` (`oH x
-    /// oW`) row by row. With a column stride `s` above 1 the plane is kept as `s` phases
-    /// (columns `r, r + s, r + 2s, ...` together), so that every tap reads a contiguous run
-    /// for a row of outputs.
+    /// oW`). With a column stride `s` above 1 the plane is kept as `s` phases (columns `r, r +
+    /// s, r + 2s, ...` together), so that every tap reads a contiguous run for a row of
+    /// outputs. With a row stride of 1, each tap is one pass over all the rows at once (the
+    /// plane's width, the columns past `oW` dropped at the end), long enough for full vectors
+    /// where rows are short.
     #[inline(always)]
     fn channel(
         &self,
@@ -127,38 +192,70 @@ impl Depthwise {
         y: &mut [i32],
     ) {
         let [_, _, h, w] = self.xd;
-        let ow = self.yd[3];
+        let [_, _, oh, ow] = self.yd;
         let [kh, kw] = self.kernel;
         let [sh, s] = self.strides;
         let [dh, dw] = self.dilations;
         let [pt, pl, pb, pr] = self.pads;
         let hp = h + pt + pb;
         let wq = (w + pl + pr).div_ceil(s);
-        // Padded column `pc` of padded row `row` is at `(pc % s * hp + row) * wq + pc / s`.
+        // Padded column `pc` of padded row `row` is at `(pc % s * hp + row) * wq + pc / s`;
+        // a row's worth past the end so that a pass over all rows may read past the last.
         plane.clear();
-        plane.resize(s * hp * wq, 0);
-        for (iy, row) in x.chunks_exact(w).enumerate() {
-            for r in 0..s {
-                // Phase `r`'s columns `j` that fall inside the row: `j * s + r - pl` in `0..w`.
+        plane.resize((s * hp + 1) * wq, 0);
+        let level = |b: u8| {
+            let v = if sx { b as i8 as i32 } else { b as i32 };
+            v.wrapping_sub(zx)
+        };
+        // Each phase's columns `j` inside the row: `j * s + r - pl` in `0..w`.
+        let spans: Vec<(usize, usize)> = (0..s)
+            .map(|r| {
                 let first = pl.saturating_sub(r).div_ceil(s);
-                let end = (w + pl).saturating_sub(r).div_ceil(s).max(first);
+                (first, (w + pl).saturating_sub(r).div_ceil(s).max(first))
+            })
+            .collect();
+        for (iy, row) in x.chunks_exact(w).enumerate() {
+            if s == 1 {
+                let dst = &mut plane[(iy + pt) * wq + pl..][..w];
+                for (d, &b) in dst.iter_mut().zip(row) {
+                    *d = level(b);
+                }
+                continue;
+            }
+            for (r, &(first, end)) in spans.iter().enumerate() {
                 let dst = &mut plane[(r * hp + iy + pt) * wq..][first..end];
                 let from = (first * s + r - pl..).step_by(s);
                 for (d, ix) in dst.iter_mut().zip(from) {
-                    let b = row[ix];
-                    let v = if sx { b as i8 as i32 } else { b as i32 };
-                    *d = v.wrapping_sub(zx);
+                    *d = level(row[ix]);
                 }
             }
+        }
+        let tap = |ky: usize, kx: usize| {
+            let off = kx * dw;
+            (taps[ky * kw + kx], (off % s * hp + ky * dh) * wq + off / s)
+        };
+        if sh == 1 {
+            // Output (oy, ox) at `oy * wq + ox` of one wide pass per tap.
+            let mut wide = vec![0i32; oh * wq];
+            for ky in 0..kh {
+                for kx in 0..kw {
+                    let (t, at) = tap(ky, kx);
+                    for (o, &v) in wide.iter_mut().zip(&plane[at..at + oh * wq]) {
+                        *o = o.wrapping_add(v.wrapping_mul(t));
+                    }
+                }
+            }
+            for (out, row) in y.chunks_exact_mut(ow).zip(wide.chunks_exact(wq)) {
+                out.copy_from_slice(&row[..ow]);
+            }
+            return;
         }
         for (oy, out) in y.chunks_exact_mut(ow).enumerate() {
             out.fill(0);
             for ky in 0..kh {
-                let row = oy * sh + ky * dh;
                 for kx in 0..kw {
-                    let t = taps[ky * kw + kx];
-                    let off = kx * dw;
-                    let src = &plane[(off % s * hp + row) * wq + off / s..][..ow];
+                    let (t, at) = tap(ky, kx);
+                    let src = &plane[at + oy * sh * wq..][..ow];
                     for (o, &v) in out.iter_mut().zip(src) {
                         *o = o.wrapping_add(v.wrapping_mul(t));
                     }

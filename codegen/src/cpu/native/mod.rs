@@ -634,6 +634,8 @@ impl Native {
                             scale: p.scale.map(|s| values(s.value)),
                             bias: p.bias.map(|b| values(b.value)),
                             relu: p.relu,
+                            lower: p.lower.map(|c| (values(c.value)[0], c.chain_first)),
+                            upper: p.upper.map(|c| (values(c.value)[0], c.chain_first)),
                             quantize: match p.quantize {
                                 Some((s, z, signed)) => {
                                     let s = values(s)[0];

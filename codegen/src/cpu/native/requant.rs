@@ -1,17 +1,20 @@
 //! The requantizing epilogue of `conv_integer`: what a quantized convolution does with its i32
 //! sums before the next layer reads them. In the IR it is a chain of ops (the `qdq` pass and
 //! ONNX's QLinearConv write it so): `cast` to f32, a multiply by the scales (one, or one per
-//! output channel), an add of the bias (the same forms), `relu`, and `quantize_linear` with one
-//! scale and zero point. The CPU backend merges such a chain into the convolution's step
-//! ([`Requant::of`] decides, for `Cpu::fuse` and for lowering alike), and the kernel applies it
-//! as it stores each vector of sums: one pass, the i32 and f32 tensors between never written.
+//! output channel), an add of the bias (the same forms), `relu`, a `max` and then a `min` with
+//! scalars (ONNX's Clip: relu6), and `quantize_linear` with one scale and zero point. The CPU
+//! backend merges such a chain into the convolution's step ([`Requant::of`] decides, for
+//! `Cpu::fuse` and for lowering alike), and the kernel applies it as it stores each vector of
+//! sums: one pass, the i32 and f32 tensors between never written.
 //!
 //! Every step is the interpreter's, in the same order and in f32 (float scales, not a
 //! fixed-point multiplier and shift: bit-identical to the unfused ops, which a fixed-point
 //! form is not, at no cost that shows next to the products): the sum converted to f32 rounding
-//! to nearest, times the scale, plus the bias, `relu` (NaN stays NaN, -0 becomes +0), then the
-//! quotient by the output scale rounded half to even, the zero point added, the level
-//! saturated (NaN: the zero point).
+//! to nearest, times the scale, plus the bias, `relu` (NaN stays NaN, -0 becomes +0), `max`
+//! and `min` (NaN if either operand is, else the first operand where the comparison of the
+//! first with the second holds, which decides between zeros of both signs), then the quotient
+//! by the output scale rounded half to even, the zero point added, the level saturated (NaN:
+//! the zero point).
 
 use crate::plan::{Kernel, KernelKind};
 use tcc_ir::edit::Users;
@@ -24,6 +27,15 @@ pub(crate) struct Operand {
     pub per_channel: bool,
 }
 
+/// A `max` or `min` of the chain's value with a scalar (ONNX's Clip, relu6): the scalar, and
+/// whether the chain's value is the op's first operand (which decides between zeros of both
+/// signs: `max(a, b)` is `a >= b ? a : b`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Clamp {
+    pub value: Value,
+    pub chain_first: bool,
+}
+
 /// A recognised chain.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Requant {
@@ -32,6 +44,9 @@ pub(crate) struct Requant {
     pub scale: Option<Operand>,
     pub bias: Option<Operand>,
     pub relu: bool,
+    /// A `max` with a scalar, then a `min` with one.
+    pub lower: Option<Clamp>,
+    pub upper: Option<Clamp>,
     /// `quantize_linear`'s scale and zero point (one each), and whether its levels are i8.
     pub quantize: Option<(Value, Value, bool)>,
     /// What the step stores: the levels, or the f32 result of the chain.
@@ -40,10 +55,10 @@ pub(crate) struct Requant {
 
 impl Requant {
     /// The chain `ops` reading `conv_integer`'s result `r` (`[N, O, H, W]`), if it is one: a
-    /// `cast` to f32 of `r`, then optionally a multiply, an add, a `relu` and a
-    /// `quantize_linear`, in that order, each value but the last used only by the next op, each
-    /// other operand a constant or a parameter (so the step may run where the convolution
-    /// does). Every op of `ops` must be in the chain.
+    /// `cast` to f32 of `r`, then optionally a multiply, an add, a `relu`, a `max` and a `min`
+    /// with scalars, and a `quantize_linear`, in that order, each value but the last used only
+    /// by the next op, each other operand a constant or a parameter (so the step may run where
+    /// the convolution does). Every op of `ops` must be in the chain.
     pub(crate) fn of(f: &Function, users: &Users, r: Value, ops: &[Op]) -> Option<Requant> {
         let dims = f.ty(r).dims().to_vec();
         let only_next = |v: Value, next: Op| {
@@ -89,10 +104,20 @@ impl Requant {
             scale: None,
             bias: None,
             relu: false,
+            lower: None,
+            upper: None,
             quantize: None,
             out: d.results[0],
         };
-        // 0: after the cast; 1: after the scale; 2: after the bias; 3: after relu; 4: quantized.
+        let clamp = |v: Value, chain_first: bool| {
+            let ty = f.ty(v);
+            (ty.dtype() == DType::F32 && ty.numel() == 1 && fixed(v)).then_some(Clamp {
+                value: v,
+                chain_first,
+            })
+        };
+        // 0: after the cast; 1: after the scale; 2: after the bias; 3: after relu; 4: after
+        // the max; 5: after the min; 6: quantized.
         let mut stage = 0;
         for &op in rest {
             let d = f.op(op);
@@ -120,14 +145,22 @@ impl Requant {
                     chain.relu = true;
                     stage = 3;
                 }
-                OpKind::QuantizeLinear if stage < 4 && d.args[0] == cur => {
+                OpKind::Binary(BinaryOp::Max) if stage < 4 => {
+                    chain.lower = Some(clamp(other()?, d.args[0] == cur)?);
+                    stage = 4;
+                }
+                OpKind::Binary(BinaryOp::Min) if stage < 5 => {
+                    chain.upper = Some(clamp(other()?, d.args[0] == cur)?);
+                    stage = 5;
+                }
+                OpKind::QuantizeLinear if stage < 6 && d.args[0] == cur => {
                     let (s, z) = (d.args[1], d.args[2]);
                     let one = |v: Value| f.ty(v).numel() == 1 && fixed(v);
                     if !(one(s) && one(z) && f.ty(s).dtype() == DType::F32) {
                         return None;
                     }
                     chain.quantize = Some((s, z, f.ty(d.results[0]).dtype() == DType::I8));
-                    stage = 4;
+                    stage = 6;
                 }
                 _ => return None,
             }
@@ -143,8 +176,33 @@ pub(crate) struct Bound<'a> {
     pub scale: Option<&'a [f32]>,
     pub bias: Option<&'a [f32]>,
     pub relu: bool,
+    /// The `max` and `min` scalars, each with whether the chain's value is the first operand.
+    pub lower: Option<(f32, bool)>,
+    pub upper: Option<(f32, bool)>,
     /// The output scale and zero point, and whether the levels are i8.
     pub quantize: Option<(f32, i32, bool)>,
+}
+
+/// The interpreter's `max(a, b)` in f32: NaN if either is, else `a >= b ? a : b`.
+fn max(a: f32, b: f32) -> f32 {
+    if a.is_nan() || b.is_nan() {
+        f32::NAN
+    } else if a >= b {
+        a
+    } else {
+        b
+    }
+}
+
+/// The interpreter's `min(a, b)` in f32: NaN if either is, else `a <= b ? a : b`.
+fn min(a: f32, b: f32) -> f32 {
+    if a.is_nan() || b.is_nan() {
+        f32::NAN
+    } else if a <= b {
+        a
+    } else {
+        b
+    }
 }
 
 impl Bound<'_> {
@@ -160,6 +218,12 @@ impl Bound<'_> {
         }
         if self.relu && !(y > 0.0 || y.is_nan()) {
             y = 0.0;
+        }
+        if let Some((c, first)) = self.lower {
+            y = if first { max(y, c) } else { max(c, y) };
+        }
+        if let Some((c, first)) = self.upper {
+            y = if first { min(y, c) } else { min(c, y) };
         }
         y
     }
@@ -215,6 +279,26 @@ impl Bound<'_> {
             // `maxps` gives its second operand for NaN and for two zeros: NaN lanes put back.
             let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(y, y);
             y = _mm512_mask_blend_ps(nan, _mm512_max_ps(y, _mm512_setzero_ps()), y);
+        }
+        // `max` and `min` with a scalar as the interpreter's: the chain's value or the scalar
+        // by the ordered comparison of the first operand with the second, NaN where either is.
+        for (clamp, is_max) in [(self.lower, true), (self.upper, false)] {
+            let Some((c, first)) = clamp else { continue };
+            let vc = _mm512_set1_ps(c);
+            // Where the result is the chain's value: `y >= c` for max(y, c), `c >= y` for
+            // max(c, y) is the scalar instead; likewise with `<=` for min.
+            let (ge, le) = (
+                _mm512_cmp_ps_mask::<_CMP_GE_OQ>(y, vc),
+                _mm512_cmp_ps_mask::<_CMP_LE_OQ>(y, vc),
+            );
+            let picked = match (is_max, first) {
+                (true, true) => _mm512_mask_blend_ps(ge, vc, y),
+                (true, false) => _mm512_mask_blend_ps(le, y, vc),
+                (false, true) => _mm512_mask_blend_ps(le, vc, y),
+                (false, false) => _mm512_mask_blend_ps(ge, y, vc),
+            };
+            let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(y, vc);
+            y = _mm512_mask_blend_ps(nan, picked, _mm512_set1_ps(f32::NAN));
         }
         let Some((s, z, signed)) = self.quantize else {
             // SAFETY: the caller's contract.
