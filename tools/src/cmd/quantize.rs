@@ -335,9 +335,9 @@ struct Errors {
     layers: Vec<f64>,
     /// Per result of the function: relative RMS error and largest absolute difference.
     outputs: Vec<(String, f64, f64)>,
-    /// Runs whose first result's argmax (over its last axis, every row) agrees, where it has
-    /// more than one column.
-    top1: Option<usize>,
+    /// Rows (samples) of the first result whose argmax over its last axis agrees, and the
+    /// rows compared, where it has more than one column.
+    top1: Option<(usize, usize)>,
 }
 
 fn compare(
@@ -365,7 +365,7 @@ fn compare(
     let mut sums = vec![(0.0f64, 0.0f64, 0.0f64); n_out + layers.len()];
     let mut top1 = (f.results().first())
         .filter(|&&r| f.ty(r).dims().last().copied().unwrap_or(1) > 1)
-        .map(|_| 0usize);
+        .map(|_| (0usize, 0usize));
     for inputs in runs {
         let run = |e: &tcc_codegen::Executable| {
             e.run(inputs)
@@ -392,9 +392,9 @@ fn compare(
                     })
                     .collect()
             };
-            if argmax(&a[0]) == argmax(&b[0]) {
-                *agree += 1;
-            }
+            let (x, y) = (argmax(&a[0]), argmax(&b[0]));
+            agree.0 += x.iter().zip(&y).filter(|(i, j)| i == j).count();
+            agree.1 += x.len();
         }
     }
     let rel = |(d, n, _): (f64, f64, f64)| if n > 0.0 { (d / n).sqrt() } else { d.sqrt() };
@@ -449,10 +449,11 @@ fn table(report: &[ptq::Quantized], errors: &Errors, runs: usize) -> String {
             "  output %{name}: relative RMS error {rel:.3e}, largest difference {max:.3e}"
         );
     }
-    if let Some(agree) = errors.top1 {
+    if let Some((agree, rows)) = errors.top1 {
         let _ = writeln!(
             s,
-            "  top-1 of the first output agrees with the float model's on {agree} of {runs} runs"
+            "  top-1 of the first output agrees with the float model's on {agree} of {rows} rows ({:.1}%)",
+            100.0 * agree as f64 / rows.max(1) as f64
         );
     }
     s
