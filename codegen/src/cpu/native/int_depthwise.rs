@@ -68,6 +68,16 @@ pub(super) struct Depthwise {
     pub pads: [usize; 4],
 }
 
+/// One channel's input: its bytes (`i8` where `sx`), their zero point, and the taps less the
+/// filter's zero point.
+#[derive(Clone, Copy)]
+struct Channel<'a> {
+    x: &'a [u8],
+    sx: bool,
+    zx: i32,
+    taps: &'a [i32],
+}
+
 /// Which instructions the loops are compiled for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Isa {
@@ -123,15 +133,19 @@ impl Depthwise {
                         &mut sums[..]
                     }
                 };
+                let input = Channel {
+                    x: plane,
+                    sx,
+                    zx,
+                    taps,
+                };
                 // SAFETY (each): the ISA is the host's, as this function's contract.
                 match isa {
                     #[cfg(target_arch = "x86_64")]
-                    Isa::Avx512 => unsafe {
-                        self.channel_avx512(plane, sx, zx, taps, plane_buf, y)
-                    },
+                    Isa::Avx512 => unsafe { self.channel_avx512(input, plane_buf, y) },
                     #[cfg(target_arch = "x86_64")]
-                    Isa::Avx2 => unsafe { self.channel_avx2(plane, sx, zx, taps, plane_buf, y) },
-                    _ => self.channel(plane, sx, zx, taps, plane_buf, y),
+                    Isa::Avx2 => unsafe { self.channel_avx2(input, plane_buf, y) },
+                    _ => self.channel(input, plane_buf, y),
                 }
                 if let Some(post) = post {
                     // SAFETY: this channel's outputs of the stored type are `at`'s.
@@ -147,32 +161,18 @@ impl Depthwise {
         }
     }
 
+    /// [`Depthwise::channel`] compiled for AVX-512.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw")]
-    unsafe fn channel_avx512(
-        &self,
-        x: &[u8],
-        sx: bool,
-        zx: i32,
-        taps: &[i32],
-        plane: &mut Vec<i32>,
-        y: &mut [i32],
-    ) {
-        self.channel(x, sx, zx, taps, plane, y)
+    unsafe fn channel_avx512(&self, input: Channel, plane: &mut Vec<i32>, y: &mut [i32]) {
+        self.channel(input, plane, y)
     }
 
+    /// [`Depthwise::channel`] compiled for AVX2.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
-    unsafe fn channel_avx2(
-        &self,
-        x: &[u8],
-        sx: bool,
-        zx: i32,
-        taps: &[i32],
-        plane: &mut Vec<i32>,
-        y: &mut [i32],
-    ) {
-        self.channel(x, sx, zx, taps, plane, y)
+    unsafe fn channel_avx2(&self, input: Channel, plane: &mut Vec<i32>, y: &mut [i32]) {
+        self.channel(input, plane, y)
     }
 
     /// One channel: `x` (`H x W` bytes) less `zx` into the padded `plane`, then `y` (`oH x
@@ -182,15 +182,8 @@ impl Depthwise {
     /// plane's width, the columns past `oW` dropped at the end), long enough for full vectors
     /// where rows are short.
     #[inline(always)]
-    fn channel(
-        &self,
-        x: &[u8],
-        sx: bool,
-        zx: i32,
-        taps: &[i32],
-        plane: &mut Vec<i32>,
-        y: &mut [i32],
-    ) {
+    fn channel(&self, input: Channel, plane: &mut Vec<i32>, y: &mut [i32]) {
+        let Channel { x, sx, zx, taps } = input;
         let [_, _, h, w] = self.xd;
         let [_, _, oh, ow] = self.yd;
         let [kh, kw] = self.kernel;
