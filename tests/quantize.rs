@@ -1,6 +1,6 @@
 //! `tcc quantize`: a float model calibrated, written on the integer ops, and runnable; the
-//! table it prints; `--exclude`, `--method percentile=P` and calibration directories; and the
-//! errors a user can cause.
+//! table it prints; `--exclude`, `--method percentile=P|entropy` and calibration
+//! directories; and the errors a user can cause.
 
 mod common;
 
@@ -119,8 +119,8 @@ fn range_of(table: &str, layer: &str) -> (f64, f64) {
     (a.trim().parse().unwrap(), b.trim().parse().unwrap())
 }
 
-/// `--exclude` keeps a layer in float; percentiles narrow a range that min-max takes whole;
-/// a directory of .npy files calibrates.
+/// `--exclude` keeps a layer in float; percentiles narrow a range that min-max takes whole,
+/// entropy never widens it; a directory of .npy files calibrates.
 #[test]
 fn exclude_percentile_and_calibration_files() {
     let d = scratch("options");
@@ -164,6 +164,13 @@ fn exclude_percentile_and_calibration_files() {
     let (lo, hi) = range_of(&whole, "c1");
     let (plo, phi) = range_of(&cut, "c1");
     assert!(plo > lo && phi < hi, "[{plo}, {phi}] within [{lo}, {hi}]");
+    // Entropy clips no wider than the whole range.
+    let kl = run("entropy");
+    for layer in ["c1", "c2", "logits"] {
+        let (a, b) = range_of(&whole, layer);
+        let (c, d) = range_of(&kl, layer);
+        assert!(c >= a && d <= b, "{layer}: [{c}, {d}] within [{a}, {b}]");
+    }
 }
 
 /// What the user can get wrong, each a clear error.
@@ -176,10 +183,12 @@ fn user_errors_are_reported() {
         args.extend_from_slice(extra);
         tcc(&args)
     };
-    let (code, _, err) = quantize(&["--calib", "random:2", "--method", "entropy"]);
+    let (code, _, err) = quantize(&["--calib", "random:2", "--method", "kl"]);
     assert_eq!(code, 2);
     assert!(
-        err.contains("--method entropy: not implemented yet"),
+        err.contains(
+            "--method `kl`: expected minmax, percentile=P with P in (50, 100], or entropy"
+        ),
         "{err}"
     );
     let (code, _, err) = quantize(&["--calib", "random:2", "--method", "percentile=30"]);

@@ -6,7 +6,9 @@
 use std::collections::HashMap;
 use tcc_ir::random::{Rng, random_tensor};
 use tcc_ir::{Data, Function, OpKind, Tensor, Value, interp, parse_function, verify_function};
-use tcc_passes::quant::ptq::{Range, Scheme, activation_params, layers, quantize};
+use tcc_passes::quant::ptq::{
+    Range, Scheme, activation_params, entropy_threshold, layers, quantize,
+};
 
 fn f64s(t: &Tensor) -> Vec<f64> {
     t.data().to_f64s()
@@ -265,4 +267,28 @@ fn what_stays_in_float() {
         (q.schedule().iter()).all(|&o| !matches!(q.op(o).kind, OpKind::MatMulInteger)),
         "{q}"
     );
+}
+
+/// The entropy calibration clips a sparse tail of outliers, keeps the bulk of the values, and
+/// keeps (almost) the whole range of a histogram with no tail; an empty histogram keeps it all.
+#[test]
+fn entropy_clips_outliers_and_keeps_the_bulk() {
+    let amax = 100.0f32;
+    let mut hist = vec![0u64; 2048];
+    for (i, h) in hist.iter_mut().take(200).enumerate() {
+        *h = 1000 - 4 * i as u64;
+    }
+    hist[2040] = 3;
+    hist[1500] = 2;
+    let t = entropy_threshold(&hist, amax, 128);
+    assert!(
+        t >= amax * 200.0 / 2048.0 && t < amax * 0.5,
+        "threshold {t} for a bulk below {} and outliers at {}",
+        amax * 200.0 / 2048.0,
+        amax * 1500.0 / 2048.0
+    );
+    let flat = vec![10u64; 2048];
+    let t = entropy_threshold(&flat, amax, 128);
+    assert!(t >= 0.9 * amax, "threshold {t} for a flat histogram");
+    assert_eq!(entropy_threshold(&[0; 2048], amax, 128), amax);
 }

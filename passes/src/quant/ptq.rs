@@ -99,6 +99,61 @@ pub fn activation_params(r: Range, symmetric: bool) -> Result<(f32, u8), String>
     Ok((s, z as u8))
 }
 
+/// The clipping threshold for an activation whose absolute values have histogram `hist` (equal
+/// bins over `[0, amax]`), quantized to `levels` levels over `[0, t]`: TensorRT's entropy
+/// calibration. For each candidate `t` (a bin edge from `levels` bins up), the reference is the
+/// histogram up to `t` with everything beyond added to its last bin, the candidate that same
+/// range merged into `levels` groups and spread back over each group's non-empty bins; the `t`
+/// whose candidate is closest to its reference (least Kullback-Leibler divergence) wins. An
+/// empty histogram gives `amax`.
+pub fn entropy_threshold(hist: &[u64], amax: f32, levels: usize) -> f32 {
+    let n = hist.len();
+    let total: u64 = hist.iter().sum();
+    if total == 0 || n <= levels || levels == 0 {
+        return amax;
+    }
+    let mut best = (f64::INFINITY, n);
+    let mut beyond: u64 = hist[levels..].iter().sum();
+    for i in levels..=n {
+        let mut p: Vec<f64> = hist[..i].iter().map(|&c| c as f64).collect();
+        p[i - 1] += beyond as f64;
+        if i < n {
+            beyond -= hist[i];
+        }
+        let mut q = vec![0.0f64; i];
+        for g in 0..levels {
+            let (a, b) = (g * i / levels, (g + 1) * i / levels);
+            let group = &hist[a..b];
+            let sum: u64 = group.iter().sum();
+            let filled = group.iter().filter(|&&c| c > 0).count();
+            if filled > 0 {
+                for (k, &c) in group.iter().enumerate() {
+                    if c > 0 {
+                        q[a + k] = sum as f64 / filled as f64;
+                    }
+                }
+            }
+        }
+        let (ps, qs): (f64, f64) = (p.iter().sum(), q.iter().sum());
+        if qs == 0.0 {
+            continue;
+        }
+        // A bin the candidate left empty where the reference is not (the outliers' bin) costs
+        // as if the candidate held a tiny share there.
+        let kl: f64 = (p.iter().zip(&q))
+            .filter(|(pk, _)| **pk > 0.0)
+            .map(|(pk, qk)| {
+                let (pk, qk) = (pk / ps, (qk / qs).max(1e-10));
+                pk * (pk / qk).ln()
+            })
+            .sum();
+        if kl < best.0 {
+            best = (kl, i);
+        }
+    }
+    amax * best.1 as f32 / n as f32
+}
+
 /// Weights `w` as i8 levels and their `scales` scales, symmetric over [-127, 127]: element `i`
 /// takes scale `channel(i)`, which is `max|w| / 127` over the elements that take it.
 fn weight_levels(

@@ -24,6 +24,9 @@ const TIDY: &str = "canonicalize,cse,dce";
 /// Bins of the histograms `--method percentile` cuts.
 const BINS: usize = 4096;
 
+/// Bins of the histograms of |x| `--method entropy` searches (TensorRT's 2048).
+const ENTROPY_BINS: usize = 2048;
+
 // The arguments of `tcc quantize`.
 #[derive(clap::Args, Debug)]
 pub(crate) struct Args {
@@ -34,8 +37,10 @@ pub(crate) struct Args {
     /// values in [-1, 1]).
     #[arg(long, value_name = "DIR|random:N")]
     pub calib: String,
-    /// How an activation's range is chosen from what it took: `minmax` (the whole range) or
-    /// `percentile=P` (the P-th and (100-P)-th percentiles of its values, P in (50, 100]).
+    /// How an activation's range is chosen from what it took: `minmax` (the whole range),
+    /// `percentile=P` (the P-th and (100-P)-th percentiles of its values, P in (50, 100]) or
+    /// `entropy` (clipped where the quantized histogram of |x| loses least information, as
+    /// TensorRT calibrates).
     #[arg(long, default_value = "minmax")]
     pub method: String,
     /// One weight scale per output channel instead of one per layer.
@@ -58,6 +63,7 @@ pub(crate) struct Args {
 enum Method {
     MinMax,
     Percentile(f64),
+    Entropy,
 }
 
 impl Method {
@@ -66,14 +72,12 @@ impl Method {
             return Ok(Method::MinMax);
         }
         if s == "entropy" {
-            return Err(Error::usage(
-                "error: --method entropy: not implemented yet; use minmax or percentile=P",
-            ));
+            return Ok(Method::Entropy);
         }
         match s.strip_prefix("percentile=").map(str::parse::<f64>) {
             Some(Ok(p)) if p > 50.0 && p <= 100.0 => Ok(Method::Percentile(p)),
             _ => Err(Error::usage(format!(
-                "error: --method `{s}`: expected minmax or percentile=P with P in (50, 100]"
+                "error: --method `{s}`: expected minmax, percentile=P with P in (50, 100], or entropy"
             ))),
         }
     }
@@ -312,6 +316,33 @@ fn observe(
             let (l, h) = (lo[i] + a as f32 * w, lo[i] + (b + 1) as f32 * w);
             lo[i] = l.max(lo[i]);
             hi[i] = h.min(hi[i]);
+        }
+    }
+    if method == Method::Entropy {
+        // Histograms of |x| over [0, max |x|]; each range clipped at the threshold the
+        // entropy calibration picks (128 levels a side where the range has both signs, else
+        // all 256 on the one).
+        let amax: Vec<f32> = (0..values.len())
+            .map(|i| lo[i].abs().max(hi[i].abs()))
+            .collect();
+        let ok = |i: usize| amax[i].is_finite() && amax[i] > 0.0;
+        let mut hist = vec![vec![0u64; ENTROPY_BINS]; values.len()];
+        run_all("histograms", &mut |i, v| {
+            if !ok(i) {
+                return;
+            }
+            let scale = ENTROPY_BINS as f32 / amax[i];
+            // Exact zeros (half a relu's outputs) are on a level whatever the threshold, and
+            // a spike in the first bin would draw the search to thresholds that clip the rest.
+            for &x in v.iter().filter(|x| !x.is_nan() && **x != 0.0) {
+                hist[i][((x.abs() * scale) as usize).min(ENTROPY_BINS - 1)] += 1;
+            }
+        })?;
+        for i in (0..values.len()).filter(|&i| ok(i)) {
+            let levels = if lo[i] < 0.0 && hi[i] > 0.0 { 128 } else { 256 };
+            let t = ptq::entropy_threshold(&hist[i], amax[i], levels);
+            lo[i] = lo[i].max(-t);
+            hi[i] = hi[i].min(t);
         }
     }
     Ok((values.iter().enumerate())
