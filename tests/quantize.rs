@@ -231,3 +231,46 @@ fn user_errors_are_reported() {
         "{err}"
     );
 }
+
+/// A model whose weights are stored parameters (a `weights "DIR"` line, as `tcc train --save`
+/// and `tcc import --params` write them) has them taken as constants: its layers are found and
+/// quantized, the parameters and their files are gone from what is written, and the result
+/// runs with only the input.
+#[test]
+fn stored_weights_are_quantized_as_constants() {
+    let d = scratch("stored");
+    std::fs::create_dir_all(d.join("net.weights")).unwrap();
+    let text = "weights \"net.weights\"
+func @net(%x: f32[1,3,8,8], %w1: f32[2,3,3,3], %v: f32[128,10]) -> (f32[1,10]) {
+  %c1 = conv2d %x, %w1 {pads=[1,1,1,1]} : f32[1,2,8,8]
+  %r = relu %c1 : f32[1,2,8,8]
+  %flat = reshape %r {shape=[1,128]} : f32[1,128]
+  %logits = matmul %flat, %v : f32[1,10]
+  return %logits
+}
+";
+    std::fs::write(d.join("net.tir"), text).unwrap();
+    let mut rng = tcc::ir::random::Rng::new(9);
+    for (name, dims) in [("w1", vec![2, 3, 3, 3]), ("v", vec![128, 10])] {
+        let ty = tcc::ir::TensorType::new(tcc::ir::DType::F32, dims).unwrap();
+        let t = tcc::ir::random::random_tensor(&ty, &mut rng);
+        std::fs::write(
+            d.join("net.weights").join(format!("{name}.npy")),
+            npy::write(&t),
+        )
+        .unwrap();
+    }
+    let model = d.join("net.tir").to_string_lossy().into_owned();
+    let out = d.join("q.tir").to_string_lossy().into_owned();
+    let (code, _, err) = tcc(&["quantize", &model, "--calib", "random:2", "-o", &out]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("2 of 2 layers on integer ops"), "{err}");
+    let written = std::fs::read_to_string(&out).unwrap();
+    assert!(
+        written.contains("func @net(%x: f32[1,3,8,8]) -> (f32[1,10])"),
+        "{written}"
+    );
+    assert!(!written.contains("weights \""), "{written}");
+    let (code, _, err) = tcc(&["run", &out]);
+    assert_eq!(code, 0, "{err}");
+}

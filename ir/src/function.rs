@@ -140,6 +140,25 @@ impl Function {
         v
     }
 
+    /// Removes parameter `v`, which no scheduled op reads and no result returns; the later
+    /// parameters move up one place, and its name is free again.
+    pub fn remove_param(&mut self, v: Value) -> Result<(), String> {
+        let i = (self.params.iter().position(|&p| p == v))
+            .ok_or_else(|| format!("%{} is not a parameter", self.values[v].name))?;
+        let used = self.results.contains(&v)
+            || (self.schedule().iter()).any(|&op| self.ops[op].args.contains(&v));
+        if used {
+            return Err(format!("parameter %{} is still used", self.values[v].name));
+        }
+        self.params.remove(i);
+        for (j, &p) in self.params.iter().enumerate().skip(i) {
+            self.values[p].def = ValueDef::Param(j);
+        }
+        let name = std::mem::take(&mut self.values[v].name);
+        self.names.remove(&name);
+        Ok(())
+    }
+
     /// Creates an op and its result values without scheduling it. `names` gives each result's
     /// name (made unique if taken); there must be one per result type.
     pub fn create_op(

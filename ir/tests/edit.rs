@@ -284,3 +284,36 @@ fn dependents_sweep_with_edge_conditions() {
     let some = dependents(&f, &[v(&f, "x")], |_, a, r| !(a == c && r == d));
     assert_eq!(marked(&some), ["a", "c", "e", "f"]);
 }
+
+/// A parameter that nothing reads can be removed: the later ones move up and the function
+/// verifies and prints without it; one still read (or returned) cannot.
+#[test]
+fn unused_parameters_are_removed() {
+    let mut f = parse_function(
+        "func @f(%x: f32[4], %w: f32[4], %y: f32[4]) -> (f32[4], f32[4]) {
+  %c = const {value=2.0} : f32[4]
+  %a = mul %x, %c : f32[4]
+  return %a, %y
+}",
+    )
+    .unwrap();
+    let w = v(&f, "w");
+    let y = v(&f, "y");
+    f.remove_param(w).unwrap();
+    verify_function(&f).unwrap();
+    assert_eq!(f.params(), &[v(&f, "x"), y]);
+    assert!(f.lookup("w").is_none());
+    assert!(
+        f.to_string().starts_with("func @f(%x: f32[4], %y: f32[4])"),
+        "{f}"
+    );
+    let e = f.remove_param(y).unwrap_err();
+    assert!(e.contains("parameter %y is still used"), "{e}");
+    let x = v(&f, "x");
+    assert!(f.remove_param(x).is_err());
+    assert!(
+        f.remove_param(v(&f, "a"))
+            .unwrap_err()
+            .contains("not a parameter")
+    );
+}

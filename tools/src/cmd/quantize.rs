@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::IsTerminal;
 use tcc_ir::random::{Rng, random_tensor};
-use tcc_ir::{Function, Tensor, Value};
+use tcc_ir::{Function, Literal, Module, OpKind, Tensor, Value};
 use tcc_passes::quant::ptq::{self, Layer, Range, Scheme};
 use tcc_passes::{PassManager, Pipeline};
 
@@ -89,6 +89,11 @@ pub(crate) fn run(mut a: Args, io: &mut Io) -> Result<(), Error> {
         a.model.passes = Some(PIPELINE.to_string());
     }
     let mut p = prepare(&a.model, io)?;
+    let frozen = freeze_stored(&mut p.module, p.func)?;
+    p.inputs = (p.inputs.into_iter().enumerate())
+        .filter(|(i, _)| !frozen.contains(i))
+        .map(|(_, t)| t)
+        .collect();
     let f = p.function().clone();
     let layers = chosen_layers(&f, &a.exclude)?;
     if layers.is_empty() {
@@ -122,6 +127,48 @@ pub(crate) fn run(mut a: Args, io: &mut Io) -> Result<(), Error> {
     let errors = compare(&f, &p.module.functions[p.func], &cpu, &runs, &layers)?;
     let _ = write!(io.stderr, "{}", table(&report, &errors, runs.len()));
     io.write_module(p.module, a.output.as_deref())
+}
+
+/// Makes the parameters of function `func` that have stored values (a trained model's weights
+/// directory) constants, as an inference model's weights are, so that their layers can be
+/// quantized; the values leave the module's stored weights unless another function takes
+/// them. Returns the removed parameters' former indices.
+fn freeze_stored(m: &mut Module, func: usize) -> Result<Vec<usize>, Error> {
+    let f = &m.functions[func];
+    let stored: Vec<(usize, String)> = (f.params().iter().enumerate())
+        .filter(|&(_, &p)| m.weights.values.contains_key(f.name(p)))
+        .map(|(i, &p)| (i, f.name(p).to_string()))
+        .collect();
+    for (_, name) in &stored {
+        let t = std::sync::Arc::clone(&m.weights.values[name]);
+        let f = &mut m.functions[func];
+        let p = f.lookup(name).expect("a parameter");
+        let kind = OpKind::Const {
+            ty: t.ty().clone(),
+            value: Literal::dense(t.data().clone()),
+        };
+        let op = f.create_op(
+            kind,
+            vec![],
+            vec![t.ty().clone()],
+            &[&format!("{name}/frozen")],
+        );
+        match f.schedule().first() {
+            Some(&first) => f.insert_before(op, first),
+            None => f.append(op),
+        }
+        let c = f.op(op).results[0];
+        f.replace_all_uses(p, c);
+        f.remove_param(p)
+            .map_err(|e| Error::input(format!("error: internal: {e}")))?;
+        f.rename(c, name);
+        let elsewhere = (m.functions.iter().enumerate())
+            .any(|(g, h)| g != func && h.params().iter().any(|&q| h.name(q) == name));
+        if !elsewhere {
+            m.weights.values.remove(name);
+        }
+    }
+    Ok(stored.into_iter().map(|(i, _)| i).collect())
 }
 
 /// The layers of `f` to quantize: all but those `exclude` names (a scope that matches none is
