@@ -274,3 +274,53 @@ func @net(%x: f32[1,3,8,8], %w1: f32[2,3,3,3], %v: f32[128,10]) -> (f32[1,10]) {
     let (code, _, err) = tcc(&["run", &out]);
     assert_eq!(code, 0, "{err}");
 }
+
+/// A calibration directory in `tcc train --data`'s format feeds a function with several
+/// parameters a run per mini-batch, and a scalar result (a loss) is reported as its mean in
+/// float and in int8; arrays with different numbers of mini-batches are an error.
+#[test]
+fn training_data_directories_calibrate_and_scalars_are_averaged() {
+    let d = scratch("data");
+    let src = "func @net(%x: f32[2,8], %y: f32[2,3]) -> (f32[2,3], f32[]) {
+  %w = const {value=0.25} : f32[8,3]
+  %p = matmul %x, %w : f32[2,3]
+  %e = sub %p, %y : f32[2,3]
+  %sq = mul %e, %e : f32[2,3]
+  %loss = reduce_sum %sq {axes=[0,1]} : f32[]
+  return %p, %loss
+}
+";
+    std::fs::write(d.join("net.tir"), src).unwrap();
+    let data = d.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let mut rng = tcc::ir::random::Rng::new(4);
+    let array = |dims: Vec<u64>, rng: &mut tcc::ir::random::Rng| {
+        let ty = tcc::ir::TensorType::new(tcc::ir::DType::F32, dims).unwrap();
+        npy::write(&tcc::ir::random::random_tensor(&ty, rng))
+    };
+    std::fs::write(data.join("x.npy"), array(vec![6, 8], &mut rng)).unwrap();
+    std::fs::write(data.join("y.npy"), array(vec![6, 3], &mut rng)).unwrap();
+    let model = d.join("net.tir").to_string_lossy().into_owned();
+    let out = d.join("q.tir").to_string_lossy().into_owned();
+    let calib = data.to_string_lossy().into_owned();
+    let (code, _, err) = tcc(&["quantize", &model, "--calib", &calib, "-o", &out]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("1 of 1 layers on integer ops; over 3 calibration runs:"),
+        "{err}"
+    );
+    let line = (err.lines())
+        .find(|l| l.contains("output %loss:"))
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(
+        line.contains(" in float, ") && line.ends_with(" in int8"),
+        "{line}"
+    );
+    std::fs::write(data.join("y.npy"), array(vec![4, 3], &mut rng)).unwrap();
+    let (code, _, err) = tcc(&["quantize", &model, "--calib", &calib, "-o", &out]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("`y` holds 2 mini-batches but `x` holds 3"),
+        "{err}"
+    );
+}

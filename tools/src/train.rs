@@ -87,14 +87,16 @@ fn rows(t: &Tensor, start: usize, rows: usize) -> Tensor {
 }
 
 /// A data parameter: the whole array and how many batches it holds.
-struct Feed {
+pub(crate) struct Feed {
     all: Tensor,
     batch: usize,
-    batches: usize,
+    pub(crate) batches: usize,
 }
 
 impl Feed {
-    fn new(name: &str, path: &Path, ty: &TensorType) -> Result<Feed, String> {
+    /// Parameter `name` of type `ty` fed from the array in `path`: exactly that type, or more
+    /// rows of it (a multiple of its first dimension), cut into consecutive mini-batches.
+    pub(crate) fn new(name: &str, path: &Path, ty: &TensorType) -> Result<Feed, String> {
         let all = read_npy(path)?;
         let bad = || {
             format!(
@@ -128,7 +130,8 @@ impl Feed {
         })
     }
 
-    fn get(&self, step: usize) -> Tensor {
+    /// Mini-batch `step` (cycling).
+    pub(crate) fn get(&self, step: usize) -> Tensor {
         if self.batch == 0 {
             self.all.clone()
         } else {

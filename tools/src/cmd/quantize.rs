@@ -18,7 +18,8 @@ use tcc_passes::{PassManager, Pipeline};
 /// the layers, so that it is quantized with their weights.
 const PIPELINE: &str = "canonicalize,fold-bn,cse,dce";
 
-/// The passes run on the quantized function before it is written.
+/// The passes run on the quantized function before it is written (and after stored weights
+/// become constants).
 const TIDY: &str = "canonicalize,cse,dce";
 
 /// Bins of the histograms `--method percentile` cuts.
@@ -32,9 +33,10 @@ const ENTROPY_BINS: usize = 2048;
 pub(crate) struct Args {
     #[command(flatten)]
     pub model: Model,
-    /// The calibration inputs: a directory of .npy files, one run each, for a function with
-    /// one parameter to feed (others have stored values), or `random:N` (N runs on uniform
-    /// values in [-1, 1]).
+    /// The calibration inputs: a directory in `tcc train --data`'s format (`<name>.npy` for
+    /// every parameter to feed, a run per mini-batch), or of .npy files, one run each, for a
+    /// function with one parameter to feed; or `random:N` (N runs on uniform values in
+    /// [-1, 1]).
     #[arg(long, value_name = "DIR|random:N")]
     pub calib: String,
     /// How an activation's range is chosen from what it took: `minmax` (the whole range),
@@ -90,10 +92,15 @@ pub(crate) fn run(mut a: Args, io: &mut Io) -> Result<(), Error> {
     }
     let mut p = prepare(&a.model, io)?;
     let frozen = freeze_stored(&mut p.module, p.func)?;
-    p.inputs = (p.inputs.into_iter().enumerate())
-        .filter(|(i, _)| !frozen.contains(i))
-        .map(|(_, t)| t)
-        .collect();
+    if !frozen.is_empty() {
+        p.inputs = (p.inputs.into_iter().enumerate())
+            .filter(|(i, _)| !frozen.contains(i))
+            .map(|(_, t)| t)
+            .collect();
+        // What the passes left as arithmetic on the weights (a scale moved onto a filter)
+        // folds now that they are constants.
+        tidy(&mut p.module)?;
+    }
     let f = p.function().clone();
     let layers = chosen_layers(&f, &a.exclude)?;
     if layers.is_empty() {
@@ -120,13 +127,19 @@ pub(crate) fn run(mut a: Args, io: &mut Io) -> Result<(), Error> {
         .map_err(|e| Error::input(format!("error: {e}")))?;
     // Tidied as the output is written: the scales' products folded, repeated constants merged.
     p.module.functions[p.func] = q;
-    let tidy = Pipeline::parse(TIDY).expect("a valid pipeline");
-    PassManager::new(tidy)
-        .run(&mut p.module, &mut std::io::sink())
-        .map_err(|e| Error::input(format!("error: {e}")))?;
+    tidy(&mut p.module)?;
     let errors = compare(&f, &p.module.functions[p.func], &cpu, &runs, &layers)?;
     let _ = write!(io.stderr, "{}", table(&report, &errors, runs.len()));
     io.write_module(p.module, a.output.as_deref())
+}
+
+/// Runs [`TIDY`] on `m`.
+fn tidy(m: &mut Module) -> Result<(), Error> {
+    let pipeline = Pipeline::parse(TIDY).expect("a valid pipeline");
+    PassManager::new(pipeline)
+        .run(m, &mut std::io::sink())
+        .map(|_| ())
+        .map_err(|e| Error::input(format!("error: {e}")))
 }
 
 /// Makes the parameters of function `func` that have stored values (a trained model's weights
@@ -229,9 +242,43 @@ fn calibration_inputs(
     let fed: Vec<usize> = (0..f.params().len())
         .filter(|&i| !m.weights.values.contains_key(f.name(f.params()[i])))
         .collect();
+    // `tcc train --data`'s format: `<name>.npy` for every parameter to feed, each holding one
+    // or more mini-batches of it; a run per mini-batch.
+    let data = |i: usize| {
+        let name = f.name(f.params()[i]);
+        std::path::Path::new(calib).join(format!("{}.npy", crate::train::file_stem(name)))
+    };
+    if !fed.is_empty() && fed.iter().all(|&i| data(i).is_file()) {
+        let feeds = (fed.iter())
+            .map(|&i| {
+                let p = f.params()[i];
+                crate::train::Feed::new(f.name(p), &data(i), f.ty(p))
+                    .map(|feed| (i, feed))
+                    .map_err(Error::input)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let batches = feeds[0].1.batches;
+        if let Some((i, feed)) = feeds.iter().find(|(_, feed)| feed.batches != batches) {
+            return Err(Error::input(format!(
+                "error: --calib {calib}: `{}` holds {} mini-batches but `{}` holds {batches}; give every array the same number of rows",
+                f.name(f.params()[*i]),
+                feed.batches,
+                f.name(f.params()[feeds[0].0])
+            )));
+        }
+        return Ok((0..batches)
+            .map(|b| {
+                let mut run = prepared.to_vec();
+                for (i, feed) in &feeds {
+                    run[*i] = feed.get(b);
+                }
+                run
+            })
+            .collect());
+    }
     let [fed] = fed[..] else {
         return Err(Error::usage(format!(
-            "error: --calib {calib}: a directory feeds a function with one parameter to feed; `@{}` has {}",
+            "error: --calib {calib}: `@{}` has {} parameters to feed: give a directory with `<name>.npy` for each (as `tcc train --data` reads), or one of .npy files for a function with one",
             f.name,
             fed.len()
         )));
@@ -411,11 +458,20 @@ struct Errors {
     /// Per layer (as `layers`), the relative RMS error of its result: `|q - f| / |f|` over
     /// every element of every run.
     layers: Vec<f64>,
-    /// Per result of the function: relative RMS error and largest absolute difference.
-    outputs: Vec<(String, f64, f64)>,
+    /// Per result of the function.
+    outputs: Vec<OutputError>,
     /// Rows (samples) of the first result whose argmax over its last axis agrees, and the
     /// rows compared, where it has more than one column.
     top1: Option<(usize, usize)>,
+}
+
+/// One result's error: relative RMS and largest absolute difference, and for a scalar (a loss,
+/// an accuracy) its mean over the runs in the float and int8 models.
+struct OutputError {
+    name: String,
+    rel: f64,
+    max: f64,
+    mean: Option<(f64, f64)>,
 }
 
 fn compare(
@@ -441,6 +497,7 @@ fn compare(
     let qe = with_results(q, &quant_values, cpu)?;
     let n_out = f.results().len();
     let mut sums = vec![(0.0f64, 0.0f64, 0.0f64); n_out + layers.len()];
+    let mut scalars = vec![(0.0f64, 0.0f64); n_out];
     let mut top1 = (f.results().first())
         .filter(|&&r| f.ty(r).dims().last().copied().unwrap_or(1) > 1)
         .map(|_| (0usize, 0usize));
@@ -452,6 +509,10 @@ fn compare(
         let (a, b) = (run(&fe)?, run(&qe)?);
         for (k, (x, y)) in a.iter().zip(&b).enumerate() {
             let (x, y) = (x.data().to_f64s(), y.data().to_f64s());
+            if k < n_out && x.len() == 1 {
+                scalars[k].0 += x[0];
+                scalars[k].1 += y[0];
+            }
             let s = &mut sums[k];
             for (u, v) in x.iter().zip(&y) {
                 s.0 += (u - v) * (u - v);
@@ -478,7 +539,17 @@ fn compare(
     let rel = |(d, n, _): (f64, f64, f64)| if n > 0.0 { (d / n).sqrt() } else { d.sqrt() };
     Ok(Errors {
         outputs: (f.results().iter().enumerate())
-            .map(|(k, &r)| (f.name(r).to_string(), rel(sums[k]), sums[k].2))
+            .map(|(k, &r)| {
+                let runs = runs.len().max(1) as f64;
+                let mean =
+                    (f.ty(r).numel() == 1).then(|| (scalars[k].0 / runs, scalars[k].1 / runs));
+                OutputError {
+                    name: f.name(r).to_string(),
+                    rel: rel(sums[k]),
+                    max: sums[k].2,
+                    mean,
+                }
+            })
             .collect(),
         layers: sums[n_out..].iter().map(|&s| rel(s)).collect(),
         top1,
@@ -521,11 +592,21 @@ fn table(report: &[ptq::Quantized], errors: &Errors, runs: usize) -> String {
         report.len(),
         if runs == 1 { "" } else { "s" }
     );
-    for (name, rel, max) in &errors.outputs {
-        let _ = writeln!(
+    for OutputError {
+        name,
+        rel,
+        max,
+        mean,
+    } in &errors.outputs
+    {
+        let _ = write!(
             s,
             "  output %{name}: relative RMS error {rel:.3e}, largest difference {max:.3e}"
         );
+        let _ = match mean {
+            Some((float, int8)) => writeln!(s, "; mean {float:.6} in float, {int8:.6} in int8"),
+            None => writeln!(s),
+        };
     }
     if let Some((agree, rows)) = errors.top1 {
         let _ = writeln!(
