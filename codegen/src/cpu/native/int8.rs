@@ -219,17 +219,18 @@ const PANEL2: usize = 8;
 /// pair sums (255 x -128 twice is -65,280), so both operands less their zero points are
 /// widened to i16 (each within -255..255) and multiplied by `vpmaddwd`, whose pair sums (at
 /// most 130,050) are exact in i32; no corrections are needed. B less its zero points is packed
-/// in 8-column panels of 2-deep i16 pairs; 4 rows by 2 panels accumulate per 2-deep step with 8
-/// `vpmaddwd`. Row blocks split across the pool as for VNNI.
+/// in 8-column panels of 2-deep i16 pairs, straight from its bytes (8 columns of two rows
+/// widened, less their zero points, and interleaved per step); 4 rows by 2 panels accumulate
+/// per 2-deep step with 8 `vpmaddwd`. Row blocks split across the pool as for VNNI.
 ///
 /// # Safety
-/// The CPU has AVX2; the slices hold `m * k`, `k * n` and `m * n` elements (`a` and `b` as
-/// levels: bytes already read as integers).
+/// The CPU has AVX2; `a` and `b` (bytes, `i8` where `sa`/`sb` say, else `u8`) hold `m * k` and
+/// `k * n` elements, `out` `m * n`; the zero points one, or one per row of A / column of B.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn product_avx2(
-    a: &[i32],
-    b: &[i32],
+    (a, sa): (&[u8], bool),
+    (b, sb): (&[u8], bool),
     (m, k, n): (usize, usize, usize),
     za: &[i32],
     zb: &[i32],
@@ -238,21 +239,59 @@ pub(super) unsafe fn product_avx2(
     let kp = k.div_ceil(2) * 2;
     let panels = n.div_ceil(PANEL2);
     let za_of = |i: usize| za[if za.len() == 1 { 0 } else { i }];
-    let zb_of = |j: usize| zb[if zb.len() == 1 { 0 } else { j }];
+    let zb16: Vec<i16> = (0..n)
+        .map(|j| zb[if zb.len() == 1 { 0 } else { j }] as i16)
+        .collect();
+    let level = |x: u8, signed: bool| if signed { x as i8 as i16 } else { x as i16 };
     // Panel p, step g, column c, element t at ((p * kp/2 + g) * 8 + c) * 2 + t: b - zb.
     let mut packed = vec![0i16; panels * kp * PANEL2];
-    for p in 0..k {
-        for j in 0..n {
-            let (panel, c) = (j / PANEL2, j % PANEL2);
-            packed[((panel * (kp / 2) + p / 2) * PANEL2 + c) * 2 + p % 2] =
-                (b[p * n + j] - zb_of(j)) as i16;
+    for g in 0..kp / 2 {
+        let (p0, p1) = (2 * g, 2 * g + 1);
+        for panel in 0..panels {
+            let j0 = panel * PANEL2;
+            let at = (panel * (kp / 2) + g) * PANEL2 * 2;
+            if j0 + PANEL2 <= n {
+                // SAFETY: AVX2 (SSE4.1 with it), as this function's contract; columns
+                // `j0..j0 + 8` of rows `p0` and `p1 < k` and step `at..at + 16` are in range.
+                unsafe {
+                    let z = _mm_loadu_si128(zb16.as_ptr().add(j0) as *const __m128i);
+                    let row = |p: usize| {
+                        if p >= k {
+                            return _mm_setzero_si128();
+                        }
+                        let bytes = _mm_loadl_epi64(b.as_ptr().add(p * n + j0) as *const __m128i);
+                        let wide = if sb {
+                            _mm_cvtepi8_epi16(bytes)
+                        } else {
+                            _mm_cvtepu8_epi16(bytes)
+                        };
+                        _mm_sub_epi16(wide, z)
+                    };
+                    let (r0, r1) = (row(p0), row(p1));
+                    let dst = packed.as_mut_ptr().add(at);
+                    _mm_storeu_si128(dst as *mut __m128i, _mm_unpacklo_epi16(r0, r1));
+                    _mm_storeu_si128(dst.add(8) as *mut __m128i, _mm_unpackhi_epi16(r0, r1));
+                }
+                continue;
+            }
+            for j in j0..n {
+                let c = j - j0;
+                packed[at + 2 * c] = level(b[p0 * n + j], sb) - zb16[j];
+                if p1 < k {
+                    packed[at + 2 * c + 1] = level(b[p1 * n + j], sb) - zb16[j];
+                }
+            }
         }
     }
     // Rows of a - za, padded to `kp` with zeros.
     let mut rows = vec![0i16; m * kp];
     for i in 0..m {
-        for p in 0..k {
-            rows[i * kp + p] = (a[i * k + p] - za_of(i)) as i16;
+        let z = za_of(i) as i16;
+        for (d, &x) in rows[i * kp..i * kp + k]
+            .iter_mut()
+            .zip(&a[i * k..(i + 1) * k])
+        {
+            *d = level(x, sa) - z;
         }
     }
     // SAFETY: each job writes the rows of its own block of `out` only.

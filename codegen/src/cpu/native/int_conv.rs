@@ -216,10 +216,20 @@ impl IntegerConv {
             self.product.run_bytes([w, cols, wz, xz], [sw, sx], y);
         });
         if let Some(post) = post {
-            let mut real = Vec::with_capacity(n);
-            for (i, row) in sums.chunks(n).enumerate() {
-                // SAFETY: the caller's contract: `out` holds the chain's results.
-                unsafe { post.row(row, i % o, out.wrapping_add(size * i * n), &mut real) };
+            // A channel's row of sums an item of the pool (each writes its own row of `out`).
+            // SAFETY: the caller's contract: `out` holds the chain's results.
+            let dst = unsafe { crate::cpu::send_ptr::SendPtr::new(out) };
+            let item = |i: usize| {
+                let mut real = Vec::with_capacity(n);
+                let at = dst.get().wrapping_add(size * i * n);
+                // SAFETY: row `i` of the results, this item's alone.
+                unsafe { post.row(&sums[i * n..(i + 1) * n], i % o, at, &mut real) };
+            };
+            let rows = sums.len() / n.max(1);
+            if sums.len() >= 1 << 15 {
+                crate::cpu::pool::for_each(rows, &item);
+            } else {
+                (0..rows).for_each(item);
             }
         }
     }

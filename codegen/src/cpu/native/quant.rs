@@ -353,16 +353,16 @@ impl IntegerProduct {
             }
             return;
         }
-        let (a, b) = (levels(a, sa), levels(b, sb));
         let (za, zb) = (levels(za, sa), levels(zb, sb));
         #[cfg(target_arch = "x86_64")]
         if self.avx2 {
             // SAFETY: `avx2` is set only where the target has AVX2.
-            self.each_batch(&a, &b, out, |a, b, o| unsafe {
-                super::int8::product_avx2(a, b, dims, &za, &zb, o)
+            self.each_batch(a, b, out, |a, b, o| unsafe {
+                super::int8::product_avx2((a, sa), (b, sb), dims, &za, &zb, o)
             });
             return;
         }
+        let (a, b) = (levels(a, sa), levels(b, sb));
         self.each_batch(&a, &b, out, |a, b, o| self.portable(a, b, &za, &zb, o));
     }
 
