@@ -219,11 +219,13 @@ impl IntegerConv {
             // A channel's row of sums an item of the pool (each writes its own row of `out`).
             // SAFETY: the caller's contract: `out` holds the chain's results.
             let dst = unsafe { crate::cpu::send_ptr::SendPtr::new(out) };
+            // Where the product runs on AVX2 (or VNNI, whose CPUs have it), so may the chain.
+            let avx2 = self.product.avx2 || self.product.vnni;
             let item = |i: usize| {
                 let mut real = Vec::with_capacity(n);
                 let at = dst.get().wrapping_add(size * i * n);
                 // SAFETY: row `i` of the results, this item's alone.
-                unsafe { post.row(&sums[i * n..(i + 1) * n], i % o, at, &mut real) };
+                unsafe { post.row(&sums[i * n..(i + 1) * n], i % o, at, &mut real, avx2) };
             };
             let rows = sums.len() / n.max(1);
             if sums.len() >= 1 << 15 {

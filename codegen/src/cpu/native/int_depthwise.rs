@@ -34,7 +34,8 @@ unsafe fn finish(post: &Bound, y: &[i32], o: usize, out: *mut u8, isa: Isa) {
     let _ = isa;
     let mut real = Vec::with_capacity(y.len());
     // SAFETY: as this function's contract.
-    unsafe { post.row(y, o, out, &mut real) };
+    // SAFETY: as this function's contract; `Avx2` only where the CPU has it.
+    unsafe { post.row(y, o, out, &mut real, isa == Isa::Avx2) };
 }
 
 /// [`finish`] on AVX-512.

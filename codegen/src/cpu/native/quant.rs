@@ -132,7 +132,7 @@ pub(super) fn quantize_run(x: &[f32], s: f32, z: i32, signed: bool, out: &mut [u
 /// The CPU has AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn quantize_avx2(x: &[f32], s: f32, z: i32, signed: bool, out: &mut [u8]) {
+pub(super) unsafe fn quantize_avx2(x: &[f32], s: f32, z: i32, signed: bool, out: &mut [u8]) {
     use std::arch::x86_64::*;
     let (lo, hi) = if signed {
         (-128.0, 127.0)

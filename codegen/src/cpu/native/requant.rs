@@ -206,48 +206,89 @@ fn min(a: f32, b: f32) -> f32 {
 }
 
 impl Bound<'_> {
-    /// The chain's f32 result for sum `acc` of output channel `o`, before quantizing.
-    fn real(&self, acc: i32, o: usize) -> f32 {
-        let at = |v: &[f32]| v[if v.len() == 1 { 0 } else { o }];
-        let mut y = acc as f32;
-        if let Some(s) = self.scale {
-            y *= at(s);
-        }
-        if let Some(b) = self.bias {
-            y += at(b);
-        }
-        if self.relu && !(y > 0.0 || y.is_nan()) {
-            y = 0.0;
-        }
-        if let Some((c, first)) = self.lower {
-            y = if first { max(y, c) } else { max(c, y) };
-        }
-        if let Some((c, first)) = self.upper {
-            y = if first { min(y, c) } else { min(c, y) };
-        }
-        y
-    }
-
     /// Applies the chain to the sums `acc` of output channel `o`, writing `out` (levels, or
     /// f32 bytes when the chain does not quantize), element `i` at `out + i * size`; `real`
-    /// holds the f32 results before quantizing.
+    /// holds the f32 results before quantizing. With `avx2` (the target has it) the steps run
+    /// as AVX2 vectors, each over the whole row in turn: the same operations per element.
     ///
     /// # Safety
-    /// `out` has room for `acc.len()` elements of the output's type.
-    pub(crate) unsafe fn row(&self, acc: &[i32], o: usize, out: *mut u8, real: &mut Vec<f32>) {
+    /// `out` has room for `acc.len()` elements of the output's type; `avx2` only where the CPU
+    /// has it.
+    pub(crate) unsafe fn row(
+        &self,
+        acc: &[i32],
+        o: usize,
+        out: *mut u8,
+        real: &mut Vec<f32>,
+        avx2: bool,
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if avx2 {
+            // SAFETY: the caller's contract.
+            unsafe { self.reals_avx2(acc, o, real) };
+        } else {
+            self.reals(acc, o, real);
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = avx2;
+            self.reals(acc, o, real);
+        }
         match self.quantize {
             Some((s, z, signed)) => {
-                real.clear();
-                real.extend(acc.iter().map(|&a| self.real(a, o)));
                 // SAFETY: the caller's contract: `acc.len()` bytes.
                 let out = unsafe { std::slice::from_raw_parts_mut(out, acc.len()) };
+                #[cfg(target_arch = "x86_64")]
+                if avx2 {
+                    // SAFETY: the caller's contract.
+                    unsafe { super::quant::quantize_avx2(real, s, z, signed, out) };
+                    return;
+                }
                 super::quant::quantize_run(real, s, z, signed, out);
             }
-            None => {
-                for (i, &a) in acc.iter().enumerate() {
-                    // SAFETY: the caller's contract: `acc.len()` f32s.
-                    unsafe { (out as *mut f32).add(i).write_unaligned(self.real(a, o)) };
+            // SAFETY: the caller's contract: room for `acc.len()` f32s (maybe unaligned).
+            None => unsafe {
+                std::ptr::copy_nonoverlapping(real.as_ptr() as *const u8, out, 4 * real.len())
+            },
+        }
+    }
+
+    /// [`Bound::reals`] compiled for AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn reals_avx2(&self, acc: &[i32], o: usize, real: &mut Vec<f32>) {
+        self.reals(acc, o, real)
+    }
+
+    /// The chain's f32 results for the sums `acc` of output channel `o` into `real`, before
+    /// quantizing: the interpreter's steps in its order (module docs), each a pass over the
+    /// row (loops the compiler turns into vectors).
+    #[inline(always)]
+    fn reals(&self, acc: &[i32], o: usize, real: &mut Vec<f32>) {
+        let at = |v: &[f32]| v[if v.len() == 1 { 0 } else { o }];
+        real.clear();
+        real.extend(acc.iter().map(|&a| a as f32));
+        if let Some(s) = self.scale.map(at) {
+            real.iter_mut().for_each(|y| *y *= s);
+        }
+        if let Some(b) = self.bias.map(at) {
+            real.iter_mut().for_each(|y| *y += b);
+        }
+        if self.relu {
+            for y in real.iter_mut() {
+                if !(*y > 0.0 || y.is_nan()) {
+                    *y = 0.0;
                 }
+            }
+        }
+        if let Some((c, first)) = self.lower {
+            for y in real.iter_mut() {
+                *y = if first { max(*y, c) } else { max(c, *y) };
+            }
+        }
+        if let Some((c, first)) = self.upper {
+            for y in real.iter_mut() {
+                *y = if first { min(*y, c) } else { min(c, *y) };
             }
         }
     }
