@@ -123,8 +123,7 @@ pub fn conv2d(
         },
         out_index: &out_index,
     };
-    let t = Tiling::choose(tiles, (og, cols, k, groups), true);
-    lower_product(name, f, kd, (y, &yd), index, t, &g)
+    lower_product(name, f, kd, (y, &yd), index, tiles, &g)
 }
 
 /// The two convolution gradients, each an implicit GEMM per group on the tiled kernel, with

@@ -1,7 +1,7 @@
 //! Matmuls on the tiled kernel (operands as matrices, folded transposes read with swapped
 //! strides, batches broadcast), and the integer product `matmul_integer`.
 
-use super::{Gemm, GemmTiles, Side, Tiling, byte_mem, load_level, lower_product, matrix};
+use super::{Gemm, GemmTiles, Side, byte_mem, load_level, lower_product, matrix};
 use crate::plan::KernelData;
 use crate::ptx::lower::{BLOCK, Ctx, Lowered};
 use crate::ptx::prog::{IOp, Inst, Mem, Reg, RegTy, Space};
@@ -74,8 +74,7 @@ pub fn matmul(
         },
         out_index: &out_index,
     };
-    let t = Tiling::choose(tiles, (m, n, k, g.batches), true);
-    lower_product(name, f, kd, (r, &od), index, t, &g)
+    lower_product(name, f, kd, (r, &od), index, tiles, &g)
 }
 
 /// `matmul_integer` kernel `kd` of `f` (u8/i8 operands with zero points broadcast to them,

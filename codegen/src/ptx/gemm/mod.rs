@@ -115,6 +115,14 @@ struct Split {
     depth: u64,
 }
 
+/// The tiling and split a product that may split `k` (an f32 matmul or convolution) of
+/// `batches` products of `m x k` by `k x n` takes under `tiles`: what its lowering and its
+/// scratch both follow.
+fn layout(tiles: GemmTiles, dims: (u64, u64, u64, u64)) -> (Tiling, Split) {
+    let t = Tiling::choose(tiles, dims, true);
+    (t, Split::of(t, dims))
+}
+
 impl Split {
     /// The split for `batches` products of `m x k` by `k x n` under tiling `t`.
     fn of(t: Tiling, (m, n, k, batches): (u64, u64, u64, u64)) -> Split {
@@ -174,8 +182,9 @@ fn problem(f: &Function, kd: &KernelData) -> Option<(u64, u64, u64, u64)> {
 /// matrices where it splits `k`, else 0.
 pub fn scratch_bytes(f: &Function, kd: &KernelData, tiles: GemmTiles) -> u64 {
     problem(f, kd).map_or(0, |(m, n, k, batches)| {
-        let t = Tiling::choose(tiles, (m, n, k, batches), true);
-        Split::of(t, (m, n, k, batches)).scratch_bytes((m, n, batches))
+        layout(tiles, (m, n, k, batches))
+            .1
+            .scratch_bytes((m, n, batches))
     })
 }
 
@@ -533,7 +542,8 @@ enum Store<'a> {
 
 /// The kernel(s) of product `g` (whose loads read their buffers from the context's
 /// parameters, so that it serves both kernels) for library kernel `kd` of `f`, whose GEMM
-/// computes `r` of shape `out`, under tiling `t`: one kernel ([`gemm`] with the epilogue)
+/// computes `r` of shape `out`, tiled and split as [`layout`] says for `tiles` (the same
+/// [`scratch_bytes`] sized the scratch by): one kernel ([`gemm`] with the epilogue)
 /// where the output's tiles fill the device; else `k` split into pieces ([`Split`]), the tiled
 /// kernel writing the pieces' partial matrices to the kernel's scratch (one more parameter,
 /// after the inputs and outputs) and a second kernel, launched after it ([`sum_pieces`]),
@@ -545,17 +555,11 @@ fn lower_product(
     kd: &KernelData,
     (r, out): (Value, &[u64]),
     index: u64,
-    t: Tiling,
+    tiles: GemmTiles,
     g: &Gemm,
 ) -> Result<Lowered, String> {
     let params = (kd.inputs.len() + kd.outputs.len()) as u32;
-    let split = problem(f, kd).map_or(
-        Split {
-            pieces: 1,
-            depth: g.k,
-        },
-        |p| Split::of(t, p),
-    );
+    let (t, split) = layout(tiles, (g.m, g.n, g.k, g.batches));
     if split.pieces == 1 {
         let mut c = Ctx::new(name, params, BLOCK, index);
         let finish = epilogue(&mut c, f, kd, r, out)?;
