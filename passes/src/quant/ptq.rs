@@ -205,7 +205,8 @@ pub fn quantize(
     scheme: Scheme,
 ) -> Result<Vec<Quantized>, String> {
     let mut dequantized: HashMap<Value, (Value, f32, u8)> = HashMap::new();
-    let mut report = Vec::new();
+    // Each quantized layer's report and op (to tell afterwards whether `qdq` took it).
+    let mut report: Vec<(Quantized, Op)> = Vec::new();
     for layer in layers {
         let Some(&range) = ranges.get(&layer.input) else {
             continue;
@@ -235,24 +236,26 @@ pub fn quantize(
         }
         f.op_mut(layer.op).args[0] = xd;
         f.op_mut(layer.op).args[1] = wd;
-        report.push(Quantized {
-            name,
-            range,
-            scale,
-            zero,
-            weight_scales,
-            integer: false,
-        });
+        report.push((
+            Quantized {
+                name,
+                range,
+                scale,
+                zero,
+                weight_scales,
+                integer: false,
+            },
+            layer.op,
+        ));
     }
     qdq(f);
     let live: HashSet<Op> = f.schedule().iter().copied().collect();
-    for (r, layer) in report
-        .iter_mut()
-        .zip(layers.iter().filter(|l| ranges.contains_key(&l.input)))
-    {
-        r.integer = !live.contains(&layer.op);
-    }
-    Ok(report)
+    Ok((report.into_iter())
+        .map(|(r, op)| Quantized {
+            integer: !live.contains(&op),
+            ..r
+        })
+        .collect())
 }
 
 /// `dequantize_linear` of constant i8 levels for the constant weights `w` of layer `op`, and

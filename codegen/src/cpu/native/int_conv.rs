@@ -219,8 +219,8 @@ impl IntegerConv {
             // A channel's row of sums an item of the pool (each writes its own row of `out`).
             // SAFETY: the caller's contract: `out` holds the chain's results.
             let dst = unsafe { crate::cpu::send_ptr::SendPtr::new(out) };
-            // Where the product runs on AVX2 (or VNNI, whose CPUs have it), so may the chain.
-            let avx2 = self.product.avx2 || self.product.vnni;
+            // Where the product runs on AVX2, so does the chain (on VNNI neither comes here).
+            let avx2 = self.product.avx2;
             let item = |i: usize| {
                 let mut real = Vec::with_capacity(n);
                 let at = dst.get().wrapping_add(size * i * n);
