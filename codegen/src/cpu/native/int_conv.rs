@@ -31,8 +31,6 @@ pub(super) struct IntegerConv {
     /// zero points are constants (else on each run).
     #[cfg(target_arch = "x86_64")]
     prepared: Option<super::vnni_conv::Filter>,
-    /// A depthwise convolution (one channel per group, in and out): its own kernel.
-    depthwise: Option<Depthwise>,
 }
 
 impl IntegerConv {
@@ -73,16 +71,7 @@ impl IntegerConv {
             #[cfg(target_arch = "x86_64")]
             packed_b: None,
         };
-        let depthwise = (wd[1] == 1 && groups == xd[1] && wd[0] == groups).then(|| Depthwise {
-            xd,
-            yd,
-            kernel: [wd[2], wd[3]],
-            strides: conv.strides.map(|s| s as usize),
-            dilations: conv.dilations.map(|d| d as usize),
-            pads: conv.pads.map(|p| p as usize),
-        });
         IntegerConv {
-            depthwise,
             conv: conv.clone(),
             xd,
             wd,
@@ -128,6 +117,22 @@ impl IntegerConv {
         }
     }
 
+    /// The convolution as its own kernel takes it where it is depthwise (one channel per
+    /// group, in and out).
+    fn depthwise(&self) -> Option<Depthwise> {
+        let (c, groups) = (&self.conv, self.conv.groups as usize);
+        let [_, ch, _, _] = self.xd;
+        let [o, per, kh, kw] = self.wd;
+        (per == 1 && groups == ch && o == groups).then(|| Depthwise {
+            xd: self.xd,
+            yd: self.yd,
+            kernel: [kh, kw],
+            strides: c.strides.map(|s| s as usize),
+            dilations: c.dilations.map(|d| d as usize),
+            pads: c.pads.map(|p| p as usize),
+        })
+    }
+
     /// Whether the image is its own columns (1x1, stride 1, no padding).
     fn pointwise(&self) -> bool {
         let c = &self.conv;
@@ -154,7 +159,7 @@ impl IntegerConv {
             Some(p) if p.quantize.is_some() => 1,
             _ => 4,
         };
-        if let Some(dw) = &self.depthwise {
+        if let Some(dw) = self.depthwise() {
             let isa = match (self.product.vnni, self.product.avx2) {
                 (true, _) => Isa::Avx512,
                 (_, true) => Isa::Avx2,
