@@ -324,3 +324,105 @@ fn training_data_directories_calibrate_and_scalars_are_averaged() {
         "{err}"
     );
 }
+
+/// The number after `key` on the line of `text` that contains `line`.
+fn number_after(text: &str, line: &str, key: &str) -> f64 {
+    let l = (text.lines())
+        .find(|l| l.contains(line))
+        .unwrap_or_else(|| panic!("no `{line}` in:\n{text}"));
+    let rest = &l[l.find(key).unwrap_or_else(|| panic!("no `{key}` in {l}")) + key.len()..];
+    let word = rest.split_whitespace().next().unwrap();
+    word.trim_end_matches([',', ';']).parse().unwrap()
+}
+
+/// `--from-qat`: the digits CNN trained with fake quantization (batch norm folded and frozen)
+/// converts with what it learned: its batch norm on the moving statistics, its weights at the
+/// levels the training used, the activations the training quantized at their learned ranges
+/// (the model's input, which it did not quantize, calibrated), and the int8 model classifies the
+/// held-out digits as the trained model did, within half a point. The directory must be one
+/// `tcc train --quantize --save` wrote for this model.
+#[test]
+fn from_qat_converts_with_the_learned_ranges() {
+    let d = scratch("qat");
+    let read = |p: &str| npy::read(&std::fs::read(p).unwrap()).unwrap();
+    let x = read("examples/data/digits/x.npy");
+    let labels = read("examples/data/digits/labels.npy");
+    let (train, held) = (d.join("train"), d.join("held"));
+    for (dir, keep) in [(&train, false), (&held, true)] {
+        std::fs::create_dir_all(dir).unwrap();
+        for (name, t) in [("x", &x), ("labels", &labels)] {
+            let part = common::split_rows(t, 0, 256, keep);
+            std::fs::write(dir.join(format!("{name}.npy")), npy::write(&part)).unwrap();
+        }
+    }
+    let path = |p: &Path| p.to_string_lossy().into_owned();
+    let (trained, out) = (path(&d.join("w")), path(&d.join("q.tir")));
+    let (code, stdout, err) = tcc(&[
+        "train",
+        "examples/digits_cnn.tir",
+        "--data",
+        &path(&train),
+        "--eval",
+        &path(&held),
+        "--steps",
+        "960",
+        "--lr",
+        "0.003",
+        "--fold-bn",
+        "freeze-delay=600,decay=0.99",
+        "--quantize",
+        "bits=8,delay=300,ema-decay=0.99",
+        "--save",
+        &trained,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let qat = number_after(&stdout, "eval: ", " accuracy ");
+    let model = "examples/digits_cnn.tir";
+    let (code, _, err) = tcc(&[
+        "quantize",
+        model,
+        "--from-qat",
+        &trained,
+        "--calib",
+        &path(&held),
+        "-o",
+        &out,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("4 of 4 layers on integer ops"), "{err}");
+    assert_eq!(err.matches("(learned range)").count(), 3, "{err}");
+    let int8 = number_after(&err, "output %accuracy", " in float, ");
+    eprintln!("held-out accuracy: trained with fake quantization {qat}, converted to int8 {int8}");
+    assert!(
+        (int8 - qat).abs() <= 0.005,
+        "int8 {int8} against {qat} for the trained model:\n{err}"
+    );
+    // The batch norm folded into the weights: the IR has none left.
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(
+        count(&text, |k| matches!(
+            k,
+            OpKind::BatchNorm { .. } | OpKind::BatchNormTrain { .. }
+        )),
+        0
+    );
+    // Errors: a directory without the options file, a foreign file, options the integer
+    // kernels cannot take, --per-channel (the training decides).
+    let bad = |args: &[&str], want: &str| {
+        let mut all = vec!["quantize", model, "--calib", "random:1"];
+        all.extend_from_slice(args);
+        let (code, _, err) = tcc(&all);
+        assert_ne!(code, 0);
+        assert!(err.contains(want), "{args:?}: {err}");
+    };
+    bad(&["--from-qat", &path(&held)], "quantize.txt");
+    std::fs::copy(held.join("x.npy"), d.join("w").join("pixels.npy")).unwrap();
+    bad(
+        &["--from-qat", &trained],
+        "pixels.npy` is neither a parameter of `@digits` nor the learned state",
+    );
+    std::fs::remove_file(d.join("w").join("pixels.npy")).unwrap();
+    std::fs::write(d.join("w").join("quantize.txt"), "act-bits=4\n").unwrap();
+    bad(&["--from-qat", &trained], "4-bit activations");
+    bad(&["--from-qat", &trained, "--per-channel"], "--per-channel");
+}

@@ -344,28 +344,6 @@ fn digits_cnn_trains_quantized() {
     );
 }
 
-/// Rows `[lo, hi)` of `t` along axis 0, or with `keep = false`, every other row.
-fn split_rows(t: &tcc::ir::Tensor, lo: usize, hi: usize, keep: bool) -> tcc::ir::Tensor {
-    use tcc::ir::Data;
-    let d = t.dims();
-    let per: usize = d[1..].iter().product::<u64>() as usize;
-    let pick = |n: usize| -> Vec<usize> {
-        (0..n)
-            .filter(|r| (lo..hi).contains(r) == keep)
-            .flat_map(|r| r * per..(r + 1) * per)
-            .collect()
-    };
-    let rows = pick(d[0] as usize);
-    let data = match t.data() {
-        Data::U8(v) => Data::U8(rows.iter().map(|&i| v[i]).collect()),
-        Data::I32(v) => Data::I32(rows.iter().map(|&i| v[i]).collect()),
-        other => panic!("the digits are u8 and i32, not {:?}", other.dtype()),
-    };
-    let mut dims = d.to_vec();
-    dims[0] = (rows.len() / per) as u64;
-    tcc::ir::Tensor::from_data(&dims, data).unwrap()
-}
-
 /// The end-to-end bar for quantization-aware training: the digits CNN trained with batch
 /// norm folded and 8-bit fake quantization classifies held-out digits within one percentage
 /// point of the same network trained in float. One held-out split of 256 digits is too noisy
@@ -396,7 +374,7 @@ fn digits_cnn_quantized_stays_within_a_point_of_float_on_held_out_digits() {
         for (dir, keep) in [(&train, false), (&held, true)] {
             std::fs::create_dir_all(dir).unwrap();
             for (name, t) in [("x", &x), ("labels", &labels)] {
-                let part = split_rows(t, lo, hi, keep);
+                let part = common::split_rows(t, lo, hi, keep);
                 std::fs::write(dir.join(format!("{name}.npy")), npy::write(&part)).unwrap();
             }
         }
@@ -460,14 +438,18 @@ fn eval_reports_held_out_means_and_refuses_data_that_does_not_fit() {
     };
     // Four batches of x, two of labels.
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("x.npy"), npy::write(&split_rows(&x, 0, 256, true))).unwrap();
+    std::fs::write(
+        dir.join("x.npy"),
+        npy::write(&common::split_rows(&x, 0, 256, true)),
+    )
+    .unwrap();
     let (code, _, err) = train(&dir);
     assert_eq!(code, 1);
     assert!(
         err.contains("no `labels.npy` for the data parameter `labels`"),
         "{err}"
     );
-    let two = split_rows(&labels, 0, 128, true);
+    let two = common::split_rows(&labels, 0, 128, true);
     std::fs::write(dir.join("labels.npy"), npy::write(&two)).unwrap();
     let (code, _, err) = train(&dir);
     assert_eq!(code, 1);
@@ -476,7 +458,7 @@ fn eval_reports_held_out_means_and_refuses_data_that_does_not_fit() {
         "{err}"
     );
     // Four of each: one line with the means.
-    let four = split_rows(&labels, 0, 256, true);
+    let four = common::split_rows(&labels, 0, 256, true);
     std::fs::write(dir.join("labels.npy"), npy::write(&four)).unwrap();
     let (code, out, err) = train(&dir);
     assert_eq!(code, 0, "{err}");

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use tcc_ir::random::{Rng, random_tensor};
 use tcc_ir::{Data, Function, OpKind, Tensor, Value, interp, parse_function, verify_function};
 use tcc_passes::quant::ptq::{
-    Range, Scheme, activation_params, entropy_threshold, layers, quantize,
+    Activation, Range, Scheme, WeightLevels, activation_params, entropy_threshold, layers, quantize,
 };
 
 fn f64s(t: &Tensor) -> Vec<f64> {
@@ -134,9 +134,12 @@ fn layers_run_on_integers_within_the_quantization_error() {
         let mut q = f.clone();
         let scheme = Scheme {
             per_channel,
-            symmetric_activations: false,
+            weights: WeightLevels::Symmetric,
         };
-        let report = quantize(&mut q, &layers(&f), &ranges(&f, &inputs), scheme).unwrap();
+        let acts: HashMap<Value, Activation> = (ranges(&f, &inputs).into_iter())
+            .map(|(v, r)| (v, Activation::fitted(r, false).unwrap()))
+            .collect();
+        let report = quantize(&mut q, &layers(&f), &acts, scheme).unwrap();
         verify_function(&q).unwrap_or_else(|d| panic!("{d}\n{q}"));
         assert!(report.iter().all(|r| r.integer), "{report:?}");
         let kinds: Vec<&OpKind> = q.schedule().iter().map(|&o| &q.op(o).kind).collect();
@@ -239,6 +242,130 @@ fn w_scales(q: &Function, conv: tcc_ir::Op) -> Vec<f64> {
     };
     let sx = f64s(&Tensor::from_literal(ty, value).unwrap())[0];
     combined.iter().map(|c| c / sx).collect()
+}
+
+/// A list literal of `x`.
+fn list(x: &[f64]) -> String {
+    let items: Vec<String> = x.iter().map(|v| format!("{:?}", *v as f32)).collect();
+    format!("[{}]", items.join(", "))
+}
+
+/// `tcc quantize --from-qat`: with the levels quantization-aware training used (activations
+/// over learned ranges, one of which clips; weights over their own ranges, nudged, narrow or
+/// not, 8 and 5 bits, per tensor and per channel), the integer model computes what the trained
+/// model's fake quantization did, up to the float sums' rounding.
+#[test]
+fn learned_levels_compute_what_fake_quantization_did() {
+    let mut rng = Rng::new(11);
+    let f = model(&mut rng);
+    let x = random_tensor(f.ty(f.params()[0]), &mut rng);
+    let weights = |name: &str| f64s(&constant_of(&f, name));
+    let (w, v) = (weights("w"), weights("v"));
+    // Learned ranges of the two layers' inputs: the conv's clips x (standard normal).
+    let learned = [
+        Range {
+            min: -0.7,
+            max: 1.9,
+        },
+        Range {
+            min: -0.3,
+            max: 4.5,
+        },
+    ];
+    for per_channel in [false, true] {
+        for (bits, narrow) in [(8, true), (8, false), (5, true)] {
+            // Each channel's range widened to include 0, as the `quantize` pass takes it.
+            let bounds = |x: &[f64], channels: usize, channel: &dyn Fn(usize) -> usize| {
+                let (mut lo, mut hi) = (vec![0.0f64; channels], vec![0.0f64; channels]);
+                for (i, &e) in x.iter().enumerate() {
+                    let c = channel(i);
+                    (lo[c], hi[c]) = (lo[c].min(e), hi[c].max(e));
+                }
+                (lo, hi)
+            };
+            let (wb, vb, wt, vt) = if per_channel {
+                let wb = bounds(&w, 4, &|i| i / 27);
+                let vb = bounds(&v, 5, &|i| i % 5);
+                (wb, vb, "f32[4,1,1,1]", "f32[1,5]")
+            } else {
+                (
+                    bounds(&w, 1, &|_| 0),
+                    bounds(&v, 1, &|_| 0),
+                    "f32[]",
+                    "f32[]",
+                )
+            };
+            let fq = |v: &str, lo: &str, hi: &str, ty: &str, bits: u64, narrow: bool| {
+                format!(
+                    "  %{v}q = fake_quant %{v}, %{lo}, %{hi} {{bits={bits}, narrow={narrow}}} : {ty}\n"
+                )
+            };
+            let value = |x: &[f64]| {
+                if x.len() == 1 {
+                    format!("{:?}", x[0] as f32)
+                } else {
+                    list(x)
+                }
+            };
+            let trained = format!(
+                "func @g(%x: f32[2,3,8,8]) -> (f32[2,5]) {{
+  %w = const {{value={}}} : f32[4,3,3,3]
+  %wlo = const {{value={}}} : {wt}
+  %whi = const {{value={}}} : {wt}
+{}  %xlo = const {{value={:?}}} : f32[]
+  %xhi = const {{value={:?}}} : f32[]
+{}  %b = const {{value=0.1}} : f32[4,1,1]
+  %c = conv2d %xq, %wq {{pads=[1,1,1,1]}} : f32[2,4,8,8]
+  %a = add %c, %b : f32[2,4,8,8]
+  %r = relu %a : f32[2,4,8,8]
+  %flat = reshape %r {{shape=[2,256]}} : f32[2,256]
+  %flatlo = const {{value={:?}}} : f32[]
+  %flathi = const {{value={:?}}} : f32[]
+{}  %v = const {{value={}}} : f32[256,5]
+  %vlo = const {{value={}}} : {vt}
+  %vhi = const {{value={}}} : {vt}
+{}  %y = matmul %flatq, %vq : f32[2,5]
+  return %y
+}}",
+                list(&w),
+                value(&wb.0),
+                value(&wb.1),
+                fq("w", "wlo", "whi", "f32[4,3,3,3]", bits, narrow),
+                learned[0].min,
+                learned[0].max,
+                fq("x", "xlo", "xhi", "f32[2,3,8,8]", 8, false),
+                learned[1].min,
+                learned[1].max,
+                fq("flat", "flatlo", "flathi", "f32[2,256]", 8, false),
+                list(&v),
+                value(&vb.0),
+                value(&vb.1),
+                fq("v", "vlo", "vhi", "f32[256,5]", bits, narrow),
+            );
+            let g = parse_function(&trained).unwrap_or_else(|e| panic!("{e:?}\n{trained}"));
+            let want = f64s(&interp::run(&g, std::slice::from_ref(&x)).unwrap()[0]);
+            let found = layers(&f);
+            let acts: HashMap<Value, Activation> = (found.iter().zip(learned))
+                .map(|(l, r)| (l.input, Activation::learned(r).unwrap()))
+                .collect();
+            let mut q = f.clone();
+            let scheme = Scheme {
+                per_channel,
+                weights: WeightLevels::Nudged { bits, narrow },
+            };
+            let report = quantize(&mut q, &found, &acts, scheme).unwrap();
+            verify_function(&q).unwrap_or_else(|d| panic!("{d}\n{q}"));
+            assert!(report.iter().all(|r| r.integer), "{report:?}");
+            let got = f64s(&interp::run(&q, std::slice::from_ref(&x)).unwrap()[0]);
+            let top = want.iter().fold(0.0f64, |m, y| m.max(y.abs()));
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-5 * top,
+                    "{bits} bits, narrow {narrow}, per channel {per_channel}: output {i} is {a}, the trained model's {b}"
+                );
+            }
+        }
+    }
 }
 
 /// Products whose weights are not constants, or whose activation is one, are not layers; a

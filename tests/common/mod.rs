@@ -142,3 +142,25 @@ pub fn residual_stack(n: usize, batch: u64, width: u64) -> String {
     }
     s + &format!("  %loss = reduce_mean {prev} {{axes=[0,1]}} : f32[]\n  return %loss\n}}\n")
 }
+
+/// Rows `[lo, hi)` of `t` along axis 0, or with `keep = false`, every other row.
+pub fn split_rows(t: &tcc::ir::Tensor, lo: usize, hi: usize, keep: bool) -> tcc::ir::Tensor {
+    use tcc::ir::Data;
+    let d = t.dims();
+    let per: usize = d[1..].iter().product::<u64>() as usize;
+    let pick = |n: usize| -> Vec<usize> {
+        (0..n)
+            .filter(|r| (lo..hi).contains(r) == keep)
+            .flat_map(|r| r * per..(r + 1) * per)
+            .collect()
+    };
+    let rows = pick(d[0] as usize);
+    let data = match t.data() {
+        Data::U8(v) => Data::U8(rows.iter().map(|&i| v[i]).collect()),
+        Data::I32(v) => Data::I32(rows.iter().map(|&i| v[i]).collect()),
+        other => panic!("the digits are u8 and i32, not {:?}", other.dtype()),
+    };
+    let mut dims = d.to_vec();
+    dims[0] = (rows.len() / per) as u64;
+    tcc::ir::Tensor::from_data(&dims, data).unwrap()
+}

@@ -14,6 +14,10 @@
 //!   `scale = 2 max(|min|, |max|) / 255`, zero point 128.
 //! - **Weights**: i8, symmetric over the narrow range [-127, 127], `scale = max|w| / 127`, per
 //!   tensor or per output channel (a filter's first axis, a matrix's columns).
+//! - **After quantization-aware training** ([`Activation::learned`], [`WeightLevels::Nudged`]):
+//!   the levels the training's `fake_quant` used, so the integer model computes what the
+//!   trained one did up to rounding: activations over their learned ranges, weights over their
+//!   own, both nudged as TensorFlow nudges.
 //!
 //! A range of zero width (an activation that was always 0) takes scale 1; a range that is not
 //! finite is an error naming the layer.
@@ -21,6 +25,7 @@
 use super::Emit;
 use super::qdq::qdq;
 use std::collections::{HashMap, HashSet};
+use tcc_ir::interp::fake_quant_range;
 use tcc_ir::{DType, Data, Function, Op, OpKind, Tensor, TensorType, Value};
 
 /// A layer [`quantize`] can convert.
@@ -71,13 +76,75 @@ pub struct Range {
     pub max: f32,
 }
 
-/// How [`quantize`] quantizes.
+/// How [`quantize`] quantizes the weights.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Scheme {
     /// One weight scale per output channel instead of one per tensor.
     pub per_channel: bool,
-    /// Activations symmetric about 0 (zero point 128) instead of fitted to their range.
-    pub symmetric_activations: bool,
+    /// How the weights become levels.
+    pub weights: WeightLevels,
+}
+
+/// How weights become i8 levels.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum WeightLevels {
+    /// Symmetric over [-127, 127] with zero points 0, `scale = max|w| / 127` (post-training).
+    #[default]
+    Symmetric,
+    /// The levels quantization-aware training's `fake_quant` gave them (`tcc quantize
+    /// --from-qat`): `2^bits` levels (less the lowest when `narrow`) over the weights' own range
+    /// widened to include 0, nudged so that 0 is a level, as TensorFlow nudges
+    /// ([`fake_quant_range`]); level `l` is stored as the i8 `l - 128`, the zero point alike.
+    /// At most 8 bits.
+    Nudged {
+        /// Bits of the levels.
+        bits: u64,
+        /// Whether the lowest level is left out.
+        narrow: bool,
+    },
+}
+
+/// The u8 quantization of one activation: the range it was chosen from, its scale and zero
+/// point.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Activation {
+    /// The range.
+    pub range: Range,
+    /// The step between levels.
+    pub scale: f32,
+    /// The level of 0.
+    pub zero: u8,
+}
+
+impl Activation {
+    /// Fitted to a calibrated range ([`activation_params`]).
+    pub fn fitted(range: Range, symmetric: bool) -> Result<Activation, String> {
+        let (scale, zero) = activation_params(range, symmetric)?;
+        Ok(Activation { range, scale, zero })
+    }
+
+    /// The 8-bit levels `fake_quant` used over a range learned in quantization-aware training
+    /// (TensorFlow's nudging, [`fake_quant_range`]); scale 1 and zero point 0 where the range
+    /// is empty (`fake_quant` itself is NaN there).
+    pub fn learned(range: Range) -> Result<Activation, String> {
+        let (lo, hi) = (f64::from(range.min), f64::from(range.max));
+        if !lo.is_finite() || !hi.is_finite() {
+            return Err(format!("the learned range [{lo}, {hi}] is not finite"));
+        }
+        let Some((nudged_min, _, scale)) = fake_quant_range(lo, hi, 8, false, true) else {
+            return Ok(Activation {
+                range,
+                scale: 1.0,
+                zero: 0,
+            });
+        };
+        let zero = (-nudged_min / scale).round().clamp(0.0, 255.0) as u8;
+        Ok(Activation {
+            range,
+            scale: scale as f32,
+            zero,
+        })
+    }
 }
 
 /// The u8 scale and zero point for an activation observed over `r` (see the module docs).
@@ -154,28 +221,70 @@ pub fn entropy_threshold(hist: &[u64], amax: f32, levels: usize) -> f32 {
     amax * best.1 as f32 / n as f32
 }
 
-/// Weights `w` as i8 levels and their `scales` scales, symmetric over [-127, 127]: element `i`
-/// takes scale `channel(i)`, which is `max|w| / 127` over the elements that take it.
+/// Weights as i8: the levels, and per scale the scale and zero point.
+struct Levels(Vec<i8>, Vec<f32>, Vec<i8>);
+
+/// Weights `w` as i8 levels with `scales` scales and zero points, as `how` says: element `i`
+/// takes scale `channel(i)`, chosen over the elements that take it.
 fn weight_levels(
     w: &[f32],
     scales: usize,
     channel: impl Fn(usize) -> usize,
-) -> Result<(Vec<i8>, Vec<f32>), String> {
-    let mut amax = vec![0.0f32; scales];
+    how: WeightLevels,
+) -> Result<Levels, String> {
+    let (mut lo, mut hi) = (vec![0.0f32; scales], vec![0.0f32; scales]);
     for (i, &x) in w.iter().enumerate() {
         if !x.is_finite() {
             return Err(format!("weight {i} is {x}"));
         }
         let c = channel(i);
-        amax[c] = amax[c].max(x.abs());
+        (lo[c], hi[c]) = (lo[c].min(x), hi[c].max(x));
     }
-    let s: Vec<f32> = (amax.iter())
-        .map(|&a| if a > 0.0 { a / 127.0 } else { 1.0 })
-        .collect();
-    let q = (w.iter().enumerate())
-        .map(|(i, &x)| (x / s[channel(i)]).round_ties_even().clamp(-127.0, 127.0) as i8)
-        .collect();
-    Ok((q, s))
+    match how {
+        WeightLevels::Symmetric => {
+            let s: Vec<f32> = (lo.iter().zip(&hi))
+                .map(|(&l, &h)| {
+                    let a = h.max(-l);
+                    if a > 0.0 { a / 127.0 } else { 1.0 }
+                })
+                .collect();
+            let q = (w.iter().enumerate())
+                .map(|(i, &x)| (x / s[channel(i)]).round_ties_even().clamp(-127.0, 127.0) as i8)
+                .collect();
+            Ok(Levels(q, s, vec![0; scales]))
+        }
+        WeightLevels::Nudged { bits, narrow } => {
+            if !(2..=8).contains(&bits) {
+                return Err(format!(
+                    "weights of {bits} bits do not fit the integer kernels' i8 (2 to 8 bits)"
+                ));
+            }
+            let qmin = if narrow { 1.0 } else { 0.0 };
+            // Per channel: the nudged range, the scale and the zero point's level.
+            let nudged: Vec<(f64, f64, f64, f64)> = (lo.iter().zip(&hi))
+                .map(|(&l, &h)| {
+                    match fake_quant_range(f64::from(l), f64::from(h), bits, narrow, true) {
+                        Some((nl, nh, s)) => (nl, nh, s, (qmin - nl / s).round()),
+                        // All zeros: any scale; every weight is the zero point.
+                        None => (0.0, 0.0, 1.0, qmin),
+                    }
+                })
+                .collect();
+            // `fake_quant`'s level, in its own f32 arithmetic, shifted to i8.
+            let r = |v: f64| v as f32 as f64;
+            let q = (w.iter().enumerate())
+                .map(|(i, &x)| {
+                    let (nl, nh, s, _) = nudged[channel(i)];
+                    let inv = r(1.0 / s);
+                    let l = r(r(r(f64::from(x).clamp(nl, nh) - nl) * inv) + 0.5).floor();
+                    (l + qmin - 128.0) as i8
+                })
+                .collect();
+            let s = nudged.iter().map(|n| n.2 as f32).collect();
+            let z = nudged.iter().map(|n| (n.3 - 128.0) as i8).collect();
+            Ok(Levels(q, s, z))
+        }
+    }
 }
 
 /// What [`quantize`] did to one layer, for `tcc quantize`'s table.
@@ -195,41 +304,39 @@ pub struct Quantized {
     pub integer: bool,
 }
 
-/// Quantizes `layers` of `f` with the activation ranges in `ranges` (by the layer's input) as
-/// the module docs say, then turns the QDQ form into integer ops ([`qdq`]). Layers whose
-/// input has no range are left alone.
+/// Quantizes `layers` of `f` with the activations' quantization in `activations` (by the
+/// layer's input) as the module docs say, then turns the QDQ form into integer ops ([`qdq`]).
+/// Layers whose input has none are left alone.
 pub fn quantize(
     f: &mut Function,
     layers: &[Layer],
-    ranges: &HashMap<Value, Range>,
+    activations: &HashMap<Value, Activation>,
     scheme: Scheme,
 ) -> Result<Vec<Quantized>, String> {
-    let mut dequantized: HashMap<Value, (Value, f32, u8)> = HashMap::new();
+    let mut dequantized: HashMap<Value, Value> = HashMap::new();
     // Each quantized layer's report and op (to tell afterwards whether `qdq` took it).
     let mut report: Vec<(Quantized, Op)> = Vec::new();
     for layer in layers {
-        let Some(&range) = ranges.get(&layer.input) else {
+        let Some(&Activation { range, scale, zero }) = activations.get(&layer.input) else {
             continue;
         };
         let name = f.name(layer.output).to_string();
         let at = |e: String| format!("layer `{name}`: {e}");
         let x = layer.input;
         let mut e = Emit { f, ops: Vec::new() };
-        let (xd, scale, zero) = match dequantized.get(&x) {
+        let xd = match dequantized.get(&x) {
             Some(&known) => known,
             None => {
-                let (s, z) = activation_params(range, scheme.symmetric_activations).map_err(at)?;
-                let sv = e.scalar(DType::F32, f64::from(s), "quant/scale")?;
-                let zv = e.scalar(DType::U8, f64::from(z), "quant/zero")?;
+                let sv = e.scalar(DType::F32, f64::from(scale), "quant/scale")?;
+                let zv = e.scalar(DType::U8, f64::from(zero), "quant/zero")?;
                 let q = e.op(OpKind::QuantizeLinear, &[x, sv, zv], "quant/q")?;
                 let d = e.op(OpKind::DequantizeLinear, &[q, sv, zv], "quant/dq")?;
-                dequantized.insert(x, (d, s, z));
-                (d, s, z)
+                dequantized.insert(x, d);
+                d
             }
         };
         let w = e.f.op(layer.op).args[1];
-        let (wd, weight_scales) =
-            dequantized_weights(&mut e, w, layer.op, scheme.per_channel).map_err(at)?;
+        let (wd, weight_scales) = dequantized_weights(&mut e, w, layer.op, scheme).map_err(at)?;
         let ops = std::mem::take(&mut e.ops);
         for n in ops {
             f.insert_before(n, layer.op);
@@ -264,7 +371,7 @@ fn dequantized_weights(
     e: &mut Emit,
     w: Value,
     op: Op,
-    per_channel: bool,
+    scheme: Scheme,
 ) -> Result<(Value, (f32, f32)), String> {
     let f = &*e.f;
     let def = f.def_op(w).ok_or("the weights are not a constant")?;
@@ -279,7 +386,7 @@ fn dequantized_weights(
     let conv = matches!(f.op(op).kind, OpKind::Conv2d(_));
     // Per channel: a filter's output channels (its first axis, the scale shaped
     // `[O, 1, 1, 1]`), a matrix's columns (`[N]`).
-    let (scales, scale_dims): (usize, Vec<u64>) = match (per_channel, conv) {
+    let (scales, scale_dims): (usize, Vec<u64>) = match (scheme.per_channel, conv) {
         (false, _) => (1, vec![]),
         (true, true) => (dims[0] as usize, vec![dims[0], 1, 1, 1]),
         (true, false) => (dims[1] as usize, vec![dims[1]]),
@@ -295,7 +402,7 @@ fn dequantized_weights(
         (_, true) => i / per_row,
         (_, false) => i % cols,
     };
-    let (levels, s) = weight_levels(data, scales, channel)?;
+    let Levels(levels, s, z) = weight_levels(data, scales, channel, scheme.weights)?;
     let lo = s.iter().copied().fold(f32::INFINITY, f32::min);
     let hi = s.iter().copied().fold(0.0f32, f32::max);
     let q = e.constant_of(
@@ -310,7 +417,7 @@ fn dequantized_weights(
     )?;
     let zv = e.constant_of(
         TensorType::new(DType::I8, scale_dims).map_err(|e| e.to_string())?,
-        Data::I8(vec![0; scales]),
+        Data::I8(z),
         "quant/w_zero",
     )?;
     let d = e.op(OpKind::DequantizeLinear, &[q, sv, zv], "quant/w_dq")?;

@@ -172,6 +172,13 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
                 Error::input(format!("error: cannot write `{}`: {e}", path.display()))
             })?;
         }
+        // How the model was fake-quantized, for `tcc quantize --from-qat`.
+        if let Some(spec) = &a.quantize {
+            let path = Path::new(save).join(super::quantize::qat::OPTIONS_FILE);
+            std::fs::write(&path, format!("{}\n", spec.trim())).map_err(|e| {
+                Error::input(format!("error: cannot write `{}`: {e}", path.display()))
+            })?;
+        }
     }
     let _ = writeln!(io.stdout, "saved {} parameters to {save}", trained.len());
     Ok(())

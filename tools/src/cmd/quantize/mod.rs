@@ -1,9 +1,11 @@
 //! `tcc quantize`: post-training int8 quantization. Observes the activations of a float model's
 //! convolutions and matrix products over calibration inputs (on the JIT), chooses their scales,
 //! rewrites those layers onto the integer ops (`tcc_passes::quant::ptq`), and reports each
-//! layer's error against the float model on the same inputs.
+//! layer's error against the float model on the same inputs. A model trained with fake
+//! quantization converts with the ranges it learned instead (`--from-qat`, qat.rs).
 
 mod calibrate;
+pub(crate) mod qat;
 mod report;
 
 use super::run::{Model, prepare};
@@ -11,8 +13,9 @@ use crate::Error;
 use crate::io::{Io, abbreviate};
 use calibrate::{calibration_inputs, observe};
 use report::{compare, table};
+use std::collections::{HashMap, HashSet};
 use tcc_ir::{Function, Literal, Module, OpKind, Value};
-use tcc_passes::quant::ptq::{self, Layer, Scheme};
+use tcc_passes::quant::ptq::{self, Activation, Layer, Scheme, WeightLevels};
 use tcc_passes::{PassManager, Pipeline};
 
 /// The passes run before quantizing unless `--passes` says otherwise: batch norm folded into
@@ -22,6 +25,9 @@ const PIPELINE: &str = "canonicalize,fold-bn,cse,dce";
 /// The passes run on the quantized function before it is written (and after stored weights
 /// become constants).
 const TIDY: &str = "canonicalize,cse,dce";
+
+/// [`TIDY`] with `--from-qat`, whose batch norms on moving statistics fold first.
+const AFTER_QAT: &str = "fold-bn,canonicalize,cse,dce";
 
 // The arguments of `tcc quantize`.
 #[derive(clap::Args, Debug)]
@@ -41,11 +47,17 @@ pub(crate) struct Args {
     #[arg(long, default_value = "minmax")]
     pub method: String,
     /// One weight scale per output channel instead of one per layer.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "from_qat")]
     pub per_channel: bool,
     /// Activations symmetric about 0 (u8 with zero point 128) instead of fitted to their range.
     #[arg(long)]
     pub symmetric_activations: bool,
+    /// Convert a model trained with fake quantization: DIR is what `tcc train --quantize SPEC
+    /// --save DIR` wrote. Its parameters are the weights, quantized as the training quantized
+    /// them; activations take the ranges it learned (calibrated only where it learned none, as
+    /// for the model's input); layers outside its scopes stay float.
+    #[arg(long, value_name = "DIR")]
+    pub from_qat: Option<String>,
     /// Layers to keep in float: names of layers (their results) or `/`-ended prefixes,
     /// comma-separated.
     #[arg(long, value_delimiter = ',', value_name = "SCOPES")]
@@ -86,18 +98,27 @@ pub(crate) fn run(mut a: Args, io: &mut Io) -> Result<(), Error> {
         a.model.passes = Some(PIPELINE.to_string());
     }
     let mut p = prepare(&a.model, io)?;
+    let qat = (a.from_qat.as_deref())
+        .map(|dir| qat::load(dir, &mut p.module, p.func))
+        .transpose()?;
     let frozen = freeze_stored(&mut p.module, p.func)?;
     if !frozen.is_empty() {
         p.inputs = (p.inputs.into_iter().enumerate())
             .filter(|(i, _)| !frozen.contains(i))
             .map(|(_, t)| t)
             .collect();
+    }
+    if !frozen.is_empty() || qat.is_some() {
         // What the passes left as arithmetic on the weights (a scale moved onto a filter)
-        // folds now that they are constants.
-        tidy(&mut p.module)?;
+        // folds now that they are constants, and the batch norms `--from-qat` put on their
+        // moving statistics fold into their layers.
+        tidy(&mut p.module, if qat.is_some() { AFTER_QAT } else { TIDY })?;
     }
     let f = p.function().clone();
-    let layers = chosen_layers(&f, &a.exclude)?;
+    let mut layers = chosen_layers(&f, &a.exclude)?;
+    if let Some(q) = &qat {
+        layers.retain(|l| q.trained(&f, l));
+    }
     if layers.is_empty() {
         return Err(Error::input(format!(
             "error: `@{}` has no convolution or matrix product with constant f32 weights to quantize",
@@ -113,24 +134,54 @@ pub(crate) fn run(mut a: Args, io: &mut Io) -> Result<(), Error> {
         v
     };
     let ranges = observe(&f, &cpu, &runs, &observed, method, io)?;
-    let scheme = Scheme {
-        per_channel: a.per_channel,
-        symmetric_activations: a.symmetric_activations,
+    // Each layer input's quantization: learned in training, else fitted to its calibrated range.
+    let mut activations: HashMap<Value, Activation> = HashMap::new();
+    let mut learned: HashSet<String> = HashSet::new();
+    for l in &layers {
+        let at = |e: String| Error::input(format!("error: layer `{}`: {e}", f.name(l.output)));
+        let act = match qat.as_ref().and_then(|q| q.range_of(&f, l.input)) {
+            Some(r) => {
+                learned.insert(f.name(l.output).to_string());
+                Activation::learned(r).map_err(at)?
+            }
+            None => match ranges.get(&l.input) {
+                Some(&r) => Activation::fitted(r, a.symmetric_activations).map_err(at)?,
+                None => continue,
+            },
+        };
+        activations.insert(l.input, act);
+    }
+    let scheme = match &qat {
+        None => Scheme {
+            per_channel: a.per_channel,
+            weights: WeightLevels::Symmetric,
+        },
+        Some(q) => Scheme {
+            per_channel: q.options.per_channel,
+            weights: WeightLevels::Nudged {
+                bits: q.options.bits,
+                narrow: q.options.narrow_weights,
+            },
+        },
     };
     let mut q = f.clone();
-    let report = ptq::quantize(&mut q, &layers, &ranges, scheme)
+    let report = ptq::quantize(&mut q, &layers, &activations, scheme)
         .map_err(|e| Error::input(format!("error: {e}")))?;
     // Tidied as the output is written: the scales' products folded, repeated constants merged.
     p.module.functions[p.func] = q;
-    tidy(&mut p.module)?;
+    tidy(&mut p.module, TIDY)?;
     let errors = compare(&f, &p.module.functions[p.func], &cpu, &runs, &layers)?;
-    let _ = write!(io.stderr, "{}", table(&report, &errors, runs.len()));
+    let _ = write!(
+        io.stderr,
+        "{}",
+        table(&report, &errors, runs.len(), &learned)
+    );
     io.write_module(p.module, a.output.as_deref())
 }
 
-/// Runs [`TIDY`] on `m`.
-fn tidy(m: &mut Module) -> Result<(), Error> {
-    let pipeline = Pipeline::parse(TIDY).expect("a valid pipeline");
+/// Runs `passes` on `m`.
+fn tidy(m: &mut Module, passes: &str) -> Result<(), Error> {
+    let pipeline = Pipeline::parse(passes).expect("a valid pipeline");
     PassManager::new(pipeline)
         .run(m, &mut std::io::sink())
         .map(|_| ())

@@ -3,6 +3,7 @@
 
 use super::calibrate::with_results;
 use crate::Error;
+use std::collections::HashSet;
 use std::fmt::Write as _;
 use tcc_ir::{Function, Tensor, Value};
 use tcc_passes::quant::ptq::{self, Layer};
@@ -111,8 +112,14 @@ pub(super) fn compare(
     })
 }
 
-/// The per-layer table and the outputs' errors.
-pub(super) fn table(report: &[ptq::Quantized], errors: &Errors, runs: usize) -> String {
+/// The per-layer table and the outputs' errors; `learned` names the layers whose activation
+/// range came from quantization-aware training rather than the calibration.
+pub(super) fn table(
+    report: &[ptq::Quantized],
+    errors: &Errors,
+    runs: usize,
+    learned: &HashSet<String>,
+) -> String {
     let mut s = String::new();
     let width = report
         .iter()
@@ -137,7 +144,11 @@ pub(super) fn table(report: &[ptq::Quantized], errors: &Errors, runs: usize) -> 
             r.weight_scales.0,
             r.weight_scales.1,
             e,
-            if r.integer { "" } else { "  (stayed float)" }
+            match (r.integer, learned.contains(&r.name)) {
+                (false, _) => "  (stayed float)",
+                (true, true) => "  (learned range)",
+                (true, false) => "",
+            }
         );
     }
     let integer = report.iter().filter(|r| r.integer).count();
