@@ -19,10 +19,12 @@
 #![deny(missing_docs)]
 
 mod ctx;
+mod export;
 mod graph;
 mod lower;
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod proto;
+pub use export::{OPSET, export};
 mod tensor;
 
 use prost::Message;

@@ -208,9 +208,9 @@ fn read_external(t: &TensorProto, dir: Option<&Path>, what: &str, want: u64) -> 
     Ok(buf)
 }
 
-/// Encodes a tensor as a `TensorProto` named `name`, its elements little-endian in `raw_data`.
-pub(crate) fn to_proto(name: &str, t: &Tensor) -> TensorProto {
-    let data_type = match t.dtype() {
+/// The ONNX element type of `dt`.
+pub(crate) fn elem_type(dt: DType) -> DataType {
+    match dt {
         DType::F32 => DataType::Float,
         DType::F64 => DataType::Double,
         DType::I8 => DataType::Int8,
@@ -218,7 +218,12 @@ pub(crate) fn to_proto(name: &str, t: &Tensor) -> TensorProto {
         DType::I32 => DataType::Int32,
         DType::I64 => DataType::Int64,
         DType::Bool => DataType::Bool,
-    };
+    }
+}
+
+/// Encodes a tensor as a `TensorProto` named `name`, its elements little-endian in `raw_data`.
+pub(crate) fn to_proto(name: &str, t: &Tensor) -> TensorProto {
+    let data_type = elem_type(t.dtype());
     let raw = t.to_le_bytes();
     TensorProto {
         name: Some(name.to_string()),

@@ -97,6 +97,11 @@ enum Cmd {
         after_help = "Example:\n  tcc calibrate\n  tcc opt --passes='eqsat{gflops=150,vector-gflops=30,gbps=18,launch-us=0.5,sync-us=2}' model.tir\n\neqsat keeps fixed defaults so that its output is the same on every machine; pass these to\ntune it for this one."
     )]
     Calibrate(cmd::calibrate::Args),
+    /// Write a function as an ONNX model (integer layers in QDQ form)
+    #[command(
+        after_help = "Examples:\n  tcc quantize model.onnx --calib random:32 -o q.tir && tcc export q.tir -o q.onnx\n\nConstants and stored parameters become initializers, the other parameters graph inputs.\nA `conv_integer`/`matmul_integer` scaled to float (what `tcc quantize` writes) goes out as\nDequantizeLinear -> Conv/MatMul, the form onnxruntime's quantize_static writes."
+    )]
+    Export(cmd::export::Args),
     /// Quantize a float model's convolutions and matrix products to int8 after calibrating
     /// their activations, and report each layer's error.
     #[command(
@@ -165,6 +170,7 @@ pub fn run(
         Cmd::Run(a) => cmd::run::run(a, io),
         Cmd::Bench(a) => cmd::bench::run(a, io),
         Cmd::Calibrate(a) => cmd::calibrate::run(a, io),
+        Cmd::Export(a) => cmd::export::run(a, io),
         Cmd::Quantize(a) => cmd::quantize::run(a, io),
         Cmd::Plan(a) => cmd::plan::run(a, io),
         Cmd::Ptx(a) => cmd::ptx::run(a, io),

@@ -3,6 +3,7 @@
 pub(crate) mod bench;
 pub(crate) mod calibrate;
 pub(crate) mod cat;
+pub(crate) mod export;
 pub(crate) mod grad;
 pub(crate) mod import;
 pub(crate) mod mem;
