@@ -25,6 +25,7 @@
 use super::Emit;
 use crate::canonicalize::fold::{const_args, fold};
 use crate::manager::Pass;
+use std::collections::HashSet;
 use tcc_ir::{BinaryOp, DType, Function, Op, OpKind, Value};
 
 /// The most elements a constant the pass folds may have (as the ONNX importer's limit).
@@ -50,6 +51,7 @@ pub fn qdq(f: &mut Function) -> usize {
     move_above_dequantize(f);
     let schedule: Vec<Op> = f.schedule().to_vec();
     let mut names: Vec<(Value, String)> = Vec::new();
+    let mut created: HashSet<Op> = HashSet::new();
     for op in schedule {
         let Some((ops, y)) = integer_form(f, op) else {
             continue;
@@ -57,12 +59,13 @@ pub fn qdq(f: &mut Function) -> usize {
         for &n in &ops {
             f.insert_before(n, op);
         }
+        created.extend(ops);
         let old = f.op(op).results[0];
         f.replace_all_uses(old, y);
         names.push((y, f.name(old).to_string()));
     }
     crate::dce(f);
-    fold_constants(f);
+    fold_constants(f, &created);
     // Each product keeps the name of the float op it replaces, free once that op is gone.
     for (y, name) in &names {
         if f.lookup(name).is_none() {
@@ -171,15 +174,19 @@ fn move_above_dequantize(f: &mut Function) {
     }
 }
 
-/// Folds every dequantization, transpose and reshape of constants into a constant (up to
-/// [`FOLD_LIMIT`] elements), in schedule order so that chains fold.
-fn fold_constants(f: &mut Function) {
+/// Folds every dequantization, transpose and reshape of constants, and every op of `created`
+/// (the products of the scales) on constants, into a constant (up to [`FOLD_LIMIT`] elements),
+/// in schedule order so that chains fold. A per-channel scale must be a constant for the CPU
+/// backend to fuse the requantization into the integer op's store; `canonicalize` folds only
+/// small ones.
+fn fold_constants(f: &mut Function, created: &HashSet<Op>) {
     for op in f.schedule().to_vec() {
         let d = f.op(op);
-        let foldable = matches!(
-            d.kind,
-            OpKind::DequantizeLinear | OpKind::Transpose { .. } | OpKind::Reshape { .. }
-        );
+        let foldable = created.contains(&op)
+            || matches!(
+                d.kind,
+                OpKind::DequantizeLinear | OpKind::Transpose { .. } | OpKind::Reshape { .. }
+            );
         if !foldable || !d.deps.is_empty() {
             continue;
         }

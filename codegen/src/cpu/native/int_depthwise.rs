@@ -17,6 +17,9 @@ thread_local! {
     /// The padded plane and a channel's sums (where a chain follows), kept between calls.
     static PLANE: std::cell::RefCell<(Vec<i32>, Vec<i32>)> =
         const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    /// The VNNI kernel's padded plane of bytes.
+    static BYTES: std::cell::RefCell<(Vec<u8>, Vec<u8>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// The requantizing chain `post` on channel `o`'s sums `y`, into `out`: sixteen at a time on
@@ -140,6 +143,28 @@ impl Depthwise {
                     zx,
                     taps,
                 };
+                #[cfg(target_arch = "x86_64")]
+                if isa == Isa::Avx512 && sw && self.vnni_fits() {
+                    let channel = super::vnni_depthwise::Channel {
+                        x: plane,
+                        flip: sx,
+                        zx: if sx { zx + 128 } else { zx },
+                        // SAFETY: i8 and u8 have one layout.
+                        w: unsafe {
+                            std::slice::from_raw_parts(w[ch * kh * kw..].as_ptr().cast(), kh * kw)
+                        },
+                        zw: wz[if wz.len() == 1 { 0 } else { ch }],
+                    };
+                    BYTES.with(|b| {
+                        // SAFETY: the ISA is the host's (AVX-512 is chosen with VNNI only).
+                        unsafe { self.channel_vnni(channel, &mut b.borrow_mut(), y) }
+                    });
+                    if let Some(post) = post {
+                        // SAFETY: this channel's outputs of the stored type are `at`'s.
+                        unsafe { finish(post, y, ch, at, isa) };
+                    }
+                    return;
+                }
                 // SAFETY (each): the ISA is the host's, as this function's contract.
                 match isa {
                     #[cfg(target_arch = "x86_64")]
@@ -156,7 +181,12 @@ impl Depthwise {
         };
         let work = n * c * oh * ow * kh * kw;
         if work >= 1 << 16 {
-            crate::cpu::pool::for_each(n * c, &item);
+            // Channels in runs of some thousands of outputs, so that small planes do not pay
+            // a job each.
+            let run = (4096 / (oh * ow).max(1)).clamp(1, n * c);
+            crate::cpu::pool::for_each((n * c).div_ceil(run), &|j| {
+                (j * run..((j + 1) * run).min(n * c)).for_each(item)
+            });
         } else {
             (0..n * c).for_each(item);
         }

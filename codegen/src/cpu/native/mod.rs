@@ -25,6 +25,8 @@ mod quant;
 mod requant;
 #[cfg(target_arch = "x86_64")]
 mod vnni_conv;
+#[cfg(target_arch = "x86_64")]
+mod vnni_depthwise;
 
 use movement::{SliceCopy, transpose};
 pub(crate) use requant::moves as requant_moves;
