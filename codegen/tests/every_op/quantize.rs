@@ -433,6 +433,69 @@ fn quantize_rounds_half_to_even_and_saturates() {
     }
 }
 
+/// Quantization by scales whose reciprocal is not exact, at the values that decide its rounding
+/// (`(k + 0.5) * s` in f32, and the f32 values on either side): the kernels multiply by the
+/// reciprocal and divide only near ties, which must round as the quotient does, on every
+/// target; standalone, and fused into an integer convolution's store (sixteen channels, each
+/// its own scale, so that the quotients land on and beside halves).
+#[test]
+fn quantize_by_inexact_reciprocals_rounds_as_the_quotient() {
+    for s in [0.1f32, 0.3, 1.0 / 3.0, 0.015_686_275, 7.3e-3, 0.003_921_569] {
+        let xs: Vec<f32> = (-300..300)
+            .flat_map(|k| {
+                let t = (k as f32 + 0.5) * s;
+                [t, t.next_down(), t.next_up()]
+            })
+            .collect();
+        let n = xs.len();
+        for (zt, z) in [("u8", "128"), ("i8", "0")] {
+            let src = format!(
+                "func @f(%x: f32[{n}]) -> ({zt}[{n}]) {{
+  %s = const {{value={s:?}}} : f32[]
+  %z = const {{value={z}}} : {zt}[]
+  %y = quantize_linear %x, %s, %z : {zt}[{n}]
+  return %y
+}}"
+            );
+            let f = parse_function(&src).unwrap();
+            let inputs = vec![Tensor::from_f32(&[n as u64], xs.clone()).unwrap()];
+            agrees_on_every_target(&f, &inputs, &src, no_reference_ops);
+        }
+        // Every byte through a 1x1 convolution by +-1 into sixteen channels, each scaled so
+        // that its quotients `x * (s_o / s)` fall on halves and around them, and past both
+        // ends of the levels (u8 and i8).
+        let scales: Vec<String> = (0..16)
+            .map(|o| format!("{:?}", s * (0.5 + 0.125 * o as f32)))
+            .collect();
+        let signs: Vec<&str> = (0..16)
+            .map(|o| if o % 2 == 0 { "1" } else { "-1" })
+            .collect();
+        for (zt, z) in [("u8", "3"), ("i8", "-5")] {
+            let src = format!(
+                "func @f(%x: u8[1,1,16,16]) -> ({zt}[1,16,16,16]) {{
+  %w = const {{value=[{}]}} : i8[16,1,1,1]
+  %xz = const {{value=0}} : u8[]
+  %wz = const {{value=0}} : i8[]
+  %acc = conv_integer %x, %w, %xz, %wz : i32[1,16,16,16]
+  %f = cast %acc {{to=f32}} : f32[1,16,16,16]
+  %so = const {{value=[{}]}} : f32[16,1,1]
+  %m = mul %f, %so : f32[1,16,16,16]
+  %s = const {{value={s:?}}} : f32[]
+  %z = const {{value={z}}} : {zt}[]
+  %q = quantize_linear %m, %s, %z : {zt}[1,16,16,16]
+  return %q
+}}",
+                signs.join(", "),
+                scales.join(", ")
+            );
+            let f = parse_function(&src).unwrap();
+            let bytes: Vec<u8> = (0..=255).collect();
+            let inputs = vec![Tensor::from_data(&[1, 1, 16, 16], tcc_ir::Data::U8(bytes)).unwrap()];
+            agrees_on_every_target(&f, &inputs, &src, no_reference_ops);
+        }
+    }
+}
+
 /// `conv_integer` (and its depthwise kernel) and the requantizing chain after it (cast, scales,
 /// bias, relu, a clip as `max` and `min` with scalars either side, `quantize_linear`), which the
 /// CPU backend runs as one step storing the levels (or the f32

@@ -631,7 +631,7 @@ impl Native {
                     let values = |v: tcc_ir::Value| {
                         std::slice::from_raw_parts(addr(v) as *const f32, len(v))
                     };
-                    let bound = match post {
+                    let mut bound = match post {
                         Some(p) => Some(requant::Bound {
                             scale: p.scale.map(|s| values(s.value)),
                             bias: p.bias.map(|b| values(b.value)),
@@ -648,9 +648,13 @@ impl Native {
                                 }
                                 None => None,
                             },
+                            plain: false,
                         }),
                         None => None,
                     };
+                    if let Some(b) = bound.as_mut() {
+                        b.plain = b.is_plain();
+                    }
                     let inputs = [bytes(0), bytes(1), bytes(2), bytes(3)];
                     conv.run_bytes(inputs, *signed, bound.as_ref(), res(0) as *mut u8);
                 }

@@ -181,6 +181,24 @@ pub(crate) struct Bound<'a> {
     pub upper: Option<(f32, bool)>,
     /// The output scale and zero point, and whether the levels are i8.
     pub quantize: Option<(f32, i32, bool)>,
+    /// [`Bound::is_plain`], found once per run.
+    pub plain: bool,
+}
+
+impl Bound<'_> {
+    /// Whether the chain quantizes and its operands (scales, bias, clamps) are all finite: then
+    /// it never makes NaN, and the sign of a zero (which `max` and `min` decide by operand
+    /// order) is lost in the quantization, so plain vector maxima, minima and integer
+    /// saturation give the interpreter's levels ([`Bound::store16`]).
+    pub(crate) fn is_plain(&self) -> bool {
+        let finite = |v: Option<&[f32]>| v.is_none_or(|v| v.iter().all(|x| x.is_finite()));
+        let clamp = |c: Option<(f32, bool)>| c.is_none_or(|(c, _)| c.is_finite());
+        self.quantize.is_some()
+            && finite(self.scale)
+            && finite(self.bias)
+            && clamp(self.lower)
+            && clamp(self.upper)
+    }
 }
 
 /// The interpreter's `max(a, b)` in f32: NaN if either is, else `a >= b ? a : b`.
@@ -316,6 +334,40 @@ impl Bound<'_> {
         if let Some(b) = self.bias {
             y = _mm512_add_ps(y, at(b));
         }
+        if let (true, Some((s, z, signed))) = (self.plain, self.quantize) {
+            // Without NaN and with the zeros' signs lost: plain clamps, the quotient rounded
+            // half to even by the conversion, the zero point added and the level saturated by
+            // the narrowing store.
+            if self.relu {
+                y = _mm512_max_ps(y, _mm512_setzero_ps());
+            }
+            if let Some((c, _)) = self.lower {
+                y = _mm512_max_ps(y, _mm512_set1_ps(c));
+            }
+            if let Some((c, _)) = self.upper {
+                y = _mm512_min_ps(y, _mm512_set1_ps(c));
+            }
+            // SAFETY: AVX-512F, as this function's contract.
+            let q = unsafe { super::quant::quotient16(y, s, 1.0 / s) };
+            let bound = _mm512_set1_ps(1024.0);
+            let c = _mm512_min_ps(
+                _mm512_max_ps(q, _mm512_sub_ps(_mm512_setzero_ps(), bound)),
+                bound,
+            );
+            let r =
+                _mm512_cvt_roundps_epi32::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(c);
+            let level = _mm512_add_epi32(r, _mm512_set1_epi32(z));
+            // SAFETY: the caller's contract.
+            unsafe {
+                if signed {
+                    _mm512_mask_cvtsepi32_storeu_epi8(out as *mut i8, mask, level);
+                } else {
+                    let level = _mm512_max_epi32(level, _mm512_setzero_si512());
+                    _mm512_mask_cvtusepi32_storeu_epi8(out as *mut i8, mask, level);
+                }
+            }
+            return;
+        }
         if self.relu {
             // `maxps` gives its second operand for NaN and for two zeros: NaN lanes put back.
             let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(y, y);
@@ -353,7 +405,8 @@ impl Bound<'_> {
         };
         let round = _mm512_set1_ps(super::quant::ROUND);
         let vz = _mm512_set1_ps(z as f32);
-        let q = _mm512_div_ps(y, _mm512_set1_ps(s));
+        // SAFETY: AVX-512F, as this function's contract.
+        let q = unsafe { super::quant::quotient16(y, s, 1.0 / s) };
         let c = _mm512_min_ps(
             _mm512_max_ps(q, _mm512_set1_ps(-1024.0)),
             _mm512_set1_ps(1024.0),
