@@ -317,6 +317,7 @@ impl Bound<'_> {
     /// # Safety
     /// AVX-512F, BW and VL; `out` has room for the lanes of `mask`.
     #[cfg(target_arch = "x86_64")]
+    #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     pub(crate) unsafe fn store16(
         &self,
