@@ -256,14 +256,15 @@ fn ops_without_an_onnx_form_are_named() {
     assert!(!out.exists());
 }
 
-/// A Python with onnxruntime: `target/onnx-venv`'s, installed there on first use.
+/// A Python with onnxruntime and onnx (for its checker): `target/onnx-venv`'s, installed there
+/// on first use.
 fn onnxruntime_python() -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let venv = root.join("target/onnx-venv");
     let python = venv.join("bin/python");
     let has = |p: &Path| {
         std::process::Command::new(p)
-            .args(["-c", "import onnxruntime, numpy"])
+            .args(["-c", "import onnxruntime, numpy, onnx"])
             .output()
             .is_ok_and(|o| o.status.success())
     };
@@ -284,6 +285,8 @@ fn onnxruntime_python() -> PathBuf {
                 "--quiet",
                 "onnxruntime==1.32.0",
                 "numpy",
+                // The version tests/onnx.rs installs for its conformance data.
+                "onnx==1.22.0",
             ])
             .status()
             .expect("pip runs");
