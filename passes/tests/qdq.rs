@@ -118,3 +118,63 @@ fn other_forms_stay_in_float() {
     assert_eq!(count(&g, |k| matches!(k, OpKind::Conv2d(_))), 1);
     assert_eq!(count(&g, |k| matches!(k, OpKind::MatMul)), 2);
 }
+
+/// A max pooling between a dequantization and a quantization with the same scale and zero
+/// point (onnxruntime's QDQ form around a pool) runs on the levels, with exactly the levels the
+/// float form gives, for scales of every magnitude down to 2^-100 and both level types; a
+/// different scale at the two ends, or one below 2^-100, leaves it in float.
+#[test]
+fn max_pooling_between_equal_quantizations_runs_on_levels() {
+    let pool = |s_in: &str, s_out: &str, dt: &str, z: &str| {
+        format!(
+            "func @f(%q: {dt}[2,3,9,9]) -> ({dt}[2,3,5,5]) {{
+  %s = const {{value={s_in}}} : f32[]
+  %t = const {{value={s_out}}} : f32[]
+  %z = const {{value={z}}} : {dt}[]
+  %x = dequantize_linear %q, %s, %z : f32[2,3,9,9]
+  %m = max_pool2d %x {{kernel=[3,3], strides=[2,2], pads=[1,1,1,1]}} : f32[2,3,5,5]
+  %y = quantize_linear %m, %t, %z : {dt}[2,3,5,5]
+  return %y
+}}"
+        )
+    };
+    let pools = |g: &Function, dt: tcc_ir::DType| {
+        (g.schedule().iter())
+            .filter(|&&o| {
+                matches!(g.op(o).kind, OpKind::MaxPool2d(_))
+                    && g.ty(g.op(o).results[0]).dtype() == dt
+            })
+            .count()
+    };
+    for (dt, z, ty) in [
+        ("u8", "3", tcc_ir::DType::U8),
+        ("i8", "-7", tcc_ir::DType::I8),
+    ] {
+        for s in ["0.0375", "3.1e-5", "417.3", "7.888609e-31"] {
+            let src = pool(s, s, dt, z);
+            let f = parse_function(&src).unwrap();
+            let mut g = f.clone();
+            qdq(&mut g);
+            verify_function(&g).unwrap_or_else(|d| panic!("{d}\n{g}"));
+            assert_eq!(pools(&g, ty), 1, "{g}");
+            assert_eq!(pools(&g, tcc_ir::DType::F32), 0, "{g}");
+            assert_eq!(g.name(g.results()[0]), "y", "{g}");
+            let mut rng = Rng::new(5);
+            for _ in 0..4 {
+                let q = random_tensor(f.ty(f.params()[0]), &mut rng);
+                let inputs = [q];
+                assert_eq!(
+                    interp::run(&g, &inputs).unwrap(),
+                    interp::run(&f, &inputs).unwrap(),
+                    "scale {s}, {dt}"
+                );
+            }
+        }
+        // 2^-110: products of levels and the scale would be subnormal.
+        for (s_in, s_out) in [("0.0375", "0.05"), ("7.7e-34", "7.7e-34")] {
+            let mut g = parse_function(&pool(s_in, s_out, dt, z)).unwrap();
+            qdq(&mut g);
+            assert_eq!(pools(&g, tcc_ir::DType::F32), 1, "{g}");
+        }
+    }
+}

@@ -433,6 +433,55 @@ fn quantize_rounds_half_to_even_and_saturates() {
     }
 }
 
+/// `max_pool2d` of u8 and i8 levels on its native kernel, against the interpreter on every
+/// target: the 3x3 stride-2 and 2x2 windows written out, other shapes (strides 1 and 3,
+/// asymmetric padding, windows wider than tall), planes split across the pool, and the
+/// extremes of both types (padding must never win, even over the least level).
+#[test]
+fn integer_max_pooling() {
+    use tcc_ir::DType::{I8, U8};
+    let shapes = [
+        (
+            [1, 64, 112, 112],
+            "kernel=[3,3], strides=[2,2], pads=[1,1,1,1]",
+            [1, 64, 56, 56],
+        ),
+        ([2, 3, 9, 10], "kernel=[2,2], strides=[2,2]", [2, 3, 4, 5]),
+        (
+            [1, 4, 7, 9],
+            "kernel=[3,2], strides=[1,1], pads=[1,0,1,1]",
+            [1, 4, 7, 9],
+        ),
+        (
+            [1, 2, 11, 13],
+            "kernel=[2,4], strides=[3,3], pads=[1,2,0,1]",
+            [1, 2, 4, 5],
+        ),
+        (
+            [1, 5, 8, 8],
+            "kernel=[3,3], strides=[2,2], pads=[1,1,1,1]",
+            [1, 5, 4, 4],
+        ),
+    ];
+    for dt in [U8, I8] {
+        let name = if dt == U8 { "u8" } else { "i8" };
+        for (xd, attrs, yd) in &shapes {
+            let src = format!(
+                "func @f(%x: {name}{xd:?}) -> ({name}{yd:?}) {{
+  %y = max_pool2d %x {{{attrs}}} : {name}{yd:?}
+  return %y
+}}"
+            );
+            let f = parse_function(&src).unwrap_or_else(|d| panic!("{src}\n{d}"));
+            let least = if dt == U8 { 0 } else { -128 };
+            for (i, fill) in [None, Some(least)].into_iter().enumerate() {
+                let inputs = vec![common::bytes(dt, xd, fill, 90 + i as u64)];
+                agrees_on_every_target(&f, &inputs, &src, no_reference_ops);
+            }
+        }
+    }
+}
+
 /// Quantization by scales whose reciprocal is not exact, at the values that decide its rounding
 /// (`(k + 0.5) * s` in f32, and the f32 values on either side): the kernels multiply by the
 /// reciprocal and divide only near ties, which must round as the quotient does, on every

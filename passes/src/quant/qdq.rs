@@ -26,7 +26,7 @@ use super::Emit;
 use crate::canonicalize::fold::{const_args, fold};
 use crate::manager::Pass;
 use std::collections::HashSet;
-use tcc_ir::{BinaryOp, DType, Function, Op, OpKind, Value};
+use tcc_ir::{BinaryOp, DType, Function, Op, OpKind, Scalar, Value};
 
 /// The most elements a constant the pass folds may have (as the ONNX importer's limit).
 const FOLD_LIMIT: u64 = 1 << 20;
@@ -46,11 +46,14 @@ impl Pass for Qdq {
 }
 
 /// Rewrites every convolution and matrix product of two dequantized operands (see the module
-/// docs); returns how many.
+/// docs), and max poolings between a dequantization and a quantization with the same scale
+/// and zero point onto the levels; returns how many products.
 pub fn qdq(f: &mut Function) -> usize {
     move_above_dequantize(f);
+    let pooled = pool_on_levels(f);
+    let poolings = pooled.len();
     let schedule: Vec<Op> = f.schedule().to_vec();
-    let mut names: Vec<(Value, String)> = Vec::new();
+    let mut names: Vec<(Value, String)> = pooled;
     let mut created: HashSet<Op> = HashSet::new();
     for op in schedule {
         let Some((ops, y)) = integer_form(f, op) else {
@@ -72,7 +75,7 @@ pub fn qdq(f: &mut Function) -> usize {
             f.rename(*y, name);
         }
     }
-    names.len()
+    names.len() - poolings
 }
 
 /// `(q, scale, zero_point)` when `v` is `dequantize_linear` of u8 or i8 levels.
@@ -172,6 +175,63 @@ fn move_above_dequantize(f: &mut Function) {
         }
         f.replace_all_uses(out, y);
     }
+}
+
+/// The value of `v` if it is a constant of one element.
+fn scalar_constant(f: &Function, v: Value) -> Option<Scalar> {
+    match &f.op(f.def_op(v)?).kind {
+        OpKind::Const { ty, value } if ty.numel() == 1 => Some(value.get(0)),
+        _ => None,
+    }
+}
+
+/// Rewrites `quantize_linear(max_pool2d(dequantize_linear(q, s, z)), s, z)`, the same constant
+/// scale and zero point at both ends (what onnxruntime's QDQ models put around a max pooling),
+/// as `max_pool2d(q)`: exactly the same levels. Dequantizing is non-decreasing for `s > 0`, so
+/// the maximum of the dequantized window is the dequantized maximum; and quantizing
+/// `fl((q - z) * s)` again gives `q`, the relative error of the two roundings (3e-5 at most
+/// for `|q - z| <= 255`) being far from a half, as long as `s` is at least 2^-100 (no
+/// subnormal products). The float pooling is left to any other readers. Returns each new
+/// pooling's result with the name of the quantization it replaces.
+fn pool_on_levels(f: &mut Function) -> Vec<(Value, String)> {
+    let mut names = Vec::new();
+    for op in f.schedule().to_vec() {
+        let d = f.op(op);
+        if d.kind != OpKind::QuantizeLinear || !d.deps.is_empty() {
+            continue;
+        }
+        let (pooled, out) = (d.args[0], d.results[0]);
+        let at_end = (scalar_constant(f, d.args[1]), scalar_constant(f, d.args[2]));
+        let Some(pool) = f.def_op(pooled) else {
+            continue;
+        };
+        let OpKind::MaxPool2d(window) = &f.op(pool).kind else {
+            continue;
+        };
+        let window = window.clone();
+        let Some((q, s, z)) = dequantized(f, f.op(pool).args[0]) else {
+            continue;
+        };
+        let at_start = (scalar_constant(f, s), scalar_constant(f, z));
+        let scale_ok =
+            matches!(at_start.0, Some(Scalar::F32(s)) if s.is_finite() && s >= 2f32.powi(-100));
+        if !scale_ok
+            || at_start != at_end
+            || f.ty(q).dtype() != f.ty(out).dtype()
+            || f.ty(q).rank() != 4
+            || !f.op(pool).deps.is_empty()
+        {
+            continue;
+        }
+        let ty = f.ty(out).clone();
+        let name = format!("{}/levels", f.name(out));
+        let new = f.create_op(OpKind::MaxPool2d(window), vec![q], vec![ty], &[&name]);
+        f.insert_before(new, op);
+        let y = f.op(new).results[0];
+        f.replace_all_uses(out, y);
+        names.push((y, f.name(out).to_string()));
+    }
+    names
 }
 
 /// Folds every dequantization, transpose and reshape of constants, and every op of `created`

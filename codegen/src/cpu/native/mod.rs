@@ -58,6 +58,13 @@ enum Kind {
         xd: [usize; 4],
         yd: [usize; 4],
     },
+    /// `max_pool2d` of u8 or i8 levels (`signed`).
+    MaxPoolBytes {
+        p: Pool2d,
+        xd: [usize; 4],
+        yd: [usize; 4],
+        signed: bool,
+    },
     MaxPoolGrad {
         p: Pool2d,
         xd: [usize; 4],
@@ -194,7 +201,9 @@ impl Native {
                 | OpKind::DequantizeLinear
                 | OpKind::MatMulInteger
                 | OpKind::ConvInteger(_)
-        );
+        ) || (matches!(d.kind, OpKind::MaxPool2d(_))
+            && matches!(f.ty(x).dtype(), DType::U8 | DType::I8)
+            && f.ty(x).rank() == 4);
         if f.ty(x).dtype() != DType::F32 && !any_dtype {
             return None;
         }
@@ -333,6 +342,12 @@ impl Native {
                     wide: cfg!(target_arch = "x86_64") && f.ty(x).dims()[4] == 8 && features.avx2,
                 }
             }
+            OpKind::MaxPool2d(p) if f.ty(x).dtype() != DType::F32 => Kind::MaxPoolBytes {
+                p: p.clone(),
+                xd: dims4(f, x),
+                yd: dims4(f, d.results[0]),
+                signed: f.ty(x).dtype() == DType::I8,
+            },
             OpKind::MaxPool2d(p) => Kind::MaxPool {
                 p: p.clone(),
                 xd: dims4(f, x),
@@ -506,6 +521,18 @@ impl Native {
                     lines::reduce(*op, input(0), output(0), dims, reduced)
                 }
                 Kind::MaxPool { p, xd, yd } => pool::max_pool(p, *xd, *yd, input(0), output(0)),
+                Kind::MaxPoolBytes { p, xd, yd, signed } => {
+                    let n = len(self.results[0]);
+                    let out = std::slice::from_raw_parts_mut(res(0) as *mut u8, n);
+                    if *signed {
+                        let x =
+                            std::slice::from_raw_parts(bytes(0).as_ptr().cast(), bytes(0).len());
+                        let out = std::slice::from_raw_parts_mut(out.as_mut_ptr().cast(), n);
+                        pool::max_pool_int::<i8>(p, *xd, *yd, x, out, i8::MIN);
+                    } else {
+                        pool::max_pool_int::<u8>(p, *xd, *yd, bytes(0), out, 0);
+                    }
+                }
                 Kind::MaxPoolGrad { p, xd, yd } => {
                     pool::max_pool_grad(p, *xd, *yd, input(0), input(1), output(0));
                 }
@@ -705,10 +732,10 @@ pub(in crate::cpu) fn wide_softmax(f: &Function, op: Op, features: &crate::cpu::
 
 /// Calls `work((plane, chunk))` for each `plane`-element chunk of `out`, in parallel when `out`
 /// is large enough to pay for it.
-pub(super) fn for_planes(
-    out: &mut [f32],
+pub(super) fn for_planes<T: Send>(
+    out: &mut [T],
     plane: usize,
-    work: impl Fn((usize, &mut [f32])) + Sync + Send,
+    work: impl Fn((usize, &mut [T])) + Sync + Send,
 ) {
     let plane = plane.max(1);
     if out.len() >= 1 << 14 {

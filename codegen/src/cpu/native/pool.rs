@@ -184,6 +184,65 @@ fn max_pool_rows(p: &Pool2d, xd: [usize; 4], yd: [usize; 4], x: &[f32], y: &mut 
     for_planes(y, ys, work);
 }
 
+/// `max_pool2d` of integers (u8 or i8 levels; a quantized model's pooling), for every window
+/// shape, planes in parallel: per output row, the maximum over the window's input rows into a
+/// buffer bordered by `lowest` (the type's least value) for the padding, then each output the
+/// maximum of its window's columns there.
+pub(super) fn max_pool_int<T: Copy + Ord + Default + Send + Sync>(
+    p: &Pool2d,
+    xd: [usize; 4],
+    yd: [usize; 4],
+    x: &[T],
+    y: &mut [T],
+    lowest: T,
+) {
+    let [_, _, h, w] = xd;
+    let [_, _, oh, ow] = yd;
+    let (kh, kw) = (p.kernel[0] as usize, p.kernel[1] as usize);
+    let (sy, sx) = (p.strides[0] as usize, p.strides[1] as usize);
+    let (py, px) = (p.pads[0] as isize, p.pads[1] as usize);
+    let (xs, ys) = (h * w, oh * ow);
+    // Every window's columns lie in `0..px + w + kw` of the bordered row.
+    let width = ((ow - 1) * sx + kw).max(px + w);
+    let work = |(plane, out): (usize, &mut [T])| {
+        let xp = &x[plane * xs..(plane + 1) * xs];
+        let mut rows = vec![lowest; width];
+        for (oy, orow) in out.chunks_exact_mut(ow).enumerate() {
+            let inside = &mut rows[px..px + w];
+            inside.fill(lowest);
+            for ky in 0..kh {
+                let iy = (oy * sy + ky) as isize - py;
+                if (0..h as isize).contains(&iy) {
+                    let src = &xp[iy as usize * w..][..w];
+                    for (m, &v) in inside.iter_mut().zip(src) {
+                        *m = (*m).max(v);
+                    }
+                }
+            }
+            match (kw, sx) {
+                // The common windows written out, so that they vectorise.
+                (3, 2) => {
+                    for (o, r) in orow.iter_mut().zip(rows.windows(3).step_by(2)) {
+                        *o = r[0].max(r[1]).max(r[2]);
+                    }
+                }
+                (2, 2) => {
+                    for (o, r) in orow.iter_mut().zip(rows.chunks_exact(2)) {
+                        *o = r[0].max(r[1]);
+                    }
+                }
+                _ => {
+                    for (ox, o) in orow.iter_mut().enumerate() {
+                        let win = &rows[ox * sx..ox * sx + kw];
+                        *o = win.iter().copied().fold(lowest, T::max);
+                    }
+                }
+            }
+        }
+    };
+    for_planes(y, ys, work);
+}
+
 /// `max_pool2d` for tiling windows: row by row of windows, planes in parallel.
 fn max_pool_tiled(p: &Pool2d, xd: [usize; 4], yd: [usize; 4], x: &[f32], y: &mut [f32]) {
     let [_, _, h, w] = xd;
