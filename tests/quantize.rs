@@ -426,3 +426,40 @@ fn from_qat_converts_with_the_learned_ranges() {
     bad(&["--from-qat", &trained], "4-bit activations");
     bad(&["--from-qat", &trained, "--per-channel"], "--per-channel");
 }
+
+/// Weights that reach a layer through a transpose (a Gemm with `transB`) count as constant
+/// weights whatever their size: the command folds such moves of constants first (the default
+/// `canonicalize` folds at most 256 elements, and mobilenet_v2's 1280x1000 classifier had been
+/// left in float without a word).
+#[test]
+fn transposed_weights_are_quantized() {
+    let d = scratch("transposed");
+    let values: Vec<String> = (0..1200)
+        .map(|i| format!("{:?}", ((i * 37 % 101) as f32 - 50.0) / 100.0))
+        .collect();
+    let src = format!(
+        "func @net(%x: f32[2,40]) -> (f32[2,30]) {{
+  %w = const {{value=[{}]}} : f32[30,40]
+  %wt = transpose %w {{perm=[1,0]}} : f32[40,30]
+  %y = matmul %x, %wt : f32[2,30]
+  return %y
+}}
+",
+        values.join(", ")
+    );
+    std::fs::write(d.join("net.tir"), src).unwrap();
+    let (model, out) = (
+        d.join("net.tir").to_string_lossy().into_owned(),
+        d.join("q.tir").to_string_lossy().into_owned(),
+    );
+    let (code, _, err) = tcc(&["quantize", &model, "--calib", "random:2", "-o", &out]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("1 of 1 layers on integer ops"), "{err}");
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(
+        count(&text, |k| matches!(k, OpKind::MatMulInteger)),
+        1,
+        "{text}"
+    );
+    assert_eq!(count(&text, |k| matches!(k, OpKind::MatMul)), 0, "{text}");
+}

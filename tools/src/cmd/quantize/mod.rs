@@ -19,8 +19,10 @@ use tcc_passes::quant::ptq::{self, Activation, Layer, Scheme, WeightLevels};
 use tcc_passes::{PassManager, Pipeline};
 
 /// The passes run before quantizing unless `--passes` says otherwise: batch norm folded into
-/// the layers, so that it is quantized with their weights.
-const PIPELINE: &str = "canonicalize,fold-bn,cse,dce";
+/// the layers, so that it is quantized with their weights, and constants folded up to 2^24
+/// elements (not the default 256), so that weights reaching a layer through a transpose or
+/// reshape (a Gemm with `transB`) are constants and the layer is quantized.
+const PIPELINE: &str = "canonicalize{fold-limit=16777216},fold-bn,cse,dce";
 
 /// The passes run on the quantized function before it is written (and after stored weights
 /// become constants).
