@@ -211,7 +211,13 @@ impl Rewrite<'_> {
         let mut full = vec![1; r - da.len()];
         full.extend_from_slice(&da);
         let name = format!("{}/nchwc", self.f.name(a));
-        let b = if full[1] == channels {
+        // Constant along the channels (one channel, also where the result has one): a unit block
+        // axis that broadcasts, so that the block's padding lanes read real values (a
+        // quantization's scale padded with 0 would be an invalid scale there).
+        let b = if full[1] == 1 {
+            full.push(1);
+            self.emit_at(Some(a), OpKind::Reshape { shape: full }, &[a], &name)?
+        } else if full[1] == channels {
             let x = if da.len() < r {
                 let ranked = format!("{}/{r}d", self.f.name(a));
                 self.emit_at(Some(a), OpKind::Reshape { shape: full }, &[a], &ranked)?
@@ -219,9 +225,6 @@ impl Rewrite<'_> {
                 a
             };
             self.emit_at(Some(a), OpKind::ToNchwc { block: self.block }, &[x], &name)?
-        } else if full[1] == 1 {
-            full.push(1);
-            self.emit_at(Some(a), OpKind::Reshape { shape: full }, &[a], &name)?
         } else {
             return Ok(None);
         };
@@ -480,6 +483,17 @@ impl Rewrite<'_> {
             }
             k if k.is_elementwise() && out.len() >= 2 => {
                 let full = |a: &Value| self.f.ty(*a).dims() == out.as_slice();
+                // A quantization with a scale per channel stays plain: blocking would pad the
+                // scales with zeros, which are not scales.
+                let per_channel = |a: &Value| {
+                    let d = self.f.ty(*a).dims();
+                    d.len() + 1 >= out.len() && d[d.len() + 1 - out.len()..].first() > Some(&1)
+                };
+                if matches!(k, OpKind::QuantizeLinear | OpKind::DequantizeLinear)
+                    && d.args[1..].iter().any(per_channel)
+                {
+                    return Ok(None);
+                }
                 if !d
                     .args
                     .iter()

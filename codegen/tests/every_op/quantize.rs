@@ -482,6 +482,46 @@ fn integer_max_pooling() {
     }
 }
 
+/// Quantizations after a float convolution in the blocked (NCHWc) layout, whose blocks pad
+/// the channels: a scale per channel (5 channels, blocks of 8) keeps the quantization plain,
+/// and a scale for a one-channel result broadcasts over the block instead of being padded with
+/// zeros (which are not scales; random functions found it). Against the interpreter on every
+/// target.
+#[test]
+fn quantizations_around_blocked_convolutions() {
+    for (c, s, z) in [
+        (5u64, "[0.05, 0.1, 0.02, 0.2, 0.07]", "[3, 128, 0, 255, 17]"),
+        (1, "[0.05]", "[3]"),
+    ] {
+        let src = format!(
+            "func @f(%x: f32[1,3,6,6], %w: f32[{c},3,3,3]) -> (u8[1,{c},6,6], f32[1,{c},6,6]) {{
+  %y = conv2d %x, %w {{pads=[1,1,1,1]}} : f32[1,{c},6,6]
+  %s = const {{value={s}}} : f32[1,{c},1,1]
+  %z = const {{value={z}}} : u8[1,{c},1,1]
+  %q = quantize_linear %y, %s, %z : u8[1,{c},6,6]
+  %d = dequantize_linear %q, %s, %z : f32[1,{c},6,6]
+  return %q, %d
+}}"
+        );
+        let f = parse_function(&src).unwrap_or_else(|d| panic!("{src}\n{d}"));
+        let mut rng = tcc_ir::random::Rng::new(c);
+        let inputs: Vec<Tensor> = (f.params().iter())
+            .map(|&p| tcc_ir::random::random_tensor(f.ty(p), &mut rng))
+            .collect();
+        let want = tcc_ir::interp::run(&f, &inputs).unwrap();
+        for target in integer_targets() {
+            for plain in [false, true] {
+                let exe = common::compile(&f, target, plain);
+                assert_eq!(
+                    exe.run(&inputs).unwrap(),
+                    want,
+                    "{src}\ntarget {target:?}, plain {plain}"
+                );
+            }
+        }
+    }
+}
+
 /// Quantization by scales whose reciprocal is not exact, at the values that decide its rounding
 /// (`(k + 0.5) * s` in f32, and the f32 values on either side): the kernels multiply by the
 /// reciprocal and divide only near ties, which must round as the quotient does, on every
