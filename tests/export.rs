@@ -390,3 +390,46 @@ np.save(sys.argv[3], s.run(None, {'x': np.load(sys.argv[2])})[0])
     );
     assert!(worst <= 2e-3 * top, "{ours:?}\n{theirs:?}");
 }
+
+/// Results that no node makes: a parameter, a constant, and a value returned twice, each go out
+/// through an Identity of its own; a parameter with a stored value is an initializer, not an
+/// input.
+#[test]
+fn results_that_are_not_node_outputs() {
+    let src =
+        "func @f(%x: f32[2,3], %w: f32[3]) -> (f32[2,3], f32[3], f32[2,3], f32[2,3], f32[2]) {
+  %y = mul %x, %w : f32[2,3]
+  %k = const {value=[1.0, 2.0]} : f32[2]
+  return %x, %w, %y, %y, %k
+}";
+    let f = parse_function(src).unwrap();
+    let mut stored = std::collections::BTreeMap::new();
+    let w = Tensor::from_f32(&[3], vec![0.5, -1.0, 2.0]).unwrap();
+    stored.insert("w".to_string(), std::sync::Arc::new(w.clone()));
+    let model = tcc::onnx::export(&f, &stored).unwrap();
+    let g = model.graph.as_ref().unwrap();
+    let inputs: Vec<&str> = g.input.iter().map(|i| i.name.as_deref().unwrap()).collect();
+    assert_eq!(inputs, ["x"]);
+    let outputs: Vec<&str> = g
+        .output
+        .iter()
+        .map(|o| o.name.as_deref().unwrap())
+        .collect();
+    assert_eq!(outputs.len(), 5);
+    let unique: std::collections::HashSet<&&str> = outputs.iter().collect();
+    assert_eq!(unique.len(), 5, "{outputs:?}");
+    let identities = g
+        .node
+        .iter()
+        .filter(|n| n.op_type.as_deref() == Some("Identity"));
+    assert_eq!(identities.count(), 4, "{:?}", g.node);
+    // Read back: the stored weight is a constant, and the results are what they were.
+    let bytes = tcc::onnx::write_model(&model);
+    let m = tcc::onnx::import(&bytes, &tcc::onnx::Options::default()).unwrap();
+    let h = &m.functions[0];
+    assert_eq!(h.params().len(), 1);
+    let x = Tensor::from_f32(&[2, 3], vec![1.0, 2.0, 3.0, -1.0, 0.0, 4.0]).unwrap();
+    let want = interp::run(&f, &[x.clone(), w]).unwrap();
+    let got = interp::run(h, &[x]).unwrap();
+    assert_eq!(got, want);
+}
