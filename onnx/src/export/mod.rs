@@ -17,7 +17,7 @@ use crate::proto::{
 };
 use crate::tensor::{elem_type as elem, to_proto};
 use crate::{Error, Result};
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use tcc_ir::edit::Users;
 use tcc_ir::{
@@ -39,6 +39,7 @@ pub fn export(f: &Function, stored: &BTreeMap<String, Arc<Tensor>>) -> Result<Mo
         done: HashSet::new(),
         users: Users::new(f),
         constants: Vec::new(),
+        dequantized: HashMap::new(),
     };
     for v in f.params().iter().chain(f.results()) {
         w.taken.insert(w.name(*v));
@@ -126,6 +127,8 @@ struct Writer<'a> {
     users: Users,
     /// The constant ops, written as initializers at the end where a node reads them.
     constants: Vec<Op>,
+    /// The dequantization written for each integer layer's activation, by its levels.
+    dequantized: HashMap<Value, String>,
 }
 
 impl Writer<'_> {

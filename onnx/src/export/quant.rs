@@ -77,20 +77,37 @@ impl Writer<'_> {
         })
     }
 
-    /// The QDQ form of `op` scaled by `s`.
+    /// The QDQ form of `op` scaled by `s`: the activation's dequantization (shared by every
+    /// layer reading it), the weights' (per output channel where `c` or the zero points are),
+    /// and the float op, with a following per-channel bias joining a convolution.
     fn qdq(&mut self, op: Op, s: Scaled) -> Result<()> {
         let f = self.f;
         let d = f.op(op);
-        let conv = match &d.kind {
-            OpKind::ConvInteger(c) => Some(c.clone()),
-            _ => None,
-        };
         let [xq, wq, zx, zw] = [d.args[0], d.args[1], d.args[2], d.args[3]];
+        // A zero point per row of the left operand has no QDQ form.
         if f.ty(zx).numel() != 1 {
-            // A zero point per row of the left operand has no QDQ form.
             return self.plain_integer(op);
         }
-        // The activation's scale: its quantization's, if it has one of its own.
+        // The weights' zero points, one or one per output channel, as ONNX takes them (the
+        // shape of their scales): a constant spread to the channels, else `zw` as it is.
+        let channels = s.c.len().max(f.ty(zw).numel() as usize);
+        let dims: Vec<u64> = if channels == 1 {
+            vec![]
+        } else {
+            vec![channels as u64]
+        };
+        let zero = match self.constant(zw) {
+            Some(t) => {
+                let z = t.data();
+                let spread = (0..channels).map(|i| z.get(if z.len() == 1 { 0 } else { i }));
+                let z = Data::from_scalars(z.dtype(), spread).expect("one dtype");
+                let z = Tensor::from_data(&dims, z).expect("one per channel");
+                self.init(&format!("{}/zero_point", self.name(wq)), &z)
+            }
+            None if f.ty(zw).numel() as usize == channels => self.reshaped(zw, &dims),
+            None => return self.plain_integer(op),
+        };
+        // The activation's scale: its quantization's, if it has one of its own; `sw = c / sx`.
         let sx = (f.def_op(xq))
             .filter(|&q| f.op(q).kind == OpKind::QuantizeLinear)
             .and_then(|q| self.constant(f.op(q).args[1]))
@@ -99,152 +116,71 @@ impl Writer<'_> {
                 _ => None,
             })
             .unwrap_or(1.0);
-        // The weights' scales and zero points, one or one per output channel.
-        let channels = s.c.len().max(f.ty(zw).numel() as usize);
-        let zeros = match self.constant(zw) {
-            Some(t) => t.data().clone(),
-            None if channels == f.ty(zw).numel() as usize => {
-                return self.finish_qdq(op, s, sx, conv, None);
-            }
-            None => return self.plain_integer(op),
-        };
-        let spread = |v: &[f32]| -> Vec<f32> {
-            (0..channels)
-                .map(|i| v[if v.len() == 1 { 0 } else { i }])
-                .collect()
-        };
-        let sw: Vec<f32> = spread(&s.c).iter().map(|c| c / sx).collect();
-        let zeros = match zeros {
-            Data::I8(z) => Data::I8(
-                (0..channels)
-                    .map(|i| z[if z.len() == 1 { 0 } else { i }])
-                    .collect(),
-            ),
-            Data::U8(z) => Data::U8(
-                (0..channels)
-                    .map(|i| z[if z.len() == 1 { 0 } else { i }])
-                    .collect(),
-            ),
-            _ => return self.plain_integer(op),
-        };
-        let dims: Vec<u64> = if channels == 1 {
-            vec![]
-        } else {
-            vec![channels as u64]
-        };
-        let wname = self.name(wq);
-        let scale = Tensor::from_data(&dims, Data::F32(sw)).expect("one per channel");
-        let zero = Tensor::from_data(&dims, zeros).expect("one per channel");
-        let scale = self.init(&format!("{wname}/scale"), &scale);
-        let zero = self.init(&format!("{wname}/zero_point"), &zero);
-        self.finish_qdq(op, s, sx, conv, Some((scale, zero, channels)))
-    }
-
-    /// Writes the dequantizations and the float op; `w` is the weights' scale and zero point
-    /// (initializers) and channels, or `None` to take the zero point `zw` as it is with scale
-    /// `c / sx` computed in the graph.
-    fn finish_qdq(
-        &mut self,
-        op: Op,
-        s: Scaled,
-        sx: f32,
-        conv: Option<tcc_ir::Conv2d>,
-        w: Option<(String, String, usize)>,
-    ) -> Result<()> {
-        let f = self.f;
-        let d = f.op(op);
-        let [xq, wq, zx, zw] = [d.args[0], d.args[1], d.args[2], d.args[3]];
-        let y = self.name(s.y);
-        let (sw, zw, channels) = match w {
-            Some(w) => w,
+        let sw: Vec<f32> = spread(&s.c, channels).iter().map(|c| c / sx).collect();
+        let sw = Tensor::from_data(&dims, Data::F32(sw)).expect("one per channel");
+        let sw = self.init(&format!("{}/scale", self.name(wq)), &sw);
+        let xdq = match self.dequantized.get(&xq) {
+            Some(name) => name.clone(),
             None => {
-                let n = f.ty(zw).numel() as usize;
-                let dims: Vec<u64> = if n == 1 { vec![] } else { vec![n as u64] };
-                let spread: Vec<f32> = (0..n)
-                    .map(|i| s.c[if s.c.len() == 1 { 0 } else { i }] / sx)
-                    .collect();
-                let t = Tensor::from_data(&dims, Data::F32(spread)).expect("one per channel");
-                let scale = self.init(&format!("{}/scale", self.name(wq)), &t);
-                (scale, self.reshaped(zw, &dims), n)
+                let name = self.fresh(&format!("{}/dequantized", self.name(xq)));
+                let scale = Tensor::from_data(&[], Data::F32(vec![sx])).expect("a scalar");
+                let scale = self.init(&format!("{}/scale", self.name(xq)), &scale);
+                let ins = vec![self.name(xq), scale, self.reshaped(zx, &[])];
+                self.node("DequantizeLinear", ins, vec![name.clone()], vec![]);
+                self.dequantized.insert(xq, name.clone());
+                name
             }
         };
-        // The activation's dequantization, shared by every layer reading it.
-        let xdq = format!("{}/dequantized", self.name(xq));
-        if !self.taken.contains(&xdq) {
-            let xdq = self.fresh(&xdq);
-            let scale = Tensor::from_data(&[], Data::F32(vec![sx])).expect("a scalar");
-            let scale = self.init(&format!("{}/scale", self.name(xq)), &scale);
-            let zero = self.reshaped(zx, &[]);
-            self.node(
-                "DequantizeLinear",
-                vec![self.name(xq), scale, zero],
-                vec![xdq],
-                vec![],
-            );
-        }
         let wdq = self.fresh(&format!("{}/dequantized", self.name(wq)));
         // Per channel: a filter's first axis, a matrix's last.
-        let axis = match &conv {
-            Some(_) => 0,
-            None => f.ty(wq).rank() as i64 - 1,
+        let conv = match &d.kind {
+            OpKind::ConvInteger(c) => Some(c.clone()),
+            _ => None,
+        };
+        let axis = if conv.is_some() {
+            0
+        } else {
+            f.ty(wq).rank() as i64 - 1
         };
         let attrs = if channels > 1 {
             vec![super::int("axis", axis)]
         } else {
             vec![]
         };
-        self.node(
-            "DequantizeLinear",
-            vec![self.name(wq), sw, zw],
-            vec![wdq.clone()],
-            attrs,
-        );
+        let ins = vec![self.name(wq), sw, zero];
+        self.node("DequantizeLinear", ins, vec![wdq.clone()], attrs);
         self.done.insert(s.cast);
         self.done.insert(s.mul);
-        match conv {
-            Some(c) => {
-                let mut ins = vec![xdq, wdq];
-                let mut y = y;
-                if let Some((add, bias)) = self.bias(s.y) {
-                    let n = bias.len();
-                    // The bias on the sums' scale, as onnxruntime quantizes it: i32 levels of
-                    // step `c` (the sums' own), dequantized per output channel.
-                    let step: Vec<f32> = (0..n)
-                        .map(|i| s.c[if s.c.len() == 1 { 0 } else { i }])
-                        .collect();
-                    let levels: Vec<i32> = (bias.iter().zip(&step))
-                        .map(|(b, c)| {
-                            (b / c)
-                                .round_ties_even()
-                                .clamp(i32::MIN as f32, i32::MAX as f32)
-                                as i32
-                        })
-                        .collect();
-                    let dims = [n as u64];
-                    let base = self.name(f.op(add).results[0]);
-                    let q = self.init(
-                        &format!("{base}/bias"),
-                        &Tensor::from_data(&dims, Data::I32(levels)).expect("one per channel"),
-                    );
-                    let sc = self.init(
-                        &format!("{base}/bias_scale"),
-                        &Tensor::from_data(&dims, Data::F32(step)).expect("one per channel"),
-                    );
-                    let b = self.fresh(&format!("{base}/bias_dequantized"));
-                    self.node(
-                        "DequantizeLinear",
-                        vec![q, sc],
-                        vec![b.clone()],
-                        vec![super::int("axis", 0)],
-                    );
-                    ins.push(b);
-                    y = base;
-                    self.done.insert(add);
-                }
-                self.node("Conv", ins, vec![y], conv_attrs(&c))
-            }
-            None => self.node("MatMul", vec![xdq, wdq], vec![y], vec![]),
+        let Some(conv) = conv else {
+            self.node("MatMul", vec![xdq, wdq], vec![self.name(s.y)], vec![]);
+            return Ok(());
+        };
+        let mut ins = vec![xdq, wdq];
+        let mut y = self.name(s.y);
+        if let Some((add, bias)) = self.bias(s.y) {
+            // The bias on the sums' scale, as onnxruntime quantizes it: i32 levels of step `c`
+            // (the sums' own), dequantized per output channel.
+            let step = spread(&s.c, bias.len());
+            let levels: Vec<i32> = (bias.iter().zip(&step))
+                .map(|(b, c)| {
+                    (b / c)
+                        .round_ties_even()
+                        .clamp(i32::MIN as f32, i32::MAX as f32) as i32
+                })
+                .collect();
+            let dims = [bias.len() as u64];
+            y = self.name(f.op(add).results[0]);
+            let q = Tensor::from_data(&dims, Data::I32(levels)).expect("one per channel");
+            let q = self.init(&format!("{y}/bias"), &q);
+            let step = Tensor::from_data(&dims, Data::F32(step)).expect("one per channel");
+            let step = self.init(&format!("{y}/bias_scale"), &step);
+            let b = self.fresh(&format!("{y}/bias_dequantized"));
+            let axis = vec![super::int("axis", 0)];
+            self.node("DequantizeLinear", vec![q, step], vec![b.clone()], axis);
+            ins.push(b);
+            self.done.insert(add);
         }
+        self.node("Conv", ins, vec![y], conv_attrs(&conv));
         Ok(())
     }
 
@@ -273,12 +209,7 @@ impl Writer<'_> {
         if !along_channel || (b.len() != 1 && b.len() != n) {
             return None;
         }
-        Some((
-            add,
-            (0..n)
-                .map(|i| b[if b.len() == 1 { 0 } else { i }])
-                .collect(),
-        ))
+        Some((add, spread(b, n)))
     }
 
     /// `op` as ONNX's ConvInteger or MatMulInteger, the zero points shaped as ONNX takes them
@@ -313,4 +244,11 @@ impl Writer<'_> {
         }
         Ok(())
     }
+}
+
+/// `v` (one element, or `n`) as `n` elements.
+fn spread<T: Copy>(v: &[T], n: usize) -> Vec<T> {
+    (0..n)
+        .map(|i| v[if v.len() == 1 { 0 } else { i }])
+        .collect()
 }
