@@ -36,7 +36,6 @@ unsafe fn finish(post: &Bound, y: &[i32], o: usize, out: *mut u8, isa: Isa) {
     }
     let _ = isa;
     let mut real = Vec::with_capacity(y.len());
-    // SAFETY: as this function's contract.
     // SAFETY: as this function's contract; `Avx2` only where the CPU has it.
     unsafe { post.row(y, o, out, &mut real, isa == Isa::Avx2) };
 }
@@ -111,10 +110,16 @@ impl Depthwise {
         let [kh, kw] = self.kernel;
         let zx = levels(&xz[..1], sx)[0];
         let wz = levels(wz, sw);
-        // Each channel's taps less its zero point.
-        let taps: Vec<i32> = (levels(w, sw).iter().enumerate())
-            .map(|(i, &t)| t.wrapping_sub(wz[if wz.len() == 1 { 0 } else { i / (kh * kw) }]))
-            .collect();
+        // i8 filters on AVX-512 VNNI (chosen only with it) take the byte kernel, which applies
+        // the zero points itself; the others, each channel's taps less its zero point.
+        let vnni = cfg!(target_arch = "x86_64") && isa == Isa::Avx512 && sw && self.vnni_fits();
+        let taps: Vec<i32> = if vnni {
+            Vec::new()
+        } else {
+            (levels(w, sw).iter().enumerate())
+                .map(|(i, &t)| t.wrapping_sub(wz[if wz.len() == 1 { 0 } else { i / (kh * kw) }]))
+                .collect()
+        };
         // Bytes per stored element: sums and f32 results 4, levels 1.
         let size = match post {
             Some(p) if p.quantize.is_some() => 1,
@@ -125,7 +130,6 @@ impl Depthwise {
         let item = |i: usize| {
             let ch = i % c;
             let plane = &x[i * h * wi..][..h * wi];
-            let taps = &taps[ch * kh * kw..][..kh * kw];
             let at = dst.get().wrapping_add(size * i * oh * ow);
             PLANE.with(|p| {
                 let (plane_buf, sums) = &mut *p.borrow_mut();
@@ -137,41 +141,42 @@ impl Depthwise {
                         &mut sums[..]
                     }
                 };
-                let input = Channel {
-                    x: plane,
-                    sx,
-                    zx,
-                    taps,
-                };
-                #[cfg(target_arch = "x86_64")]
-                if isa == Isa::Avx512 && sw && self.vnni_fits() {
-                    let channel = super::vnni_depthwise::Channel {
-                        x: plane,
-                        flip: sx,
-                        zx: if sx { zx + 128 } else { zx },
-                        // SAFETY: i8 and u8 have one layout.
-                        w: unsafe {
-                            std::slice::from_raw_parts(w[ch * kh * kw..].as_ptr().cast(), kh * kw)
-                        },
-                        zw: wz[if wz.len() == 1 { 0 } else { ch }],
-                    };
-                    BYTES.with(|b| {
-                        // SAFETY: the ISA is the host's (AVX-512 is chosen with VNNI only).
-                        unsafe { self.channel_vnni(channel, &mut b.borrow_mut(), y) }
-                    });
-                    if let Some(post) = post {
-                        // SAFETY: this channel's outputs of the stored type are `at`'s.
-                        unsafe { finish(post, y, ch, at, isa) };
+                if vnni {
+                    #[cfg(target_arch = "x86_64")]
+                    {
+                        let channel = super::vnni_depthwise::Channel {
+                            x: plane,
+                            flip: sx,
+                            zx: if sx { zx + 128 } else { zx },
+                            // SAFETY: i8 and u8 have one layout.
+                            w: unsafe {
+                                std::slice::from_raw_parts(
+                                    w[ch * kh * kw..].as_ptr().cast(),
+                                    kh * kw,
+                                )
+                            },
+                            zw: wz[if wz.len() == 1 { 0 } else { ch }],
+                        };
+                        // SAFETY: the ISA is the host's, as this function's contract.
+                        BYTES.with(|b| unsafe {
+                            self.channel_vnni(channel, &mut b.borrow_mut(), y)
+                        });
                     }
-                    return;
-                }
-                // SAFETY (each): the ISA is the host's, as this function's contract.
-                match isa {
-                    #[cfg(target_arch = "x86_64")]
-                    Isa::Avx512 => unsafe { self.channel_avx512(input, plane_buf, y) },
-                    #[cfg(target_arch = "x86_64")]
-                    Isa::Avx2 => unsafe { self.channel_avx2(input, plane_buf, y) },
-                    _ => self.channel(input, plane_buf, y),
+                } else {
+                    let input = Channel {
+                        x: plane,
+                        sx,
+                        zx,
+                        taps: &taps[ch * kh * kw..][..kh * kw],
+                    };
+                    // SAFETY (each): the ISA is the host's, as this function's contract.
+                    match isa {
+                        #[cfg(target_arch = "x86_64")]
+                        Isa::Avx512 => unsafe { self.channel_avx512(input, plane_buf, y) },
+                        #[cfg(target_arch = "x86_64")]
+                        Isa::Avx2 => unsafe { self.channel_avx2(input, plane_buf, y) },
+                        _ => self.channel(input, plane_buf, y),
+                    }
                 }
                 if let Some(post) = post {
                     // SAFETY: this channel's outputs of the stored type are `at`'s.

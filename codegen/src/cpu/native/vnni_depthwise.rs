@@ -77,20 +77,25 @@ impl Depthwise {
             // SAFETY: `padded` has 64 bytes past the row; the phases `wq` each per row.
             unsafe { split_pairs(&padded[..wp], plane, row_at(0), row_at(1)) };
         }
-        // Each group of four taps: where its runs start (for output (0, 0)) and its weights.
+        // Each group of four taps: where its runs start (for output (0, 0)), its weights, and
+        // a 1 for each tap it has (for `sum x`). A short last group's missing places read its
+        // first tap's run (any run would do), weighed 0 and counted 0.
         let n = kh * kw;
-        let mut groups = [([0usize; 4], _mm512_setzero_si512()); MAX_TAPS / 4];
+        let zero = _mm512_setzero_si512();
+        let mut groups = [([0usize; 4], zero, zero); MAX_TAPS / 4];
         for (g, group) in groups.iter_mut().enumerate().take(n.div_ceil(4)) {
-            let mut wt = [0i8; 4];
-            for (j, (at, wj)) in group.0.iter_mut().zip(&mut wt).enumerate() {
-                // A short last group repeats its first run, with weight 0.
+            let (mut wt, mut ones) = ([0i8; 4], [0i8; 4]);
+            for j in 0..4 {
                 let t = if 4 * g + j < n { 4 * g + j } else { 4 * g };
                 let (ky, kx) = (t / kw, t % kw);
                 let col = kx * dw;
-                *at = (col % s * hp + ky * dh) * wq + col / s;
-                *wj = if 4 * g + j < n { c.w[t] } else { 0 };
+                group.0[j] = (col % s * hp + ky * dh) * wq + col / s;
+                if 4 * g + j < n {
+                    (wt[j], ones[j]) = (c.w[t], 1);
+                }
             }
-            group.1 = _mm512_set1_epi32(i32::from_le_bytes(wt.map(|b| b as u8)));
+            let packed = |b: [i8; 4]| _mm512_set1_epi32(i32::from_le_bytes(b.map(|b| b as u8)));
+            (group.1, group.2) = (packed(wt), packed(ones));
         }
         let groups = &groups[..n.div_ceil(4)];
         let sum_w: i32 = c.w.iter().map(|&t| i32::from(t)).sum();
@@ -98,13 +103,13 @@ impl Depthwise {
         let constant = _mm512_set1_epi32(
             (c.zx.wrapping_mul(n_taps).wrapping_mul(c.zw)).wrapping_sub(c.zx.wrapping_mul(sum_w)),
         );
-        let (zw, ones) = (_mm512_set1_epi32(c.zw), _mm512_set1_epi32(0x0101_0101));
+        let zw = _mm512_set1_epi32(c.zw);
         let base = plane.as_ptr();
         for oy in 0..oh {
             let row = oy * sh * wq;
             for x0 in (0..ow).step_by(16) {
                 let (mut acc, mut sum_x) = (_mm512_setzero_si512(), _mm512_setzero_si512());
-                for (at, wg) in groups {
+                for (at, wg, ones) in groups {
                     // SAFETY: every run starts inside the plane and its 16 bytes end within the
                     // 64 spare bytes past it.
                     let z = unsafe {
@@ -113,20 +118,8 @@ impl Depthwise {
                     };
                     acc = _mm512_dpbusd_epi32(acc, z, *wg);
                     if c.zw != 0 {
-                        sum_x = _mm512_dpbusd_epi32(sum_x, z, ones);
+                        sum_x = _mm512_dpbusd_epi32(sum_x, z, *ones);
                     }
-                }
-                // A group with fewer than four taps repeats its first run, with weight 0 in
-                // the sums; in `sum x` those repeats count, so they come off.
-                if c.zw != 0 && n % 4 != 0 {
-                    let (at, _) = groups[groups.len() - 1];
-                    let extra = 4 - n % 4;
-                    // SAFETY: as above.
-                    let first = unsafe {
-                        _mm512_cvtepu8_epi32(_mm_loadu_si128(base.add(at[0] + row + x0).cast()))
-                    };
-                    let repeats = _mm512_mullo_epi32(first, _mm512_set1_epi32(extra as i32));
-                    sum_x = _mm512_sub_epi32(sum_x, repeats);
                 }
                 let v = _mm512_add_epi32(
                     _mm512_sub_epi32(acc, _mm512_mullo_epi32(zw, sum_x)),
