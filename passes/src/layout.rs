@@ -486,8 +486,10 @@ impl Rewrite<'_> {
                 // A quantization with a scale per channel stays plain: blocking would pad the
                 // scales with zeros, which are not scales.
                 let per_channel = |a: &Value| {
+                    // Its dimension along the result's channels (axis 1), if it has one.
                     let d = self.f.ty(*a).dims();
-                    d.len() + 1 >= out.len() && d[d.len() + 1 - out.len()..].first() > Some(&1)
+                    let channels = (d.len() + 1).checked_sub(out.len()).and_then(|i| d.get(i));
+                    channels.is_some_and(|&c| c > 1)
                 };
                 if matches!(k, OpKind::QuantizeLinear | OpKind::DequantizeLinear)
                     && d.args[1..].iter().any(per_channel)

@@ -14,7 +14,7 @@ use crate::io::{Io, abbreviate};
 use calibrate::{calibration_inputs, observe};
 use report::{compare, table};
 use std::collections::{HashMap, HashSet};
-use tcc_ir::{Function, Literal, Module, OpKind, Value};
+use tcc_ir::{Function, Literal, Module, Op, OpKind, Tensor, Value};
 use tcc_passes::quant::ptq::{self, Activation, Layer, Scheme, WeightLevels};
 use tcc_passes::{PassManager, Pipeline};
 
@@ -204,21 +204,8 @@ fn freeze_stored(m: &mut Module, func: usize) -> Result<Vec<usize>, Error> {
         let t = std::sync::Arc::clone(&m.weights.values[name]);
         let f = &mut m.functions[func];
         let p = f.lookup(name).expect("a parameter");
-        let kind = OpKind::Const {
-            ty: t.ty().clone(),
-            value: Literal::dense(t.data().clone()),
-        };
-        let op = f.create_op(
-            kind,
-            vec![],
-            vec![t.ty().clone()],
-            &[&format!("{name}/frozen")],
-        );
-        match f.schedule().first() {
-            Some(&first) => f.insert_before(op, first),
-            None => f.append(op),
-        }
-        let c = f.op(op).results[0];
+        let first = f.schedule().first().copied();
+        let c = insert_constant(f, &t, &format!("{name}/frozen"), first);
         f.replace_all_uses(p, c);
         f.remove_param(p)
             .map_err(|e| Error::input(format!("error: internal: {e}")))?;
@@ -257,4 +244,23 @@ fn chosen_layers(f: &Function, exclude: &[String]) -> Result<Vec<Layer>, Error> 
         .into_iter()
         .filter(|l| !exclude.iter().any(|s| matches(s, &name(l))))
         .collect())
+}
+
+/// A constant holding `t`, named `name`, scheduled before `before` (or last).
+pub(super) fn insert_constant(
+    f: &mut Function,
+    t: &Tensor,
+    name: &str,
+    before: Option<Op>,
+) -> Value {
+    let kind = OpKind::Const {
+        ty: t.ty().clone(),
+        value: Literal::dense(t.data().clone()),
+    };
+    let op = f.create_op(kind, vec![], vec![t.ty().clone()], &[name]);
+    match before {
+        Some(b) => f.insert_before(op, b),
+        None => f.append(op),
+    }
+    f.op(op).results[0]
 }

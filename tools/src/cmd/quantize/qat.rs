@@ -8,13 +8,14 @@
 //! quantized (bits, narrow range, per channel) and which layers (scopes); the ranges give the
 //! activations' scales.
 
+use super::insert_constant;
 use crate::train::file_stem;
 use crate::{Error, npy};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use tcc_ir::edit::Users;
-use tcc_ir::{Function, Literal, Module, OpKind, Tensor, TensorType, Value};
+use tcc_ir::{Function, Module, OpKind, Tensor, TensorType, Value};
 use tcc_passes::manager::Options;
 use tcc_passes::quant::ptq::{Layer, Range};
 use tcc_passes::quant::quantize::{self, Quantize};
@@ -100,17 +101,8 @@ fn infer_batch_norm(f: &mut Function, name: &str, mean: Tensor, var: Tensor) -> 
             "batch norm `{name}`: its batch statistics are read, so it cannot run on the moving ones"
         ));
     }
-    let constant = |f: &mut Function, t: Tensor, n: &str| {
-        let kind = OpKind::Const {
-            ty: t.ty().clone(),
-            value: Literal::dense(t.data().clone()),
-        };
-        let c = f.create_op(kind, vec![], vec![t.ty().clone()], &[n]);
-        f.insert_before(c, op);
-        f.op(c).results[0]
-    };
-    let mean = constant(f, mean, &format!("{name}/moving_mean"));
-    let var = constant(f, var, &format!("{name}/moving_var"));
+    let mean = insert_constant(f, &mean, &format!("{name}/moving_mean"), Some(op));
+    let var = insert_constant(f, &var, &format!("{name}/moving_var"), Some(op));
     let ty = f.ty(v).clone();
     let args = vec![d.args[0], d.args[1], d.args[2], mean, var];
     let bn = f.create_op(
