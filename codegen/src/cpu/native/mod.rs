@@ -675,12 +675,12 @@ impl Native {
                                 }
                                 None => None,
                             },
-                            plain: false,
+                            plain: None,
                         }),
                         None => None,
                     };
                     if let Some(b) = bound.as_mut() {
-                        b.plain = b.is_plain();
+                        b.plain = b.plain_reciprocal();
                     }
                     let inputs = [bytes(0), bytes(1), bytes(2), bytes(3)];
                     conv.run_bytes(inputs, *signed, bound.as_ref(), res(0) as *mut u8);

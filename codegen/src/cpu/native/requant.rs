@@ -181,23 +181,22 @@ pub(crate) struct Bound<'a> {
     pub upper: Option<(f32, bool)>,
     /// The output scale and zero point, and whether the levels are i8.
     pub quantize: Option<(f32, i32, bool)>,
-    /// [`Bound::is_plain`], found once per run.
-    pub plain: bool,
+    /// [`Bound::plain_reciprocal`], found once per run.
+    pub plain: Option<f32>,
 }
 
 impl Bound<'_> {
     /// Whether the chain quantizes and its operands (scales, bias, clamps) are all finite: then
     /// it never makes NaN, and the sign of a zero (which `max` and `min` decide by operand
     /// order) is lost in the quantization, so plain vector maxima, minima and integer
-    /// saturation give the interpreter's levels ([`Bound::store16`]).
-    pub(crate) fn is_plain(&self) -> bool {
+    /// saturation give the interpreter's levels ([`Bound::store16`]). Then the reciprocal of
+    /// the quantization's scale, which the quotient multiplies by.
+    pub(crate) fn plain_reciprocal(&self) -> Option<f32> {
         let finite = |v: Option<&[f32]>| v.is_none_or(|v| v.iter().all(|x| x.is_finite()));
         let clamp = |c: Option<(f32, bool)>| c.is_none_or(|(c, _)| c.is_finite());
-        self.quantize.is_some()
-            && finite(self.scale)
-            && finite(self.bias)
-            && clamp(self.lower)
-            && clamp(self.upper)
+        let (s, _, _) = self.quantize?;
+        (finite(self.scale) && finite(self.bias) && clamp(self.lower) && clamp(self.upper))
+            .then_some(1.0 / s)
     }
 }
 
@@ -335,7 +334,7 @@ impl Bound<'_> {
         if let Some(b) = self.bias {
             y = _mm512_add_ps(y, at(b));
         }
-        if let (true, Some((s, z, signed))) = (self.plain, self.quantize) {
+        if let (Some(inv), Some((s, z, signed))) = (self.plain, self.quantize) {
             // Without NaN and with the zeros' signs lost: plain clamps, the quotient rounded
             // half to even by the conversion, the zero point added and the level saturated by
             // the narrowing store.
@@ -349,7 +348,7 @@ impl Bound<'_> {
                 y = _mm512_min_ps(y, _mm512_set1_ps(c));
             }
             // SAFETY: AVX-512F, as this function's contract.
-            let q = unsafe { super::quant::quotient16(y, s, 1.0 / s) };
+            let q = unsafe { super::quant::quotient16(y, s, inv) };
             let bound = _mm512_set1_ps(1024.0);
             let c = _mm512_min_ps(
                 _mm512_max_ps(q, _mm512_sub_ps(_mm512_setzero_ps(), bound)),
