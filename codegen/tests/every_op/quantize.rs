@@ -285,6 +285,30 @@ fn integer_convolutions() {
             [1, 6, 6, 6],
             true,
         ),
+        // Stride 2 over rows longer than the f32 kernel's 32-byte steps that split a row into
+        // its column phases; 256 taps, the most whose sums at the extremes f32 still holds
+        // (258), and 272, which takes the i32 kernel.
+        (
+            [1, 3, 9, 70],
+            [3, 1, 3, 3],
+            "strides=[2,2], pads=[1,1,1,1], groups=3",
+            [1, 3, 5, 35],
+            false,
+        ),
+        (
+            [1, 2, 18, 18],
+            [2, 1, 16, 16],
+            "groups=2",
+            [1, 2, 3, 3],
+            false,
+        ),
+        (
+            [1, 2, 18, 18],
+            [2, 1, 17, 16],
+            "groups=2",
+            [1, 2, 2, 3],
+            true,
+        ),
         // A stem: 7x7, stride 2, wide rows.
         (
             [1, 3, 9, 70],

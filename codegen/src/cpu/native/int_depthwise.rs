@@ -2,12 +2,14 @@
 //! layers): each channel on its own, directly, instead of the product kernels, whose tiles
 //! would hold one channel.
 //!
-//! Per channel, the input less its zero point is copied once into a padded i32 plane (the
-//! padding 0, which is what a tap on the input's zero point adds), and each output row adds,
-//! for each tap, the plane's row times the tap less the filter's zero point: along the row the
-//! adds are independent, so they run as vectors (AVX-512 or AVX2 where the host has it, the
-//! same code compiled for each). Exact: the products and sums wrap in i32 as the interpreter's.
-//! Channels (of every image) are split across the thread pool.
+//! Per channel, the input less its zero point is copied once into a padded plane (the padding
+//! 0, which is what a tap on the input's zero point adds), and each output adds, for each tap,
+//! the plane's element times the tap less the filter's zero point. On AVX2 and AVX-512 the plane
+//! and sums are f32, exact for filters of up to 258 taps, in register tiles
+//! ([`super::exact_depthwise`]); elsewhere i32, each tap a pass over the rows (vectors the
+//! compiler makes, for AVX-512 or AVX2 where the host has it). Exact: the products and sums
+//! wrap in i32 as the interpreter's. Channels (of every image) are split across the thread
+//! pool.
 
 use super::quant::levels;
 use super::requant::Bound;
@@ -17,9 +19,10 @@ thread_local! {
     /// The padded plane and a channel's sums (where a chain follows), kept between calls.
     static PLANE: std::cell::RefCell<(Vec<i32>, Vec<i32>)> =
         const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
-    /// The VNNI kernel's padded plane of bytes.
-    static BYTES: std::cell::RefCell<(Vec<u8>, Vec<u8>)> =
-        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    /// The f32 kernel's padded plane and a channel's sums.
+    #[cfg(target_arch = "x86_64")]
+    static F32_PLANE: std::cell::RefCell<super::exact_depthwise::Scratch> =
+        std::cell::RefCell::new(Default::default());
 }
 
 /// The requantizing chain `post` on channel `o`'s sums `y`, into `out`: sixteen at a time on
@@ -49,12 +52,18 @@ unsafe fn finish(post: &Bound, y: &[i32], o: usize, out: *mut u8, isa: Isa) {
 unsafe fn finish16(post: &Bound, y: &[i32], o: usize, out: *mut u8) {
     use std::arch::x86_64::*;
     let size = if post.quantize.is_some() { 1 } else { 4 };
+    // SAFETY: AVX-512F, as this function's contract.
+    let plain = unsafe { post.plain16() };
     for (j, chunk) in y.chunks(16).enumerate() {
         let mask = ((1u32 << chunk.len()) - 1) as u16;
         // SAFETY: the lanes of `mask` lie in `y`; the outputs in `out`, as the contract says.
         unsafe {
             let acc = _mm512_maskz_loadu_epi32(mask, chunk.as_ptr());
-            post.store16(acc, o, mask, out.add(size * 16 * j));
+            let at = out.add(size * 16 * j);
+            match plain {
+                Some(plain) => plain.store(_mm512_cvtepi32_ps(acc), o, mask, at),
+                None => post.store16(acc, o, mask, at),
+            }
         }
     }
 }
@@ -105,21 +114,17 @@ impl Depthwise {
         post: Option<&Bound>,
         out: *mut u8,
     ) {
-        let [n, c, h, wi] = self.xd;
+        let [_, c, h, wi] = self.xd;
         let [_, _, oh, ow] = self.yd;
         let [kh, kw] = self.kernel;
         let zx = levels(&xz[..1], sx)[0];
         let wz = levels(wz, sw);
-        // i8 filters on AVX-512 VNNI (chosen only with it) take the byte kernel, which applies
-        // the zero points itself; the others, each channel's taps less its zero point.
-        let vnni = cfg!(target_arch = "x86_64") && isa == Isa::Avx512 && sw && self.vnni_fits();
-        let taps: Vec<i32> = if vnni {
-            Vec::new()
-        } else {
-            (levels(w, sw).iter().enumerate())
-                .map(|(i, &t)| t.wrapping_sub(wz[if wz.len() == 1 { 0 } else { i / (kh * kw) }]))
-                .collect()
-        };
+        // On AVX2 and AVX-512 the sums run in f32 where that is exact (the taps few enough);
+        // the others in i32, each channel's taps less its zero point.
+        let exact = cfg!(target_arch = "x86_64") && isa != Isa::Portable && self.exact_in_f32();
+        let taps: Vec<i32> = (levels(w, sw).iter().enumerate())
+            .map(|(i, &t)| t.wrapping_sub(wz[if wz.len() == 1 { 0 } else { i / (kh * kw) }]))
+            .collect();
         // Bytes per stored element: sums and f32 results 4, levels 1.
         let size = match post {
             Some(p) if p.quantize.is_some() => 1,
@@ -127,6 +132,57 @@ impl Depthwise {
         };
         // SAFETY: each item writes its own channel's block of `out` only.
         let dst = unsafe { SendPtr::new(out) };
+        #[cfg(target_arch = "x86_64")]
+        if exact {
+            let taps: Vec<f32> = taps.iter().map(|&t| t as f32).collect();
+            let wq = (wi + self.pads[1] + self.pads[3]).div_ceil(self.strides[1]);
+            let offsets: Vec<usize> = (0..kh * kw)
+                .map(|t| self.tap_offset(wq, t / kw, t % kw))
+                .collect();
+            let item = |i: usize| {
+                let ch = i % c;
+                let at = dst.get().wrapping_add(size * i * oh * ow);
+                F32_PLANE.with(|p| {
+                    let scratch = &mut *p.borrow_mut();
+                    let x = &x[i * h * wi..][..h * wi];
+                    // SAFETY: the ISA is the host's.
+                    let wq = unsafe {
+                        match isa {
+                            Isa::Avx512 => self.fill_f32x16(x, sx, zx, scratch),
+                            _ => self.fill_f32x8(x, sx, zx, scratch),
+                        }
+                    };
+                    let sums = &mut scratch.sums;
+                    let p = super::exact_depthwise::Plane {
+                        plane: &scratch.plane,
+                        wq,
+                        taps: &taps[ch * kh * kw..][..kh * kw],
+                        offsets: &offsets,
+                    };
+                    if isa == Isa::Avx512 {
+                        // SAFETY: the ISA is the host's; this channel's outputs are `at`'s.
+                        unsafe { self.channel_f32x16(p, ch, post, at) };
+                        return;
+                    }
+                    let y: &mut [i32] = match post {
+                        // SAFETY: without a chain, this channel's `oh * ow` i32 sums are `out`'s.
+                        None => unsafe { std::slice::from_raw_parts_mut(at as *mut i32, oh * ow) },
+                        Some(_) => {
+                            sums.resize(oh * ow, 0);
+                            &mut sums[..]
+                        }
+                    };
+                    // SAFETY: the ISA (AVX2) is the host's.
+                    unsafe { self.channel_f32x8(p, y) };
+                    if let Some(post) = post {
+                        // SAFETY: this channel's outputs of the stored type are `at`'s.
+                        unsafe { finish(post, y, ch, at, isa) };
+                    }
+                });
+            };
+            self.each_channel(&item);
+            return;
+        }
         let item = |i: usize| {
             let ch = i % c;
             let plane = &x[i * h * wi..][..h * wi];
@@ -141,42 +197,19 @@ impl Depthwise {
                         &mut sums[..]
                     }
                 };
-                if vnni {
+                let input = Channel {
+                    x: plane,
+                    sx,
+                    zx,
+                    taps: &taps[ch * kh * kw..][..kh * kw],
+                };
+                // SAFETY (each): the ISA is the host's, as this function's contract.
+                match isa {
                     #[cfg(target_arch = "x86_64")]
-                    {
-                        let channel = super::vnni_depthwise::Channel {
-                            x: plane,
-                            flip: sx,
-                            zx: if sx { zx + 128 } else { zx },
-                            // SAFETY: i8 and u8 have one layout.
-                            w: unsafe {
-                                std::slice::from_raw_parts(
-                                    w[ch * kh * kw..].as_ptr().cast(),
-                                    kh * kw,
-                                )
-                            },
-                            zw: wz[if wz.len() == 1 { 0 } else { ch }],
-                        };
-                        // SAFETY: the ISA is the host's, as this function's contract.
-                        BYTES.with(|b| unsafe {
-                            self.channel_vnni(channel, &mut b.borrow_mut(), y)
-                        });
-                    }
-                } else {
-                    let input = Channel {
-                        x: plane,
-                        sx,
-                        zx,
-                        taps: &taps[ch * kh * kw..][..kh * kw],
-                    };
-                    // SAFETY (each): the ISA is the host's, as this function's contract.
-                    match isa {
-                        #[cfg(target_arch = "x86_64")]
-                        Isa::Avx512 => unsafe { self.channel_avx512(input, plane_buf, y) },
-                        #[cfg(target_arch = "x86_64")]
-                        Isa::Avx2 => unsafe { self.channel_avx2(input, plane_buf, y) },
-                        _ => self.channel(input, plane_buf, y),
-                    }
+                    Isa::Avx512 => unsafe { self.channel_avx512(input, plane_buf, y) },
+                    #[cfg(target_arch = "x86_64")]
+                    Isa::Avx2 => unsafe { self.channel_avx2(input, plane_buf, y) },
+                    _ => self.channel(input, plane_buf, y),
                 }
                 if let Some(post) = post {
                     // SAFETY: this channel's outputs of the stored type are `at`'s.
@@ -184,10 +217,17 @@ impl Depthwise {
                 }
             });
         };
-        let work = n * c * oh * ow * kh * kw;
+        self.each_channel(&item);
+    }
+
+    /// `item(i)` for each channel `i` of every image: across the thread pool in runs of some
+    /// thousands of outputs (so that small planes do not pay a job each) where the convolution
+    /// has 2^16 multiply-adds or more, else here.
+    fn each_channel(&self, item: &(dyn Fn(usize) + Sync)) {
+        let [n, c, _, _] = self.xd;
+        let [_, _, oh, ow] = self.yd;
+        let work = n * c * oh * ow * self.kernel[0] * self.kernel[1];
         if work >= 1 << 16 {
-            // Channels in runs of some thousands of outputs, so that small planes do not pay
-            // a job each.
             let run = (4096 / (oh * ow).max(1)).clamp(1, n * c);
             crate::cpu::pool::for_each((n * c).div_ceil(run), &|j| {
                 (j * run..((j + 1) * run).min(n * c)).for_each(item)
@@ -211,58 +251,22 @@ impl Depthwise {
         self.channel(input, plane, y)
     }
 
-    /// One channel: `x` (`H x W` bytes) less `zx` into the padded `plane`, then `y` (`oH x
-    /// oW`). With a column stride `s` above 1 the plane is kept as `s` phases (columns `r, r +
-    /// s, r + 2s, ...` together), so that every tap reads a contiguous run for a row of
-    /// outputs. With a row stride of 1, each tap is one pass over all the rows at once (the
-    /// plane's width, the columns past `oW` dropped at the end), long enough for full vectors
-    /// where rows are short.
+    /// One channel: `x` (`H x W` bytes) less `zx` into the padded `plane`
+    /// ([`Depthwise::fill_plane`]), then `y` (`oH x oW`). With a row stride of 1, each tap is
+    /// one pass over all the rows at once (the plane's width, the columns past `oW` dropped at
+    /// the end), long enough for full vectors where rows are short.
     #[inline(always)]
     fn channel(&self, input: Channel, plane: &mut Vec<i32>, y: &mut [i32]) {
         let Channel { x, sx, zx, taps } = input;
-        let [_, _, h, w] = self.xd;
         let [_, _, oh, ow] = self.yd;
         let [kh, kw] = self.kernel;
-        let [sh, s] = self.strides;
-        let [dh, dw] = self.dilations;
-        let [pt, pl, pb, pr] = self.pads;
-        let hp = h + pt + pb;
-        let wq = (w + pl + pr).div_ceil(s);
-        // Padded column `pc` of padded row `row` is at `(pc % s * hp + row) * wq + pc / s`;
-        // a row's worth past the end so that a pass over all rows may read past the last.
-        plane.clear();
-        plane.resize((s * hp + 1) * wq, 0);
+        let sh = self.strides[0];
         let level = |b: u8| {
             let v = if sx { b as i8 as i32 } else { b as i32 };
             v.wrapping_sub(zx)
         };
-        // Each phase's columns `j` inside the row: `j * s + r - pl` in `0..w`.
-        let spans: Vec<(usize, usize)> = (0..s)
-            .map(|r| {
-                let first = pl.saturating_sub(r).div_ceil(s);
-                (first, (w + pl).saturating_sub(r).div_ceil(s).max(first))
-            })
-            .collect();
-        for (iy, row) in x.chunks_exact(w).enumerate() {
-            if s == 1 {
-                let dst = &mut plane[(iy + pt) * wq + pl..][..w];
-                for (d, &b) in dst.iter_mut().zip(row) {
-                    *d = level(b);
-                }
-                continue;
-            }
-            for (r, &(first, end)) in spans.iter().enumerate() {
-                let dst = &mut plane[(r * hp + iy + pt) * wq..][first..end];
-                let from = (first * s + r - pl..).step_by(s);
-                for (d, ix) in dst.iter_mut().zip(from) {
-                    *d = level(row[ix]);
-                }
-            }
-        }
-        let tap = |ky: usize, kx: usize| {
-            let off = kx * dw;
-            (taps[ky * kw + kx], (off % s * hp + ky * dh) * wq + off / s)
-        };
+        let wq = self.fill_plane(x, level, plane);
+        let tap = |ky: usize, kx: usize| (taps[ky * kw + kx], self.tap_offset(wq, ky, kx));
         if sh == 1 {
             // Output (oy, ox) at `oy * wq + ox` of one wide pass per tap.
             let mut wide = vec![0i32; oh * wq];
@@ -291,5 +295,83 @@ impl Depthwise {
                 }
             }
         }
+    }
+
+    /// Channel `x` (`H x W` bytes) as `level` makes each byte, into the padded `plane` (the
+    /// padding `T::default()`); returns the plane's row length. With a column stride `s` above
+    /// 1 the plane is kept as `s` phases (columns `r, r + s, r + 2s, ...` together), so that
+    /// every tap reads a contiguous run for a row of outputs: padded column `pc` of padded row
+    /// `row` is at `(pc % s * hp + row) * wq + pc / s`, with a row's worth past the end so that
+    /// a pass over all the rows may read past the last.
+    #[inline(always)]
+    pub(super) fn fill_plane<T: Copy + Default>(
+        &self,
+        x: &[u8],
+        level: impl Fn(u8) -> T,
+        plane: &mut Vec<T>,
+    ) -> usize {
+        let (len, wq) = self.plane_size();
+        plane.clear();
+        plane.resize(len, T::default());
+        self.fill_interior(x, level, plane);
+        wq
+    }
+
+    /// The length of [`Depthwise::fill_plane`]'s plane and of its rows.
+    pub(super) fn plane_size(&self) -> (usize, usize) {
+        let [_, _, h, w] = self.xd;
+        let s = self.strides[1];
+        let [pt, pl, pb, pr] = self.pads;
+        let wq = (w + pl + pr).div_ceil(s);
+        ((s * (h + pt + pb) + 1) * wq, wq)
+    }
+
+    /// [`Depthwise::fill_plane`]'s writes of the input, the padding left as it is: the same
+    /// elements whatever the input.
+    #[inline(always)]
+    pub(super) fn fill_interior<T: Copy>(
+        &self,
+        x: &[u8],
+        level: impl Fn(u8) -> T,
+        plane: &mut [T],
+    ) {
+        let [_, _, h, w] = self.xd;
+        let s = self.strides[1];
+        let [pt, pl, pb, _] = self.pads;
+        let hp = h + pt + pb;
+        let wq = self.plane_size().1;
+        // Each phase's columns `j` inside the row: `j * s + r - pl` in `0..w`.
+        let spans: Vec<(usize, usize)> = (0..s)
+            .map(|r| {
+                let first = pl.saturating_sub(r).div_ceil(s);
+                (first, (w + pl).saturating_sub(r).div_ceil(s).max(first))
+            })
+            .collect();
+        for (iy, row) in x.chunks_exact(w).enumerate() {
+            if s == 1 {
+                let dst = &mut plane[(iy + pt) * wq + pl..][..w];
+                for (d, &b) in dst.iter_mut().zip(row) {
+                    *d = level(b);
+                }
+                continue;
+            }
+            for (r, &(first, end)) in spans.iter().enumerate() {
+                let dst = &mut plane[(r * hp + iy + pt) * wq..][first..end];
+                let from = (first * s + r - pl..).step_by(s);
+                for (d, ix) in dst.iter_mut().zip(from) {
+                    *d = level(row[ix]);
+                }
+            }
+        }
+    }
+
+    /// Where tap `(ky, kx)` of output `(0, 0)` reads in a plane [`Depthwise::fill_plane`] made
+    /// with rows of `wq`.
+    pub(super) fn tap_offset(&self, wq: usize, ky: usize, kx: usize) -> usize {
+        let hp = self.xd[2] + self.pads[0] + self.pads[2];
+        let s = self.strides[1];
+        let [dh, dw] = self.dilations;
+        let off = kx * dw;
+        (off % s * hp + ky * dh) * wq + off / s
     }
 }

@@ -14,6 +14,8 @@
 //! `quant.rs` (quantization).
 
 #[cfg(target_arch = "x86_64")]
+mod exact_depthwise;
+#[cfg(target_arch = "x86_64")]
 mod int8;
 mod int_conv;
 mod int_depthwise;
@@ -25,8 +27,6 @@ mod quant;
 mod requant;
 #[cfg(target_arch = "x86_64")]
 mod vnni_conv;
-#[cfg(target_arch = "x86_64")]
-mod vnni_depthwise;
 
 use movement::{SliceCopy, transpose};
 pub(crate) use requant::moves as requant_moves;

@@ -423,6 +423,100 @@ impl Bound<'_> {
     }
 }
 
+/// [`Bound::store16`]'s path without NaN ([`Bound::plain_reciprocal`]) with its constants in
+/// registers, for kernels that store many vectors: one multiply by the channel's scale and one
+/// add of its bias (1 and 0 where the chain has none, which change no level: the plain path
+/// quantizes, and the sign of a zero is lost there), the clamps folded into one `max` and one
+/// `min` (`relu` and the lower bound are both maxima, and without NaN the order of maxima does
+/// not matter), then the quotient, rounding and saturating store as [`Bound::store16`]'s.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+pub(crate) struct Plain16<'a> {
+    /// Per-channel scales and biases, or one value repeated (the slice's length 1).
+    scale: &'a [f32],
+    bias: &'a [f32],
+    lo: std::arch::x86_64::__m512,
+    hi: std::arch::x86_64::__m512,
+    s: f32,
+    inv: f32,
+    z: std::arch::x86_64::__m512i,
+    signed: bool,
+}
+
+impl<'a> Bound<'a> {
+    /// The chain as a [`Plain16`], where it has the plain path.
+    ///
+    /// # Safety
+    /// AVX-512F.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn plain16(&self) -> Option<Plain16<'a>> {
+        use std::arch::x86_64::*;
+        let (inv, (s, z, signed)) = (self.plain?, self.quantize?);
+        let mut lo = f32::NEG_INFINITY;
+        if self.relu {
+            lo = 0.0;
+        }
+        if let Some((c, _)) = self.lower {
+            lo = lo.max(c);
+        }
+        let hi = self.upper.map_or(f32::INFINITY, |(c, _)| c);
+        Some(Plain16 {
+            scale: self.scale.unwrap_or(&[1.0]),
+            bias: self.bias.unwrap_or(&[0.0]),
+            lo: _mm512_set1_ps(lo),
+            hi: _mm512_set1_ps(hi),
+            s,
+            inv,
+            z: _mm512_set1_epi32(z),
+            signed,
+        })
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Plain16<'_> {
+    /// The levels of output channel `o` for sixteen sums `y` (converted to f32 already), the
+    /// lanes of `mask`, stored at `out`.
+    ///
+    /// # Safety
+    /// AVX-512F, BW and VL; `out` has room for the lanes of `mask`; `o` is a channel of the
+    /// chain's operands.
+    #[inline(always)]
+    pub(crate) unsafe fn store(
+        &self,
+        y: std::arch::x86_64::__m512,
+        o: usize,
+        mask: u16,
+        out: *mut u8,
+    ) {
+        use std::arch::x86_64::*;
+        // Inlined into the kernels (compiled for AVX-512), which is what makes it fast: a call
+        // would reload every constant.
+        // SAFETY: AVX-512F, BW and VL and `out`, as this function's contract.
+        unsafe {
+            let at = |v: &[f32]| _mm512_set1_ps(v[if v.len() == 1 { 0 } else { o }]);
+            let y = _mm512_add_ps(_mm512_mul_ps(y, at(self.scale)), at(self.bias));
+            let y = _mm512_min_ps(_mm512_max_ps(y, self.lo), self.hi);
+            let q = super::quant::quotient16(y, self.s, self.inv);
+            let bound = _mm512_set1_ps(1024.0);
+            let c = _mm512_min_ps(
+                _mm512_max_ps(q, _mm512_sub_ps(_mm512_setzero_ps(), bound)),
+                bound,
+            );
+            let r =
+                _mm512_cvt_roundps_epi32::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(c);
+            let level = _mm512_add_epi32(r, self.z);
+            if self.signed {
+                _mm512_mask_cvtsepi32_storeu_epi8(out as *mut i8, mask, level);
+            } else {
+                let level = _mm512_max_epi32(level, _mm512_setzero_si512());
+                _mm512_mask_cvtusepi32_storeu_epi8(out as *mut i8, mask, level);
+            }
+        }
+    }
+}
+
 /// For `Cpu::fuse`: each `conv_integer` kernel of `plan` whose result's chain is one
 /// [`Requant::of`] accepts, with the kernels that hold the chain (its elementwise kernel, and
 /// the `quantize_linear` after it when that joins too), as `(from, into)` moves for

@@ -245,6 +245,8 @@ unsafe fn run_block(
         (1u32 << count) - 1
     };
     let (lo, hi) = (mask as u16, (mask >> 16) as u16);
+    // SAFETY: AVX-512F, as this function's contract.
+    let plain = g.post.and_then(|p| unsafe { p.plain16() });
     for c0 in chans.step_by(CH) {
         let live = (g.m - c0).min(CH);
         if live == 0 {
@@ -267,9 +269,10 @@ unsafe fn run_block(
                 let at = (c0 + r) * n + p0 + 16 * h;
                 // SAFETY: as above; the chain's operands cover channel `o`.
                 unsafe {
-                    match g.post {
-                        None => _mm512_mask_storeu_epi32(g.out.add(4 * at) as *mut _, m, v),
-                        Some(post) => {
+                    match (plain, g.post) {
+                        (Some(plain), _) => plain.store(_mm512_cvtepi32_ps(v), o, m, g.out.add(at)),
+                        (_, None) => _mm512_mask_storeu_epi32(g.out.add(4 * at) as *mut _, m, v),
+                        (_, Some(post)) => {
                             let size = if post.quantize.is_some() { 1 } else { 4 };
                             post.store16(v, o, m, g.out.add(size * at));
                         }

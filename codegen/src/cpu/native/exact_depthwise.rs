@@ -1,0 +1,265 @@
+//! Depthwise `conv_integer` in f32 arithmetic, bit-exact. The inputs less their zero point and
+//! the taps less theirs are integers of at most 255 in size, so each product is an integer
+//! below 2^16 and each partial sum of up to [`MAX_TAPS`] of them one below 2^24: f32 holds every
+//! one exactly, no addition rounds, and the sum converted back is the interpreter's i32 (which
+//! cannot wrap at that size). What that buys is the vector unit's widest multiply-add: a row of
+//! sixteen outputs (AVX-512) or eight (AVX2) takes each tap as one multiply-add (AVX-512; a multiply and an add on AVX2) from the
+//! padded plane ([`Depthwise::fill_plane`], in f32), the sums held in registers across the taps,
+//! eight rows at a time; on AVX-512 they go from the registers into the requantizing chain's
+//! store. Integer multiplies of bytes cannot do that: 16-bit products of a u8 and an i8 need
+//! widening and shuffles to pair taps (the VNNI depthwise kernel spends more on those than on
+//! its `vpdpbusd`), and i32 multiplies are slow.
+
+use super::int_depthwise::Depthwise;
+use super::requant::Bound;
+
+/// The most taps whose sums f32 holds exactly: `MAX_TAPS * 255 * 255 < 2^24`.
+const MAX_TAPS: usize = (1 << 24) / (255 * 255);
+
+/// Output rows per register tile: as many independent chains of multiply-adds as keep the
+/// vector unit busy (two multiply-adds a cycle, four cycles each).
+const ROWS: usize = 8;
+
+/// Floats a plane holds past [`Depthwise::fill_plane`]'s, so that a tile's full-width loads
+/// stay inside it.
+pub(super) const SLACK: usize = 16;
+
+/// A thread's padded plane, kept between channels and calls, and a channel's sums (on AVX2,
+/// where a chain follows). The fill writes the same elements of the plane whatever the input,
+/// so the padding stays zero and is cleared only when the shape changes (clearing all of it
+/// for every channel cost as much as the fill).
+#[derive(Default)]
+pub(super) struct Scratch {
+    pub plane: Vec<f32>,
+    pub sums: Vec<i32>,
+    shape: Option<Depthwise>,
+}
+
+impl Scratch {
+    /// The plane sized and zeroed for `dw` unless it was for its shape already.
+    fn prepare(&mut self, dw: &Depthwise) -> &mut [f32] {
+        if self.shape.as_ref() != Some(dw) {
+            self.plane.clear();
+            self.plane.resize(dw.plane_size().0 + SLACK, 0.0);
+            self.shape = Some(*dw);
+        }
+        &mut self.plane
+    }
+}
+
+/// One channel: its padded plane of inputs less their zero point, the plane's row length, the
+/// channel's taps less the filter's zero point, and where each tap reads for output `(0, 0)`.
+pub(super) struct Plane<'a> {
+    pub plane: &'a [f32],
+    pub wq: usize,
+    pub taps: &'a [f32],
+    pub offsets: &'a [usize],
+}
+
+impl Depthwise {
+    /// Whether the sums of a channel's taps are exact in f32 ([`MAX_TAPS`] taps at most).
+    pub(super) fn exact_in_f32(&self) -> bool {
+        self.kernel[0] * self.kernel[1] <= MAX_TAPS
+    }
+
+    /// Channel `o` on AVX-512 into `out`: the chain `post` applied to its sums, or the sums.
+    ///
+    /// # Safety
+    /// AVX-512F, BW and VL; the plane as [`Depthwise::fill_plane`] made it for this
+    /// convolution, with [`SLACK`] more; `out` has room for `oH x oW` elements of the stored
+    /// type.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(super) unsafe fn channel_f32x16(
+        &self,
+        p: Plane,
+        o: usize,
+        post: Option<&Bound>,
+        out: *mut u8,
+    ) {
+        use std::arch::x86_64::*;
+        let [_, _, oh, ow] = self.yd;
+        let step = self.strides[0] * p.wq;
+        let size = if post.is_some_and(|b| b.quantize.is_some()) {
+            1
+        } else {
+            4
+        };
+        let base = p.plane.as_ptr();
+        // SAFETY: AVX-512F, as this function's contract.
+        let plain = post.and_then(|p| unsafe { p.plain16() });
+        for oy in (0..oh).step_by(ROWS) {
+            // Rows past the last repeat it, unstored.
+            let row = |r: usize| (oy + r).min(oh - 1) * step;
+            for x0 in (0..ow).step_by(16) {
+                let mask = (u32::MAX >> (32 - (ow - x0).min(16))) as u16;
+                let mut acc = [_mm512_setzero_ps(); ROWS];
+                for (&t, &at) in p.taps.iter().zip(p.offsets) {
+                    let t = _mm512_set1_ps(t);
+                    for (r, acc) in acc.iter_mut().enumerate() {
+                        // SAFETY: the sixteen floats from a tap of an output row lie in the
+                        // plane or its slack (past a row's outputs, read but not stored).
+                        let v = unsafe { _mm512_loadu_ps(base.add(row(r) + at + x0)) };
+                        *acc = _mm512_fmadd_ps(v, t, *acc);
+                    }
+                }
+                for (r, &acc) in acc.iter().enumerate().take(oh - oy) {
+                    let at = out.wrapping_add(size * ((oy + r) * ow + x0));
+                    // Exact integers below 2^24: `acc` is the sums' f32, its conversion the
+                    // sums.
+                    // SAFETY: the mask's lanes of row `oy + r` of `out`.
+                    unsafe {
+                        match (plain, post) {
+                            (Some(plain), _) => plain.store(acc, o, mask, at),
+                            (_, Some(post)) => post.store16(_mm512_cvtps_epi32(acc), o, mask, at),
+                            (_, None) => _mm512_mask_storeu_epi32(
+                                at as *mut i32,
+                                mask,
+                                _mm512_cvtps_epi32(acc),
+                            ),
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// [`Depthwise::fill_plane`] of channel `x` (i8 where `sx`) less `zx` in f32, on AVX-512:
+    /// sixteen bytes widened at a time, and for a column stride of 2 thirty-two split into
+    /// their two phases.
+    ///
+    /// # Safety
+    /// AVX-512F, BW and VL; `x` holds the channel's `H x W` bytes.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(super) unsafe fn fill_f32x16(
+        &self,
+        x: &[u8],
+        sx: bool,
+        zx: i32,
+        scratch: &mut Scratch,
+    ) -> usize {
+        use std::arch::x86_64::*;
+        let plane = scratch.prepare(self);
+        let s = self.strides[1];
+        let wq = self.plane_size().1;
+        if s > 2 {
+            let level = |b: u8| (if sx { b as i8 as i32 } else { b as i32 } - zx) as f32;
+            self.fill_interior(x, level, plane);
+            return wq;
+        }
+        let [_, _, h, w] = self.xd;
+        let [pt, pl, pb, _] = self.pads;
+        let hp = h + pt + pb;
+        let z = _mm512_set1_epi32(zx);
+        let real = |v: __m512i| _mm512_cvtepi32_ps(_mm512_sub_epi32(v, z));
+        let dst = plane.as_mut_ptr();
+        for (iy, row) in x.chunks_exact(w).enumerate() {
+            let src = row.as_ptr();
+            if s == 1 {
+                let dst = dst.wrapping_add((iy + pt) * wq + pl);
+                for j in (0..w).step_by(16) {
+                    let m = (u32::MAX >> (32 - (w - j).min(16))) as u16;
+                    // SAFETY: the mask's bytes lie in the row, its floats in the padded row.
+                    unsafe {
+                        let b = _mm_maskz_loadu_epi8(m, src.add(j) as *const i8);
+                        let v = if sx {
+                            _mm512_cvtepi8_epi32(b)
+                        } else {
+                            _mm512_cvtepu8_epi32(b)
+                        };
+                        _mm512_mask_storeu_ps(dst.add(j), m, real(v));
+                    }
+                }
+                continue;
+            }
+            for j in (0..w).step_by(32) {
+                let n = (w - j).min(32);
+                // SAFETY: the mask's bytes lie in the row.
+                let pairs = unsafe {
+                    let m = u32::MAX >> (32 - n);
+                    _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi8(m, src.add(j) as *const i8))
+                };
+                // Lane `k` holds columns `j + 2k` (low byte) and `j + 2k + 1`.
+                let (even, odd) = if sx {
+                    (
+                        _mm512_srai_epi32::<24>(_mm512_slli_epi32::<24>(pairs)),
+                        _mm512_srai_epi32::<24>(_mm512_slli_epi32::<16>(pairs)),
+                    )
+                } else {
+                    (
+                        _mm512_and_si512(pairs, _mm512_set1_epi32(0xff)),
+                        _mm512_srli_epi32::<8>(pairs),
+                    )
+                };
+                for (e, v) in [(0, even), (1, odd)] {
+                    if n <= e {
+                        continue;
+                    }
+                    // Column `j + e + 2k` is padded column `pc = j + e + pl + 2k`: phase
+                    // `pc % 2`, at `pc / 2` of its row.
+                    let pc = j + e + pl;
+                    let at = ((pc % 2) * hp + iy + pt) * wq + pc / 2;
+                    let m = (u32::MAX >> (32 - (n - e).div_ceil(2))) as u16;
+                    // SAFETY: the mask's floats lie in the phase's padded row.
+                    unsafe { _mm512_mask_storeu_ps(dst.add(at), m, real(v)) };
+                }
+            }
+        }
+        wq
+    }
+
+    /// [`Depthwise::fill_plane`] of channel `x` (i8 where `sx`) less `zx` in f32, compiled for
+    /// AVX2.
+    ///
+    /// # Safety
+    /// AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn fill_f32x8(
+        &self,
+        x: &[u8],
+        sx: bool,
+        zx: i32,
+        scratch: &mut Scratch,
+    ) -> usize {
+        let level = |b: u8| (if sx { b as i8 as i32 } else { b as i32 } - zx) as f32;
+        self.fill_interior(x, level, scratch.prepare(self));
+        self.plane_size().1
+    }
+
+    /// A channel's sums `y` (`oH x oW`) on AVX2, eight columns at a time.
+    ///
+    /// # Safety
+    /// AVX2; the plane as [`Depthwise::fill_plane`] made it for this convolution, with
+    /// [`SLACK`] more.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn channel_f32x8(&self, p: Plane, y: &mut [i32]) {
+        use std::arch::x86_64::*;
+        let [_, _, oh, ow] = self.yd;
+        let step = self.strides[0] * p.wq;
+        let base = p.plane.as_ptr();
+        let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        for oy in (0..oh).step_by(ROWS) {
+            let row = |r: usize| (oy + r).min(oh - 1) * step;
+            for x0 in (0..ow).step_by(8) {
+                let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((ow - x0).min(8) as i32), lanes);
+                let mut acc = [_mm256_setzero_ps(); ROWS];
+                for (&t, &at) in p.taps.iter().zip(p.offsets) {
+                    let t = _mm256_set1_ps(t);
+                    for (r, acc) in acc.iter_mut().enumerate() {
+                        // SAFETY: as in `channel_f32x16`.
+                        let v = unsafe { _mm256_loadu_ps(base.add(row(r) + at + x0)) };
+                        *acc = _mm256_add_ps(*acc, _mm256_mul_ps(v, t));
+                    }
+                }
+                for (r, &acc) in acc.iter().enumerate().take(oh - oy) {
+                    let at = y[(oy + r) * ow + x0..].as_mut_ptr();
+                    // SAFETY: the mask's lanes of row `oy + r` of `y`.
+                    unsafe { _mm256_maskstore_epi32(at, mask, _mm256_cvtps_epi32(acc)) };
+                }
+            }
+        }
+    }
+}
