@@ -107,16 +107,13 @@ impl Depthwise {
                     let at = out.wrapping_add(size * ((oy + r) * ow + x0));
                     // Exact integers below 2^24: `acc` is the sums' f32, its conversion the
                     // sums.
+                    let sums = _mm512_cvtps_epi32(acc);
                     // SAFETY: the mask's lanes of row `oy + r` of `out`.
                     unsafe {
                         match (plain, post) {
-                            (Some(plain), _) => plain.store(acc, o, mask, at),
-                            (_, Some(post)) => post.store16(_mm512_cvtps_epi32(acc), o, mask, at),
-                            (_, None) => _mm512_mask_storeu_epi32(
-                                at as *mut i32,
-                                mask,
-                                _mm512_cvtps_epi32(acc),
-                            ),
+                            (Some(p), _) => p.store(acc, o, mask, at),
+                            (_, Some(post)) => post.store16(sums, o, mask, at),
+                            (_, None) => _mm512_mask_storeu_epi32(at as *mut i32, mask, sums),
                         }
                     }
                 }

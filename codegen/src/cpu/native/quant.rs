@@ -110,11 +110,13 @@ pub(super) fn quantize(
 pub(super) const ROUND: f32 = 12_582_912.0;
 
 /// Quotients `y / s` where only their rounding to integers matters (as a quantization's
-/// level): `y` times `1 / s`, which is within 2e-4 of the f32 quotient wherever `|y / s| <=
-/// 1100` (three roundings of at most 2^-24 each), and so rounds as the quotient does unless it
-/// lies within 1e-3 of a half-integer; those lanes (about one in a thousand) divide. Beyond
-/// 1100 both saturate alike. Dividing every lane was most of a small convolution's time.
-pub(super) const NEAR_TIE: f32 = 0.499;
+/// level): `y` times `1 / s`. Three roundings of at most 2^-24 each (the reciprocal, the
+/// product, and the f32 quotient it stands in for) put the product within `3 * 2^-24 |y / s|`
+/// of the quotient, under 4.6e-5 wherever `|y / s| <= 257`, so it rounds as the quotient does
+/// unless it lies within 1e-4 of a half-integer; those lanes (about one in five thousand)
+/// divide. Beyond 257 the level saturates either way (levels lie within 255 of the zero
+/// point). Dividing every lane was most of a small convolution's time.
+pub(super) const NEAR_TIE: f32 = 0.4999;
 
 /// [`NEAR_TIE`]'s quotient on sixteen lanes.
 ///
@@ -130,14 +132,28 @@ pub(super) unsafe fn quotient16(
 ) -> std::arch::x86_64::__m512 {
     use std::arch::x86_64::*;
     let q = _mm512_mul_ps(y, _mm512_set1_ps(inv));
-    let nearest = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(q);
-    let off = _mm512_abs_ps(_mm512_sub_ps(q, nearest));
-    let near = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(off, _mm512_set1_ps(NEAR_TIE));
+    // SAFETY: AVX-512F, as this function's contract.
+    let near = unsafe { near_tie16(q) };
     if near == 0 {
         q
     } else {
         _mm512_mask_div_ps(q, near, y, _mm512_set1_ps(s))
     }
+}
+
+/// The lanes of `q` (products by a reciprocal) that lie within [`NEAR_TIE`]'s margin of a
+/// half-integer, which the quotient must decide.
+///
+/// # Safety
+/// AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn near_tie16(q: std::arch::x86_64::__m512) -> u16 {
+    use std::arch::x86_64::*;
+    let nearest = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(q);
+    let off = _mm512_abs_ps(_mm512_sub_ps(q, nearest));
+    _mm512_cmp_ps_mask::<_CMP_GT_OQ>(off, _mm512_set1_ps(NEAR_TIE))
 }
 
 /// [`NEAR_TIE`]'s quotient on eight lanes.

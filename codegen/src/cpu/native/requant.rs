@@ -441,6 +441,10 @@ pub(crate) struct Plain16<'a> {
     inv: f32,
     z: std::arch::x86_64::__m512i,
     signed: bool,
+    /// Whether the clamps keep every quotient within +-1000 (no clamp to +-1024 needed, as
+    /// with relu6), and whether they keep it non-negative (no `max` with 0 before a u8 store).
+    bounded: bool,
+    nonnegative: bool,
 }
 
 impl<'a> Bound<'a> {
@@ -461,7 +465,11 @@ impl<'a> Bound<'a> {
             lo = lo.max(c);
         }
         let hi = self.upper.map_or(f32::INFINITY, |(c, _)| c);
+        // `|q| <= |y| / s (1 + 2^-22)` for the product by the reciprocal: 1000 leaves room.
+        let bounded = lo.abs().max(hi.abs()) / s <= 1000.0;
         Some(Plain16 {
+            bounded,
+            nonnegative: lo >= 0.0,
             scale: self.scale.unwrap_or(&[1.0]),
             bias: self.bias.unwrap_or(&[0.0]),
             lo: _mm512_set1_ps(lo),
@@ -498,21 +506,25 @@ impl Plain16<'_> {
             let at = |v: &[f32]| _mm512_set1_ps(v[if v.len() == 1 { 0 } else { o }]);
             let y = _mm512_add_ps(_mm512_mul_ps(y, at(self.scale)), at(self.bias));
             let y = _mm512_min_ps(_mm512_max_ps(y, self.lo), self.hi);
-            let q = super::quant::quotient16(y, self.s, self.inv);
-            let bound = _mm512_set1_ps(1024.0);
-            let c = _mm512_min_ps(
-                _mm512_max_ps(q, _mm512_sub_ps(_mm512_setzero_ps(), bound)),
-                bound,
-            );
-            let r =
-                _mm512_cvt_roundps_epi32::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(c);
-            let level = _mm512_add_epi32(r, self.z);
-            if self.signed {
-                _mm512_mask_cvtsepi32_storeu_epi8(out as *mut i8, mask, level);
-            } else {
-                let level = _mm512_max_epi32(level, _mm512_setzero_si512());
-                _mm512_mask_cvtusepi32_storeu_epi8(out as *mut i8, mask, level);
+            let mut q = super::quant::quotient16(y, self.s, self.inv);
+            if !self.bounded {
+                let bound = _mm512_set1_ps(1024.0);
+                let low = _mm512_sub_ps(_mm512_setzero_ps(), bound);
+                q = _mm512_min_ps(_mm512_max_ps(q, low), bound);
             }
+            let r =
+                _mm512_cvt_roundps_epi32::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(q);
+            let mut level = _mm512_add_epi32(r, self.z);
+            // Narrowed in a register, then a masked byte store: faster than a narrowing store.
+            let bytes = if self.signed {
+                _mm512_cvtsepi32_epi8(level)
+            } else {
+                if !self.nonnegative {
+                    level = _mm512_max_epi32(level, _mm512_setzero_si512());
+                }
+                _mm512_cvtusepi32_epi8(level)
+            };
+            _mm_mask_storeu_epi8(out as *mut i8, mask, bytes);
         }
     }
 }

@@ -1,15 +1,18 @@
 //! `conv_integer` on AVX-512 VNNI, as `[O, K]` filter rows times `[K, P]` receptive-field
 //! columns (im2col's rows, or the image itself for a pointwise convolution).
 //!
-//! `vpdpbusd` multiplies unsigned bytes by signed ones, so both operands are shifted once into
-//! that form: the filter's levels `w` become `A = w + 128` if i8 (else `w`), the image's `x`
-//! become `B = x - 128` if u8 (else `x`), and their zero points move with them (`za`, `zb`).
-//! Then `sum (w - zw)(x - zx) = sum A B - za colsum(B) - zb rowsum(A) + K za zb`, wrapping in
-//! i32 like the interpreter's sum. The filter is the broadcast operand: its rows, shifted and
-//! padded to a multiple of 4 taps, with their sums, are prepared once ([`Filter`]; at compile
-//! time when the filter is a constant). The columns are the panel operand: each block of 32
-//! pixels is packed just before use into 4-tap steps of 32 pixels x 4 bytes (128 bytes, two
-//! registers), shifted on the way, and its per-pixel sums taken by `vpdpbusd` with ones.
+//! `vpdpbusd` multiplies unsigned bytes by signed ones. The image is the unsigned operand and
+//! the filter the signed one, as quantized models have them (u8 activations, i8 weights); the
+//! other types are shifted once into that form, an i8 image to `x' = x + 128` and a u8 filter
+//! to `w' = w - 128`, their zero points moving with them (`zx'`, `zw'`). Then
+//! `sum (w - zw)(x - zx) = sum w'x' - zw' colsum(x') - zx' rowsum(w') + K zw' zx'`, wrapping in
+//! i32 like the interpreter's sum; where every `zw'` is 0 (symmetric i8 weights) the per-pixel
+//! term goes, and what is left is one constant per channel. The filter is the broadcast
+//! operand: its rows, shifted and padded to a multiple of 4 taps, with their sums, are prepared
+//! once ([`Filter`]; at compile time when the filter is a constant). The columns are the panel
+//! operand: each block of 32 pixels is packed just before use into 4-tap steps of 32 pixels x 4
+//! bytes (128 bytes, two registers), shifted on the way, and its per-pixel sums taken by
+//! `vpdpbusd` with ones.
 //!
 //! The register tile is 8 output channels by 32 pixels: per 4-tap step, two panel loads, eight
 //! 4-byte broadcasts and sixteen `vpdpbusd` into sixteen accumulators. A block stays in L1
@@ -24,15 +27,17 @@ const PX: usize = 32;
 /// Output channels per register tile.
 const CH: usize = 8;
 
-/// A filter prepared for [`convolve`]: each output channel's taps shifted to u8, padded with
+/// A filter prepared for [`convolve`]: each output channel's taps shifted to i8, padded with
 /// zeros to `kp` (a multiple of 4), with their sums and its shifted zero point.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Filter {
-    rows: Vec<u8>,
+    rows: Vec<i8>,
     k: usize,
     kp: usize,
     sums: Vec<i32>,
     zeros: Vec<i32>,
+    /// Whether every shifted zero point is 0 (no per-pixel term).
+    centered: bool,
 }
 
 impl Filter {
@@ -40,30 +45,24 @@ impl Filter {
     /// per row).
     pub(super) fn new(w: &[u8], zw: &[u8], signed: bool, o: usize, k: usize) -> Filter {
         let kp = k.div_ceil(4) * 4;
-        let flip = if signed { 0x80 } else { 0 };
-        let mut rows = vec![0u8; o * kp];
+        let flip = if signed { 0 } else { 0x80 };
+        let mut rows = vec![0i8; o * kp];
         let mut sums = vec![0i32; o];
         for ((row, src), sum) in (rows.chunks_mut(kp).zip(w.chunks(k))).zip(&mut sums) {
             for (d, &s) in row.iter_mut().zip(src) {
-                *d = s ^ flip;
+                *d = (s ^ flip) as i8;
                 *sum = sum.wrapping_add(*d as i32);
             }
         }
-        let zeros = (0..o)
-            .map(|i| {
-                let z = zw[if zw.len() == 1 { 0 } else { i }];
-                if signed {
-                    z as i8 as i32 + 128
-                } else {
-                    z as i32
-                }
-            })
+        let zeros: Vec<i32> = (0..o)
+            .map(|i| (zw[if zw.len() == 1 { 0 } else { i }] ^ flip) as i8 as i32)
             .collect();
         Filter {
             rows,
             k,
             kp,
             sums,
+            centered: zeros.iter().all(|&z| z == 0),
             zeros,
         }
     }
@@ -118,14 +117,14 @@ pub(super) unsafe fn convolve(filter: &Filter, g: Group) {
     let threads = crate::cpu::pool::threads();
     let splits = (4 * threads).div_ceil(blocks).clamp(1, tiles);
     let work = g.m * n * filter.k;
-    // The shifted input zero point and each channel's constant term, `K za zb - zb rowsum`.
-    let zb = if g.signed { g.zx } else { g.zx - 128 };
+    // The shifted input zero point and each channel's constant term, `K zw' zx' - zx' rowsum`.
+    let zx = if g.signed { g.zx + 128 } else { g.zx };
     let consts: Vec<i32> = (g.first..g.first + g.m)
         .map(|o| {
             (filter.k as i32)
                 .wrapping_mul(filter.zeros[o])
-                .wrapping_mul(zb)
-                .wrapping_sub(zb.wrapping_mul(filter.sums[o]))
+                .wrapping_mul(zx)
+                .wrapping_sub(zx.wrapping_mul(filter.sums[o]))
         })
         .collect();
     // SAFETY: items write disjoint (block, channel range) pieces of `out`; the columns and
@@ -150,7 +149,8 @@ pub(super) unsafe fn convolve(filter: &Filter, g: Group) {
                 let mut s = s.borrow_mut();
                 // SAFETY: as above, and this function's contract.
                 unsafe {
-                    let colsum = pack(&g.get(), b * PX, &mut s.taps, dst.get().add(b * kp * PX));
+                    let colsum =
+                        pack_any(&g.get(), b * PX, &mut s.taps, dst.get().add(b * kp * PX));
                     sum.get().add(b).write(colsum);
                 }
             });
@@ -235,7 +235,7 @@ unsafe fn run_block(
             scratch.packed.resize(kp * PX, 0);
             let out = scratch.packed.as_mut_ptr();
             // SAFETY: as this function's contract; `packed` holds `kp * 32` bytes.
-            let colsum = unsafe { pack(&g, p0, &mut scratch.taps, out) };
+            let colsum = unsafe { pack_any(&g, p0, &mut scratch.taps, out) };
             (scratch.packed.as_ptr(), colsum)
         }
     };
@@ -257,20 +257,24 @@ unsafe fn run_block(
         let acc = unsafe { tile(filter.rows.as_ptr().add(first * kp), kp, live, panel) };
         for (r, acc) in acc.iter().enumerate().take(live) {
             let o = first + r;
-            let za = _mm512_set1_epi32(filter.zeros[o]);
+            let zw = _mm512_set1_epi32(filter.zeros[o]);
             let c = _mm512_set1_epi32(consts[c0 + r]);
             // Indexed, not zipped with `[lo, hi]`: the zip built that array on the stack for
             // every row and reloaded it wider than it was stored (a store-forwarding stall that
             // took a third of a small 1x1 layer's time).
             for h in 0..2 {
                 let (a, m) = (acc[h], if h == 0 { lo } else { hi });
-                let v = _mm512_add_epi32(_mm512_sub_epi32(a, _mm512_mullo_epi32(za, colsum[h])), c);
+                let v = if filter.centered {
+                    _mm512_add_epi32(a, c)
+                } else {
+                    _mm512_add_epi32(_mm512_sub_epi32(a, _mm512_mullo_epi32(zw, colsum[h])), c)
+                };
                 // Row `c0 + r` of the group's output, pixels below `n` (the mask).
                 let at = (c0 + r) * n + p0 + 16 * h;
                 // SAFETY: as above; the chain's operands cover channel `o`.
                 unsafe {
                     match (plain, g.post) {
-                        (Some(plain), _) => plain.store(_mm512_cvtepi32_ps(v), o, m, g.out.add(at)),
+                        (Some(p), _) => p.store(_mm512_cvtepi32_ps(v), o, m, g.out.add(at)),
                         (_, None) => _mm512_mask_storeu_epi32(g.out.add(4 * at) as *mut _, m, v),
                         (_, Some(post)) => {
                             let size = if post.quantize.is_some() { 1 } else { 4 };
@@ -283,9 +287,28 @@ unsafe fn run_block(
     }
 }
 
+/// [`pack_pointwise`] where the geometry is pointwise, else [`pack`].
+///
+/// # Safety
+/// As [`pack`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,bmi2")]
+unsafe fn pack_any(g: &Group, p0: usize, taps: &mut Taps, out: *mut u8) -> [__m512i; 2] {
+    let at = &g.at;
+    let pointwise = (at.kh, at.kw, at.stride, at.pad) == (1, 1, [1, 1], [0, 0])
+        && (at.oh, at.ow) == (at.h, at.w);
+    // SAFETY: as this function's contract.
+    unsafe {
+        if pointwise {
+            pack_pointwise(g, p0, out)
+        } else {
+            pack(g, p0, taps, out)
+        }
+    }
+}
+
 /// Packs the receptive fields of output pixels `p0..p0 + 32` (those below `oh * ow`) of group
 /// `g`'s image into `out` as 4-tap steps of 32 pixels x 4 bytes, taps in the padding the input's
-/// zero point, each byte shifted to i8 where the input is u8, taps past `k` zero; returns each
+/// zero point, each byte shifted to u8 where the input is i8, taps past `k` zero; returns each
 /// pixel's sum of its packed bytes (two vectors of sixteen). Im2col without the columns: the
 /// block's pixels fall in runs along output rows, and each tap's 32 bytes are one masked load
 /// per run (strides of 1 and 2; a byte at a time for larger ones), with the lanes and offsets
@@ -298,7 +321,7 @@ unsafe fn run_block(
 unsafe fn pack(g: &Group, p0: usize, taps: &mut Taps, out: *mut u8) -> [__m512i; 2] {
     let (x, at) = (g.x, &g.at);
     let count = (at.oh * at.ow - p0).min(PX);
-    let (zero, flip) = (g.zx as u8, !g.signed);
+    let (zero, flip) = (g.zx as u8, g.signed);
     let [sh, sw] = at.stride;
     let (kh, kw) = (at.kh, at.kw);
     taps.columns.clear();
@@ -375,9 +398,6 @@ unsafe fn pack(g: &Group, p0: usize, taps: &mut Taps, out: *mut u8) -> [__m512i;
         }
         _mm256_xor_si256(v, bit)
     };
-    let ones = _mm256_set1_epi8(1);
-    // Sums of pixels 0-7, 8-15, 16-23 and 24-31, from the registers stored (a load of what
-    // was just stored would wait for the stores).
     let mut sums = [_mm256_setzero_si256(); 4];
     let (mut ci, mut ky, mut kx) = (0, 0, 0);
     for s in 0..k.div_ceil(4) {
@@ -394,6 +414,51 @@ unsafe fn pack(g: &Group, p0: usize, taps: &mut Taps, out: *mut u8) -> [__m512i;
                 }
             }
         }
+        // SAFETY: `out` holds step `s`'s 128 bytes.
+        unsafe { interleave(four, &mut sums, out.add(s * 128)) };
+    }
+    // SAFETY: AVX-512F, as this function's contract.
+    unsafe { join(sums) }
+}
+
+/// [`pack`] for a pointwise convolution (1x1, stride 1, no padding), whose columns are the
+/// image's rows: each tap's 32 bytes one masked load.
+///
+/// # Safety
+/// As [`pack`]; the geometry is pointwise.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn pack_pointwise(g: &Group, p0: usize, out: *mut u8) -> [__m512i; 2] {
+    let n = g.at.h * g.at.w;
+    let k = g.at.c;
+    let mask = u32::MAX >> (32 - (n - p0).min(PX));
+    let bit = _mm256_set1_epi8(if g.signed { -128 } else { 0 });
+    let mut sums = [_mm256_setzero_si256(); 4];
+    for s in 0..k.div_ceil(4) {
+        let mut four = [_mm256_setzero_si256(); 4];
+        for (i, row) in four.iter_mut().enumerate().take(k - 4 * s) {
+            // SAFETY: the mask's bytes of pixels `p0..` of channel `4s + i < k`.
+            let v = unsafe {
+                _mm256_maskz_loadu_epi8(mask, g.x.add((4 * s + i) * n + p0) as *const i8)
+            };
+            *row = _mm256_xor_si256(v, bit);
+        }
+        // SAFETY: `out` holds step `s`'s 128 bytes.
+        unsafe { interleave(four, &mut sums, out.add(s * 128)) };
+    }
+    // SAFETY: AVX-512F, as this function's contract.
+    unsafe { join(sums) }
+}
+
+/// Four taps' 32 bytes (one register each) as one 4-tap step of 32 pixels x 4 bytes, stored at
+/// `out` (128 bytes), each pixel's byte sum added to `sums` (pixels 0-7, 8-15, 16-23, 24-31,
+/// from the registers stored: a load of what was just stored would wait for the stores).
+///
+/// # Safety
+/// AVX-512VL and VNNI; `out` holds 128 bytes.
+#[inline(always)]
+unsafe fn interleave(four: [__m256i; 4], sums: &mut [__m256i; 4], out: *mut u8) {
+    // SAFETY: the caller's contract.
+    unsafe {
         let [a0, a1, a2, a3] = four;
         let t0 = _mm256_unpacklo_epi8(a0, a1);
         let t1 = _mm256_unpackhi_epi8(a0, a1);
@@ -410,28 +475,38 @@ unsafe fn pack(g: &Group, p0: usize, taps: &mut Taps, out: *mut u8) -> [__m512i;
             _mm256_permute2x128_si256(u0, u1, 0x31),
             _mm256_permute2x128_si256(u2, u3, 0x31),
         ];
-        for (i, (p, sum)) in pixels.into_iter().zip(&mut sums).enumerate() {
-            *sum = _mm256_dpbusd_epi32(*sum, ones, p);
-            // SAFETY: `packed` holds step `s`'s 128 bytes.
-            unsafe { _mm256_storeu_si256((out.add(s * 128) as *mut __m256i).add(i), p) };
+        let ones = _mm256_set1_epi8(1);
+        for (i, (p, sum)) in pixels.into_iter().zip(sums.iter_mut()).enumerate() {
+            *sum = _mm256_dpbusd_epi32(*sum, p, ones);
+            _mm256_storeu_si256((out as *mut __m256i).add(i), p);
         }
     }
-    let [s0, s1, s2, s3] = sums;
-    [
-        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(s0), s1),
-        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(s2), s3),
-    ]
 }
 
-/// The raw products `A B` of filter rows `rows..` (`live` of them, `kp` bytes apart; the tile's
-/// other rows repeat the last) with a packed block of 32 pixels.
+/// [`interleave`]'s four sums as two vectors of sixteen pixels.
+///
+/// # Safety
+/// AVX-512F.
+#[inline(always)]
+unsafe fn join([s0, s1, s2, s3]: [__m256i; 4]) -> [__m512i; 2] {
+    // SAFETY: the caller's contract.
+    unsafe {
+        [
+            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(s0), s1),
+            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(s2), s3),
+        ]
+    }
+}
+
+/// The raw products `w'x'` of filter rows `rows..` (`live` of them, `kp` bytes apart; the
+/// tile's other rows repeat the last) with a packed block of 32 pixels.
 ///
 /// # Safety
 /// AVX-512F and VNNI; `rows` reaches `live` rows of `kp` bytes, `panel` `kp * 32` bytes.
 #[target_feature(enable = "avx512f,avx512vnni")]
-unsafe fn tile(rows: *const u8, kp: usize, live: usize, panel: *const u8) -> [[__m512i; 2]; CH] {
+unsafe fn tile(rows: *const i8, kp: usize, live: usize, panel: *const u8) -> [[__m512i; 2]; CH] {
     let mut acc = [[_mm512_setzero_si512(); 2]; CH];
-    let ptr: [*const u8; CH] = std::array::from_fn(|r| unsafe { rows.add(r.min(live - 1) * kp) });
+    let ptr: [*const i8; CH] = std::array::from_fn(|r| unsafe { rows.add(r.min(live - 1) * kp) });
     for g in 0..kp / 4 {
         // SAFETY: step `g` of the panel and of each row, unaligned loads.
         unsafe {
@@ -439,8 +514,8 @@ unsafe fn tile(rows: *const u8, kp: usize, live: usize, panel: *const u8) -> [[_
             let b1 = _mm512_loadu_si512(panel.add(g * 128 + 64) as *const _);
             for (a, p) in acc.iter_mut().zip(ptr) {
                 let x = _mm512_set1_epi32((p.add(g * 4) as *const i32).read_unaligned());
-                a[0] = _mm512_dpbusd_epi32(a[0], x, b0);
-                a[1] = _mm512_dpbusd_epi32(a[1], x, b1);
+                a[0] = _mm512_dpbusd_epi32(a[0], b0, x);
+                a[1] = _mm512_dpbusd_epi32(a[1], b1, x);
             }
         }
     }
