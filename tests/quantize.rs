@@ -463,3 +463,56 @@ fn transposed_weights_are_quantized() {
     );
     assert_eq!(count(&text, |k| matches!(k, OpKind::MatMul)), 0, "{text}");
 }
+
+/// The i8 constants of `text` (weights and their zero points).
+fn i8_constants(text: &str) -> Vec<i64> {
+    let m = parse_module(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let f = &m.functions[0];
+    let mut values = Vec::new();
+    for &o in f.schedule() {
+        if let OpKind::Const { ty, value } = &f.op(o).kind
+            && ty.dtype() == tcc::ir::DType::I8
+        {
+            let t = Tensor::from_literal(ty, value).unwrap();
+            values.extend(t.data().to_f64s().iter().map(|&v| v as i64));
+        }
+    }
+    values
+}
+
+/// `--reduce-range` puts the weights on 7-bit levels (each channel's largest at +-63, none
+/// past), which AVX2 without VNNI multiplies exactly; without it they reach +-127.
+#[test]
+fn reduce_range_keeps_weights_within_seven_bits() {
+    let d = scratch("reduce");
+    let model = write_model(&d);
+    for (flag, top) in [(Some("--reduce-range"), 63), (None, 127)] {
+        let out = d.join("q.tir").to_string_lossy().into_owned();
+        let mut args = vec![
+            "quantize",
+            &model,
+            "--calib",
+            "random:2",
+            "--per-channel",
+            "-o",
+        ];
+        args.push(&out);
+        args.extend(flag);
+        let (code, _, err) = tcc(&args);
+        assert_eq!(code, 0, "{err}");
+        let levels = i8_constants(&std::fs::read_to_string(&out).unwrap());
+        let largest = levels.iter().map(|v| v.abs()).max().unwrap();
+        assert_eq!(largest, top, "{flag:?}: {levels:?}");
+    }
+    let (code, _, err) = tcc(&[
+        "quantize",
+        &model,
+        "--calib",
+        "random:2",
+        "--reduce-range",
+        "--from-qat",
+        "x",
+    ]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--reduce-range"), "{err}");
+}

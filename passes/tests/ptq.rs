@@ -134,7 +134,7 @@ fn layers_run_on_integers_within_the_quantization_error() {
         let mut q = f.clone();
         let scheme = Scheme {
             per_channel,
-            weights: WeightLevels::Symmetric,
+            weights: WeightLevels::Symmetric { bits: 8 },
         };
         let acts: HashMap<Value, Activation> = (ranges(&f, &inputs).into_iter())
             .map(|(v, r)| (v, Activation::fitted(r, false).unwrap()))

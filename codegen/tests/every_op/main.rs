@@ -12,6 +12,7 @@ mod blocked;
 mod elementwise;
 mod layers;
 mod movement;
+mod narrow;
 mod pooling;
 mod quantize;
 

@@ -167,7 +167,7 @@ fn same_on_every_target(src: &str, seed: u64) {
 
 /// `f` compiled for every integer target gives the interpreter's results on `inputs`, bit for
 /// bit (`what` says which case), after `check` of each executable.
-fn agrees_on_every_target(
+pub(super) fn agrees_on_every_target(
     f: &tcc_ir::Function,
     inputs: &[Tensor],
     what: &str,
@@ -182,7 +182,7 @@ fn agrees_on_every_target(
 }
 
 /// Every op of `exe` runs on compiled or native kernels.
-fn no_reference_ops(exe: &Executable) {
+pub(super) fn no_reference_ops(exe: &Executable) {
     assert_eq!(exe.reference_ops(), Vec::<String>::new());
 }
 

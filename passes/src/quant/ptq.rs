@@ -86,11 +86,15 @@ pub struct Scheme {
 }
 
 /// How weights become i8 levels.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum WeightLevels {
-    /// Symmetric over [-127, 127] with zero points 0, `scale = max|w| / 127` (post-training).
-    #[default]
-    Symmetric,
+    /// Symmetric over `[-top, top]` with zero points 0, `scale = max|w| / top`, `top = 2^(bits
+    /// - 1) - 1` (post-training): 127 for 8 bits; 63 for 7 (`tcc quantize --reduce-range`),
+    /// which CPUs with AVX2 but not VNNI multiply exactly with `vpmaddubsw`.
+    Symmetric {
+        /// Bits of the levels, 2 to 8.
+        bits: u32,
+    },
     /// The levels quantization-aware training's `fake_quant` gave them (`tcc quantize
     /// --from-qat`): `2^bits` levels (less the lowest when `narrow`) over the weights' own range
     /// widened to include 0, nudged so that 0 is a level, as TensorFlow nudges
@@ -102,6 +106,12 @@ pub enum WeightLevels {
         /// Whether the lowest level is left out.
         narrow: bool,
     },
+}
+
+impl Default for WeightLevels {
+    fn default() -> Self {
+        WeightLevels::Symmetric { bits: 8 }
+    }
 }
 
 /// The u8 quantization of one activation: the range it was chosen from, its scale and zero
@@ -241,15 +251,16 @@ fn weight_levels(
         (lo[c], hi[c]) = (lo[c].min(x), hi[c].max(x));
     }
     match how {
-        WeightLevels::Symmetric => {
+        WeightLevels::Symmetric { bits } => {
+            let top = ((1u32 << (bits.clamp(2, 8) - 1)) - 1) as f32;
             let s: Vec<f32> = (lo.iter().zip(&hi))
                 .map(|(&l, &h)| {
                     let a = h.max(-l);
-                    if a > 0.0 { a / 127.0 } else { 1.0 }
+                    if a > 0.0 { a / top } else { 1.0 }
                 })
                 .collect();
             let q = (w.iter().enumerate())
-                .map(|(i, &x)| (x / s[channel(i)]).round_ties_even().clamp(-127.0, 127.0) as i8)
+                .map(|(i, &x)| (x / s[channel(i)]).round_ties_even().clamp(-top, top) as i8)
                 .collect();
             Ok(Levels(q, s, vec![0; scales]))
         }

@@ -11,6 +11,8 @@
 //! its `vpdpbusd`), and i32 multiplies are slow.
 
 use super::int_depthwise::Depthwise;
+#[cfg(target_arch = "x86_64")]
+use super::plain::{Plain8, Plain16};
 use super::requant::Bound;
 
 /// The most taps whose sums f32 holds exactly: `MAX_TAPS * 255 * 255 < 2^24`.
@@ -62,7 +64,8 @@ impl Depthwise {
         self.kernel[0] * self.kernel[1] <= MAX_TAPS
     }
 
-    /// Channel `o` on AVX-512 into `out`: the chain `post` applied to its sums, or the sums.
+    /// Channel `o` on AVX-512 into `out`: the chain `post` applied to its sums (`plain`: its
+    /// [`Bound::plain16`]), or the sums. Output rows in tiles of [`ROWS`].
     ///
     /// # Safety
     /// AVX-512F, BW and VL; the plane as [`Depthwise::fill_plane`] made it for this
@@ -74,7 +77,7 @@ impl Depthwise {
         &self,
         p: Plane,
         o: usize,
-        post: Option<&Bound>,
+        (post, plain): (Option<&Bound>, Option<Plain16>),
         out: *mut u8,
     ) {
         use std::arch::x86_64::*;
@@ -86,8 +89,6 @@ impl Depthwise {
             4
         };
         let base = p.plane.as_ptr();
-        // SAFETY: AVX-512F, as this function's contract.
-        let plain = post.and_then(|p| unsafe { p.plain16() });
         for oy in (0..oh).step_by(ROWS) {
             // Rows past the last repeat it, unstored.
             let row = |r: usize| (oy + r).min(oh - 1) * step;
@@ -206,11 +207,12 @@ impl Depthwise {
         wq
     }
 
-    /// [`Depthwise::fill_plane`] of channel `x` (i8 where `sx`) less `zx` in f32, compiled for
-    /// AVX2.
+    /// [`Depthwise::fill_plane`] of channel `x` (i8 where `sx`) less `zx` in f32, on AVX2:
+    /// eight bytes widened at a time, and for a column stride of 2 sixteen split into their two
+    /// phases by a byte shuffle.
     ///
     /// # Safety
-    /// AVX2.
+    /// AVX2; `x` holds the channel's `H x W` bytes.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn fill_f32x8(
@@ -220,41 +222,127 @@ impl Depthwise {
         zx: i32,
         scratch: &mut Scratch,
     ) -> usize {
-        let level = |b: u8| (if sx { b as i8 as i32 } else { b as i32 } - zx) as f32;
-        self.fill_interior(x, level, scratch.prepare(self));
-        self.plane_size().1
+        use std::arch::x86_64::*;
+        let plane = scratch.prepare(self);
+        let s = self.strides[1];
+        let wq = self.plane_size().1;
+        if s > 2 {
+            let level = |b: u8| (if sx { b as i8 as i32 } else { b as i32 } - zx) as f32;
+            self.fill_interior(x, level, plane);
+            return wq;
+        }
+        let [_, _, h, w] = self.xd;
+        let [pt, pl, pb, _] = self.pads;
+        let hp = h + pt + pb;
+        let z = _mm256_set1_epi32(zx);
+        let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        // Eight bytes (the low half of `b`) less the zero point, as floats; the first `count`
+        // stored at `dst`.
+        let put = |b: __m128i, count: usize, dst: *mut f32| {
+            let v = if sx {
+                _mm256_cvtepi8_epi32(b)
+            } else {
+                _mm256_cvtepu8_epi32(b)
+            };
+            let real = _mm256_cvtepi32_ps(_mm256_sub_epi32(v, z));
+            let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(count as i32), lanes);
+            // SAFETY: the mask's floats lie in the padded row `dst` starts in.
+            unsafe { _mm256_maskstore_ps(dst, mask, real) };
+        };
+        // Bytes `j..j + 16` of a row (those below `w`; a short piece through a copy).
+        let load = |row: &[u8], j: usize| {
+            let mut b = [0u8; 16];
+            let n = (w - j).min(16);
+            b[..n].copy_from_slice(&row[j..j + n]);
+            // SAFETY: sixteen bytes of `b`.
+            unsafe { _mm_loadu_si128(b.as_ptr() as *const __m128i) }
+        };
+        let dst = plane.as_mut_ptr();
+        let split = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+        for (iy, row) in x.chunks_exact(w).enumerate() {
+            if s == 1 {
+                let at = dst.wrapping_add((iy + pt) * wq + pl);
+                for j in (0..w).step_by(16) {
+                    let b = load(row, j);
+                    let n = (w - j).min(16);
+                    put(b, n.min(8), at.wrapping_add(j));
+                    if n > 8 {
+                        put(_mm_srli_si128::<8>(b), n - 8, at.wrapping_add(j + 8));
+                    }
+                }
+                continue;
+            }
+            for j in (0..w).step_by(16) {
+                let n = (w - j).min(16);
+                // Even columns in the low eight bytes, odd in the high.
+                let b = _mm_shuffle_epi8(load(row, j), split);
+                for (e, v) in [(0, b), (1, _mm_srli_si128::<8>(b))] {
+                    if n <= e {
+                        continue;
+                    }
+                    // As in `fill_f32x16`.
+                    let pc = j + e + pl;
+                    let at = ((pc % 2) * hp + iy + pt) * wq + pc / 2;
+                    put(v, (n - e).div_ceil(2), dst.wrapping_add(at));
+                }
+            }
+        }
+        wq
     }
 
-    /// A channel's sums `y` (`oH x oW`) on AVX2, eight columns at a time.
+    /// Channel `o` on AVX2: with `plain` (the chain's [`Bound::plain8`]) its levels into
+    /// `out`, else its sums into `y`; tiles of 4 output rows by 16 columns (two vectors).
     ///
     /// # Safety
     /// AVX2; the plane as [`Depthwise::fill_plane`] made it for this convolution, with
-    /// [`SLACK`] more.
+    /// [`SLACK`] more; with `plain`, `out` has room for `oH x oW` levels.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn channel_f32x8(&self, p: Plane, y: &mut [i32]) {
+    pub(super) unsafe fn channel_f32x8(
+        &self,
+        p: Plane,
+        o: usize,
+        (plain, out): (Option<Plain8>, *mut u8),
+        y: &mut [i32],
+    ) {
         use std::arch::x86_64::*;
+        const R: usize = 4;
         let [_, _, oh, ow] = self.yd;
         let step = self.strides[0] * p.wq;
         let base = p.plane.as_ptr();
         let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-        for oy in (0..oh).step_by(ROWS) {
+        for oy in (0..oh).step_by(R) {
             let row = |r: usize| (oy + r).min(oh - 1) * step;
-            for x0 in (0..ow).step_by(8) {
-                let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((ow - x0).min(8) as i32), lanes);
-                let mut acc = [_mm256_setzero_ps(); ROWS];
+            for x0 in (0..ow).step_by(16) {
+                let count = (ow - x0).min(16);
+                let mut acc = [[_mm256_setzero_ps(); 2]; R];
                 for (&t, &at) in p.taps.iter().zip(p.offsets) {
                     let t = _mm256_set1_ps(t);
                     for (r, acc) in acc.iter_mut().enumerate() {
-                        // SAFETY: as in `channel_f32x16`.
-                        let v = unsafe { _mm256_loadu_ps(base.add(row(r) + at + x0)) };
-                        *acc = _mm256_add_ps(*acc, _mm256_mul_ps(v, t));
+                        for (h, acc) in acc.iter_mut().enumerate() {
+                            // SAFETY: as in `channel_f32x16`.
+                            let v = unsafe { _mm256_loadu_ps(base.add(row(r) + at + x0 + 8 * h)) };
+                            *acc = _mm256_add_ps(*acc, _mm256_mul_ps(v, t));
+                        }
                     }
                 }
-                for (r, &acc) in acc.iter().enumerate().take(oh - oy) {
-                    let at = y[(oy + r) * ow + x0..].as_mut_ptr();
-                    // SAFETY: the mask's lanes of row `oy + r` of `y`.
-                    unsafe { _mm256_maskstore_epi32(at, mask, _mm256_cvtps_epi32(acc)) };
+                for (r, acc) in acc.iter().enumerate().take(oh - oy) {
+                    let at = (oy + r) * ow + x0;
+                    if let Some(plain) = plain {
+                        // SAFETY: `count` levels of row `oy + r` of `out`.
+                        unsafe { plain.store(*acc, o, count, out.add(at)) };
+                        continue;
+                    }
+                    for (h, &acc) in acc.iter().enumerate() {
+                        if count <= 8 * h {
+                            break;
+                        }
+                        let n = (count - 8 * h).min(8) as i32;
+                        let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lanes);
+                        let dst = y[at + 8 * h..].as_mut_ptr();
+                        // SAFETY: the mask's lanes of row `oy + r` of `y`.
+                        unsafe { _mm256_maskstore_epi32(dst, mask, _mm256_cvtps_epi32(acc)) };
+                    }
                 }
             }
         }

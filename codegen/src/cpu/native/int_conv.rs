@@ -27,8 +27,8 @@ pub(super) struct IntegerConv {
     yd: [usize; 4],
     /// One group's product: its filter rows times its columns.
     product: IntegerProduct,
-    /// On AVX-512 VNNI (`product.vnni`): the filter, prepared at compile time when it and its
-    /// zero points are constants (else on each run).
+    /// On AVX-512 VNNI (`product.vnni`) and AVX2: the filter, prepared at compile time when
+    /// it and its zero points are constants (else on each run).
     #[cfg(target_arch = "x86_64")]
     prepared: Option<super::vnni_conv::Filter>,
 }
@@ -49,7 +49,7 @@ impl IntegerConv {
         let rows = f.ty(wz).numel() > 1;
         let k = wd[1] * wd[2] * wd[3];
         #[cfg(target_arch = "x86_64")]
-        let prepared = isa.0.then(|| {
+        let prepared = (isa.0 || isa.1).then(|| {
             let (w, z) = (const_bytes(f, filter)?, const_bytes(f, wz)?);
             Some(super::vnni_conv::Filter::new(
                 &w,
@@ -202,6 +202,23 @@ impl IntegerConv {
             }
             return;
         }
+        #[cfg(target_arch = "x86_64")]
+        if self.product.avx2 {
+            let fresh;
+            let filter = match &self.prepared {
+                Some(filter) => filter,
+                None => {
+                    fresh = super::vnni_conv::Filter::new(w, wz, sw, o, k);
+                    &fresh
+                }
+            };
+            if filter.narrow {
+                // SAFETY: `avx2` is set only where the target has AVX2; `out` as this
+                // function's contract.
+                unsafe { self.convolve_avx2(filter, (x, xz[0], sx), post, size, out) };
+                return;
+            }
+        }
         let mut sums = Vec::new();
         let y: &mut [i32] = match post {
             // SAFETY: the caller's contract: without a chain, `out` holds the i32 sums.
@@ -239,6 +256,58 @@ impl IntegerConv {
                 (0..rows).for_each(item);
             }
         }
+    }
+
+    /// [`IntegerConv::run_bytes`] on [`super::avx2_conv`]: each image's and group's columns
+    /// (im2col's, or the image itself for a pointwise convolution) times the filter's rows.
+    ///
+    /// # Safety
+    /// AVX2; `filter` is narrow; `out` as [`IntegerConv::run_bytes`]'s, with elements of
+    /// `size` bytes.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn convolve_avx2(
+        &self,
+        filter: &super::vnni_conv::Filter,
+        (x, zero, sx): (&[u8], u8, bool),
+        post: Option<&Bound>,
+        size: usize,
+        out: *mut u8,
+    ) {
+        let groups = self.conv.groups as usize;
+        let IntegerProduct { m, k, n, .. } = self.product;
+        let [_, c, h, w] = self.xd;
+        let plane = c / groups * h * w;
+        let o = self.yd[1];
+        COLUMNS.with(|columns| {
+            let mut columns = columns.borrow_mut();
+            if !self.pointwise() && columns.len() < k * n {
+                columns.resize(k * n, 0);
+            }
+            for b in 0..self.yd[0] {
+                for g in 0..groups {
+                    let x = &x[(b * groups + g) * plane..][..plane];
+                    let cols = if self.pointwise() {
+                        x.as_ptr()
+                    } else {
+                        self.im2col(x, zero, &mut columns[..k * n]);
+                        columns.as_ptr()
+                    };
+                    let group = super::avx2_conv::Columns {
+                        cols,
+                        n,
+                        first: g * m,
+                        m,
+                        zx: if sx { zero as i8 as i32 } else { zero as i32 },
+                        signed: sx,
+                        out: out.wrapping_add(size * (b * o + g * m) * n),
+                        post,
+                    };
+                    // SAFETY: as this function's contract; the group's `k` rows of `n` column
+                    // bytes and `m * n` results are in range.
+                    unsafe { super::avx2_conv::convolve(filter, group) };
+                }
+            }
+        });
     }
 
     /// `group(g, columns, out)` for each image and group `g`: its receptive fields as columns

@@ -139,6 +139,13 @@ impl Depthwise {
             let offsets: Vec<usize> = (0..kh * kw)
                 .map(|t| self.tap_offset(wq, t / kw, t % kw))
                 .collect();
+            // SAFETY (both): AVX-512F or AVX2 where the ISA says so.
+            let plain = post
+                .filter(|_| isa == Isa::Avx512)
+                .and_then(|p| unsafe { p.plain16() });
+            let plain8 = post
+                .filter(|_| isa == Isa::Avx2)
+                .and_then(|p| unsafe { p.plain8() });
             let item = |i: usize| {
                 let ch = i % c;
                 let at = dst.get().wrapping_add(size * i * oh * ow);
@@ -161,7 +168,7 @@ impl Depthwise {
                     };
                     if isa == Isa::Avx512 {
                         // SAFETY: the ISA is the host's; this channel's outputs are `at`'s.
-                        unsafe { self.channel_f32x16(p, ch, post, at) };
+                        unsafe { self.channel_f32x16(p, ch, (post, plain), at) };
                         return;
                     }
                     let y: &mut [i32] = match post {
@@ -172,8 +179,12 @@ impl Depthwise {
                             &mut sums[..]
                         }
                     };
-                    // SAFETY: the ISA (AVX2) is the host's.
-                    unsafe { self.channel_f32x8(p, y) };
+                    // SAFETY: the ISA (AVX2) is the host's; with `plain8`, this channel's
+                    // levels are `at`'s.
+                    unsafe { self.channel_f32x8(p, ch, (plain8, at), y) };
+                    if plain8.is_some() {
+                        return;
+                    }
                     if let Some(post) = post {
                         // SAFETY: this channel's outputs of the stored type are `at`'s.
                         unsafe { finish(post, y, ch, at, isa) };

@@ -14,6 +14,8 @@
 //! `quant.rs` (quantization).
 
 #[cfg(target_arch = "x86_64")]
+mod avx2_conv;
+#[cfg(target_arch = "x86_64")]
 mod exact_depthwise;
 #[cfg(target_arch = "x86_64")]
 mod int8;
@@ -22,6 +24,8 @@ mod int_depthwise;
 mod layout;
 mod lines;
 mod movement;
+#[cfg(target_arch = "x86_64")]
+mod plain;
 mod pool;
 mod quant;
 mod requant;

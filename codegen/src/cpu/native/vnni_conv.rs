@@ -31,13 +31,16 @@ const CH: usize = 8;
 /// zeros to `kp` (a multiple of 4), with their sums and its shifted zero point.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Filter {
-    rows: Vec<i8>,
-    k: usize,
-    kp: usize,
-    sums: Vec<i32>,
-    zeros: Vec<i32>,
+    pub(super) rows: Vec<i8>,
+    pub(super) k: usize,
+    pub(super) kp: usize,
+    pub(super) sums: Vec<i32>,
+    pub(super) zeros: Vec<i32>,
     /// Whether every shifted zero point is 0 (no per-pixel term).
-    centered: bool,
+    pub(super) centered: bool,
+    /// Whether every shifted tap lies in `-64..=63` (7 bits), which AVX2's `vpmaddubsw` needs
+    /// to add two products without saturating ([`super::avx2_conv`]).
+    pub(super) narrow: bool,
 }
 
 impl Filter {
@@ -58,6 +61,7 @@ impl Filter {
             .map(|i| (zw[if zw.len() == 1 { 0 } else { i }] ^ flip) as i8 as i32)
             .collect();
         Filter {
+            narrow: rows.iter().all(|&t| (-64..=63).contains(&t)),
             rows,
             k,
             kp,
@@ -183,7 +187,7 @@ pub(super) unsafe fn convolve(filter: &Filter, g: Group) {
 
 /// `item(i)` for `i` in `0..n`: across the thread pool when the convolution has `work`
 /// multiply-adds, 2^20 or more (enough to pay for it), else here.
-fn parallel(n: usize, work: usize, item: &(dyn Fn(usize) + Sync)) {
+pub(super) fn parallel(n: usize, work: usize, item: &(dyn Fn(usize) + Sync)) {
     if work >= 1 << 20 {
         crate::cpu::pool::for_each(n, item);
     } else {

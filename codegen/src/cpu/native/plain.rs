@@ -1,0 +1,222 @@
+//! The requantizing chain's NaN-free path ([`Bound::plain_reciprocal`]) for kernels that store
+//! many vectors: [`Plain16`] on AVX-512 and [`Plain8`] on AVX2, their constants made once per
+//! kernel call and their stores inlined into the kernels (a call per vector reloaded them
+//! all). One multiply by the channel's scale and one add of its bias (1 and 0 where the chain
+//! has none, which change no level: the plain path quantizes, and the sign of a zero is lost
+//! there), the clamps folded into one `max` and one `min` (`relu` and the lower bound are both
+//! maxima, and without NaN the order of maxima does not matter), then the quotient by the
+//! reciprocal ([`super::quant::NEAR_TIE`]), rounding half to even, the zero point and the
+//! saturating narrowing: the interpreter's levels bit for bit.
+
+use super::requant::Bound;
+use std::arch::x86_64::*;
+
+/// What both forms take from the chain: the folded clamps, whether they keep every quotient
+/// within +-1000 (no clamp to +-1024 needed, as with relu6), and whether they keep it
+/// non-negative (no `max` with 0 before a u8 narrowing).
+struct Bounds {
+    lo: f32,
+    hi: f32,
+    bounded: bool,
+    nonnegative: bool,
+}
+
+impl Bound<'_> {
+    /// The plain path's [`Bounds`], where the chain has it.
+    fn bounds(&self) -> Option<Bounds> {
+        let (s, _, _) = self.quantize?;
+        self.plain?;
+        let mut lo = f32::NEG_INFINITY;
+        if self.relu {
+            lo = 0.0;
+        }
+        if let Some((c, _)) = self.lower {
+            lo = lo.max(c);
+        }
+        let hi = self.upper.map_or(f32::INFINITY, |(c, _)| c);
+        // `|q| <= |y| / s (1 + 2^-22)` for the product by the reciprocal: 1000 leaves room.
+        Some(Bounds {
+            lo,
+            hi,
+            bounded: lo.abs().max(hi.abs()) / s <= 1000.0,
+            nonnegative: lo >= 0.0,
+        })
+    }
+}
+
+/// The plain path on AVX-512, sixteen lanes a vector.
+#[derive(Clone, Copy)]
+pub(crate) struct Plain16<'a> {
+    /// Per-channel scales and biases, or one value repeated (the slice's length 1).
+    scale: &'a [f32],
+    bias: &'a [f32],
+    lo: __m512,
+    hi: __m512,
+    s: f32,
+    inv: f32,
+    z: __m512i,
+    signed: bool,
+    /// Whether the clamps keep every quotient within +-1000 (no clamp to +-1024 needed, as
+    /// with relu6), and whether they keep it non-negative (no `max` with 0 before a u8 store).
+    bounded: bool,
+    nonnegative: bool,
+}
+
+impl<'a> Bound<'a> {
+    /// The chain as a [`Plain16`], where it has the plain path.
+    ///
+    /// # Safety
+    /// AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn plain16(&self) -> Option<Plain16<'a>> {
+        let (inv, (s, z, signed)) = (self.plain?, self.quantize?);
+        let b = self.bounds()?;
+        Some(Plain16 {
+            bounded: b.bounded,
+            nonnegative: b.nonnegative,
+            scale: self.scale.unwrap_or(&[1.0]),
+            bias: self.bias.unwrap_or(&[0.0]),
+            lo: _mm512_set1_ps(b.lo),
+            hi: _mm512_set1_ps(b.hi),
+            s,
+            inv,
+            z: _mm512_set1_epi32(z),
+            signed,
+        })
+    }
+}
+
+impl Plain16<'_> {
+    /// The levels of output channel `o` for sixteen sums `y` (converted to f32 already), the
+    /// lanes of `mask`, stored at `out`.
+    ///
+    /// # Safety
+    /// AVX-512F, BW and VL; `out` has room for the lanes of `mask`; `o` is a channel of the
+    /// chain's operands.
+    #[inline(always)]
+    pub(crate) unsafe fn store(&self, y: __m512, o: usize, mask: u16, out: *mut u8) {
+        // Inlined into the kernels (compiled for AVX-512), which is what makes it fast: a call
+        // would reload every constant.
+        // SAFETY: AVX-512F, BW and VL and `out`, as this function's contract.
+        unsafe {
+            let scale = _mm512_set1_ps(self.scale[if self.scale.len() == 1 { 0 } else { o }]);
+            let bias = _mm512_set1_ps(self.bias[if self.bias.len() == 1 { 0 } else { o }]);
+            let y = _mm512_add_ps(_mm512_mul_ps(y, scale), bias);
+            let y = _mm512_min_ps(_mm512_max_ps(y, self.lo), self.hi);
+            let mut q = super::quant::quotient16(y, self.s, self.inv);
+            if !self.bounded {
+                let bound = _mm512_set1_ps(1024.0);
+                let low = _mm512_sub_ps(_mm512_setzero_ps(), bound);
+                q = _mm512_min_ps(_mm512_max_ps(q, low), bound);
+            }
+            let r =
+                _mm512_cvt_roundps_epi32::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(q);
+            let mut level = _mm512_add_epi32(r, self.z);
+            // Narrowed in a register, then a masked byte store: faster than a narrowing store.
+            let bytes = if self.signed {
+                _mm512_cvtsepi32_epi8(level)
+            } else {
+                if !self.nonnegative {
+                    level = _mm512_max_epi32(level, _mm512_setzero_si512());
+                }
+                _mm512_cvtusepi32_epi8(level)
+            };
+            _mm_mask_storeu_epi8(out as *mut i8, mask, bytes);
+        }
+    }
+}
+
+/// The plain path on AVX2, eight lanes a vector, sixteen outputs stored together.
+#[derive(Clone, Copy)]
+pub(crate) struct Plain8<'a> {
+    scale: &'a [f32],
+    bias: &'a [f32],
+    lo: __m256,
+    hi: __m256,
+    s: f32,
+    inv: f32,
+    z: __m256i,
+    signed: bool,
+    bounded: bool,
+}
+
+impl<'a> Bound<'a> {
+    /// The chain as a [`Plain8`], where it has the plain path.
+    ///
+    /// # Safety
+    /// AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(crate) unsafe fn plain8(&self) -> Option<Plain8<'a>> {
+        let (inv, (s, z, signed)) = (self.plain?, self.quantize?);
+        let b = self.bounds()?;
+        Some(Plain8 {
+            scale: self.scale.unwrap_or(&[1.0]),
+            bias: self.bias.unwrap_or(&[0.0]),
+            lo: _mm256_set1_ps(b.lo),
+            hi: _mm256_set1_ps(b.hi),
+            s,
+            inv,
+            z: _mm256_set1_epi32(z),
+            signed,
+            bounded: b.bounded,
+        })
+    }
+}
+
+impl Plain8<'_> {
+    /// The levels of output channel `o` for sixteen sums `y` (two vectors of eight, converted
+    /// to f32 already), the first `count` stored at `out`.
+    ///
+    /// # Safety
+    /// AVX2; `out` has room for `count <= 16` bytes; `o` is a channel of the chain's operands.
+    #[inline(always)]
+    pub(crate) unsafe fn store(&self, y: [__m256; 2], o: usize, count: usize, out: *mut u8) {
+        // SAFETY: AVX2 and `out`, as this function's contract.
+        unsafe {
+            // Saturating packs to 16 bits, the lanes put back in order, then to 8 bits.
+            let words = _mm256_packs_epi32(self.level(y[0], o), self.level(y[1], o));
+            let words = _mm256_permute4x64_epi64::<0xD8>(words);
+            let (lo, hi) = (
+                _mm256_castsi256_si128(words),
+                _mm256_extracti128_si256::<1>(words),
+            );
+            let bytes = if self.signed {
+                _mm_packs_epi16(lo, hi)
+            } else {
+                _mm_packus_epi16(lo, hi)
+            };
+            if count == 16 {
+                _mm_storeu_si128(out as *mut __m128i, bytes);
+            } else {
+                let mut b = [0u8; 16];
+                _mm_storeu_si128(b.as_mut_ptr() as *mut __m128i, bytes);
+                std::ptr::copy_nonoverlapping(b.as_ptr(), out, count);
+            }
+        }
+    }
+
+    /// The levels of eight sums `y` of channel `o`, unsaturated (within +-1024 of the zero
+    /// point). A method, not a closure: a closure in a function without the target's features
+    /// is compiled without them, and its intrinsics become calls.
+    ///
+    /// # Safety
+    /// AVX2.
+    #[inline(always)]
+    unsafe fn level(&self, y: __m256, o: usize) -> __m256i {
+        // SAFETY: AVX2, as this function's contract.
+        unsafe {
+            let scale = _mm256_set1_ps(self.scale[if self.scale.len() == 1 { 0 } else { o }]);
+            let bias = _mm256_set1_ps(self.bias[if self.bias.len() == 1 { 0 } else { o }]);
+            let y = _mm256_add_ps(_mm256_mul_ps(y, scale), bias);
+            let y = _mm256_min_ps(_mm256_max_ps(y, self.lo), self.hi);
+            let mut q = super::quant::quotient8(y, self.s, self.inv);
+            if !self.bounded {
+                let bound = _mm256_set1_ps(1024.0);
+                let low = _mm256_sub_ps(_mm256_setzero_ps(), bound);
+                q = _mm256_min_ps(_mm256_max_ps(q, low), bound);
+            }
+            // The conversion rounds half to even (MXCSR's default).
+            _mm256_add_epi32(_mm256_cvtps_epi32(q), self.z)
+        }
+    }
+}
