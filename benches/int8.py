@@ -2,7 +2,11 @@
 (torchvision, random weights, batch norm folded; exported by benches/onnx_peer.py), float
 against int8 in tcc and in onnxruntime, with the same threads, in the same run.
 
-    python benches/int8.py TCC DIR THREADS RUNS
+    python benches/int8.py TCC DIR THREADS RUNS [avx2]
+
+With `avx2` tcc runs with `--target host,-avx512f` (standing in for a CPU with AVX2 but no
+VNNI) and its own quantization uses `--reduce-range` (7-bit weights, which that path multiplies
+on `vpmaddubsw`); onnxruntime still runs on every feature the CPU has.
 
 For each model:
 - onnxruntime's int8 model: `quantize_static` in QDQ form (per-channel s8 weights, u8
@@ -46,9 +50,13 @@ def ort_median(path, x, threads, runs):
     return float(np.median(ts))
 
 
+# `tcc bench` and `tcc run`'s extra arguments (`--target`, for the avx2 mode).
+TARGET = []
+
+
 def tcc_median(tcc, path, threads, runs):
-    out = subprocess.run([tcc, "bench", path, "--threads", str(threads), "--runs", str(runs)],
-                         check=True, capture_output=True, text=True).stdout
+    out = subprocess.run([tcc, "bench", path, "--threads", str(threads), "--runs", str(runs)]
+                         + TARGET, check=True, capture_output=True, text=True).stdout
     m = re.search(r"median ([0-9.]+) ms", out)
     if not m:
         raise SystemExit(f"no median in `tcc bench {path}`:\n{out}")
@@ -77,6 +85,9 @@ MODELS = ["resnet18", "mobilenet_v2", "resnet18_b8", "mobilenet_v2_b8"]
 
 def main():
     tcc, d, threads, runs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    avx2 = sys.argv[5:] == ["avx2"]
+    if avx2:
+        TARGET.extend(["--target", "host,-avx512f"])
     # The float models, exported as the ONNX benchmark exports them (those missing only).
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import onnx_peer
@@ -103,8 +114,9 @@ def main():
             for i in range(count):
                 np.save(os.path.join(calib, f"x{i:03d}.npy"),
                         rng.standard_normal(shape).astype(np.float32))
-        own = os.path.join(out, name + "_tcc_int8.tir")
-        q = subprocess.run([tcc, "quantize", src, "--calib", calib, "--per-channel", "-o", own],
+        own = os.path.join(out, name + ("_tcc_int8_r7.tir" if avx2 else "_tcc_int8.tir"))
+        q = subprocess.run([tcc, "quantize", src, "--calib", calib, "--per-channel", "-o", own]
+                           + (["--reduce-range"] if avx2 else []),
                            check=True, capture_output=True, text=True).stderr
         summary = [l.strip() for l in q.splitlines()
                    if "layers on integer ops" in l or l.strip().startswith(("output", "top-1"))]
@@ -121,14 +133,16 @@ def main():
         res = os.path.join(out, name + "_tcc_on_qdq")
         xin = os.path.join(out, name + "_x.npy")
         np.save(xin, x)
-        subprocess.run([tcc, "run", qdq, "--input", f"input={xin}", "--output", res],
+        subprocess.run([tcc, "run", qdq, "--input", f"input={xin}", "--output", res] + TARGET,
                        check=True, capture_output=True)
         got = np.load(os.path.join(res, "logits.npy"))
         want = ort_session(qdq, threads).run(None, {"input": x})[0]
         notes.append(f"{name}: tcc quantize: {'; '.join(summary)}; tcc on onnxruntime's QDQ "
                      f"model: max |tcc - onnxruntime int8| {np.abs(got - want).max():.3g} "
                      f"(logits up to {np.abs(want).max():.3g})")
-    print("times in ms, medians; tcc int8 is `tcc quantize`'s model, tcc QDQ onnxruntime's")
+    print("times in ms, medians; tcc int8 is `tcc quantize`'s model, tcc QDQ onnxruntime's"
+          + ("; tcc with --target host,-avx512f and its own model --reduce-range, onnxruntime "
+             "on every feature of the CPU" if avx2 else ""))
     for n in notes:
         print(n)
 

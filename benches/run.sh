@@ -8,7 +8,8 @@
 #                          (installs torch, torchvision, onnx and onnxruntime into target/torch-venv)
 #   benches/run.sh int8    resnet18 and mobilenet_v2 at batch 1 and 8: tcc float, tcc int8 (its own
 #                          `tcc quantize` and onnxruntime's QDQ model) and onnxruntime float and
-#                          int8 (see benches/int8.py; the same venv as onnx)
+#                          int8 (see benches/int8.py; the same venv as onnx); `int8 avx2`: tcc
+#                          with --target host,-avx512f and its model --reduce-range
 # Per layer, one model against onnxruntime's own profiler (after `run.sh onnx` wrote the models):
 #   target/torch-venv/bin/python benches/layers.py target/onnx-bench/MODEL.onnx
 set -euo pipefail
@@ -46,10 +47,10 @@ case "${1:-cpu}" in
       target/torch-venv/bin/pip install --quiet torch torchvision numpy onnx==1.22.0 onnxruntime
     fi
     cargo build --release --bin tcc
-    target/torch-venv/bin/python benches/int8.py target/release/tcc target/onnx-bench 2 30
+    target/torch-venv/bin/python benches/int8.py target/release/tcc target/onnx-bench 2 30 ${2:-}
     ;;
   *)
-    echo "usage: benches/run.sh [cpu|train|onnx|int8]" >&2
+    echo "usage: benches/run.sh [cpu|train|onnx|int8 [avx2]]" >&2
     exit 2
     ;;
 esac

@@ -8,11 +8,11 @@
 //! which the compiled kernels do in f32 where the interpreter uses f64 (accumulations over up to
 //! a few hundred terms); tanh and sigmoid use polynomial approximations (docs/perf.md).
 
+mod avx2_int;
 mod blocked;
 mod elementwise;
 mod layers;
 mod movement;
-mod narrow;
 mod pooling;
 mod quantize;
 

@@ -243,6 +243,22 @@ pub(super) unsafe fn product_avx2(
         .map(|j| zb[if zb.len() == 1 { 0 } else { j }] as i16)
         .collect();
     let level = |x: u8, signed: bool| if signed { x as i8 as i16 } else { x as i16 };
+    // Rows of a - za, padded to `kp` with zeros.
+    let mut rows = vec![0i16; m * kp];
+    for i in 0..m {
+        let z = za_of(i) as i16;
+        for (d, &x) in rows[i * kp..i * kp + k]
+            .iter_mut()
+            .zip(&a[i * k..(i + 1) * k])
+        {
+            *d = level(x, sa) - z;
+        }
+    }
+    if m <= ROWS {
+        // SAFETY: AVX2 and the buffers, as this function's contract.
+        unsafe { short_avx2(&rows, (b, sb), (m, k, n), &zb16, out) };
+        return;
+    }
     // Panel p, step g, column c, element t at ((p * kp/2 + g) * 8 + c) * 2 + t: b - zb.
     let mut packed = vec![0i16; panels * kp * PANEL2];
     for g in 0..kp / 2 {
@@ -283,17 +299,6 @@ pub(super) unsafe fn product_avx2(
             }
         }
     }
-    // Rows of a - za, padded to `kp` with zeros.
-    let mut rows = vec![0i16; m * kp];
-    for i in 0..m {
-        let z = za_of(i) as i16;
-        for (d, &x) in rows[i * kp..i * kp + k]
-            .iter_mut()
-            .zip(&a[i * k..(i + 1) * k])
-        {
-            *d = level(x, sa) - z;
-        }
-    }
     // SAFETY: each job writes the rows of its own block of `out` only.
     let dst = unsafe { crate::cpu::send_ptr::SendPtr::new(out.as_mut_ptr()) };
     let job = |ib: usize| {
@@ -301,6 +306,87 @@ pub(super) unsafe fn product_avx2(
         unsafe { block_avx2(&rows, &packed, (m, k, n), ib * ROWS, dst.get()) }
     };
     row_blocks(m.div_ceil(ROWS), m * n * k, &job);
+}
+
+/// [`product_avx2`] for an A of at most 4 rows (a dense layer at batch 1), without packing B,
+/// which would read and write all of B to use each element once: each 16-column chunk sums
+/// over B's rows two at a time, widened and less their zero points on the way, interleaved
+/// into the pairs `vpmaddwd` takes (so the lanes come out as columns 0-3, 8-11 | 4-7, 12-15,
+/// put back in order as they are stored). Chunks split across the pool.
+///
+/// # Safety
+/// AVX2; `rows` holds `m` rows of A less its zero points, `k` padded to even with zeros; `b`
+/// `k * n` bytes; `zb` `n` zero points; `out` `m * n` elements.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn short_avx2(
+    rows: &[i16],
+    (b, sb): (&[u8], bool),
+    (m, k, n): (usize, usize, usize),
+    zb: &[i16],
+    out: &mut [i32],
+) {
+    let kp = k.div_ceil(2) * 2;
+    // SAFETY: each chunk writes its own columns of `out` only.
+    let dst = unsafe { crate::cpu::send_ptr::SendPtr::new(out.as_mut_ptr()) };
+    let chunk = |c: usize| {
+        let j0 = c * 16;
+        let out = dst.get();
+        if j0 + 16 > n {
+            // The last columns, one at a time.
+            for i in 0..m {
+                for j in j0..n {
+                    let mut sum = 0i32;
+                    for p in 0..k {
+                        let v = if sb {
+                            b[p * n + j] as i8 as i32
+                        } else {
+                            b[p * n + j] as i32
+                        };
+                        let x = rows[i * kp + p] as i32;
+                        sum = sum.wrapping_add(x.wrapping_mul(v - zb[j] as i32));
+                    }
+                    // SAFETY: row `i`, column `j < n` of `out`, this chunk's.
+                    unsafe { *out.add(i * n + j) = sum };
+                }
+            }
+            return;
+        }
+        // SAFETY: AVX2; rows `p < k` of columns `j0..j0 + 16` of B, pairs of `rows`, and
+        // columns `j0..j0 + 16` of each row of `out` are in range.
+        unsafe {
+            let z = _mm256_loadu_si256(zb.as_ptr().add(j0) as *const __m256i);
+            let row = |p: usize| {
+                if p >= k {
+                    return _mm256_setzero_si256();
+                }
+                let bytes = _mm_loadu_si128(b.as_ptr().add(p * n + j0) as *const __m128i);
+                let wide = if sb {
+                    _mm256_cvtepi8_epi16(bytes)
+                } else {
+                    _mm256_cvtepu8_epi16(bytes)
+                };
+                _mm256_sub_epi16(wide, z)
+            };
+            let mut acc = [[_mm256_setzero_si256(); 2]; ROWS];
+            for p in (0..k).step_by(2) {
+                let (r0, r1) = (row(p), row(p + 1));
+                let (lo, hi) = (_mm256_unpacklo_epi16(r0, r1), _mm256_unpackhi_epi16(r0, r1));
+                for (i, acc) in acc.iter_mut().enumerate().take(m) {
+                    let pair = (rows.as_ptr().add(i * kp + p) as *const i32).read_unaligned();
+                    let x = _mm256_set1_epi32(pair);
+                    acc[0] = _mm256_add_epi32(acc[0], _mm256_madd_epi16(x, lo));
+                    acc[1] = _mm256_add_epi32(acc[1], _mm256_madd_epi16(x, hi));
+                }
+            }
+            for (i, acc) in acc.iter().enumerate().take(m) {
+                let at = out.add(i * n + j0) as *mut __m256i;
+                _mm256_storeu_si256(at, _mm256_permute2x128_si256::<0x20>(acc[0], acc[1]));
+                _mm256_storeu_si256(at.add(1), _mm256_permute2x128_si256::<0x31>(acc[0], acc[1]));
+            }
+        }
+    };
+    row_blocks(n.div_ceil(16), m * n * k, &chunk);
 }
 
 /// Rows `i0..i0 + 4` (those below `m`) of the AVX2 product.

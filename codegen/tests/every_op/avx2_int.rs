@@ -1,8 +1,10 @@
-//! `conv_integer` with filters whose taps fit in 7 bits (`-64..=63` as i8, `64..=191` as u8,
-//! what `tcc quantize --reduce-range` makes), which AVX2 without VNNI runs on `vpmaddubsw`
-//! (`host,-avx512f` in `integer_targets`): exact against the interpreter on every target,
-//! with the taps at both ends of the range against the largest image bytes, where a pair of
-//! products comes closest to saturating 16 bits.
+//! Integer kernels with forms of their own on AVX2 without VNNI (`host,-avx512f` in
+//! `integer_targets`), exact against the interpreter on every target:
+//! - `conv_integer` with filters whose taps fit in 7 bits (`-64..=63` as i8, `64..=191` as u8,
+//!   what `tcc quantize --reduce-range` makes), on `vpmaddubsw`, with the taps at both ends of
+//!   the range against the largest image bytes, where a pair of products comes closest to
+//!   saturating 16 bits;
+//! - `matmul_integer` with A of at most 4 rows (a dense layer at batch 1), B not packed.
 
 use super::*;
 use tcc_ir::DType::{I8, U8};
@@ -135,4 +137,54 @@ fn narrow_filters_with_their_requantization() {
         ];
         quantize::agrees_on_every_target(&f, &inputs, &src, |_| {});
     }
+}
+
+/// Products of A with at most 4 rows: odd `k` (a last pair half padding), whole 16-column
+/// chunks and a tail, zero points per row and column, random and extreme bytes, and one big
+/// enough (1 x 1280 x 1000, mobilenet_v2's classifier) to split its chunks across the pool.
+#[test]
+fn short_integer_products() {
+    let name = |dt| if dt == U8 { "u8" } else { "i8" };
+    for (ta, tb) in [(U8, I8), (I8, U8), (U8, U8), (I8, I8)] {
+        for (m, k, n) in [(1u64, 7u64, 37u64), (3, 300, 48), (4, 33, 21)] {
+            let src = format!(
+                "func @f(%a: {a}[{m},{k}], %b: {b}[{k},{n}], %za: {a}[{m},1], %zb: {b}[{n}]) -> (i32[{m},{n}]) {{
+  %y = matmul_integer %a, %b, %za, %zb : i32[{m},{n}]
+  return %y
+}}",
+                a = name(ta),
+                b = name(tb)
+            );
+            let f = parse_function(&src).unwrap();
+            let (top_a, low_b) = (
+                if ta == U8 { 255 } else { 127 },
+                if tb == U8 { 0 } else { -128 },
+            );
+            let (low_a, top_b) = (
+                if ta == U8 { 0 } else { -128 },
+                if tb == U8 { 255 } else { 127 },
+            );
+            for (i, extreme) in [false, true].into_iter().enumerate() {
+                let pick = |v: i64| extreme.then_some(v);
+                let seed = 10 * i as u64;
+                let inputs = vec![
+                    common::bytes(ta, &[m, k], pick(top_a), 1 + seed),
+                    common::bytes(tb, &[k, n], pick(low_b), 2 + seed),
+                    common::bytes(ta, &[m, 1], pick(low_a), 3 + seed),
+                    common::bytes(tb, &[n], pick(top_b), 4 + seed),
+                ];
+                let what = format!("{src}\nextremes {extreme}");
+                quantize::agrees_on_every_target(&f, &inputs, &what, quantize::no_reference_ops);
+            }
+        }
+    }
+    let src = "func @f(%a: u8[1,1280], %b: i8[1280,1000], %za: u8[], %zb: i8[]) -> (i32[1,1000]) {
+  %y = matmul_integer %a, %b, %za, %zb : i32[1,1000]
+  return %y
+}";
+    let f = parse_function(src).unwrap();
+    let inputs: Vec<Tensor> = (f.params().iter().enumerate())
+        .map(|(i, &p)| common::bytes(f.ty(p).dtype(), f.ty(p).dims(), None, 7 + i as u64))
+        .collect();
+    quantize::agrees_on_every_target(&f, &inputs, src, quantize::no_reference_ops);
 }
