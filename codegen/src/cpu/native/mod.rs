@@ -61,6 +61,8 @@ enum Kind {
         p: Pool2d,
         xd: [usize; 4],
         yd: [usize; 4],
+        /// The planes' loops compiled for AVX2 (the target has it).
+        wide: bool,
     },
     /// `max_pool2d` of u8 or i8 levels (`signed`).
     MaxPoolBytes {
@@ -356,6 +358,7 @@ impl Native {
                 p: p.clone(),
                 xd: dims4(f, x),
                 yd: dims4(f, d.results[0]),
+                wide: cfg!(target_arch = "x86_64") && features.avx2,
             },
             OpKind::MaxPool2dGrad(p) => Kind::MaxPoolGrad {
                 p: p.clone(),
@@ -524,7 +527,9 @@ impl Native {
                 Kind::Reduce { op, dims, reduced } => {
                     lines::reduce(*op, input(0), output(0), dims, reduced)
                 }
-                Kind::MaxPool { p, xd, yd } => pool::max_pool(p, *xd, *yd, input(0), output(0)),
+                Kind::MaxPool { p, xd, yd, wide } => {
+                    pool::max_pool(p, (*xd, *yd), input(0), output(0), *wide)
+                }
                 Kind::MaxPoolBytes { p, xd, yd, signed } => {
                     let n = len(self.results[0]);
                     let out = std::slice::from_raw_parts_mut(res(0) as *mut u8, n);

@@ -4,12 +4,19 @@
 use super::for_planes;
 use tcc_ir::Pool2d;
 
-/// `max_pool2d`: tiled windows in one pass, otherwise row by row.
-pub(super) fn max_pool(p: &Pool2d, xd: [usize; 4], yd: [usize; 4], x: &[f32], y: &mut [f32]) {
+/// `max_pool2d`: tiled windows in one pass, otherwise row by row (`wide`: the rows' loops
+/// compiled for AVX2, which the CPU has).
+pub(super) fn max_pool(
+    p: &Pool2d,
+    (xd, yd): ([usize; 4], [usize; 4]),
+    x: &[f32],
+    y: &mut [f32],
+    wide: bool,
+) {
     if tiles(p) {
         max_pool_tiled(p, xd, yd, x, y);
     } else {
-        max_pool_rows(p, xd, yd, x, y);
+        max_pool_rows(p, xd, yd, x, y, wide);
     }
 }
 
@@ -125,63 +132,112 @@ fn has_nan(xs: &[f32]) -> bool {
 }
 
 /// `max_pool2d` with padding or overlapping windows, planes in parallel. A plane without NaN is
-/// done row by row: for each window tap, one vectorisable maximum over the span of the output
-/// row whose tap is inside the image (input rows split by column phase when the stride is
-/// larger than one, so the span reads contiguous input). A plane holding a NaN takes the exact
-/// path, window by window, where NaN wins.
-fn max_pool_rows(p: &Pool2d, xd: [usize; 4], yd: [usize; 4], x: &[f32], y: &mut [f32]) {
+/// done row by row ([`max_plane`]); a plane holding a NaN takes the exact path, window by
+/// window, where NaN wins. With `wide` the plane's loops run as AVX2 vectors
+/// (resnet18's int8 stem pool, which stays f32 and NCHW).
+fn max_pool_rows(
+    p: &Pool2d,
+    xd: [usize; 4],
+    yd: [usize; 4],
+    x: &[f32],
+    y: &mut [f32],
+    wide: bool,
+) {
+    let (xs, ys) = (xd[2] * xd[3], yd[2] * yd[3]);
+    let work = |(plane, out): (usize, &mut [f32])| {
+        let xp = &x[plane * xs..(plane + 1) * xs];
+        #[cfg(target_arch = "x86_64")]
+        if wide {
+            // SAFETY: `wide` only where the CPU has AVX2.
+            unsafe { max_plane_avx2(p, (xd, yd), xp, out) };
+            return;
+        }
+        let _ = wide;
+        max_plane(p, (xd, yd), xp, out);
+    };
+    for_planes(y, ys, work);
+}
+
+/// [`max_plane`] compiled for AVX2.
+///
+/// # Safety
+/// The CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn max_plane_avx2(
+    p: &Pool2d,
+    dims: ([usize; 4], [usize; 4]),
+    xp: &[f32],
+    out: &mut [f32],
+) {
+    max_plane(p, dims, xp, out)
+}
+
+/// One plane of [`max_pool_rows`].
+#[inline(always)]
+fn max_plane(
+    p: &Pool2d,
+    (xd, yd): ([usize; 4], [usize; 4]),
+    xp: &[f32],
+    out: &mut [f32],
+) {
     let [_, _, h, w] = xd;
     let [_, _, oh, ow] = yd;
     let (kh, kw) = (p.kernel[0] as usize, p.kernel[1] as usize);
     let (sy, s) = (p.strides[0] as usize, p.strides[1] as usize);
-    let (py, px) = (p.pads[0] as isize, p.pads[1] as isize);
-    let (xs, ys) = (h * w, oh * ow);
-    let pw = w.div_ceil(s);
-    let spans = crate::cpu::conv::phase_spans(kw, 1, px, s, (h, w, ow));
-    let work = |(plane, out): (usize, &mut [f32])| {
-        let xp = &x[plane * xs..(plane + 1) * xs];
-        if has_nan(xp) {
-            for oy in 0..oh {
-                for ox in 0..ow {
-                    let mut m = f32::NEG_INFINITY;
-                    window(p, h, w, oy, ox).each(|i| {
-                        let v = xp[i];
-                        if v > m || v.is_nan() {
-                            m = v;
-                        }
-                    });
-                    out[oy * ow + ox] = m;
-                }
-            }
-            return;
-        }
-        let split;
-        let src: &[f32] = if s == 1 {
-            xp
-        } else {
-            split = crate::cpu::conv::phase_split(xp, h, w, s);
-            &split
-        };
+    let (py, px) = (p.pads[0] as isize, p.pads[1] as usize);
+    if has_nan(xp) {
         for oy in 0..oh {
-            let orow = &mut out[oy * ow..(oy + 1) * ow];
-            orow.fill(f32::NEG_INFINITY);
-            for ky in 0..kh {
-                let iy = (oy * sy + ky) as isize - py;
-                if iy < 0 || iy >= h as isize {
-                    continue;
-                }
-                for &(lo, hi, start) in &spans {
-                    if hi > lo {
-                        let base = start + iy as usize * pw;
-                        for (o, &v) in orow[lo..hi].iter_mut().zip(&src[base..base + (hi - lo)]) {
-                            *o = o.max(v);
-                        }
+            for ox in 0..ow {
+                let mut m = f32::NEG_INFINITY;
+                window(p, h, w, oy, ox).each(|i| {
+                    let v = xp[i];
+                    if v > m || v.is_nan() {
+                        m = v;
                     }
+                });
+                out[oy * ow + ox] = m;
+            }
+        }
+        return;
+    }
+    // Per output row, the maximum over the window's input rows into a buffer bordered by
+    // -inf for the padding, then each output the maximum of its window's columns there (as
+    // `max_pool_int`; splitting the plane into column phases first took half the time).
+    let width = ((ow - 1) * s + kw).max(px + w);
+    let mut rows = vec![f32::NEG_INFINITY; width];
+    for (oy, orow) in out.chunks_exact_mut(ow).enumerate() {
+        let inside = &mut rows[px..px + w];
+        inside.fill(f32::NEG_INFINITY);
+        for ky in 0..kh {
+            let iy = (oy * sy + ky) as isize - py;
+            if (0..h as isize).contains(&iy) {
+                let src = &xp[iy as usize * w..][..w];
+                for (m, &v) in inside.iter_mut().zip(src) {
+                    *m = m.max(v);
                 }
             }
         }
-    };
-    for_planes(y, ys, work);
+        match (kw, s) {
+            // The common windows written out, so that they vectorise.
+            (3, 2) => {
+                for (o, r) in orow.iter_mut().zip(rows.windows(3).step_by(2)) {
+                    *o = r[0].max(r[1]).max(r[2]);
+                }
+            }
+            (2, 2) => {
+                for (o, r) in orow.iter_mut().zip(rows.chunks_exact(2)) {
+                    *o = r[0].max(r[1]);
+                }
+            }
+            _ => {
+                for (ox, o) in orow.iter_mut().enumerate() {
+                    let win = &rows[ox * s..ox * s + kw];
+                    *o = win.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+                }
+            }
+        }
+    }
 }
 
 /// `max_pool2d` of integers (u8 or i8 levels; a quantized model's pooling), for every window
