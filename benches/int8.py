@@ -4,8 +4,8 @@ against int8 in tcc and in onnxruntime, with the same threads, in the same run.
 
     python benches/int8.py TCC DIR THREADS RUNS [avx2]
 
-With `avx2` tcc runs with `--target host,-avx512f` (standing in for a CPU with AVX2 but no
-VNNI) and its own quantization uses `--reduce-range` (7-bit weights, which that path multiplies
+With `avx2` tcc runs with `--target host,-avx512f,-avxvnni` (standing in for a CPU with AVX2
+but no VNNI) and its own quantization uses `--reduce-range` (7-bit weights, which that path multiplies
 on `vpmaddubsw`); onnxruntime still runs on every feature the CPU has.
 
 For each model:
@@ -87,7 +87,7 @@ def main():
     tcc, d, threads, runs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     avx2 = sys.argv[5:] == ["avx2"]
     if avx2:
-        TARGET.extend(["--target", "host,-avx512f"])
+        TARGET.extend(["--target", "host,-avx512f,-avxvnni"])
     # The float models, exported as the ONNX benchmark exports them (those missing only).
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import onnx_peer
@@ -141,7 +141,7 @@ def main():
                      f"model: max |tcc - onnxruntime int8| {np.abs(got - want).max():.3g} "
                      f"(logits up to {np.abs(want).max():.3g})")
     print("times in ms, medians; tcc int8 is `tcc quantize`'s model, tcc QDQ onnxruntime's"
-          + ("; tcc with --target host,-avx512f and its own model --reduce-range, onnxruntime "
+          + ("; tcc with --target host,-avx512f,-avxvnni and its own model --reduce-range, onnxruntime "
              "on every feature of the CPU" if avx2 else ""))
     for n in notes:
         print(n)

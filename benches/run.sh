@@ -9,7 +9,7 @@
 #   benches/run.sh int8    resnet18 and mobilenet_v2 at batch 1 and 8: tcc float, tcc int8 (its own
 #                          `tcc quantize` and onnxruntime's QDQ model) and onnxruntime float and
 #                          int8 (see benches/int8.py; the same venv as onnx); `int8 avx2`: tcc
-#                          with --target host,-avx512f and its model --reduce-range
+#                          with --target host,-avx512f,-avxvnni, its model --reduce-range
 # Per layer, one model against onnxruntime's own profiler (after `run.sh onnx` wrote the models):
 #   target/torch-venv/bin/python benches/layers.py target/onnx-bench/MODEL.onnx
 set -euo pipefail

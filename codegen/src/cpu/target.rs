@@ -11,6 +11,11 @@ use std::str::FromStr;
 use target_lexicon::Triple;
 
 /// The x86-64 features the spec may turn off, as Cranelift names them without `has_`.
+/// The feature a target spec may turn off that only the native kernels use: AVX-VNNI, which
+/// the AVX2 int8 convolution uses where the target has AVX2 but not AVX-512F
+/// (`host,-avx512f,-avxvnni` tests the `vpmaddubsw` path on a CPU that has it).
+const KERNEL_ONLY: &str = "avxvnni";
+
 const X86_FEATURES: &[&str] = &[
     "sse3",
     "ssse3",
@@ -70,9 +75,13 @@ pub(crate) fn isa(spec: Option<&str>) -> Result<OwnedTargetIsa, String> {
             });
         };
         let feature = feature.trim_start_matches("has_").replace('.', "");
+        if feature == KERNEL_ONLY {
+            // A feature of the native kernels, not of the code Cranelift writes.
+            continue;
+        }
         if !X86_FEATURES.contains(&feature.as_str()) {
             return Err(format!(
-                "unknown CPU feature `{feature}`; the features are {}",
+                "unknown CPU feature `{feature}`; the features are {}, {KERNEL_ONLY}",
                 X86_FEATURES.join(", ")
             ));
         }
@@ -101,6 +110,10 @@ pub struct Features {
     /// AVX-512 VNNI or AVX-VNNI (int8 dot products): the integer product (`matmul_integer`)
     /// uses AVX-512 VNNI where the target also has AVX-512F.
     pub vnni: bool,
+    /// AVX-VNNI (`vpdpbusd` on 256-bit vectors, VEX-encoded), unless the target spec turns it
+    /// off (`-avxvnni`): the AVX2 int8 convolution uses it where the target has AVX2 but not
+    /// AVX-512F.
+    pub avx_vnni: bool,
 }
 
 impl Features {
@@ -113,7 +126,14 @@ impl Features {
             std::is_x86_feature_detected!("avx512vnni") || std::is_x86_feature_detected!("avxvnni");
         #[cfg(not(target_arch = "x86_64"))]
         let vnni = false;
+        #[cfg(target_arch = "x86_64")]
+        let avx_vnni = std::is_x86_feature_detected!("avxvnni");
+        #[cfg(not(target_arch = "x86_64"))]
+        let avx_vnni = false;
+        let off = (spec.unwrap_or("").split(',').skip(1))
+            .any(|p| p.trim().trim_start_matches('-').trim_start_matches("has_") == KERNEL_ONLY);
         Ok(Features {
+            avx_vnni: avx_vnni && !off,
             avx: on("has_avx"),
             avx2: on("has_avx2"),
             fma: on("has_fma"),
@@ -142,6 +162,7 @@ impl Features {
             (self.fma, "FMA"),
             (self.avx512f, "AVX-512F"),
             (self.avx512f && self.vnni, "VNNI"),
+            (self.avx2 && !self.avx512f && self.avx_vnni, "AVX-VNNI"),
         ]
         .into_iter()
         .filter_map(|(on, name)| on.then_some(name))

@@ -5,9 +5,14 @@
 use super::*;
 
 /// Every target of `common::TARGETS` (AVX-512 VNNI where the host has it, AVX2 for
-/// `host,-avx512f`), and one without AVX2 for the integer product's portable loop.
+/// `host,-avx512f`, with AVX-VNNI where the host has that), AVX2 without AVX-VNNI, and one
+/// without AVX2 for the integer product's portable loop.
 fn integer_targets() -> Vec<common::Target> {
     let mut t = common::TARGETS.to_vec();
+    t.push((
+        Some("host,-avx512f,-avxvnni"),
+        tcc_codegen::VectorWidth::Auto,
+    ));
     t.push((Some("host,-avx512f,-avx2"), tcc_codegen::VectorWidth::Auto));
     t
 }

@@ -78,7 +78,7 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
         cpu_name(),
         features.names().join(" "),
         if features.wide { 512 } else { 256 },
-        if features.vnni && !features.avx512f {
+        if features.vnni && !features.avx512f && !(features.avx2 && features.avx_vnni) {
             " (the CPU also has VNNI, which this target does not use)"
         } else {
             ""

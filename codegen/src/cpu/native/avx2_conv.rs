@@ -1,6 +1,9 @@
-//! `conv_integer` on AVX2 without VNNI, for filters whose taps fit in 7 bits (`tcc quantize
-//! --reduce-range` makes them so; onnxruntime's `reduce_range` likewise).
+//! `conv_integer` on AVX2: with AVX-VNNI (`vpdpbusd` on 256-bit vectors) for any filter, else
+//! for filters whose taps fit in 7 bits (`tcc quantize --reduce-range` makes them so;
+//! onnxruntime's `reduce_range` likewise).
 //!
+//! With AVX-VNNI each 4-tap step is one `vpdpbusd` a register of eight i32 sums, exact for
+//! every byte. Without it:
 //! `vpmaddubsw` multiplies 32 unsigned bytes by 32 signed ones and adds adjacent pairs into
 //! sixteen i16 lanes, saturating: with the image as the unsigned operand (`0..=255`) and the
 //! filter as the signed one within `-64..=63`, a pair sum lies in `-32640..=32130` and never
@@ -40,6 +43,8 @@ pub(super) struct Columns<'a> {
     /// `m x n` results, row-major: the sums (i32), or with `post` what its chain stores.
     pub out: *mut u8,
     pub post: Option<&'a Bound<'a>>,
+    /// Whether the CPU has AVX-VNNI (else the filter is narrow).
+    pub vnni: bool,
 }
 
 thread_local! {
@@ -52,7 +57,8 @@ thread_local! {
 /// the zero points, wrapping in i32 (then the chain, if any).
 ///
 /// # Safety
-/// The CPU has AVX2; `filter.narrow`; `c.cols` holds `filter.k` rows of `c.n` bytes, and
+/// The CPU has AVX2, and AVX-VNNI where `c.vnni` (else `filter.narrow`); `c.cols` holds
+/// `filter.k` rows of `c.n` bytes, and
 /// `c.out` holds `m x n` results that nothing else accesses during the call.
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn convolve(filter: &Filter, c: Columns) {
@@ -162,29 +168,68 @@ unsafe fn pack(c: &Columns, filter: &Filter, p0: usize, out: *mut u8) -> [__m256
 }
 
 /// The raw products `w'x'` of filter rows `rows..` (`live` of them, `kp` bytes apart; the
-/// tile's other rows repeat the last) with a packed block of 16 pixels.
+/// tile's other rows repeat the last) with a packed block of 16 pixels: `vpmaddubsw` and
+/// `vpmaddwd` by ones, or with `VNNI` one `vpdpbusd`.
 ///
 /// # Safety
-/// AVX2; the filter is narrow; `rows` reaches `live` rows of `kp` bytes, `panel` `kp * 16`
-/// bytes.
-#[target_feature(enable = "avx2")]
-unsafe fn tile(rows: *const i8, kp: usize, live: usize, panel: *const u8) -> [[__m256i; 2]; CH] {
-    let mut acc = [[_mm256_setzero_si256(); 2]; CH];
-    let ptr: [*const i8; CH] = std::array::from_fn(|r| rows.wrapping_add(r.min(live - 1) * kp));
-    let ones = _mm256_set1_epi16(1);
-    for g in 0..kp / 4 {
-        // SAFETY: step `g` of the panel and of each row, unaligned loads.
-        unsafe {
+/// AVX2, and AVX-VNNI with `VNNI` (else the filter is narrow; inlined into [`tile`] and
+/// [`tile_vnni`], which have those features); `rows` reaches `live` rows of `kp` bytes,
+/// `panel` `kp * 16` bytes.
+#[inline(always)]
+unsafe fn tile_with<const VNNI: bool>(
+    rows: *const i8,
+    kp: usize,
+    live: usize,
+    panel: *const u8,
+) -> [[__m256i; 2]; CH] {
+    // SAFETY: as this function's contract.
+    unsafe {
+        let mut acc = [[_mm256_setzero_si256(); 2]; CH];
+        let ptr: [*const i8; CH] = std::array::from_fn(|r| rows.wrapping_add(r.min(live - 1) * kp));
+        let ones = _mm256_set1_epi16(1);
+        for g in 0..kp / 4 {
+            // Step `g` of the panel and of each row, unaligned loads.
             let b0 = _mm256_loadu_si256(panel.add(g * 64) as *const _);
             let b1 = _mm256_loadu_si256(panel.add(g * 64 + 32) as *const _);
             for (a, p) in acc.iter_mut().zip(ptr) {
                 let x = _mm256_set1_epi32((p.add(g * 4) as *const i32).read_unaligned());
-                a[0] = _mm256_add_epi32(a[0], _mm256_madd_epi16(_mm256_maddubs_epi16(b0, x), ones));
-                a[1] = _mm256_add_epi32(a[1], _mm256_madd_epi16(_mm256_maddubs_epi16(b1, x), ones));
+                if VNNI {
+                    a[0] = _mm256_dpbusd_avx_epi32(a[0], b0, x);
+                    a[1] = _mm256_dpbusd_avx_epi32(a[1], b1, x);
+                } else {
+                    let (p0, p1) = (_mm256_maddubs_epi16(b0, x), _mm256_maddubs_epi16(b1, x));
+                    a[0] = _mm256_add_epi32(a[0], _mm256_madd_epi16(p0, ones));
+                    a[1] = _mm256_add_epi32(a[1], _mm256_madd_epi16(p1, ones));
+                }
             }
         }
+        acc
     }
-    acc
+}
+
+/// [`tile_with`] on `vpmaddubsw`.
+///
+/// # Safety
+/// As [`tile_with`], without VNNI.
+#[target_feature(enable = "avx2")]
+unsafe fn tile(rows: *const i8, kp: usize, live: usize, panel: *const u8) -> [[__m256i; 2]; CH] {
+    // SAFETY: as this function's contract.
+    unsafe { tile_with::<false>(rows, kp, live, panel) }
+}
+
+/// [`tile_with`] on AVX-VNNI.
+///
+/// # Safety
+/// As [`tile_with`], with VNNI.
+#[target_feature(enable = "avx2,avxvnni")]
+unsafe fn tile_vnni(
+    rows: *const i8,
+    kp: usize,
+    live: usize,
+    panel: *const u8,
+) -> [[__m256i; 2]; CH] {
+    // SAFETY: as this function's contract.
+    unsafe { tile_with::<true>(rows, kp, live, panel) }
 }
 
 /// Pixels `p0..p0 + 16` (those below `n`; `colsum` their byte sums) of channels `chans` (of
@@ -210,14 +255,15 @@ unsafe fn run_block(
             break;
         }
         let first = c.first + c0;
-        // SAFETY: rows `first..first + live` of the filter and `kp * 16` packed bytes.
+        let rows = filter.rows.as_ptr().wrapping_add(first * kp);
+        // SAFETY: rows `first..first + live` of the filter and `kp * 16` packed bytes; AVX-VNNI
+        // where `c.vnni` says.
         let acc = unsafe {
-            tile(
-                filter.rows.as_ptr().add(first * kp),
-                kp,
-                live,
-                panel.as_ptr(),
-            )
+            if c.vnni {
+                tile_vnni(rows, kp, live, panel.as_ptr())
+            } else {
+                tile(rows, kp, live, panel.as_ptr())
+            }
         };
         for (r, acc) in acc.iter().enumerate().take(live) {
             let o = first + r;

@@ -31,6 +31,9 @@ pub(super) struct IntegerConv {
     /// it and its zero points are constants (else on each run).
     #[cfg(target_arch = "x86_64")]
     prepared: Option<super::vnni_conv::Filter>,
+    /// On AVX2 (`product.avx2`): whether the CPU has AVX-VNNI (and the target keeps it), which
+    /// takes any filter on the AVX2 convolution, not only 7-bit ones.
+    avx_vnni: bool,
 }
 
 impl IntegerConv {
@@ -42,6 +45,7 @@ impl IntegerConv {
         [x, filter, _, wz]: [Value; 4],
         r: Value,
         isa: (bool, bool),
+        avx_vnni: bool,
     ) -> IntegerConv {
         let d4 = |v: Value| std::array::from_fn(|i| f.ty(v).dims()[i] as usize);
         let (xd, wd, yd): ([usize; 4], [usize; 4], [usize; 4]) = (d4(x), d4(filter), d4(r));
@@ -79,6 +83,7 @@ impl IntegerConv {
             product,
             #[cfg(target_arch = "x86_64")]
             prepared: prepared.flatten(),
+            avx_vnni: avx_vnni && isa.1,
         }
     }
 
@@ -212,9 +217,9 @@ impl IntegerConv {
                     &fresh
                 }
             };
-            if filter.narrow {
-                // SAFETY: `avx2` is set only where the target has AVX2; `out` as this
-                // function's contract.
+            if filter.narrow || self.avx_vnni {
+                // SAFETY: `avx2` is set only where the target has AVX2, `avx_vnni` where the
+                // CPU has AVX-VNNI; `out` as this function's contract.
                 unsafe { self.convolve_avx2(filter, (x, xz[0], sx), post, size, out) };
                 return;
             }
@@ -262,8 +267,8 @@ impl IntegerConv {
     /// (im2col's, or the image itself for a pointwise convolution) times the filter's rows.
     ///
     /// # Safety
-    /// AVX2; `filter` is narrow; `out` as [`IntegerConv::run_bytes`]'s, with elements of
-    /// `size` bytes.
+    /// AVX2; `filter` is narrow or the CPU has AVX-VNNI (`avx_vnni`); `out` as
+    /// [`IntegerConv::run_bytes`]'s, with elements of `size` bytes.
     #[cfg(target_arch = "x86_64")]
     unsafe fn convolve_avx2(
         &self,
@@ -301,6 +306,7 @@ impl IntegerConv {
                         signed: sx,
                         out: out.wrapping_add(size * (b * o + g * m) * n),
                         post,
+                        vnni: self.avx_vnni,
                     };
                     // SAFETY: as this function's contract; the group's `k` rows of `n` column
                     // bytes and `m * n` results are in range.

@@ -135,14 +135,7 @@ fn has_nan(xs: &[f32]) -> bool {
 /// done row by row ([`max_plane`]); a plane holding a NaN takes the exact path, window by
 /// window, where NaN wins. With `wide` the plane's loops run as AVX2 vectors
 /// (resnet18's int8 stem pool, which stays f32 and NCHW).
-fn max_pool_rows(
-    p: &Pool2d,
-    xd: [usize; 4],
-    yd: [usize; 4],
-    x: &[f32],
-    y: &mut [f32],
-    wide: bool,
-) {
+fn max_pool_rows(p: &Pool2d, xd: [usize; 4], yd: [usize; 4], x: &[f32], y: &mut [f32], wide: bool) {
     let (xs, ys) = (xd[2] * xd[3], yd[2] * yd[3]);
     let work = |(plane, out): (usize, &mut [f32])| {
         let xp = &x[plane * xs..(plane + 1) * xs];
@@ -164,23 +157,13 @@ fn max_pool_rows(
 /// The CPU has AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn max_plane_avx2(
-    p: &Pool2d,
-    dims: ([usize; 4], [usize; 4]),
-    xp: &[f32],
-    out: &mut [f32],
-) {
+unsafe fn max_plane_avx2(p: &Pool2d, dims: ([usize; 4], [usize; 4]), xp: &[f32], out: &mut [f32]) {
     max_plane(p, dims, xp, out)
 }
 
 /// One plane of [`max_pool_rows`].
 #[inline(always)]
-fn max_plane(
-    p: &Pool2d,
-    (xd, yd): ([usize; 4], [usize; 4]),
-    xp: &[f32],
-    out: &mut [f32],
-) {
+fn max_plane(p: &Pool2d, (xd, yd): ([usize; 4], [usize; 4]), xp: &[f32], out: &mut [f32]) {
     let [_, _, h, w] = xd;
     let [_, _, oh, ow] = yd;
     let (kh, kw) = (p.kernel[0] as usize, p.kernel[1] as usize);
