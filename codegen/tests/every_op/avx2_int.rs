@@ -25,7 +25,6 @@ fn narrow(dt: tcc_ir::DType, dims: &[u64], fill: Option<i64>, seed: u64) -> Tens
 
 #[test]
 fn integer_convolutions_with_narrow_filters() {
-    let name = |dt| if dt == U8 { "u8" } else { "i8" };
     // (input dims, filter dims, attributes, output dims, per-channel filter zero points):
     // padded 3x3 with blocks across rows and a short last block, a pointwise layer read as its
     // image (17 taps: a short last step), strides and groups, a stem.
@@ -54,22 +53,9 @@ fn integer_convolutions_with_narrow_filters() {
         ),
     ];
     for (ta, tb) in [(U8, I8), (I8, U8), (U8, U8), (I8, I8)] {
-        for (xd, wd, attrs, yd, per_channel) in &shapes {
-            let wz: Vec<u64> = if *per_channel {
-                vec![wd[0], 1, 1, 1]
-            } else {
-                vec![]
-            };
-            let src = format!(
-                "func @f(%x: {a}{xd:?}, %w: {b}{wd:?}, %xz: {a}[], %wz: {b}{wz:?}) -> (i32{yd:?}) {{
-  %y = conv_integer %x, %w, %xz, %wz {{{attrs}}} : i32{yd:?}
-  return %y
-}}",
-                a = name(ta),
-                b = name(tb)
-            )
-            .replace(" {}", "");
-            let f = parse_function(&src).unwrap_or_else(|d| panic!("{src}\n{d}"));
+        for &(xd, wd, attrs, yd, per_channel) in &shapes {
+            let (f, src, wz) =
+                quantize::conv_integer_of((ta, tb), (xd, wd, yd), attrs, per_channel);
             let top = if ta == U8 { 255 } else { 127 };
             // The filter's zero point 0 once shifted (no per-pixel term), else random.
             let centered = Some(if tb == U8 { 128 } else { 0 });
@@ -83,8 +69,8 @@ fn integer_convolutions_with_narrow_filters() {
             for (i, (x, w, z)) in cases.into_iter().enumerate() {
                 let seed = 10 * i as u64;
                 let inputs = vec![
-                    common::bytes(ta, xd, x, 50 + seed),
-                    narrow(tb, wd, w, 60 + seed),
+                    common::bytes(ta, &xd, x, 50 + seed),
+                    narrow(tb, &wd, w, 60 + seed),
                     common::bytes(ta, &[], None, 70 + seed),
                     common::bytes(tb, &wz, z, 80 + seed),
                 ];

@@ -211,7 +211,6 @@ fn extremes(ta: tcc_ir::DType, tb: tcc_ir::DType) -> (i64, i64, i64, i64) {
 #[test]
 fn integer_convolutions() {
     use tcc_ir::DType::{I8, U8};
-    let name = |dt| if dt == U8 { "u8" } else { "i8" };
     // (input dims, filter dims, attributes, output dims, per-channel filter zero points)
     let shapes = [
         (
@@ -324,28 +323,14 @@ fn integer_convolutions() {
         ),
     ];
     for (ta, tb) in [(U8, I8), (I8, U8), (U8, U8), (I8, I8)] {
-        for (xd, wd, attrs, yd, per_channel) in &shapes {
-            let wz: Vec<u64> = if *per_channel {
-                vec![wd[0], 1, 1, 1]
-            } else {
-                vec![]
-            };
-            let src = format!(
-                "func @f(%x: {a}{xd:?}, %w: {b}{wd:?}, %xz: {a}[], %wz: {b}{wz:?}) -> (i32{yd:?}) {{
-  %y = conv_integer %x, %w, %xz, %wz {{{attrs}}} : i32{yd:?}
-  return %y
-}}",
-                a = name(ta),
-                b = name(tb)
-            )
-            .replace(" {}", "");
-            let f = parse_function(&src).unwrap_or_else(|d| panic!("{src}\n{d}"));
+        for &(xd, wd, attrs, yd, per_channel) in &shapes {
+            let (f, src, wz) = conv_integer_of((ta, tb), (xd, wd, yd), attrs, per_channel);
             let (top_a, low_b, low_a, top_b) = extremes(ta, tb);
             for (i, extreme) in [false, true].into_iter().enumerate() {
                 let pick = |v: i64| extreme.then_some(v);
                 let inputs = vec![
-                    common::bytes(ta, xd, pick(top_a), 50 + i as u64),
-                    common::bytes(tb, wd, pick(low_b), 60 + i as u64),
+                    common::bytes(ta, &xd, pick(top_a), 50 + i as u64),
+                    common::bytes(tb, &wd, pick(low_b), 60 + i as u64),
                     common::bytes(ta, &[], pick(low_a), 70 + i as u64),
                     common::bytes(tb, &wz, pick(top_b), 80 + i as u64),
                 ];
@@ -354,6 +339,33 @@ fn integer_convolutions() {
             }
         }
     }
+}
+
+/// A function of one `conv_integer` of `ta` input `xd` and `tb` filter `wd` with `attrs`, its
+/// filter's zero points per output channel or one; with its text and the zero points' dims.
+pub(super) fn conv_integer_of(
+    (ta, tb): (tcc_ir::DType, tcc_ir::DType),
+    (xd, wd, yd): ([u64; 4], [u64; 4], [u64; 4]),
+    attrs: &str,
+    per_channel: bool,
+) -> (tcc_ir::Function, String, Vec<u64>) {
+    let name = |dt| if dt == tcc_ir::DType::U8 { "u8" } else { "i8" };
+    let wz: Vec<u64> = if per_channel {
+        vec![wd[0], 1, 1, 1]
+    } else {
+        vec![]
+    };
+    let src = format!(
+        "func @f(%x: {a}{xd:?}, %w: {b}{wd:?}, %xz: {a}[], %wz: {b}{wz:?}) -> (i32{yd:?}) {{
+  %y = conv_integer %x, %w, %xz, %wz {{{attrs}}} : i32{yd:?}
+  return %y
+}}",
+        a = name(ta),
+        b = name(tb)
+    )
+    .replace(" {}", "");
+    let f = parse_function(&src).unwrap_or_else(|d| panic!("{src}\n{d}"));
+    (f, src, wz)
 }
 
 /// `conv_integer` with a constant filter and zero points (prepared once, at compile time, on

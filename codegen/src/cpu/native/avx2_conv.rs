@@ -58,8 +58,8 @@ thread_local! {
 ///
 /// # Safety
 /// The CPU has AVX2, and AVX-VNNI where `c.vnni` (else `filter.narrow`); `c.cols` holds
-/// `filter.k` rows of `c.n` bytes, and
-/// `c.out` holds `m x n` results that nothing else accesses during the call.
+/// `filter.k` rows of `c.n` bytes, and `c.out` holds `m x n` results that nothing else
+/// accesses during the call.
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn convolve(filter: &Filter, c: Columns) {
     let n = c.n;
@@ -70,16 +70,7 @@ pub(super) unsafe fn convolve(filter: &Filter, c: Columns) {
     // split packs its block itself).
     let splits = (4 * threads).div_ceil(blocks).clamp(1, tiles);
     let work = c.m * n * filter.k;
-    // The shifted input zero point and each channel's constant term, `K zw' zx' - zx' rowsum`.
-    let zx = if c.signed { c.zx + 128 } else { c.zx };
-    let consts: Vec<i32> = (c.first..c.first + c.m)
-        .map(|o| {
-            (filter.k as i32)
-                .wrapping_mul(filter.zeros[o])
-                .wrapping_mul(zx)
-                .wrapping_sub(zx.wrapping_mul(filter.sums[o]))
-        })
-        .collect();
+    let consts = filter.constants(c.first..c.first + c.m, c.zx, c.signed);
     // SAFETY: AVX2, as this function's contract.
     let plain = c.post.and_then(|p| unsafe { p.plain8() });
     // SAFETY: items write disjoint (block, channel range) pieces of `out`; the columns and

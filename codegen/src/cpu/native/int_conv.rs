@@ -174,16 +174,14 @@ impl IntegerConv {
             unsafe { dw.run([x, w, xz, wz], [sx, sw], isa, post, out) };
             return;
         }
+        // The filter as the VNNI and AVX2 kernels take it: prepared at compile time, or now.
         #[cfg(target_arch = "x86_64")]
-        if self.product.vnni {
-            let fresh;
-            let filter = match &self.prepared {
-                Some(filter) => filter,
-                None => {
-                    fresh = super::vnni_conv::Filter::new(w, wz, sw, o, k);
-                    &fresh
-                }
-            };
+        let filter = (self.product.vnni || self.product.avx2).then(|| match &self.prepared {
+            Some(filter) => std::borrow::Cow::Borrowed(filter),
+            None => std::borrow::Cow::Owned(super::vnni_conv::Filter::new(w, wz, sw, o, k)),
+        });
+        #[cfg(target_arch = "x86_64")]
+        if let (true, Some(filter)) = (self.product.vnni, &filter) {
             let groups = self.conv.groups as usize;
             let at = self.geometry();
             let plane = at.c * at.h * at.w;
@@ -208,21 +206,13 @@ impl IntegerConv {
             return;
         }
         #[cfg(target_arch = "x86_64")]
-        if self.product.avx2 {
-            let fresh;
-            let filter = match &self.prepared {
-                Some(filter) => filter,
-                None => {
-                    fresh = super::vnni_conv::Filter::new(w, wz, sw, o, k);
-                    &fresh
-                }
-            };
-            if filter.narrow || self.avx_vnni {
-                // SAFETY: `avx2` is set only where the target has AVX2, `avx_vnni` where the
-                // CPU has AVX-VNNI; `out` as this function's contract.
-                unsafe { self.convolve_avx2(filter, (x, xz[0], sx), post, size, out) };
-                return;
-            }
+        if let (true, Some(filter)) = (self.product.avx2, &filter)
+            && (filter.narrow || self.avx_vnni)
+        {
+            // SAFETY: `avx2` is set only where the target has AVX2, `avx_vnni` where the CPU
+            // has AVX-VNNI; `out` as this function's contract.
+            unsafe { self.convolve_avx2(filter, (x, xz[0], sx), post, size, out) };
+            return;
         }
         let mut sums = Vec::new();
         let y: &mut [i32] = match post {

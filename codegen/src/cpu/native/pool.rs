@@ -166,9 +166,6 @@ unsafe fn max_plane_avx2(p: &Pool2d, dims: ([usize; 4], [usize; 4]), xp: &[f32],
 fn max_plane(p: &Pool2d, (xd, yd): ([usize; 4], [usize; 4]), xp: &[f32], out: &mut [f32]) {
     let [_, _, h, w] = xd;
     let [_, _, oh, ow] = yd;
-    let (kh, kw) = (p.kernel[0] as usize, p.kernel[1] as usize);
-    let (sy, s) = (p.strides[0] as usize, p.strides[1] as usize);
-    let (py, px) = (p.pads[0] as isize, p.pads[1] as usize);
     if has_nan(xp) {
         for oy in 0..oh {
             for ox in 0..ow {
@@ -184,43 +181,8 @@ fn max_plane(p: &Pool2d, (xd, yd): ([usize; 4], [usize; 4]), xp: &[f32], out: &m
         }
         return;
     }
-    // Per output row, the maximum over the window's input rows into a buffer bordered by
-    // -inf for the padding, then each output the maximum of its window's columns there (as
-    // `max_pool_int`; splitting the plane into column phases first took half the time).
-    let width = ((ow - 1) * s + kw).max(px + w);
-    let mut rows = vec![f32::NEG_INFINITY; width];
-    for (oy, orow) in out.chunks_exact_mut(ow).enumerate() {
-        let inside = &mut rows[px..px + w];
-        inside.fill(f32::NEG_INFINITY);
-        for ky in 0..kh {
-            let iy = (oy * sy + ky) as isize - py;
-            if (0..h as isize).contains(&iy) {
-                let src = &xp[iy as usize * w..][..w];
-                for (m, &v) in inside.iter_mut().zip(src) {
-                    *m = m.max(v);
-                }
-            }
-        }
-        match (kw, s) {
-            // The common windows written out, so that they vectorise.
-            (3, 2) => {
-                for (o, r) in orow.iter_mut().zip(rows.windows(3).step_by(2)) {
-                    *o = r[0].max(r[1]).max(r[2]);
-                }
-            }
-            (2, 2) => {
-                for (o, r) in orow.iter_mut().zip(rows.chunks_exact(2)) {
-                    *o = r[0].max(r[1]);
-                }
-            }
-            _ => {
-                for (ox, o) in orow.iter_mut().enumerate() {
-                    let win = &rows[ox * s..ox * s + kw];
-                    *o = win.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-                }
-            }
-        }
-    }
+    // As the integer pool (splitting the plane into column phases first took half the time).
+    rows_then_columns(p, (xd, yd), xp, out, f32::NEG_INFINITY, f32::max);
 }
 
 /// `max_pool2d` of integers (u8 or i8 levels; a quantized model's pooling), for every window
@@ -235,51 +197,65 @@ pub(super) fn max_pool_int<T: Copy + Ord + Default + Send + Sync>(
     y: &mut [T],
     lowest: T,
 ) {
+    let (xs, ys) = (xd[2] * xd[3], yd[2] * yd[3]);
+    let work = |(plane, out): (usize, &mut [T])| {
+        let xp = &x[plane * xs..(plane + 1) * xs];
+        rows_then_columns(p, (xd, yd), xp, out, lowest, T::max);
+    };
+    for_planes(y, ys, work);
+}
+
+/// One plane of a max pool: per output row, the maximum (`max`) over the window's input rows
+/// into a buffer bordered by `lowest` for the padding, then each output the maximum of its
+/// window's columns there (the common windows written out, so that they vectorise).
+#[inline(always)]
+fn rows_then_columns<T: Copy>(
+    p: &Pool2d,
+    (xd, yd): ([usize; 4], [usize; 4]),
+    xp: &[T],
+    out: &mut [T],
+    lowest: T,
+    max: impl Fn(T, T) -> T + Copy,
+) {
     let [_, _, h, w] = xd;
-    let [_, _, oh, ow] = yd;
+    let [_, _, _, ow] = yd;
     let (kh, kw) = (p.kernel[0] as usize, p.kernel[1] as usize);
     let (sy, sx) = (p.strides[0] as usize, p.strides[1] as usize);
     let (py, px) = (p.pads[0] as isize, p.pads[1] as usize);
-    let (xs, ys) = (h * w, oh * ow);
     // Every window's columns lie in `0..px + w + kw` of the bordered row.
     let width = ((ow - 1) * sx + kw).max(px + w);
-    let work = |(plane, out): (usize, &mut [T])| {
-        let xp = &x[plane * xs..(plane + 1) * xs];
-        let mut rows = vec![lowest; width];
-        for (oy, orow) in out.chunks_exact_mut(ow).enumerate() {
-            let inside = &mut rows[px..px + w];
-            inside.fill(lowest);
-            for ky in 0..kh {
-                let iy = (oy * sy + ky) as isize - py;
-                if (0..h as isize).contains(&iy) {
-                    let src = &xp[iy as usize * w..][..w];
-                    for (m, &v) in inside.iter_mut().zip(src) {
-                        *m = (*m).max(v);
-                    }
-                }
-            }
-            match (kw, sx) {
-                // The common windows written out, so that they vectorise.
-                (3, 2) => {
-                    for (o, r) in orow.iter_mut().zip(rows.windows(3).step_by(2)) {
-                        *o = r[0].max(r[1]).max(r[2]);
-                    }
-                }
-                (2, 2) => {
-                    for (o, r) in orow.iter_mut().zip(rows.chunks_exact(2)) {
-                        *o = r[0].max(r[1]);
-                    }
-                }
-                _ => {
-                    for (ox, o) in orow.iter_mut().enumerate() {
-                        let win = &rows[ox * sx..ox * sx + kw];
-                        *o = win.iter().copied().fold(lowest, T::max);
-                    }
+    let mut rows = vec![lowest; width];
+    for (oy, orow) in out.chunks_exact_mut(ow).enumerate() {
+        let inside = &mut rows[px..px + w];
+        inside.fill(lowest);
+        for ky in 0..kh {
+            let iy = (oy * sy + ky) as isize - py;
+            if (0..h as isize).contains(&iy) {
+                let src = &xp[iy as usize * w..][..w];
+                for (m, &v) in inside.iter_mut().zip(src) {
+                    *m = max(*m, v);
                 }
             }
         }
-    };
-    for_planes(y, ys, work);
+        match (kw, sx) {
+            (3, 2) => {
+                for (o, r) in orow.iter_mut().zip(rows.windows(3).step_by(2)) {
+                    *o = max(max(r[0], r[1]), r[2]);
+                }
+            }
+            (2, 2) => {
+                for (o, r) in orow.iter_mut().zip(rows.chunks_exact(2)) {
+                    *o = max(r[0], r[1]);
+                }
+            }
+            _ => {
+                for (ox, o) in orow.iter_mut().enumerate() {
+                    let win = &rows[ox * sx..ox * sx + kw];
+                    *o = win.iter().copied().fold(lowest, max);
+                }
+            }
+        }
+    }
 }
 
 /// `max_pool2d` for tiling windows: row by row of windows, planes in parallel.

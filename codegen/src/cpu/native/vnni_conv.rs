@@ -72,6 +72,26 @@ impl Filter {
     }
 }
 
+impl Filter {
+    /// Each channel of `rows`' constant term, `K zw' zx' - zx' rowsum(w')`, for an input zero
+    /// point `zx` (a level of the input's type, i8 where `signed`), shifted as the input is.
+    pub(super) fn constants(
+        &self,
+        rows: std::ops::Range<usize>,
+        zx: i32,
+        signed: bool,
+    ) -> Vec<i32> {
+        let zx = if signed { zx + 128 } else { zx };
+        rows.map(|o| {
+            (self.k as i32)
+                .wrapping_mul(self.zeros[o])
+                .wrapping_mul(zx)
+                .wrapping_sub(zx.wrapping_mul(self.sums[o]))
+        })
+        .collect()
+    }
+}
+
 /// Where a convolution's taps fall: the input planes of a group and the output's size, the
 /// filter's, the strides, dilations and the top and left padding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,16 +141,7 @@ pub(super) unsafe fn convolve(filter: &Filter, g: Group) {
     let threads = crate::cpu::pool::threads();
     let splits = (4 * threads).div_ceil(blocks).clamp(1, tiles);
     let work = g.m * n * filter.k;
-    // The shifted input zero point and each channel's constant term, `K zw' zx' - zx' rowsum`.
-    let zx = if g.signed { g.zx + 128 } else { g.zx };
-    let consts: Vec<i32> = (g.first..g.first + g.m)
-        .map(|o| {
-            (filter.k as i32)
-                .wrapping_mul(filter.zeros[o])
-                .wrapping_mul(zx)
-                .wrapping_sub(zx.wrapping_mul(filter.sums[o]))
-        })
-        .collect();
+    let consts = filter.constants(g.first..g.first + g.m, g.zx, g.signed);
     // SAFETY: items write disjoint (block, channel range) pieces of `out`; the columns and
     // the filter are only read.
     let g = unsafe { crate::cpu::send_ptr::SendPtr::new(g) };
