@@ -206,9 +206,7 @@ impl IntegerConv {
             return;
         }
         #[cfg(target_arch = "x86_64")]
-        if let (true, Some(filter)) = (self.product.avx2, &filter)
-            && (filter.narrow || self.avx_vnni)
-        {
+        if let (true, Some(filter)) = (self.product.avx2, &filter) {
             // SAFETY: `avx2` is set only where the target has AVX2, `avx_vnni` where the CPU
             // has AVX-VNNI; `out` as this function's contract.
             unsafe { self.convolve_avx2(filter, (x, xz[0], sx), post, size, out) };

@@ -41,6 +41,9 @@ pub(super) struct Filter {
     /// Whether every shifted tap lies in `-64..=63` (7 bits), which AVX2's `vpmaddubsw` needs
     /// to add two products without saturating ([`super::avx2_conv`]).
     pub(super) narrow: bool,
+    /// Where it is not narrow: each tap `t` as `2 hi + lo`, `hi = t >> 1` (in `-64..=63`) and
+    /// `lo = t & 1`, the rows of each (AVX2 without VNNI multiplies both on `vpmaddubsw`).
+    pub(super) halves: Option<(Vec<i8>, Vec<i8>)>,
 }
 
 impl Filter {
@@ -60,8 +63,13 @@ impl Filter {
         let zeros: Vec<i32> = (0..o)
             .map(|i| (zw[if zw.len() == 1 { 0 } else { i }] ^ flip) as i8 as i32)
             .collect();
+        let narrow = rows.iter().all(|&t| (-64..=63).contains(&t));
         Filter {
-            narrow: rows.iter().all(|&t| (-64..=63).contains(&t)),
+            narrow,
+            halves: (!narrow).then(|| {
+                let hi = rows.iter().map(|&t| t >> 1).collect();
+                (hi, rows.iter().map(|&t| t & 1).collect())
+            }),
             rows,
             k,
             kp,
