@@ -152,7 +152,7 @@ enum Kind {
     Quantize {
         per: quant::Per,
         signed: bool,
-        wide: bool,
+        isa: int_depthwise::Isa,
     },
     /// `dequantize_linear` of `u8` or (`signed`) `i8` into f32.
     Dequantize {
@@ -392,7 +392,15 @@ impl Native {
             OpKind::QuantizeLinear => Kind::Quantize {
                 per: quant::Per::of(f.ty(d.args[1]).dims(), f.ty(x).dims())?,
                 signed: quant::signed(f, d.results[0]),
-                wide: cfg!(target_arch = "x86_64") && features.avx2,
+                isa: match (
+                    cfg!(target_arch = "x86_64"),
+                    features.avx512f,
+                    features.avx2,
+                ) {
+                    (true, true, _) => int_depthwise::Isa::Avx512,
+                    (true, _, true) => int_depthwise::Isa::Avx2,
+                    _ => int_depthwise::Isa::Portable,
+                },
             },
             OpKind::DequantizeLinear
                 if f.ty(d.args[1]).dtype() == DType::F32
@@ -649,11 +657,11 @@ impl Native {
                         self.args.iter().map(|&v| addr(v) as *const u8).collect();
                     movement::concat(&srcs, addr(self.results[0]), *outer, row_bytes);
                 }
-                Kind::Quantize { per, signed, wide } => {
+                Kind::Quantize { per, signed, isa } => {
                     let zero = quant::levels(bytes(2), *signed);
                     let out =
                         std::slice::from_raw_parts_mut(res(0) as *mut u8, len(self.results[0]));
-                    quant::quantize(input(0), input(1), &zero, *per, *signed, *wide, out)?;
+                    quant::quantize(input(0), input(1), &zero, *per, *signed, *isa, out)?;
                 }
                 Kind::Dequantize { per, signed } => {
                     let zero = quant::levels(bytes(2), *signed);

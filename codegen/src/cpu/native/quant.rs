@@ -8,6 +8,7 @@
 //! `int8.rs`), else on the portable loop here (rows of `a` against `b` less its zero points,
 //! prepared once).
 
+use super::int_depthwise::Isa;
 use tcc_ir::{DType, Function, Value};
 
 /// Which scale and zero point element `i` of the operand uses.
@@ -74,34 +75,66 @@ pub(super) fn levels(bytes: &[u8], signed: bool) -> Vec<i32> {
     }
 }
 
-/// `quantize_linear` of `x` into `out` (the levels' bytes; `signed`: i8); `wide`: with AVX2
-/// ([`quantize_avx2`], the same steps eight lanes at a time). Large tensors split across the
-/// thread pool.
+/// `quantize_linear` of `x` into `out` (the levels' bytes; `signed`: i8) on `isa`'s vectors
+/// ([`quantize_avx512`] and [`quantize_avx2`]: the same steps sixteen or eight lanes at a
+/// time). Large tensors split across the thread pool.
 pub(super) fn quantize(
     x: &[f32],
     scale: &[f32],
     zero: &[i32],
     per: Per,
     signed: bool,
-    wide: bool,
+    isa: Isa,
     out: &mut [u8],
 ) -> Result<(), String> {
     checked(scale)?;
     in_chunks(out, |start, out| {
         per.runs(start, start + out.len(), |a, b, p| {
             let (x, out) = (&x[a..b], &mut out[a - start..b - start]);
-            #[cfg(target_arch = "x86_64")]
-            if wide {
-                // SAFETY: `wide` is set only where the CPU has AVX2.
-                unsafe { quantize_avx2(x, scale[p], zero[p], signed, out) };
-                return;
+            // SAFETY (both): `isa` is what the CPU has.
+            match isa {
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512 => unsafe { quantize_avx512(x, scale[p], zero[p], signed, out) },
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 => unsafe { quantize_avx2(x, scale[p], zero[p], signed, out) },
+                _ => quantize_run(x, scale[p], zero[p], signed, out),
             }
-            quantize_run(x, scale[p], zero[p], signed, out);
         });
     });
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = wide;
     Ok(())
+}
+
+/// [`quantize_run`] sixteen lanes at a time: the quotient by the reciprocal with the exact
+/// fallback near ties ([`quotient16`]), the same clamp and rounding, NaN lanes the zero point,
+/// the levels saturated and stored by a narrowing masked store.
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn quantize_avx512(x: &[f32], s: f32, z: i32, signed: bool, out: &mut [u8]) {
+    use std::arch::x86_64::*;
+    let (lo, hi) = if signed { (-128, 127) } else { (0, 255) };
+    let (inv, vz) = (1.0 / s, _mm512_set1_epi32(z));
+    let (vlo, vhi) = (_mm512_set1_epi32(lo), _mm512_set1_epi32(hi));
+    let bound = _mm512_set1_ps(1024.0);
+    for i in (0..x.len()).step_by(16) {
+        let mask = (u32::MAX >> (32 - (x.len() - i).min(16))) as u16;
+        // SAFETY: the mask's lanes of both slices.
+        unsafe {
+            let q = quotient16(_mm512_maskz_loadu_ps(mask, x.as_ptr().add(i)), s, inv);
+            let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(q, q);
+            let c = _mm512_min_ps(
+                _mm512_max_ps(q, _mm512_sub_ps(_mm512_setzero_ps(), bound)),
+                bound,
+            );
+            let r =
+                _mm512_cvt_roundps_epi32::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(c);
+            let level = _mm512_mask_blend_epi32(nan, _mm512_add_epi32(r, vz), vz);
+            let level = _mm512_min_epi32(_mm512_max_epi32(level, vlo), vhi);
+            _mm512_mask_cvtepi32_storeu_epi8(out.as_mut_ptr().add(i) as *mut i8, mask, level);
+        }
+    }
 }
 
 /// Adding and subtracting 1.5 * 2^23 rounds an f32 below 2^22 in magnitude to an integer, half
