@@ -2,13 +2,14 @@
 //! the taps less theirs are integers of at most 255 in size, so each product is an integer
 //! below 2^16 and each partial sum of up to [`MAX_TAPS`] of them one below 2^24: f32 holds every
 //! one exactly, no addition rounds, and the sum converted back is the interpreter's i32 (which
-//! cannot wrap at that size). What that buys is the vector unit's widest multiply-add: a row of
-//! sixteen outputs (AVX-512) or eight (AVX2) takes each tap as one multiply-add (AVX-512; a multiply and an add on AVX2) from the
-//! padded plane ([`Depthwise::fill_plane`], in f32), the sums held in registers across the taps,
-//! eight rows at a time; on AVX-512 they go from the registers into the requantizing chain's
-//! store. Integer multiplies of bytes cannot do that: 16-bit products of a u8 and an i8 need
-//! widening and shuffles to pair taps (the VNNI depthwise kernel spends more on those than on
-//! its `vpdpbusd`), and i32 multiplies are slow.
+//! cannot wrap at that size). What that buys is the vector unit's widest multiply-add: each tap
+//! is one multiply-add per vector of outputs (a multiply and an add on AVX2) from the padded
+//! plane ([`Depthwise::fill_plane`], in f32), the sums held in registers across the taps, in
+//! tiles of 8 output rows x 16 columns on AVX-512 and 4 rows x 16 columns (two vectors) on
+//! AVX2; where the chain has its NaN-free path the levels go from the registers into its store
+//! ([`Plain16`], [`Plain8`]). Integer multiplies of bytes cannot do that: 16-bit products of a
+//! u8 and an i8 need widening and shuffles to pair taps (a VNNI kernel that did so, which this
+//! one replaced, spent more on those than on its `vpdpbusd`), and i32 multiplies are slow.
 
 use super::int_depthwise::Depthwise;
 #[cfg(target_arch = "x86_64")]
