@@ -1,7 +1,7 @@
 //! `conv_integer` on AVX2: with AVX-VNNI (`vpdpbusd` on 256-bit vectors), or on `vpmaddubsw`
 //! for filters whose taps fit in 7 bits (`tcc quantize --reduce-range` makes them so;
-//! onnxruntime's `reduce_range` likewise) and, at twice the instructions, for the others split
-//! into two halves that do ([`tile_split`]).
+//! onnxruntime's `reduce_range` likewise), or for the others on `vpmaddwd` with both operands
+//! less their zero points widened to i16 ([`tile16`]: pair sums of at most 130,050, exact).
 //!
 //! With AVX-VNNI each 4-tap step is one `vpdpbusd` a register of eight i32 sums, exact for
 //! every byte. Without it:
@@ -72,6 +72,8 @@ pub(super) unsafe fn convolve(filter: &Filter, c: Columns) {
     let splits = (4 * threads).div_ceil(blocks).clamp(1, tiles);
     let work = c.m * n * filter.k;
     let consts = filter.constants(c.first..c.first + c.m, c.zx, c.signed);
+    // Without VNNI a filter that is not narrow runs on i16 pairs, zero points subtracted.
+    let wide = !c.vnni && filter.pairs.is_some();
     // SAFETY: AVX2, as this function's contract.
     let plain = c.post.and_then(|p| unsafe { p.plain8() });
     // SAFETY: items write disjoint (block, channel range) pieces of `out`; the columns and
@@ -83,10 +85,16 @@ pub(super) unsafe fn convolve(filter: &Filter, c: Columns) {
         let t1 = (split + 1) * tiles / splits;
         SCRATCH.with(|s| {
             let (packed, real) = &mut *s.borrow_mut();
-            packed.resize(filter.kp * PX, 0);
+            // i16 pairs take twice the bytes.
+            packed.resize(filter.kp * PX * 2, 0);
             // SAFETY: the CPU features and buffers as this function's contract.
             unsafe {
-                let colsum = pack(&c.get(), filter, block * PX, packed.as_mut_ptr());
+                let colsum = if wide {
+                    pack16(&c.get(), filter, block * PX, packed.as_mut_ptr());
+                    [_mm256_setzero_si256(); 2]
+                } else {
+                    pack(&c.get(), filter, block * PX, packed.as_mut_ptr())
+                };
                 let at = (block * PX, colsum);
                 run_block(
                     filter,
@@ -199,40 +207,70 @@ unsafe fn tile_with<const VNNI: bool>(
     }
 }
 
-/// [`tile_with`] for a filter that is not narrow, from its [`Filter::halves`]: each tap `t = 2
-/// hi + lo` with both halves within `vpmaddubsw`'s range, so `x t = 2 (x hi) + x lo` by two
-/// `vpmaddubsw`, the first's pairs doubled by `vpmaddwd` with twos, the second's by ones: six
-/// instructions per 32 multiply-adds instead of three, exact for every byte.
+/// Packs pixels `p0..p0 + 16` of the columns for [`tile16`]: 2-tap steps of 16 pixels x 2
+/// i16, each the byte's level less the input's zero point, taps past `k` zero.
 ///
 /// # Safety
-/// AVX2; `hi` and `lo` reach `live` rows of `kp` bytes, `panel` `kp * 16` bytes.
+/// AVX2; `c.cols` holds `filter.k` rows of `c.n` bytes; `out` holds `filter.kp * 32` bytes.
 #[target_feature(enable = "avx2")]
-unsafe fn tile_split(
-    (hi, lo): (*const i8, *const i8),
-    kp: usize,
-    live: usize,
-    panel: *const u8,
-) -> [[__m256i; 2]; CH] {
+unsafe fn pack16(c: &Columns, filter: &Filter, p0: usize, out: *mut u8) {
+    let (k, count) = (filter.k, (c.n - p0).min(PX));
+    let zx = _mm256_set1_epi16(c.zx as i16);
+    // Tap `t`'s 16 levels less the zero point (a short block's through a copy).
+    let row = |t: usize| {
+        if t >= k {
+            return _mm256_setzero_si256();
+        }
+        let src = c.cols.wrapping_add(t * c.n + p0);
+        // SAFETY: the row's `count` bytes from `p0`.
+        let bytes = unsafe {
+            if count == PX {
+                _mm_loadu_si128(src as *const __m128i)
+            } else {
+                let mut b = [0u8; PX];
+                std::ptr::copy_nonoverlapping(src, b.as_mut_ptr(), count);
+                _mm_loadu_si128(b.as_ptr() as *const __m128i)
+            }
+        };
+        let wide = if c.signed {
+            _mm256_cvtepi8_epi16(bytes)
+        } else {
+            _mm256_cvtepu8_epi16(bytes)
+        };
+        _mm256_sub_epi16(wide, zx)
+    };
+    for s in 0..filter.kp / 2 {
+        let (r0, r1) = (row(2 * s), row(2 * s + 1));
+        // Pixels 0-3 | 8-11 and 4-7 | 12-15, put in order.
+        let (lo, hi) = (_mm256_unpacklo_epi16(r0, r1), _mm256_unpackhi_epi16(r0, r1));
+        let step = out.wrapping_add(s * 64) as *mut __m256i;
+        // SAFETY: `out` holds step `s`'s 64 bytes.
+        unsafe {
+            _mm256_storeu_si256(step, _mm256_permute2x128_si256::<0x20>(lo, hi));
+            _mm256_storeu_si256(step.add(1), _mm256_permute2x128_si256::<0x31>(lo, hi));
+        }
+    }
+}
+
+/// The sums of filter rows `rows..` of [`Filter::pairs`] (`live` of them, `kp` apart) with a
+/// block [`pack16`] made: per 2-tap step one `vpmaddwd` a register of eight i32 sums (and an
+/// add), exact for every byte, and already less the zero points.
+///
+/// # Safety
+/// AVX2; `rows` reaches `live` rows of `kp` i16, `panel` `kp * 32` bytes.
+#[target_feature(enable = "avx2")]
+unsafe fn tile16(rows: *const i16, kp: usize, live: usize, panel: *const u8) -> [[__m256i; 2]; CH] {
     let mut acc = [[_mm256_setzero_si256(); 2]; CH];
-    let at = |r: usize| r.min(live - 1) * kp;
-    let (ones, twos) = (_mm256_set1_epi16(1), _mm256_set1_epi16(2));
-    for g in 0..kp / 4 {
+    let ptr: [*const i16; CH] = std::array::from_fn(|r| rows.wrapping_add(r.min(live - 1) * kp));
+    for g in 0..kp / 2 {
         // SAFETY: step `g` of the panel and of each row, unaligned loads.
         unsafe {
-            let b = [
-                _mm256_loadu_si256(panel.add(g * 64) as *const _),
-                _mm256_loadu_si256(panel.add(g * 64 + 32) as *const _),
-            ];
-            for (r, a) in acc.iter_mut().enumerate() {
-                let four = |p: *const i8| {
-                    _mm256_set1_epi32((p.add(at(r) + g * 4) as *const i32).read_unaligned())
-                };
-                let (xh, xl) = (four(hi), four(lo));
-                for (a, &b) in a.iter_mut().zip(&b) {
-                    let h = _mm256_madd_epi16(_mm256_maddubs_epi16(b, xh), twos);
-                    let l = _mm256_madd_epi16(_mm256_maddubs_epi16(b, xl), ones);
-                    *a = _mm256_add_epi32(*a, _mm256_add_epi32(h, l));
-                }
+            let b0 = _mm256_loadu_si256(panel.add(g * 64) as *const _);
+            let b1 = _mm256_loadu_si256(panel.add(g * 64 + 32) as *const _);
+            for (a, p) in acc.iter_mut().zip(ptr) {
+                let x = _mm256_set1_epi32((p.add(g * 2) as *const i32).read_unaligned());
+                a[0] = _mm256_add_epi32(a[0], _mm256_madd_epi16(b0, x));
+                a[1] = _mm256_add_epi32(a[1], _mm256_madd_epi16(b1, x));
             }
         }
     }
@@ -291,21 +329,24 @@ unsafe fn run_block(
         // SAFETY: rows `first..first + live` of the filter and `kp * 16` packed bytes; AVX-VNNI
         // where `c.vnni` says.
         let acc = unsafe {
-            match (&filter.halves, c.vnni) {
+            match (&filter.pairs, c.vnni) {
                 (_, true) => tile_vnni(rows, kp, live, panel.as_ptr()),
-                (Some((hi, lo)), false) => {
-                    let halves = (hi.as_ptr().add(first * kp), lo.as_ptr().add(first * kp));
-                    tile_split(halves, kp, live, panel.as_ptr())
+                (Some(pairs), false) => {
+                    tile16(pairs.as_ptr().add(first * kp), kp, live, panel.as_ptr())
                 }
                 (None, false) => tile(rows, kp, live, panel.as_ptr()),
             }
         };
+        // The i16 sums are less the zero points already.
+        let exact = !c.vnni && filter.pairs.is_some();
         for (r, acc) in acc.iter().enumerate().take(live) {
             let o = first + r;
             let zw = _mm256_set1_epi32(filter.zeros[o]);
             let k = _mm256_set1_epi32(consts[c0 + r]);
             let sums: [__m256i; 2] = std::array::from_fn(|h| {
-                if filter.centered {
+                if exact {
+                    acc[h]
+                } else if filter.centered {
                     _mm256_add_epi32(acc[h], k)
                 } else {
                     let zc = _mm256_mullo_epi32(zw, colsum[h]);

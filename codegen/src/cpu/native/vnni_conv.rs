@@ -41,9 +41,9 @@ pub(super) struct Filter {
     /// Whether every shifted tap lies in `-64..=63` (7 bits), which AVX2's `vpmaddubsw` needs
     /// to add two products without saturating ([`super::avx2_conv`]).
     pub(super) narrow: bool,
-    /// Where it is not narrow: each tap `t` as `2 hi + lo`, `hi = t >> 1` (in `-64..=63`) and
-    /// `lo = t & 1`, the rows of each (AVX2 without VNNI multiplies both on `vpmaddubsw`).
-    pub(super) halves: Option<(Vec<i8>, Vec<i8>)>,
+    /// Where it is not narrow: each row's taps less its zero point as i16, padded to `kp` with
+    /// zeros (AVX2 without VNNI multiplies them with `vpmaddwd`).
+    pub(super) pairs: Option<Vec<i16>>,
 }
 
 impl Filter {
@@ -66,9 +66,14 @@ impl Filter {
         let narrow = rows.iter().all(|&t| (-64..=63).contains(&t));
         Filter {
             narrow,
-            halves: (!narrow).then(|| {
-                let hi = rows.iter().map(|&t| t >> 1).collect();
-                (hi, rows.iter().map(|&t| t & 1).collect())
+            pairs: (!narrow).then(|| {
+                let mut pairs = vec![0i16; o * kp];
+                for (i, (d, s)) in pairs.chunks_mut(kp).zip(rows.chunks(kp)).enumerate() {
+                    for (d, &t) in d.iter_mut().zip(&s[..k]) {
+                        *d = t as i16 - zeros[i] as i16;
+                    }
+                }
+                pairs
             }),
             rows,
             k,
