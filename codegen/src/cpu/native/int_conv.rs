@@ -59,8 +59,8 @@ impl IntegerConv {
                 &w,
                 &z,
                 signed(f, filter),
-                wd[0],
-                k,
+                (wd[0], k),
+                isa.1 && !avx_vnni,
             ))
         });
         let product = IntegerProduct {
@@ -178,7 +178,13 @@ impl IntegerConv {
         #[cfg(target_arch = "x86_64")]
         let filter = (self.product.vnni || self.product.avx2).then(|| match &self.prepared {
             Some(filter) => std::borrow::Cow::Borrowed(filter),
-            None => std::borrow::Cow::Owned(super::vnni_conv::Filter::new(w, wz, sw, o, k)),
+            None => std::borrow::Cow::Owned(super::vnni_conv::Filter::new(
+                w,
+                wz,
+                sw,
+                (o, k),
+                self.product.avx2 && !self.avx_vnni,
+            )),
         });
         #[cfg(target_arch = "x86_64")]
         if let (true, Some(filter)) = (self.product.vnni, &filter) {

@@ -48,8 +48,15 @@ pub(super) struct Filter {
 
 impl Filter {
     /// The filter `w` (`o` rows of `k` levels; `signed`: i8) with zero points `zw` (one, or one
-    /// per row).
-    pub(super) fn new(w: &[u8], zw: &[u8], signed: bool, o: usize, k: usize) -> Filter {
+    /// per row); with `pairs`, its [`Filter::pairs`] too where it is not narrow (for AVX2
+    /// without VNNI: twice the filter's bytes, which other targets do not need).
+    pub(super) fn new(
+        w: &[u8],
+        zw: &[u8],
+        signed: bool,
+        (o, k): (usize, usize),
+        pairs: bool,
+    ) -> Filter {
         let kp = k.div_ceil(4) * 4;
         let flip = if signed { 0 } else { 0x80 };
         let mut rows = vec![0i8; o * kp];
@@ -66,7 +73,7 @@ impl Filter {
         let narrow = rows.iter().all(|&t| (-64..=63).contains(&t));
         Filter {
             narrow,
-            pairs: (!narrow).then(|| {
+            pairs: (pairs && !narrow).then(|| {
                 let mut pairs = vec![0i16; o * kp];
                 for (i, (d, s)) in pairs.chunks_mut(kp).zip(rows.chunks(kp)).enumerate() {
                     for (d, &t) in d.iter_mut().zip(&s[..k]) {
