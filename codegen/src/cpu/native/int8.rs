@@ -56,10 +56,10 @@ impl PackedB {
 /// minus 128).
 ///
 /// # Safety
-/// The CPU has AVX-512F and AVX-512 VNNI; the slices hold `m * k`, `k * n` and `m * n`
-/// elements.
+/// The CPU has AVX-512F and AVX-512 VNNI where `wide`, else AVX2 and AVX-VNNI; the slices
+/// hold `m * k`, `k * n` and `m * n` elements.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn product(
     a: &[u8],
     b: &[u8],
@@ -68,19 +68,20 @@ pub(super) unsafe fn product(
     za: &[i32],
     zb: &[i32],
     out: &mut [i32],
+    wide: bool,
 ) {
     let b = PackedB::new(b, flips[1], (k, n));
     // SAFETY: as this function's contract.
-    unsafe { product_packed(a, flips[0], &b, (m, k, n), za, zb, out) }
+    unsafe { product_packed(a, flips[0], &b, (m, k, n), za, zb, out, wide) }
 }
 
 /// [`product`] with B packed already (for a `k x n` B).
 ///
 /// # Safety
-/// The CPU has AVX-512F and AVX-512 VNNI; `a` holds `m * k` elements and `out` `m * n`; `b`
-/// was packed for these `k` and `n`.
+/// The CPU has AVX-512F and AVX-512 VNNI where `wide`, else AVX2 and AVX-VNNI; `a` holds `m *
+/// k` elements and `out` `m * n`; `b` was packed for these `k` and `n`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn product_packed(
     a: &[u8],
     flip: u8,
@@ -89,6 +90,7 @@ pub(super) unsafe fn product_packed(
     za: &[i32],
     zb: &[i32],
     out: &mut [i32],
+    wide: bool,
 ) {
     let kp = k.div_ceil(4) * 4;
     assert_eq!(b.colsum.len(), n, "B packed for another shape");
@@ -107,22 +109,22 @@ pub(super) unsafe fn product_packed(
     // SAFETY: each job writes the rows of its own block of `out` only.
     let dst = unsafe { crate::cpu::send_ptr::SendPtr::new(out.as_mut_ptr()) };
     let job = |ib: usize| {
-        // SAFETY: AVX-512F and VNNI, as this function's contract; block `ib`'s rows of `out`
-        // are this job's alone.
+        let sh = Shared {
+            rows: &rows,
+            packed: &b.packed,
+            colsum: &b.colsum,
+            rowsum: &rowsum,
+            za,
+            zb,
+        };
+        // SAFETY: the features as this function's contract; block `ib`'s rows of `out` are
+        // this job's alone.
         unsafe {
-            block(
-                Shared {
-                    rows: &rows,
-                    packed: &b.packed,
-                    colsum: &b.colsum,
-                    rowsum: &rowsum,
-                    za,
-                    zb,
-                },
-                (m, k, n),
-                ib * ROWS,
-                dst.get(),
-            )
+            if wide {
+                block(sh, (m, k, n), ib * ROWS, dst.get())
+            } else {
+                block_avx_vnni(sh, (m, k, n), ib * ROWS, dst.get())
+            }
         }
     };
     row_blocks(blocks, m * n * k, &job);
@@ -156,9 +158,6 @@ struct Shared<'a> {
 unsafe fn block(sh: Shared, (m, k, n): (usize, usize, usize), i0: usize, out: *mut i32) {
     let kp = k.div_ceil(4) * 4;
     let panels = n.div_ceil(PANEL);
-    let za_of = |i: usize| sh.za[if sh.za.len() == 1 { 0 } else { i }];
-    let zb_of = |j: usize| sh.zb[if sh.zb.len() == 1 { 0 } else { j }];
-    let kz = k as i32;
     let live = (m - i0).min(ROWS);
     for p0 in (0..panels).step_by(2) {
         let two = p0 + 1 < panels;
@@ -184,30 +183,88 @@ unsafe fn block(sh: Shared, (m, k, n): (usize, usize, usize), i0: usize, out: *m
                     acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], x, b1);
                 }
             }
-            let mut lanes = [[[0i32; PANEL]; 2]; ROWS];
+            let mut lanes = [[[0i32; PANEL]; ROWS]; 2];
             for r in 0..ROWS {
                 for h in 0..2 {
-                    _mm512_storeu_si512(lanes[r][h].as_mut_ptr() as *mut _, acc[r][h]);
+                    _mm512_storeu_si512(lanes[h][r].as_mut_ptr() as *mut _, acc[r][h]);
                 }
             }
             lanes
         };
-        for (r, lanes) in acc.iter().enumerate().take(live) {
-            let i = i0 + r;
-            let (zr, sr) = (za_of(i), sh.rowsum[i]);
-            for (h, lane) in lanes.iter().enumerate().take(if two { 2 } else { 1 }) {
-                let j0 = (p0 + h) * PANEL;
-                for (c, &raw) in lane.iter().enumerate().take(n.saturating_sub(j0)) {
-                    let j = j0 + c;
-                    let zc = zb_of(j);
-                    let v = raw
-                        .wrapping_sub(zr.wrapping_mul(sh.colsum[j]))
-                        .wrapping_sub(zc.wrapping_mul(sr))
-                        .wrapping_add(kz.wrapping_mul(zr).wrapping_mul(zc));
-                    // SAFETY: row `i` of this block, column `j < n`.
-                    unsafe { *out.add(i * n + j) = v };
+        for (h, lanes) in acc.iter().enumerate().take(if two { 2 } else { 1 }) {
+            // SAFETY: as this function's contract.
+            unsafe { finish_panel(&sh, (m, k, n), (i0, live), (p0 + h) * PANEL, lanes, out) };
+        }
+    }
+}
+
+/// [`block`] on AVX-VNNI (`vpdpbusd` on 256-bit vectors): a panel of 16 columns at a time, as
+/// two registers.
+///
+/// # Safety
+/// AVX2 and AVX-VNNI; as [`block`].
+#[target_feature(enable = "avx2,avxvnni")]
+unsafe fn block_avx_vnni(sh: Shared, (m, k, n): (usize, usize, usize), i0: usize, out: *mut i32) {
+    let kp = k.div_ceil(4) * 4;
+    let live = (m - i0).min(ROWS);
+    for p in 0..n.div_ceil(PANEL) {
+        // SAFETY: rows `i0..i0 + live` (the others read row `i0 + live - 1` again) and panel
+        // `p` lie inside the buffers; loads and stores are unaligned.
+        let lanes = unsafe {
+            let mut acc = [[_mm256_setzero_si256(); 2]; ROWS];
+            let row_ptr: [*const u8; ROWS] =
+                std::array::from_fn(|r| sh.rows.as_ptr().add((i0 + r.min(live - 1)) * kp));
+            let panel = sh.packed.as_ptr().add(p * kp * PANEL);
+            for g in 0..kp / 4 {
+                let b0 = _mm256_loadu_si256(panel.add(g * 64) as *const _);
+                let b1 = _mm256_loadu_si256(panel.add(g * 64 + 32) as *const _);
+                for (r, ptr) in row_ptr.iter().enumerate() {
+                    let x = _mm256_set1_epi32((ptr.add(g * 4) as *const i32).read_unaligned());
+                    acc[r][0] = _mm256_dpbusd_avx_epi32(acc[r][0], x, b0);
+                    acc[r][1] = _mm256_dpbusd_avx_epi32(acc[r][1], x, b1);
                 }
             }
+            let mut lanes = [[0i32; PANEL]; ROWS];
+            for (l, acc) in lanes.iter_mut().zip(&acc) {
+                _mm256_storeu_si256(l.as_mut_ptr() as *mut _, acc[0]);
+                _mm256_storeu_si256(l.as_mut_ptr().add(8) as *mut _, acc[1]);
+            }
+            lanes
+        };
+        // SAFETY: as this function's contract.
+        unsafe { finish_panel(&sh, (m, k, n), (i0, live), p * PANEL, &lanes, out) };
+    }
+}
+
+/// The raw sums `lanes` of rows `i0..i0 + live` and columns `j0..j0 + 16` (those below `n`)
+/// less the zero points' terms, `A'B' - za colsum - zb rowsum + k za zb`, into `out`.
+///
+/// # Safety
+/// `out` holds `m * n` elements, and no one else writes these rows.
+#[inline(always)]
+unsafe fn finish_panel(
+    sh: &Shared,
+    (_, k, n): (usize, usize, usize),
+    (i0, live): (usize, usize),
+    j0: usize,
+    lanes: &[[i32; PANEL]; ROWS],
+    out: *mut i32,
+) {
+    let za_of = |i: usize| sh.za[if sh.za.len() == 1 { 0 } else { i }];
+    let zb_of = |j: usize| sh.zb[if sh.zb.len() == 1 { 0 } else { j }];
+    let kz = k as i32;
+    for (r, lane) in lanes.iter().enumerate().take(live) {
+        let i = i0 + r;
+        let (zr, sr) = (za_of(i), sh.rowsum[i]);
+        for (c, &raw) in lane.iter().enumerate().take(n.saturating_sub(j0)) {
+            let j = j0 + c;
+            let zc = zb_of(j);
+            let v = raw
+                .wrapping_sub(zr.wrapping_mul(sh.colsum[j]))
+                .wrapping_sub(zc.wrapping_mul(sr))
+                .wrapping_add(kz.wrapping_mul(zr).wrapping_mul(zc));
+            // SAFETY: row `i` of this block, column `j < n`, as the caller's contract.
+            unsafe { *out.add(i * n + j) = v };
         }
     }
 }

@@ -72,6 +72,7 @@ impl IntegerConv {
             columns: false,
             vnni: isa.0,
             avx2: isa.1,
+            avx_vnni: false,
             #[cfg(target_arch = "x86_64")]
             packed_b: None,
         };

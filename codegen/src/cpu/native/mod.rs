@@ -419,6 +419,7 @@ impl Native {
                     args,
                     d.results[0],
                     (vnni(features), !vnni(features) && features.avx2),
+                    features.avx_vnni,
                 )?;
                 let signed = [quant::signed(f, args[0]), quant::signed(f, args[1])];
                 #[cfg(target_arch = "x86_64")]

@@ -340,6 +340,11 @@ pub(super) struct IntegerProduct {
     pub vnni: bool,
     /// Whether it runs on AVX2 ([`super::int8::product_avx2`]), where VNNI is not used.
     pub avx2: bool,
+    /// On AVX2, whether the CPU has AVX-VNNI (and the target keeps it): then the product
+    /// runs as on AVX-512 VNNI, on 256-bit `vpdpbusd` (except A of at most 4 rows against a
+    /// B that is not packed at compile time, which [`super::int8::product_avx2`] does without
+    /// packing B).
+    pub avx_vnni: bool,
     /// On VNNI, B packed at compile time (a constant shared by every batch).
     #[cfg(target_arch = "x86_64")]
     pub packed_b: Option<std::sync::Arc<super::int8::PackedB>>,
@@ -353,6 +358,7 @@ impl IntegerProduct {
         [a, b, za, zb]: [Value; 4],
         r: Value,
         (vnni, avx2): (bool, bool),
+        avx_vnni: bool,
     ) -> Option<IntegerProduct> {
         let (ad, bd, od) = (f.ty(a).dims(), f.ty(b).dims(), f.ty(r).dims());
         let (m, k, n) = (ad[ad.len() - 2], ad[ad.len() - 1], bd[bd.len() - 1]);
@@ -408,6 +414,7 @@ impl IntegerProduct {
             columns,
             vnni,
             avx2,
+            avx_vnni: avx2 && avx_vnni,
             #[cfg(target_arch = "x86_64")]
             packed_b: None,
         })
@@ -417,7 +424,8 @@ impl IntegerProduct {
     /// runs on VNNI and every batch reads the same B.
     #[cfg(target_arch = "x86_64")]
     pub(super) fn pack_constant_b(&mut self, b: &[u8], signed: bool) {
-        if self.vnni && self.batches.iter().all(|&(_, ob)| ob == 0) && b.len() == self.k * self.n {
+        let shared = self.batches.iter().all(|&(_, ob)| ob == 0) && b.len() == self.k * self.n;
+        if (self.vnni || self.avx_vnni) && shared {
             let flip = if signed { 0 } else { 0x80 };
             let packed = super::int8::PackedB::new(b, flip, (self.k, self.n));
             self.packed_b = Some(std::sync::Arc::new(packed));
@@ -433,8 +441,12 @@ impl IntegerProduct {
         out: &mut [i32],
     ) {
         let dims = (self.m, self.k, self.n);
+        // On AVX-VNNI, short products against a B not packed at compile time go to the AVX2
+        // path, which does not pack B.
         #[cfg(target_arch = "x86_64")]
-        if self.vnni {
+        let avx_vnni = self.avx_vnni && (self.packed_b.is_some() || self.m > 4);
+        #[cfg(target_arch = "x86_64")]
+        if self.vnni || avx_vnni {
             // u8 x i8: an i8 A plus 128 (its top bit flipped) is u8, a u8 B minus 128 is i8,
             // and their zero points move with them; the kernel flips the bytes as it packs
             // them.
@@ -445,14 +457,16 @@ impl IntegerProduct {
             let zb: Vec<i32> = (levels(zb, sb).into_iter())
                 .map(|z| if sb { z } else { z - 128 })
                 .collect();
+            let wide = self.vnni;
             match &self.packed_b {
-                // SAFETY (both): `vnni` is set only where the target has AVX-512F and VNNI;
-                // `packed_b` was packed for this `k` and `n`.
+                // SAFETY (both): `vnni` is set only where the target has AVX-512F and VNNI,
+                // `avx_vnni` where it has AVX2 and the CPU AVX-VNNI; `packed_b` was packed for
+                // this `k` and `n`.
                 Some(pb) => self.each_batch(a, b, out, |a, _, o| unsafe {
-                    super::int8::product_packed(a, flips[0], pb, dims, &za, &zb, o)
+                    super::int8::product_packed(a, flips[0], pb, dims, &za, &zb, o, wide)
                 }),
                 None => self.each_batch(a, b, out, |a, b, o| unsafe {
-                    super::int8::product(a, b, flips, dims, &za, &zb, o)
+                    super::int8::product(a, b, flips, dims, &za, &zb, o, wide)
                 }),
             }
             return;
