@@ -78,7 +78,7 @@ impl Depthwise {
         &self,
         p: Plane,
         o: usize,
-        (post, plain): (Option<&Bound>, Option<Plain16>),
+        (post, plain): (Option<&Bound>, Option<&Plain16>),
         out: *mut u8,
     ) {
         use std::arch::x86_64::*;
@@ -303,7 +303,7 @@ impl Depthwise {
         &self,
         p: Plane,
         o: usize,
-        (plain, out): (Option<Plain8>, *mut u8),
+        (plain, out): (Option<&Plain8>, *mut u8),
         y: &mut [i32],
     ) {
         use std::arch::x86_64::*;

@@ -146,31 +146,67 @@ impl Depthwise {
             let plain8 = post
                 .filter(|_| isa == Isa::Avx2)
                 .and_then(|p| unsafe { p.plain8() });
-            let item = |i: usize| {
-                let ch = i % c;
-                let at = dst.get().wrapping_add(size * i * oh * ow);
+            // A run of channels an item, with one borrow of the thread's plane.
+            let item = |run: std::ops::Range<usize>| {
                 F32_PLANE.with(|p| {
                     let scratch = &mut *p.borrow_mut();
-                    let x = &x[i * h * wi..][..h * wi];
-                    // SAFETY: the ISA is the host's.
-                    let wq = unsafe {
-                        match isa {
-                            Isa::Avx512 => self.fill_f32x16(x, sx, zx, scratch),
-                            _ => self.fill_f32x8(x, sx, zx, scratch),
+                    for i in run {
+                        let ch = i % c;
+                        let at = dst.get().wrapping_add(size * i * oh * ow);
+                        let x = &x[i * h * wi..][..h * wi];
+                        // SAFETY: the ISA is the host's.
+                        let wq = unsafe {
+                            match isa {
+                                Isa::Avx512 => self.fill_f32x16(x, sx, zx, scratch),
+                                _ => self.fill_f32x8(x, sx, zx, scratch),
+                            }
+                        };
+                        let sums = &mut scratch.sums;
+                        let p = super::exact_depthwise::Plane {
+                            plane: &scratch.plane,
+                            wq,
+                            taps: &taps[ch * kh * kw..][..kh * kw],
+                            offsets: &offsets,
+                        };
+                        if isa == Isa::Avx512 {
+                            // SAFETY: the ISA is the host's; this channel's outputs are `at`'s.
+                            unsafe { self.channel_f32x16(p, ch, (post, plain.as_ref()), at) };
+                            continue;
                         }
-                    };
-                    let sums = &mut scratch.sums;
-                    let p = super::exact_depthwise::Plane {
-                        plane: &scratch.plane,
-                        wq,
-                        taps: &taps[ch * kh * kw..][..kh * kw],
-                        offsets: &offsets,
-                    };
-                    if isa == Isa::Avx512 {
-                        // SAFETY: the ISA is the host's; this channel's outputs are `at`'s.
-                        unsafe { self.channel_f32x16(p, ch, (post, plain), at) };
-                        return;
+                        let y: &mut [i32] = match post {
+                            // SAFETY: without a chain, this channel's `oh * ow` i32 sums are
+                            // `out`'s.
+                            None => unsafe {
+                                std::slice::from_raw_parts_mut(at as *mut i32, oh * ow)
+                            },
+                            Some(_) => {
+                                sums.resize(oh * ow, 0);
+                                &mut sums[..]
+                            }
+                        };
+                        // SAFETY: the ISA (AVX2) is the host's; with `plain8`, this channel's
+                        // levels are `at`'s.
+                        unsafe { self.channel_f32x8(p, ch, (plain8.as_ref(), at), y) };
+                        if plain8.is_some() {
+                            continue;
+                        }
+                        if let Some(post) = post {
+                            // SAFETY: this channel's outputs of the stored type are `at`'s.
+                            unsafe { finish(post, y, ch, at, isa) };
+                        }
                     }
+                });
+            };
+            self.each_channel(&item);
+            return;
+        }
+        let item = |run: std::ops::Range<usize>| {
+            run.for_each(|i| {
+                let ch = i % c;
+                let plane = &x[i * h * wi..][..h * wi];
+                let at = dst.get().wrapping_add(size * i * oh * ow);
+                PLANE.with(|p| {
+                    let (plane_buf, sums) = &mut *p.borrow_mut();
                     let y: &mut [i32] = match post {
                         // SAFETY: without a chain, this channel's `oh * ow` i32 sums are `out`'s.
                         None => unsafe { std::slice::from_raw_parts_mut(at as *mut i32, oh * ow) },
@@ -179,72 +215,44 @@ impl Depthwise {
                             &mut sums[..]
                         }
                     };
-                    // SAFETY: the ISA (AVX2) is the host's; with `plain8`, this channel's
-                    // levels are `at`'s.
-                    unsafe { self.channel_f32x8(p, ch, (plain8, at), y) };
-                    if plain8.is_some() {
-                        return;
+                    let input = Channel {
+                        x: plane,
+                        sx,
+                        zx,
+                        taps: &taps[ch * kh * kw..][..kh * kw],
+                    };
+                    // SAFETY (each): the ISA is the host's, as this function's contract.
+                    match isa {
+                        #[cfg(target_arch = "x86_64")]
+                        Isa::Avx512 => unsafe { self.channel_avx512(input, plane_buf, y) },
+                        #[cfg(target_arch = "x86_64")]
+                        Isa::Avx2 => unsafe { self.channel_avx2(input, plane_buf, y) },
+                        _ => self.channel(input, plane_buf, y),
                     }
                     if let Some(post) = post {
                         // SAFETY: this channel's outputs of the stored type are `at`'s.
                         unsafe { finish(post, y, ch, at, isa) };
                     }
                 });
-            };
-            self.each_channel(&item);
-            return;
-        }
-        let item = |i: usize| {
-            let ch = i % c;
-            let plane = &x[i * h * wi..][..h * wi];
-            let at = dst.get().wrapping_add(size * i * oh * ow);
-            PLANE.with(|p| {
-                let (plane_buf, sums) = &mut *p.borrow_mut();
-                let y: &mut [i32] = match post {
-                    // SAFETY: without a chain, this channel's `oh * ow` i32 sums are `out`'s.
-                    None => unsafe { std::slice::from_raw_parts_mut(at as *mut i32, oh * ow) },
-                    Some(_) => {
-                        sums.resize(oh * ow, 0);
-                        &mut sums[..]
-                    }
-                };
-                let input = Channel {
-                    x: plane,
-                    sx,
-                    zx,
-                    taps: &taps[ch * kh * kw..][..kh * kw],
-                };
-                // SAFETY (each): the ISA is the host's, as this function's contract.
-                match isa {
-                    #[cfg(target_arch = "x86_64")]
-                    Isa::Avx512 => unsafe { self.channel_avx512(input, plane_buf, y) },
-                    #[cfg(target_arch = "x86_64")]
-                    Isa::Avx2 => unsafe { self.channel_avx2(input, plane_buf, y) },
-                    _ => self.channel(input, plane_buf, y),
-                }
-                if let Some(post) = post {
-                    // SAFETY: this channel's outputs of the stored type are `at`'s.
-                    unsafe { finish(post, y, ch, at, isa) };
-                }
-            });
+            })
         };
         self.each_channel(&item);
     }
 
-    /// `item(i)` for each channel `i` of every image: across the thread pool in runs of some
-    /// thousands of outputs (so that small planes do not pay a job each) where the convolution
-    /// has 2^16 multiply-adds or more, else here.
-    fn each_channel(&self, item: &(dyn Fn(usize) + Sync)) {
+    /// `item(run)` for runs of channels (of every image) covering them all: across the thread
+    /// pool in runs of some thousands of outputs (so that small planes do not pay a job each)
+    /// where the convolution has 2^16 multiply-adds or more, else here as one run.
+    fn each_channel(&self, item: &(dyn Fn(std::ops::Range<usize>) + Sync)) {
         let [n, c, _, _] = self.xd;
         let [_, _, oh, ow] = self.yd;
         let work = n * c * oh * ow * self.kernel[0] * self.kernel[1];
         if work >= 1 << 16 {
             let run = (4096 / (oh * ow).max(1)).clamp(1, n * c);
             crate::cpu::pool::for_each((n * c).div_ceil(run), &|j| {
-                (j * run..((j + 1) * run).min(n * c)).for_each(item)
+                item(j * run..((j + 1) * run).min(n * c))
             });
         } else {
-            (0..n * c).for_each(item);
+            item(0..n * c);
         }
     }
 
