@@ -44,7 +44,7 @@ pub(super) struct Columns<'a> {
     /// `m x n` results, row-major: the sums (i32), or with `post` what its chain stores.
     pub out: *mut u8,
     pub post: Option<&'a Bound<'a>>,
-    /// Whether the CPU has AVX-VNNI (else the filter is narrow).
+    /// Whether the CPU has AVX-VNNI (else the filter is narrow or has its `pairs`).
     pub vnni: bool,
 }
 
@@ -58,9 +58,9 @@ thread_local! {
 /// the zero points, wrapping in i32 (then the chain, if any).
 ///
 /// # Safety
-/// The CPU has AVX2, and AVX-VNNI where `c.vnni` (else `filter.narrow`); `c.cols` holds
-/// `filter.k` rows of `c.n` bytes, and `c.out` holds `m x n` results that nothing else
-/// accesses during the call.
+/// The CPU has AVX2, and AVX-VNNI where `c.vnni` (else the filter is narrow or has its
+/// `pairs`); `c.cols` holds `filter.k` rows of `c.n` bytes, and `c.out` holds `m x n` results
+/// that nothing else accesses during the call.
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn convolve(filter: &Filter, c: Columns) {
     let n = c.n;

@@ -213,7 +213,9 @@ impl IntegerConv {
             return;
         }
         #[cfg(target_arch = "x86_64")]
-        if let (true, Some(filter)) = (self.product.avx2, &filter) {
+        if let (true, Some(filter)) = (self.product.avx2, &filter)
+            && (self.avx_vnni || filter.narrow || filter.pairs.is_some())
+        {
             // SAFETY: `avx2` is set only where the target has AVX2, `avx_vnni` where the CPU
             // has AVX-VNNI; `out` as this function's contract.
             unsafe { self.convolve_avx2(filter, (x, xz[0], sx), post, size, out) };
@@ -262,8 +264,8 @@ impl IntegerConv {
     /// (im2col's, or the image itself for a pointwise convolution) times the filter's rows.
     ///
     /// # Safety
-    /// AVX2; `filter` is narrow or the CPU has AVX-VNNI (`avx_vnni`); `out` as
-    /// [`IntegerConv::run_bytes`]'s, with elements of `size` bytes.
+    /// AVX2; the CPU has AVX-VNNI (`avx_vnni`), or `filter` is narrow or has its `pairs`;
+    /// `out` as [`IntegerConv::run_bytes`]'s, with elements of `size` bytes.
     #[cfg(target_arch = "x86_64")]
     unsafe fn convolve_avx2(
         &self,
