@@ -289,6 +289,14 @@ fn integer_convolutions() {
             [1, 6, 6, 6],
             true,
         ),
+        // 14 rows: the f32 kernel's tiles of 7.
+        (
+            [1, 4, 14, 9],
+            [4, 1, 3, 3],
+            "pads=[1,1,1,1], groups=4",
+            [1, 4, 14, 9],
+            true,
+        ),
         // Stride 2 over rows longer than the f32 kernel's 32-byte steps that split a row into
         // its column phases; 256 taps, the most whose sums at the extremes f32 still holds
         // (258), and 272, which takes the i32 kernel.

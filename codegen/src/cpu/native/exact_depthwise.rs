@@ -81,6 +81,32 @@ impl Depthwise {
         (post, plain): (Option<&Bound>, Option<&Plain16>),
         out: *mut u8,
     ) {
+        // Tiles of 7 rows where that divides the rows and 8 does not (MobileNet's 7, 14 and 28:
+        // 8-row tiles compute an eighth more there).
+        let oh = self.yd[2];
+        // SAFETY: as this function's contract (inlined here, with its features).
+        unsafe {
+            if oh % 8 != 0 && oh % 7 == 0 {
+                self.tiles16::<7>(p, o, (post, plain), out)
+            } else {
+                self.tiles16::<ROWS>(p, o, (post, plain), out)
+            }
+        }
+    }
+
+    /// [`Depthwise::channel_f32x16`] in tiles of `R` rows.
+    ///
+    /// # Safety
+    /// As [`Depthwise::channel_f32x16`]; inlined into it, which has the features.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn tiles16<const R: usize>(
+        &self,
+        p: Plane,
+        o: usize,
+        (post, plain): (Option<&Bound>, Option<&Plain16>),
+        out: *mut u8,
+    ) {
         use std::arch::x86_64::*;
         let [_, _, oh, ow] = self.yd;
         let step = self.strides[0] * p.wq;
@@ -90,28 +116,29 @@ impl Depthwise {
             4
         };
         let base = p.plane.as_ptr();
-        for oy in (0..oh).step_by(ROWS) {
-            // Rows past the last repeat it, unstored.
-            let row = |r: usize| (oy + r).min(oh - 1) * step;
-            for x0 in (0..ow).step_by(16) {
-                let mask = (u32::MAX >> (32 - (ow - x0).min(16))) as u16;
-                let mut acc = [_mm512_setzero_ps(); ROWS];
-                for (&t, &at) in p.taps.iter().zip(p.offsets) {
-                    let t = _mm512_set1_ps(t);
-                    for (r, acc) in acc.iter_mut().enumerate() {
-                        // SAFETY: the sixteen floats from a tap of an output row lie in the
-                        // plane or its slack (past a row's outputs, read but not stored).
-                        let v = unsafe { _mm512_loadu_ps(base.add(row(r) + at + x0)) };
-                        *acc = _mm512_fmadd_ps(v, t, *acc);
+        // SAFETY: the caller's contract: the features, the plane and `out`.
+        unsafe {
+            for oy in (0..oh).step_by(R) {
+                // Rows past the last repeat it, unstored.
+                let row = |r: usize| (oy + r).min(oh - 1) * step;
+                for x0 in (0..ow).step_by(16) {
+                    let mask = (u32::MAX >> (32 - (ow - x0).min(16))) as u16;
+                    let mut acc = [_mm512_setzero_ps(); R];
+                    for (&t, &at) in p.taps.iter().zip(p.offsets) {
+                        let t = _mm512_set1_ps(t);
+                        for (r, acc) in acc.iter_mut().enumerate() {
+                            // The sixteen floats from a tap of an output row lie in the plane
+                            // or its slack (past a row's outputs, read but not stored).
+                            let v = _mm512_loadu_ps(base.add(row(r) + at + x0));
+                            *acc = _mm512_fmadd_ps(v, t, *acc);
+                        }
                     }
-                }
-                for (r, &acc) in acc.iter().enumerate().take(oh - oy) {
-                    let at = out.wrapping_add(size * ((oy + r) * ow + x0));
-                    // Exact integers below 2^24: `acc` is the sums' f32, its conversion the
-                    // sums.
-                    let sums = _mm512_cvtps_epi32(acc);
-                    // SAFETY: the mask's lanes of row `oy + r` of `out`.
-                    unsafe {
+                    for (r, &acc) in acc.iter().enumerate().take(oh - oy) {
+                        let at = out.wrapping_add(size * ((oy + r) * ow + x0));
+                        // Exact integers below 2^24: `acc` is the sums' f32, its conversion the
+                        // sums.
+                        let sums = _mm512_cvtps_epi32(acc);
+                        // The mask's lanes of row `oy + r` of `out`.
                         match (plain, post) {
                             (Some(p), _) => p.store(acc, o, mask, at),
                             (_, Some(post)) => post.store16(sums, o, mask, at),
