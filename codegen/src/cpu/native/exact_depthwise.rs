@@ -86,7 +86,7 @@ impl Depthwise {
         let oh = self.yd[2];
         // SAFETY: as this function's contract (inlined here, with its features).
         unsafe {
-            if oh % 8 != 0 && oh % 7 == 0 {
+            if !oh.is_multiple_of(8) && oh.is_multiple_of(7) {
                 self.tiles16::<7>(p, o, (post, plain), out)
             } else {
                 self.tiles16::<ROWS>(p, o, (post, plain), out)
