@@ -319,7 +319,8 @@ impl Depthwise {
     }
 
     /// Channel `o` on AVX2: with `plain` (the chain's [`Bound::plain8`]) its levels into
-    /// `out`, else its sums into `y`; tiles of 4 output rows by 16 columns (two vectors).
+    /// `out`, else its sums into `y`; tiles of 4 output rows by 16 columns (two vectors), a
+    /// multiply and an add per tap.
     ///
     /// # Safety
     /// AVX2; the plane as [`Depthwise::fill_plane`] made it for this convolution, with
@@ -333,43 +334,84 @@ impl Depthwise {
         (plain, out): (Option<&Plain8>, *mut u8),
         y: &mut [i32],
     ) {
-        use std::arch::x86_64::*;
-        const R: usize = 4;
-        let [_, _, oh, ow] = self.yd;
-        let step = self.strides[0] * p.wq;
-        let base = p.plane.as_ptr();
-        let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-        for oy in (0..oh).step_by(R) {
-            let row = |r: usize| (oy + r).min(oh - 1) * step;
-            for x0 in (0..ow).step_by(16) {
-                let count = (ow - x0).min(16);
-                let mut acc = [[_mm256_setzero_ps(); 2]; R];
-                for (&t, &at) in p.taps.iter().zip(p.offsets) {
-                    let t = _mm256_set1_ps(t);
-                    for (r, acc) in acc.iter_mut().enumerate() {
-                        for (h, acc) in acc.iter_mut().enumerate() {
-                            // SAFETY: as in `channel_f32x16`.
-                            let v = unsafe { _mm256_loadu_ps(base.add(row(r) + at + x0 + 8 * h)) };
-                            *acc = _mm256_add_ps(*acc, _mm256_mul_ps(v, t));
+        // SAFETY: as this function's contract.
+        unsafe { self.tiles8::<false>(p, o, (plain, out), y) }
+    }
+
+    /// [`Depthwise::channel_f32x8`] with one `vfmadd` per tap (the same sums: all exact).
+    ///
+    /// # Safety
+    /// As [`Depthwise::channel_f32x8`], and FMA.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn channel_f32x8_fma(
+        &self,
+        p: Plane,
+        o: usize,
+        (plain, out): (Option<&Plain8>, *mut u8),
+        y: &mut [i32],
+    ) {
+        // SAFETY: as this function's contract.
+        unsafe { self.tiles8::<true>(p, o, (plain, out), y) }
+    }
+
+    /// The body of both AVX2 forms; inlined into them, which have the features.
+    ///
+    /// # Safety
+    /// As [`Depthwise::channel_f32x8`], and FMA where `FMA`.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn tiles8<const FMA: bool>(
+        &self,
+        p: Plane,
+        o: usize,
+        (plain, out): (Option<&Plain8>, *mut u8),
+        y: &mut [i32],
+    ) {
+        // SAFETY: as this function's contract.
+        unsafe {
+            use std::arch::x86_64::*;
+            const R: usize = 4;
+            let [_, _, oh, ow] = self.yd;
+            let step = self.strides[0] * p.wq;
+            let base = p.plane.as_ptr();
+            let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            for oy in (0..oh).step_by(R) {
+                let row = |r: usize| (oy + r).min(oh - 1) * step;
+                for x0 in (0..ow).step_by(16) {
+                    let count = (ow - x0).min(16);
+                    let mut acc = [[_mm256_setzero_ps(); 2]; R];
+                    for (&t, &at) in p.taps.iter().zip(p.offsets) {
+                        let t = _mm256_set1_ps(t);
+                        for (r, acc) in acc.iter_mut().enumerate() {
+                            for (h, acc) in acc.iter_mut().enumerate() {
+                                // As in `channel_f32x16`: inside the plane or its slack.
+                                let v = _mm256_loadu_ps(base.add(row(r) + at + x0 + 8 * h));
+                                *acc = if FMA {
+                                    _mm256_fmadd_ps(v, t, *acc)
+                                } else {
+                                    _mm256_add_ps(*acc, _mm256_mul_ps(v, t))
+                                };
+                            }
                         }
                     }
-                }
-                for (r, acc) in acc.iter().enumerate().take(oh - oy) {
-                    let at = (oy + r) * ow + x0;
-                    if let Some(plain) = plain {
-                        // SAFETY: `count` levels of row `oy + r` of `out`.
-                        unsafe { plain.store(*acc, o, count, out.add(at)) };
-                        continue;
-                    }
-                    for (h, &acc) in acc.iter().enumerate() {
-                        if count <= 8 * h {
-                            break;
+                    for (r, acc) in acc.iter().enumerate().take(oh - oy) {
+                        let at = (oy + r) * ow + x0;
+                        if let Some(plain) = plain {
+                            // `count` levels of row `oy + r` of `out`.
+                            plain.store(*acc, o, count, out.add(at));
+                            continue;
                         }
-                        let n = (count - 8 * h).min(8) as i32;
-                        let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lanes);
-                        let dst = y[at + 8 * h..].as_mut_ptr();
-                        // SAFETY: the mask's lanes of row `oy + r` of `y`.
-                        unsafe { _mm256_maskstore_epi32(dst, mask, _mm256_cvtps_epi32(acc)) };
+                        for (h, &acc) in acc.iter().enumerate() {
+                            if count <= 8 * h {
+                                break;
+                            }
+                            let n = (count - 8 * h).min(8) as i32;
+                            let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lanes);
+                            let dst = y[at + 8 * h..].as_mut_ptr();
+                            // The mask's lanes of row `oy + r` of `y`.
+                            _mm256_maskstore_epi32(dst, mask, _mm256_cvtps_epi32(acc));
+                        }
                     }
                 }
             }

@@ -34,6 +34,8 @@ pub(super) struct IntegerConv {
     /// On AVX2 (`product.avx2`): whether the CPU has AVX-VNNI (and the target keeps it), which
     /// takes any filter on the AVX2 convolution, not only 7-bit ones.
     avx_vnni: bool,
+    /// Whether the target has FMA (the AVX2 depthwise kernel's multiply-adds).
+    fma: bool,
 }
 
 impl IntegerConv {
@@ -45,7 +47,7 @@ impl IntegerConv {
         [x, filter, _, wz]: [Value; 4],
         r: Value,
         isa: (bool, bool),
-        avx_vnni: bool,
+        (avx_vnni, fma): (bool, bool),
     ) -> IntegerConv {
         let d4 = |v: Value| std::array::from_fn(|i| f.ty(v).dims()[i] as usize);
         let (xd, wd, yd): ([usize; 4], [usize; 4], [usize; 4]) = (d4(x), d4(filter), d4(r));
@@ -85,6 +87,7 @@ impl IntegerConv {
             #[cfg(target_arch = "x86_64")]
             prepared: prepared.flatten(),
             avx_vnni: avx_vnni && isa.1,
+            fma,
         }
     }
 
@@ -172,7 +175,7 @@ impl IntegerConv {
                 _ => Isa::Portable,
             };
             // SAFETY: the flags say what the host has; `out` as this function's contract.
-            unsafe { dw.run([x, w, xz, wz], [sx, sw], isa, post, out) };
+            unsafe { dw.run([x, w, xz, wz], [sx, sw], (isa, self.fma), post, out) };
             return;
         }
         // The filter as the VNNI and AVX2 kernels take it: prepared at compile time, or now.

@@ -105,12 +105,13 @@ impl Depthwise {
     /// as it is finished, by the same thread).
     ///
     /// # Safety
-    /// `out` has room for the output's elements of the stored type; `isa` is the host's.
+    /// `out` has room for the output's elements of the stored type; `isa` is the host's, and
+    /// `fma` whether it has FMA.
     pub(super) unsafe fn run(
         &self,
         [x, w, xz, wz]: [&[u8]; 4],
         [sx, sw]: [bool; 2],
-        isa: Isa,
+        (isa, fma): (Isa, bool),
         post: Option<&Bound>,
         out: *mut u8,
     ) {
@@ -186,7 +187,13 @@ impl Depthwise {
                         };
                         // SAFETY: the ISA (AVX2) is the host's; with `plain8`, this channel's
                         // levels are `at`'s.
-                        unsafe { self.channel_f32x8(p, ch, (plain8.as_ref(), at), y) };
+                        unsafe {
+                            if fma {
+                                self.channel_f32x8_fma(p, ch, (plain8.as_ref(), at), y)
+                            } else {
+                                self.channel_f32x8(p, ch, (plain8.as_ref(), at), y)
+                            }
+                        };
                         if plain8.is_some() {
                             continue;
                         }

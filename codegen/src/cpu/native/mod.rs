@@ -437,7 +437,7 @@ impl Native {
                         args,
                         d.results[0],
                         (vnni(features), !vnni(features) && features.avx2),
-                        features.avx_vnni,
+                        (features.avx_vnni, features.fma),
                     )),
                     signed: [quant::signed(f, args[0]), quant::signed(f, args[1])],
                     post: None,
