@@ -48,6 +48,34 @@ pub(super) struct Columns<'a> {
     pub vnni: bool,
 }
 
+impl Columns<'_> {
+    /// Bytes `p0..p0 + count` (`count <= 16`) of tap `t`'s row, the rest zero: a short block's
+    /// through a copy, so that nothing past the columns is read.
+    ///
+    /// # Safety
+    /// Row `t` of the columns holds those bytes.
+    #[inline(always)]
+    unsafe fn bytes(&self, t: usize, p0: usize, count: usize) -> __m128i {
+        let src = self.cols.wrapping_add(t * self.n + p0);
+        // SAFETY: as this function's contract.
+        unsafe {
+            if count == PX {
+                _mm_loadu_si128(src as *const __m128i)
+            } else {
+                let mut b = [0u8; PX];
+                std::ptr::copy_nonoverlapping(src, b.as_mut_ptr(), count);
+                _mm_loadu_si128(b.as_ptr() as *const __m128i)
+            }
+        }
+    }
+
+    /// Whether the product runs on i16 pairs ([`tile16`]): no AVX-VNNI, and the filter not
+    /// narrow (it has its [`Filter::pairs`]).
+    fn on_pairs(&self, filter: &Filter) -> bool {
+        !self.vnni && filter.pairs.is_some()
+    }
+}
+
 thread_local! {
     /// A thread's packed block and the chain's row of reals.
     static SCRATCH: std::cell::RefCell<(Vec<u8>, Vec<f32>)> =
@@ -66,14 +94,11 @@ pub(super) unsafe fn convolve(filter: &Filter, c: Columns) {
     let n = c.n;
     let blocks = n.div_ceil(PX);
     let tiles = c.m.div_ceil(CH);
-    let threads = crate::cpu::pool::threads();
-    // Enough items for the pool to balance: split the channels when the blocks are few (each
-    // split packs its block itself).
-    let splits = (4 * threads).div_ceil(blocks).clamp(1, tiles);
+    // Each split packs its block itself.
+    let splits = super::vnni_conv::splits(blocks, tiles);
     let work = c.m * n * filter.k;
     let consts = filter.constants(c.first..c.first + c.m, c.zx, c.signed);
-    // Without VNNI a filter that is not narrow runs on i16 pairs, zero points subtracted.
-    let wide = !c.vnni && filter.pairs.is_some();
+    let wide = c.on_pairs(filter);
     // SAFETY: AVX2, as this function's contract.
     let plain = c.post.and_then(|p| unsafe { p.plain8() });
     // SAFETY: items write disjoint (block, channel range) pieces of `out`; the columns and
@@ -127,18 +152,8 @@ unsafe fn pack(c: &Columns, filter: &Filter, p0: usize, out: *mut u8) -> [__m256
     for s in 0..k.div_ceil(4) {
         let mut four = [_mm_setzero_si128(); 4];
         for (i, row) in four.iter_mut().enumerate().take(k - 4 * s) {
-            let src = c.cols.wrapping_add((4 * s + i) * c.n + p0);
-            // SAFETY: the row's `count` bytes from `p0`; a short block's through a copy, so
-            // that nothing past the columns is read.
-            let v = unsafe {
-                if count == PX {
-                    _mm_loadu_si128(src as *const __m128i)
-                } else {
-                    let mut b = [0u8; PX];
-                    std::ptr::copy_nonoverlapping(src, b.as_mut_ptr(), count);
-                    _mm_loadu_si128(b.as_ptr() as *const __m128i)
-                }
-            };
+            // SAFETY: tap `4s + i < k` of the columns, as this function's contract.
+            let v = unsafe { c.bytes(4 * s + i, p0, count) };
             *row = _mm_xor_si128(v, bit);
         }
         let [a0, a1, a2, a3] = four;
@@ -221,17 +236,8 @@ unsafe fn pack16(c: &Columns, filter: &Filter, p0: usize, out: *mut u8) {
         if t >= k {
             return _mm256_setzero_si256();
         }
-        let src = c.cols.wrapping_add(t * c.n + p0);
-        // SAFETY: the row's `count` bytes from `p0`.
-        let bytes = unsafe {
-            if count == PX {
-                _mm_loadu_si128(src as *const __m128i)
-            } else {
-                let mut b = [0u8; PX];
-                std::ptr::copy_nonoverlapping(src, b.as_mut_ptr(), count);
-                _mm_loadu_si128(b.as_ptr() as *const __m128i)
-            }
-        };
+        // SAFETY: tap `t < k` of the columns, as this function's contract.
+        let bytes = unsafe { c.bytes(t, p0, count) };
         let wide = if c.signed {
             _mm256_cvtepi8_epi16(bytes)
         } else {
@@ -338,7 +344,7 @@ unsafe fn run_block(
             }
         };
         // The i16 sums are less the zero points already.
-        let exact = !c.vnni && filter.pairs.is_some();
+        let exact = c.on_pairs(filter);
         for (r, acc) in acc.iter().enumerate().take(live) {
             let o = first + r;
             let zw = _mm256_set1_epi32(filter.zeros[o]);

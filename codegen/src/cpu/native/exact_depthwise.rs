@@ -38,6 +38,17 @@ pub(super) struct Scratch {
     shape: Option<Depthwise>,
 }
 
+impl Depthwise {
+    /// [`Depthwise::fill_interior`] with the levels of `x` (i8 where `sx`) less `zx` in f32,
+    /// an element at a time (the vector fills' case for column strides above 2); inlined into
+    /// them, so compiled for their features.
+    #[inline(always)]
+    fn fill_levels(&self, x: &[u8], sx: bool, zx: i32, plane: &mut [f32]) {
+        let level = |b: u8| (if sx { b as i8 as i32 } else { b as i32 } - zx) as f32;
+        self.fill_interior(x, level, plane);
+    }
+}
+
 impl Scratch {
     /// The plane sized and zeroed for `dw` unless it was for its shape already.
     fn prepare(&mut self, dw: &Depthwise) -> &mut [f32] {
@@ -166,12 +177,11 @@ impl Depthwise {
         scratch: &mut Scratch,
     ) -> usize {
         use std::arch::x86_64::*;
-        let plane = scratch.prepare(self);
         let s = self.strides[1];
         let wq = self.plane_size().1;
+        let plane = scratch.prepare(self);
         if s > 2 {
-            let level = |b: u8| (if sx { b as i8 as i32 } else { b as i32 } - zx) as f32;
-            self.fill_interior(x, level, plane);
+            self.fill_levels(x, sx, zx, plane);
             return wq;
         }
         let [_, _, h, w] = self.xd;
@@ -251,12 +261,11 @@ impl Depthwise {
         scratch: &mut Scratch,
     ) -> usize {
         use std::arch::x86_64::*;
-        let plane = scratch.prepare(self);
         let s = self.strides[1];
         let wq = self.plane_size().1;
+        let plane = scratch.prepare(self);
         if s > 2 {
-            let level = |b: u8| (if sx { b as i8 as i32 } else { b as i32 } - zx) as f32;
-            self.fill_interior(x, level, plane);
+            self.fill_levels(x, sx, zx, plane);
             return wq;
         }
         let [_, _, h, w] = self.xd;

@@ -157,9 +157,7 @@ pub(super) unsafe fn convolve(filter: &Filter, g: Group) {
     let n = g.at.oh * g.at.ow;
     let blocks = n.div_ceil(PX);
     let tiles = g.m.div_ceil(CH);
-    // Enough items for the pool to balance: split the channels when the blocks are few.
-    let threads = crate::cpu::pool::threads();
-    let splits = (4 * threads).div_ceil(blocks).clamp(1, tiles);
+    let splits = splits(blocks, tiles);
     let work = g.m * n * filter.k;
     let consts = filter.constants(g.first..g.first + g.m, g.zx, g.signed);
     // SAFETY: items write disjoint (block, channel range) pieces of `out`; the columns and
@@ -214,6 +212,14 @@ pub(super) unsafe fn convolve(filter: &Filter, g: Group) {
         });
     };
     parallel(blocks * splits, work, &item);
+}
+
+/// How many ranges of a convolution's `tiles` channel tiles each of its `blocks` pixel blocks
+/// is split into: enough items for the pool to balance where the blocks are few.
+pub(super) fn splits(blocks: usize, tiles: usize) -> usize {
+    (4 * crate::cpu::pool::threads())
+        .div_ceil(blocks)
+        .clamp(1, tiles)
 }
 
 /// `item(i)` for `i` in `0..n`: across the thread pool when the convolution has `work`
