@@ -5,7 +5,7 @@ use tcc_ir::{DType, Data, Tensor, TensorType, each_data};
 
 /// 64 bytes, 64-byte aligned: the unit of every buffer the runtime and the GEMM allocate, so
 /// that vector loads never split a cache line.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(C, align(64))]
 pub(super) struct Line([u8; 64]);
 

@@ -10,12 +10,14 @@ use cranelift_codegen::settings::{self, Configurable};
 use std::str::FromStr;
 use target_lexicon::Triple;
 
-/// The x86-64 features the spec may turn off, as Cranelift names them without `has_`.
-/// The feature a target spec may turn off that only the native kernels use: AVX-VNNI, which
+/// The features a target spec may turn off that only the native kernels use: AVX-VNNI, which
 /// the AVX2 int8 convolution uses where the target has AVX2 but not AVX-512F
-/// (`host,-avx512f,-avxvnni` tests the `vpmaddubsw` path on a CPU that has it).
-const KERNEL_ONLY: &str = "avxvnni";
+/// (`host,-avx512f,-avxvnni` tests the `vpmaddubsw` path on a CPU that has it), and AMX, the
+/// int8 convolution's tile multiplies (`host,-amx` tests the AVX-512 VNNI path on a CPU that
+/// has AMX).
+const KERNEL_ONLY: &[&str] = &["avxvnni", "amx"];
 
+/// The x86-64 features the spec may turn off, as Cranelift names them without `has_`.
 const X86_FEATURES: &[&str] = &[
     "sse3",
     "ssse3",
@@ -75,14 +77,15 @@ pub(crate) fn isa(spec: Option<&str>) -> Result<OwnedTargetIsa, String> {
             });
         };
         let feature = feature.trim_start_matches("has_").replace('.', "");
-        if feature == KERNEL_ONLY {
+        if KERNEL_ONLY.contains(&feature.as_str()) {
             // A feature of the native kernels, not of the code Cranelift writes.
             continue;
         }
         if !X86_FEATURES.contains(&feature.as_str()) {
             return Err(format!(
-                "unknown CPU feature `{feature}`; the features are {}, {KERNEL_ONLY}",
-                X86_FEATURES.join(", ")
+                "unknown CPU feature `{feature}`; the features are {}, {}",
+                X86_FEATURES.join(", "),
+                KERNEL_ONLY.join(", ")
             ));
         }
         isa.set(&format!("has_{feature}"), "false")
@@ -114,6 +117,10 @@ pub struct Features {
     /// off (`-avxvnni`): the AVX2 int8 convolution uses it where the target has AVX2 but not
     /// AVX-512F.
     pub avx_vnni: bool,
+    /// AMX-INT8 (`tdpbsud` on 16 x 64-byte tiles), where the CPU has it, the kernel lets this
+    /// process use it and the target spec does not turn it off (`-amx`): the int8
+    /// convolution uses it where the target has AVX-512 VNNI.
+    pub amx: bool,
 }
 
 impl Features {
@@ -130,10 +137,17 @@ impl Features {
         let avx_vnni = std::is_x86_feature_detected!("avxvnni");
         #[cfg(not(target_arch = "x86_64"))]
         let avx_vnni = false;
-        let off = (spec.unwrap_or("").split(',').skip(1))
-            .any(|p| p.trim().trim_start_matches('-').trim_start_matches("has_") == KERNEL_ONLY);
+        let off = |name: &str| {
+            (spec.unwrap_or("").split(',').skip(1))
+                .any(|p| p.trim().trim_start_matches('-').trim_start_matches("has_") == name)
+        };
+        #[cfg(target_arch = "x86_64")]
+        let amx = super::native::amx::available();
+        #[cfg(not(target_arch = "x86_64"))]
+        let amx = false;
         Ok(Features {
-            avx_vnni: avx_vnni && !off,
+            avx_vnni: avx_vnni && !off("avxvnni"),
+            amx: amx && !off("amx"),
             avx: on("has_avx"),
             avx2: on("has_avx2"),
             fma: on("has_fma"),
@@ -163,6 +177,7 @@ impl Features {
             (self.avx512f, "AVX-512F"),
             (self.avx512f && self.vnni, "VNNI"),
             (self.avx2 && !self.avx512f && self.avx_vnni, "AVX-VNNI"),
+            (self.avx512f && self.vnni && self.amx, "AMX-INT8"),
         ]
         .into_iter()
         .filter_map(|(on, name)| on.then_some(name))

@@ -8,6 +8,7 @@
 //! which the compiled kernels do in f32 where the interpreter uses f64 (accumulations over up to
 //! a few hundred terms); tanh and sigmoid use polynomial approximations (docs/perf.md).
 
+mod amx_int;
 mod avx2_int;
 mod blocked;
 mod elementwise;

@@ -4,11 +4,13 @@
 
 use super::*;
 
-/// Every target of `common::TARGETS` (AVX-512 VNNI where the host has it, AVX2 for
-/// `host,-avx512f`, with AVX-VNNI where the host has that), AVX2 without AVX-VNNI, and one
-/// without AVX2 for the integer product's portable loop.
+/// Every target of `common::TARGETS` (AVX-512 VNNI where the host has it, with AMX where it
+/// has that; AVX2 for `host,-avx512f`, with AVX-VNNI where the host has that), AVX-512 VNNI
+/// without AMX, AVX2 without AVX-VNNI, and one without AVX2 for the integer product's portable
+/// loop.
 fn integer_targets() -> Vec<common::Target> {
     let mut t = common::TARGETS.to_vec();
+    t.push((Some("host,-amx"), tcc_codegen::VectorWidth::Auto));
     t.push((
         Some("host,-avx512f,-avxvnni"),
         tcc_codegen::VectorWidth::Auto,
@@ -193,7 +195,7 @@ pub(super) fn no_reference_ops(exe: &Executable) {
 
 /// The levels that make the largest products of a `ta` operand with a `tb` one: A at its top
 /// and B at its bottom, their zero points at the other ends (`(top_a, low_b, low_a, top_b)`).
-fn extremes(ta: tcc_ir::DType, tb: tcc_ir::DType) -> (i64, i64, i64, i64) {
+pub(super) fn extremes(ta: tcc_ir::DType, tb: tcc_ir::DType) -> (i64, i64, i64, i64) {
     let u8_a = ta == tcc_ir::DType::U8;
     let u8_b = tb == tcc_ir::DType::U8;
     (

@@ -34,6 +34,9 @@ pub(super) struct IntegerConv {
     /// On AVX2 (`product.avx2`): whether the CPU has AVX-VNNI (and the target keeps it), which
     /// takes any filter on the AVX2 convolution, not only 7-bit ones.
     avx_vnni: bool,
+    /// On AVX-512 VNNI (`product.vnni`): whether the CPU has AMX-INT8 (and the target keeps
+    /// it), which the convolution's products then run on.
+    amx: bool,
     /// Whether the target has FMA (the AVX2 depthwise kernel's multiply-adds).
     fma: bool,
 }
@@ -47,7 +50,7 @@ impl IntegerConv {
         [x, filter, _, wz]: [Value; 4],
         r: Value,
         isa: (bool, bool),
-        (avx_vnni, fma): (bool, bool),
+        (avx_vnni, amx, fma): (bool, bool, bool),
     ) -> IntegerConv {
         let d4 = |v: Value| std::array::from_fn(|i| f.ty(v).dims()[i] as usize);
         let (xd, wd, yd): ([usize; 4], [usize; 4], [usize; 4]) = (d4(x), d4(filter), d4(r));
@@ -62,7 +65,7 @@ impl IntegerConv {
                 &z,
                 signed(f, filter),
                 (wd[0], k),
-                isa.1 && !avx_vnni,
+                kernel(isa, avx_vnni, amx),
             ))
         });
         let product = IntegerProduct {
@@ -87,6 +90,7 @@ impl IntegerConv {
             #[cfg(target_arch = "x86_64")]
             prepared: prepared.flatten(),
             avx_vnni: avx_vnni && isa.1,
+            amx: amx && isa.0,
             fma,
         }
     }
@@ -187,7 +191,11 @@ impl IntegerConv {
                 wz,
                 sw,
                 (o, k),
-                self.product.avx2 && !self.avx_vnni,
+                kernel(
+                    (self.product.vnni, self.product.avx2),
+                    self.avx_vnni,
+                    self.amx,
+                ),
             )),
         });
         #[cfg(target_arch = "x86_64")]
@@ -414,4 +422,16 @@ pub(super) fn const_bytes(f: &Function, v: Value) -> Option<Vec<u8>> {
     };
     let t = tcc_ir::Tensor::from_literal(ty, value).ok()?;
     (t.dtype().size_bytes() == 1).then(|| t.to_le_bytes())
+}
+
+/// The kernel the convolution's filter is prepared for, on the product kernel `isa` chooses
+/// (`(vnni, avx2)`).
+#[cfg(target_arch = "x86_64")]
+fn kernel(isa: (bool, bool), avx_vnni: bool, amx: bool) -> super::vnni_conv::Kernel {
+    use super::vnni_conv::Kernel;
+    match isa {
+        (true, _) if amx => Kernel::Amx,
+        (false, true) if !avx_vnni => Kernel::Avx2,
+        _ => Kernel::Vnni,
+    }
 }

@@ -14,6 +14,8 @@
 //! `quant.rs` (quantization).
 
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod amx;
+#[cfg(target_arch = "x86_64")]
 mod avx2_conv;
 #[cfg(target_arch = "x86_64")]
 mod exact_depthwise;
@@ -437,7 +439,7 @@ impl Native {
                         args,
                         d.results[0],
                         (vnni(features), !vnni(features) && features.avx2),
-                        (features.avx_vnni, features.fma),
+                        (features.avx_vnni, features.amx, features.fma),
                     )),
                     signed: [quant::signed(f, args[0]), quant::signed(f, args[1])],
                     post: None,

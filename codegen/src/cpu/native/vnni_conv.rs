@@ -15,9 +15,12 @@
 //! `vpdpbusd` with ones.
 //!
 //! The register tile is 8 output channels by 32 pixels: per 4-tap step, two panel loads, eight
-//! 4-byte broadcasts and sixteen `vpdpbusd` into sixteen accumulators. A block stays in L1
-//! while every channel of the group runs over it. Blocks (and, when there are few, ranges of
-//! channels) are split across the thread pool.
+//! 4-byte broadcasts and sixteen `vpdpbusd` into sixteen accumulators. Where the CPU has
+//! AMX-INT8 the tile is 32 channels by 32 pixels on AMX's tiles instead ([`super::amx`]), the
+//! packed block read as it is. A block stays in cache while every channel of the group runs
+//! over it; blocks are split across the thread pool, and where they are few, all are packed
+//! first and each item runs a range of channels over all of them (the filter's rows read from
+//! memory once).
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -44,18 +47,33 @@ pub(super) struct Filter {
     /// Where it is not narrow: each row's taps less its zero point as i16, padded to `kp` with
     /// zeros (AVX2 without VNNI multiplies them with `vpmaddwd`).
     pub(super) pairs: Option<Vec<i16>>,
+    /// For AMX: the rows padded for its tiles ([`convolve`] multiplies on tiles where a
+    /// filter has them).
+    pub(super) tiles: Option<super::amx::TileRows>,
+}
+
+/// The kernel a [`Filter`] is prepared for, which may need more than the rows every kernel
+/// reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Kernel {
+    /// AVX-512 VNNI, or AVX2 with AVX-VNNI: the rows.
+    Vnni,
+    /// AMX: [`Filter::tiles`] too.
+    Amx,
+    /// AVX2 without VNNI: [`Filter::pairs`] too where the filter is not narrow (twice its
+    /// bytes, which other kernels do not need).
+    Avx2,
 }
 
 impl Filter {
     /// The filter `w` (`o` rows of `k` levels; `signed`: i8) with zero points `zw` (one, or one
-    /// per row); with `pairs`, its [`Filter::pairs`] too where it is not narrow (for AVX2
-    /// without VNNI: twice the filter's bytes, which other targets do not need).
+    /// per row), prepared for `kernel`.
     pub(super) fn new(
         w: &[u8],
         zw: &[u8],
         signed: bool,
         (o, k): (usize, usize),
-        pairs: bool,
+        kernel: Kernel,
     ) -> Filter {
         let kp = k.div_ceil(4) * 4;
         let flip = if signed { 0 } else { 0x80 };
@@ -73,7 +91,8 @@ impl Filter {
         let narrow = rows.iter().all(|&t| (-64..=63).contains(&t));
         Filter {
             narrow,
-            pairs: (pairs && !narrow).then(|| {
+            tiles: (kernel == Kernel::Amx).then(|| super::amx::TileRows::new(&rows, kp)),
+            pairs: (kernel == Kernel::Avx2 && !narrow).then(|| {
                 let mut pairs = vec![0i16; o * kp];
                 for (i, (d, s)) in pairs.chunks_mut(kp).zip(rows.chunks(kp)).enumerate() {
                     for (d, &t) in d.iter_mut().zip(&s[..k]) {
@@ -156,7 +175,7 @@ pub(super) struct Group<'a> {
 pub(super) unsafe fn convolve(filter: &Filter, g: Group) {
     let n = g.at.oh * g.at.ow;
     let blocks = n.div_ceil(PX);
-    let tiles = g.m.div_ceil(CH);
+    let tiles = g.m.div_ceil(channels(filter));
     let splits = splits(blocks, tiles);
     let work = g.m * n * filter.k;
     let consts = filter.constants(g.first..g.first + g.m, g.zx, g.signed);
@@ -164,16 +183,18 @@ pub(super) unsafe fn convolve(filter: &Filter, g: Group) {
     // the filter are only read.
     let g = unsafe { crate::cpu::send_ptr::SendPtr::new(g) };
     // With the channels split, each block is packed once, before any item runs over it.
-    let kp = filter.kp;
+    let kp = panel_taps(filter);
     let mut shared = Vec::new();
     let mut sums = Vec::new();
     if splits > 1 {
-        shared.resize(blocks * kp * PX, 0u8);
+        // Aligned (as each block, `kp * 32` bytes with `kp` a multiple of 4): AMX loads its
+        // tiles from aligned rows 2.6 times as fast as from unaligned ones.
+        shared = crate::cpu::bytes::lines((blocks * kp * PX) as u64);
         sums.resize(blocks, [_mm512_setzero_si512(); 2]);
         // SAFETY: item `b` writes block `b` of `shared` and `sums` alone.
         let (dst, sum) = unsafe {
             (
-                crate::cpu::send_ptr::SendPtr::new(shared.as_mut_ptr()),
+                crate::cpu::send_ptr::SendPtr::new(shared.as_mut_ptr() as *mut u8),
                 crate::cpu::send_ptr::SendPtr::new(sums.as_mut_ptr()),
             )
         };
@@ -190,28 +211,47 @@ pub(super) unsafe fn convolve(filter: &Filter, g: Group) {
         };
         parallel(blocks, work, &pack_item);
     }
+    let ch = channels(filter);
+    // SAFETY (of each `run_block`): the CPU features and buffers as this function's contract.
+    if splits == 1 {
+        let item = |block: usize| {
+            SCRATCH.with(|s| {
+                let chans = 0..tiles * ch;
+                let s = &mut s.borrow_mut();
+                unsafe { run_block(filter, g.get(), &consts, block * PX, chans, None, s) }
+            });
+        };
+        parallel(blocks, work, &item);
+        return;
+    }
+    // Few blocks, all packed: each item a range of channel tiles over every block, so that a
+    // tile's filter rows are read from memory once and from cache for the other blocks.
+    let ranges = tiles.min(4 * crate::cpu::pool::threads());
     let item = |i: usize| {
-        let (block, split) = (i / splits, i % splits);
-        let t0 = split * tiles / splits;
-        let t1 = (split + 1) * tiles / splits;
-        let packed = (splits > 1).then(|| (shared[block * kp * PX..].as_ptr(), sums[block]));
         SCRATCH.with(|s| {
-            let mut s = s.borrow_mut();
-            // SAFETY: the CPU features and buffers as this function's contract.
-            unsafe {
-                run_block(
-                    filter,
-                    g.get(),
-                    &consts,
-                    block * PX,
-                    t0 * CH..t1 * CH,
-                    packed,
-                    &mut s,
-                )
+            let s = &mut s.borrow_mut();
+            for t in i * tiles / ranges..(i + 1) * tiles / ranges {
+                for (block, &colsum) in sums.iter().enumerate() {
+                    let at = (shared.as_ptr() as *const u8).wrapping_add(block * kp * PX);
+                    let packed = Some((at, colsum));
+                    let chans = t * ch..(t + 1) * ch;
+                    unsafe { run_block(filter, g.get(), &consts, block * PX, chans, packed, s) }
+                }
             }
         });
     };
-    parallel(blocks * splits, work, &item);
+    parallel(ranges, work, &item);
+}
+
+/// Output channels per tile: 32 on AMX, else [`CH`].
+fn channels(filter: &Filter) -> usize {
+    if filter.tiles.is_some() { 32 } else { CH }
+}
+
+/// Taps per pixel of a packed block: the filter's padded rows (on AMX, whose tiles take 64
+/// taps at a time, past them too: what the block holds there is multiplied by zero taps).
+fn panel_taps(filter: &Filter) -> usize {
+    filter.tiles.as_ref().map_or(filter.kp, |t| t.stride)
 }
 
 /// How many ranges of a convolution's `tiles` channel tiles each of its `blocks` pixel blocks
@@ -235,18 +275,18 @@ pub(super) fn parallel(n: usize, work: usize, item: &(dyn Fn(usize) + Sync)) {
 /// A thread's working space: its packed block, and where the block's taps read.
 #[derive(Default)]
 struct Scratch {
-    packed: Vec<u8>,
+    packed: Vec<crate::cpu::bytes::Line>,
     taps: Taps,
 }
 
-/// Where a block's taps read, found once per block by [`pack`].
+/// Where a block's taps read, found once per block by [`pack`]: for each filter position
+/// (`ky kw + kx`), its pieces `segments[starts[p]..starts[p + 1]]`, one per run of the block's
+/// pixels along an output row that reads inside the image there: the lanes it fills, their
+/// bytes (stride 2) and where lane 0 would read in a plane.
 #[derive(Default)]
 struct Taps {
-    /// Per run and filter column: the lanes inside the image, their bytes (stride 2) and the
-    /// offset lane 0 reads at in an input row.
-    columns: Vec<(u32, u64, isize)>,
-    /// Per run and filter row: the input row, `usize::MAX` in the padding.
-    rows: Vec<usize>,
+    segments: Vec<(u32, u64, isize)>,
+    starts: Vec<usize>,
 }
 
 thread_local! {
@@ -273,11 +313,14 @@ unsafe fn run_block(
     let (panel, colsum) = match packed {
         Some(p) => p,
         None => {
-            scratch.packed.resize(kp * PX, 0);
-            let out = scratch.packed.as_mut_ptr();
+            let lines = (panel_taps(filter) * PX).div_ceil(64);
+            if scratch.packed.len() < lines {
+                scratch.packed = crate::cpu::bytes::lines(64 * lines as u64);
+            }
+            let out = scratch.packed.as_mut_ptr() as *mut u8;
             // SAFETY: as this function's contract; `packed` holds `kp * 32` bytes.
             let colsum = unsafe { pack_any(&g, p0, &mut scratch.taps, out) };
-            (scratch.packed.as_ptr(), colsum)
+            (out as *const u8, colsum)
         }
     };
     let mask = if count == 16 * 2 {
@@ -288,6 +331,42 @@ unsafe fn run_block(
     let (lo, hi) = (mask as u16, (mask >> 16) as u16);
     // SAFETY: AVX-512F, as this function's contract.
     let plain = g.post.and_then(|p| unsafe { p.plain16() });
+    let finish = Finish {
+        filter,
+        g: &g,
+        consts,
+        n,
+        p0,
+        masks: [lo, hi],
+        colsum,
+        plain,
+    };
+    if let Some(rows) = &filter.tiles {
+        let mut sums = super::amx::Sums([[0; 32]; 32]);
+        // SAFETY: a filter has tiles only where AMX is available.
+        let tiles = unsafe { super::amx::Tiles::load() };
+        for c0 in chans.step_by(32) {
+            if c0 >= g.m {
+                break;
+            }
+            // SAFETY: 32 rows from `first + c0` are in range (`TileRows` adds 32 zero rows),
+            // each `stride` taps; the panel holds as many.
+            unsafe {
+                let a = rows.ptr().add((g.first + c0) * rows.stride);
+                tiles.product(a, rows.stride, panel, rows.stride / 64, &mut sums);
+            }
+            for (r, s) in sums.0.iter().enumerate().take(g.m - c0) {
+                // SAFETY: 32 sums a row.
+                let acc = unsafe {
+                    let p = s.as_ptr() as *const __m512i;
+                    [_mm512_loadu_si512(p), _mm512_loadu_si512(p.add(1))]
+                };
+                // SAFETY: as this function's contract.
+                unsafe { finish.row(c0, r, acc) };
+            }
+        }
+        return;
+    }
     for c0 in chans.step_by(CH) {
         let live = (g.m - c0).min(CH);
         if live == 0 {
@@ -296,31 +375,60 @@ unsafe fn run_block(
         let first = g.first + c0;
         // SAFETY: rows `first..first + live` of the filter and `kp * 32` packed bytes.
         let acc = unsafe { tile(filter.rows.as_ptr().add(first * kp), kp, live, panel) };
-        for (r, acc) in acc.iter().enumerate().take(live) {
-            let o = first + r;
+        for (r, &acc) in acc.iter().enumerate().take(live) {
+            // SAFETY: as this function's contract.
+            unsafe { finish.row(c0, r, acc) };
+        }
+    }
+}
+
+/// What [`run_block`] stores its sums with.
+struct Finish<'a> {
+    filter: &'a Filter,
+    g: &'a Group<'a>,
+    consts: &'a [i32],
+    n: usize,
+    p0: usize,
+    /// The block's pixels below `n`, in each half.
+    masks: [u16; 2],
+    colsum: [__m512i; 2],
+    plain: Option<super::plain::Plain16<'a>>,
+}
+
+impl Finish<'_> {
+    /// Row `r` of the channels from `c0`: its two vectors of sums stored as the chain says.
+    ///
+    /// # Safety
+    /// AVX-512F, BW and VL (inlined into the kernel compiled for them); the row is one of the
+    /// group's.
+    #[inline(always)]
+    unsafe fn row(&self, c0: usize, r: usize, acc: [__m512i; 2]) {
+        let (filter, g) = (self.filter, self.g);
+        let o = g.first + c0 + r;
+        // SAFETY: the features and the row, as this function's contract; the chain's operands
+        // cover channel `o`.
+        unsafe {
             let zw = _mm512_set1_epi32(filter.zeros[o]);
-            let c = _mm512_set1_epi32(consts[c0 + r]);
-            // Indexed, not zipped with `[lo, hi]`: the zip built that array on the stack for
-            // every row and reloaded it wider than it was stored (a store-forwarding stall that
-            // took a third of a small 1x1 layer's time).
-            for h in 0..2 {
-                let (a, m) = (acc[h], if h == 0 { lo } else { hi });
+            let c = _mm512_set1_epi32(self.consts[c0 + r]);
+            // The masks indexed, not zipped: a zip with an array built on the stack for every
+            // row reloaded it wider than it was stored (a store-forwarding stall that took a
+            // third of a small 1x1 layer's time).
+            for (h, &a) in acc.iter().enumerate() {
+                let m = self.masks[h];
                 let v = if filter.centered {
                     _mm512_add_epi32(a, c)
                 } else {
-                    _mm512_add_epi32(_mm512_sub_epi32(a, _mm512_mullo_epi32(zw, colsum[h])), c)
+                    let term = _mm512_mullo_epi32(zw, self.colsum[h]);
+                    _mm512_add_epi32(_mm512_sub_epi32(a, term), c)
                 };
                 // Row `c0 + r` of the group's output, pixels below `n` (the mask).
-                let at = (c0 + r) * n + p0 + 16 * h;
-                // SAFETY: as above; the chain's operands cover channel `o`.
-                unsafe {
-                    match (plain, g.post) {
-                        (Some(p), _) => p.store(_mm512_cvtepi32_ps(v), o, m, g.out.add(at)),
-                        (_, None) => _mm512_mask_storeu_epi32(g.out.add(4 * at) as *mut _, m, v),
-                        (_, Some(post)) => {
-                            let size = if post.quantize.is_some() { 1 } else { 4 };
-                            post.store16(v, o, m, g.out.add(size * at));
-                        }
+                let at = (c0 + r) * self.n + self.p0 + 16 * h;
+                match (&self.plain, g.post) {
+                    (Some(p), _) => p.store(_mm512_cvtepi32_ps(v), o, m, g.out.add(at)),
+                    (_, None) => _mm512_mask_storeu_epi32(g.out.add(4 * at) as *mut _, m, v),
+                    (_, Some(post)) => {
+                        let size = if post.quantize.is_some() { 1 } else { 4 };
+                        post.store16(v, o, m, g.out.add(size * at));
                     }
                 }
             }
@@ -339,10 +447,11 @@ unsafe fn pack_any(g: &Group, p0: usize, taps: &mut Taps, out: *mut u8) -> [__m5
         && (at.oh, at.ow) == (at.h, at.w);
     // SAFETY: as this function's contract.
     unsafe {
-        if pointwise {
-            pack_pointwise(g, p0, out)
-        } else {
-            pack(g, p0, taps, out)
+        match at.stride[1] {
+            _ if pointwise => pack_pointwise(g, p0, out),
+            1 => pack::<1>(g, p0, taps, out),
+            2 => pack::<2>(g, p0, taps, out),
+            _ => pack::<0>(g, p0, taps, out),
         }
     }
 }
@@ -353,72 +462,73 @@ unsafe fn pack_any(g: &Group, p0: usize, taps: &mut Taps, out: *mut u8) -> [__m5
 /// pixel's sum of its packed bytes (two vectors of sixteen). Im2col without the columns: the
 /// block's pixels fall in runs along output rows, and each tap's 32 bytes are one masked load
 /// per run (strides of 1 and 2; a byte at a time for larger ones), with the lanes and offsets
-/// of each filter column and the input row of each filter row found once per block.
+/// of each filter column and the input row of each filter row found once per block. `SW` is
+/// the horizontal stride where it is 1 or 2, else 0.
 ///
 /// # Safety
 /// AVX-512F, BW, VL, VNNI, BMI2; `g.x` holds `c x h x w` bytes; `out` holds
 /// `k.div_ceil(4) * 128` bytes for `k = c kh kw`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,bmi2")]
-unsafe fn pack(g: &Group, p0: usize, taps: &mut Taps, out: *mut u8) -> [__m512i; 2] {
+unsafe fn pack<const SW: usize>(
+    g: &Group,
+    p0: usize,
+    taps: &mut Taps,
+    out: *mut u8,
+) -> [__m512i; 2] {
     let (x, at) = (g.x, &g.at);
     let count = (at.oh * at.ow - p0).min(PX);
     let (zero, flip) = (g.zx as u8, g.signed);
     let [sh, sw] = at.stride;
     let (kh, kw) = (at.kh, at.kw);
-    taps.columns.clear();
-    taps.rows.clear();
-    let mut lane = 0;
-    let mut runs = 0;
-    while lane < count {
-        let (oy, ox) = ((p0 + lane) / at.ow, (p0 + lane) % at.ow);
-        let len = (at.ow - ox).min(count - lane);
+    taps.segments.clear();
+    taps.starts.clear();
+    for ky in 0..kh {
         for kx in 0..kw {
-            // Column `t` of the run reads input column `ix0 + t sw`, inside the row for `t`
-            // in `lo..hi`.
-            let ix0 = (ox * sw + kx * at.dilation[1]) as isize - at.pad[1] as isize;
-            let lo = if ix0 < 0 {
-                ((-ix0) as usize).div_ceil(sw)
-            } else {
-                0
-            };
-            let hi = ((at.w as isize - ix0).max(0) as usize)
-                .div_ceil(sw)
-                .min(len);
-            let lanes = if lo < hi {
-                ((u64::MAX >> (64 - (hi - lo))) << (lane + lo)) as u32
-            } else {
-                0
-            };
-            let bytes = _pdep_u64(lanes as u64, 0x5555_5555_5555_5555);
-            taps.columns
-                .push((lanes, bytes, ix0 - (lane * sw) as isize));
+            taps.starts.push(taps.segments.len());
+            let mut lane = 0;
+            while lane < count {
+                let (oy, ox) = ((p0 + lane) / at.ow, (p0 + lane) % at.ow);
+                let len = (at.ow - ox).min(count - lane);
+                let iy = (oy * sh + ky * at.dilation[0]).wrapping_sub(at.pad[0]);
+                // Column `t` of the run reads input column `ix0 + t sw`, inside the row for
+                // `t` in `lo..hi`.
+                let ix0 = (ox * sw + kx * at.dilation[1]) as isize - at.pad[1] as isize;
+                let lo = if ix0 < 0 {
+                    ((-ix0) as usize).div_ceil(sw)
+                } else {
+                    0
+                };
+                let hi = ((at.w as isize - ix0).max(0) as usize)
+                    .div_ceil(sw)
+                    .min(len);
+                if iy < at.h && lo < hi {
+                    let lanes = ((u64::MAX >> (64 - (hi - lo))) << (lane + lo)) as u32;
+                    let bytes = _pdep_u64(lanes as u64, 0x5555_5555_5555_5555);
+                    let off = (iy * at.w) as isize + ix0 - (lane * sw) as isize;
+                    taps.segments.push((lanes, bytes, off));
+                }
+                lane += len;
+            }
         }
-        for ky in 0..kh {
-            let iy = (oy * sh + ky * at.dilation[0]).wrapping_sub(at.pad[0]);
-            taps.rows.push(if iy < at.h { iy } else { usize::MAX });
-        }
-        runs += 1;
-        lane += len;
     }
-    let (columns, rows) = (&taps.columns[..], &taps.rows[..]);
-    let k = at.c * kh * kw;
+    taps.starts.push(taps.segments.len());
+    let segments = &taps.segments[..];
+    let ranges: Vec<std::ops::Range<usize>> =
+        (taps.starts.windows(2)).map(|w| w[0]..w[1]).collect();
     let bit = _mm256_set1_epi8(if flip { -128 } else { 0 });
     let padding = _mm256_set1_epi8(zero as i8);
-    // The 32 bytes of tap `(ci, ky, kx)`.
-    let tap = |ci: usize, ky: usize, kx: usize| {
-        let plane = x.wrapping_add(ci * at.h * at.w);
+    // The 32 bytes of filter position `p` in `plane`.
+    let tap = |plane: *const u8, p: usize| {
         let mut v = padding;
-        for r in 0..runs {
-            let iy = rows[r * kh + ky];
-            let (lanes, bytes, off) = columns[r * kw + kx];
-            if iy == usize::MAX || lanes == 0 {
-                continue;
-            }
+        // SAFETY: `p` is a filter position, its range inside `segments`.
+        for &(lanes, bytes, off) in
+            unsafe { segments.get_unchecked(ranges.get_unchecked(p).clone()) }
+        {
             // Where lane 0 would read: masked-off lanes are never read.
-            let base = plane.wrapping_add(iy * at.w).wrapping_offset(off) as *const i8;
-            // SAFETY: the mask's lanes read bytes inside row `iy` of plane `ci`.
+            let base = plane.wrapping_offset(off) as *const i8;
+            // SAFETY: the mask's lanes read bytes inside a row of the plane.
             unsafe {
-                v = match sw {
+                v = match SW {
                     1 => _mm256_mask_blend_epi8(lanes, v, _mm256_maskz_loadu_epi8(lanes, base)),
                     2 => {
                         let pairs = _mm512_maskz_loadu_epi8(bytes, base);
@@ -440,23 +550,24 @@ unsafe fn pack(g: &Group, p0: usize, taps: &mut Taps, out: *mut u8) -> [__m512i;
         _mm256_xor_si256(v, bit)
     };
     let mut sums = [_mm256_setzero_si256(); 4];
-    let (mut ci, mut ky, mut kx) = (0, 0, 0);
-    for s in 0..k.div_ceil(4) {
-        let mut four = [_mm256_setzero_si256(); 4];
-        for row in four.iter_mut().take(k - 4 * s) {
-            *row = tap(ci, ky, kx);
-            kx += 1;
-            if kx == kw {
-                kx = 0;
-                ky += 1;
-                if ky == kh {
-                    ky = 0;
-                    ci += 1;
-                }
+    let mut four = [_mm256_setzero_si256(); 4];
+    let (mut filled, mut step) = (0, 0);
+    for ci in 0..at.c {
+        let plane = x.wrapping_add(ci * at.h * at.w);
+        for p in 0..kh * kw {
+            four[filled] = tap(plane, p);
+            filled += 1;
+            if filled == 4 {
+                // SAFETY: `out` holds step `step`'s 128 bytes.
+                unsafe { interleave(four, &mut sums, out.add(step * 128)) };
+                (filled, step) = (0, step + 1);
             }
         }
-        // SAFETY: `out` holds step `s`'s 128 bytes.
-        unsafe { interleave(four, &mut sums, out.add(s * 128)) };
+    }
+    if filled > 0 {
+        four[filled..].fill(_mm256_setzero_si256());
+        // SAFETY: as above, the last step.
+        unsafe { interleave(four, &mut sums, out.add(step * 128)) };
     }
     // SAFETY: AVX-512F, as this function's contract.
     unsafe { join(sums) }
