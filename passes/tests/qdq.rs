@@ -178,3 +178,76 @@ fn max_pooling_between_equal_quantizations_runs_on_levels() {
         }
     }
 }
+
+/// A quantization of a max pooling of an integer product's requantizing chain (as `tcc
+/// quantize` leaves a stem's pooling) moves before the pooling, which then runs on the levels
+/// with exactly the levels the float form gives (quantizing is non-decreasing and the chain
+/// holds no NaN); it stays in float where the pooling has another reader, where the pooled
+/// value is not bounded (a parameter), or where the chain could overflow to infinity.
+#[test]
+fn max_pooling_of_a_requantizing_chain_runs_on_levels() {
+    let pool = |scale: &str, extra: &str| {
+        format!(
+            "func @f(%x: u8[2,2,7,7], %v: f32[2,3,7,7]) -> (u8[2,3,4,4]{extra_ty}) {{
+  %w = const {{value=[{w}]}} : i8[3,2,3,3]
+  %xz = const {{value=3}} : u8[]
+  %wz = const {{value=0}} : i8[]
+  %y = conv_integer %x, %w, %xz, %wz {{pads=[1,1,1,1]}} : i32[2,3,7,7]
+  %c = cast %y {{to=f32}} : f32[2,3,7,7]
+  %s = const {{value=[{scale}, 0.02, 0.0375]}} : f32[3,1,1]
+  %m = mul %c, %s : f32[2,3,7,7]
+  %b = const {{value=[0.5, -0.25, 0.1]}} : f32[3,1,1]
+  %a = add %m, %b : f32[2,3,7,7]
+  %r = relu %a : f32[2,3,7,7]
+  %p = max_pool2d %r {{kernel=[3,3], strides=[2,2], pads=[1,1,1,1]}} : f32[2,3,4,4]
+  %qs = const {{value=0.0625}} : f32[]
+  %qz = const {{value=9}} : u8[]
+  %q = quantize_linear %p, %qs, %qz : u8[2,3,4,4]
+  return %q{extra}
+}}",
+            w = (0..54)
+                .map(|i| ((i * 37) % 255 - 127).to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            extra_ty = if extra.is_empty() {
+                ""
+            } else {
+                ", f32[2,3,4,4]"
+            },
+        )
+    };
+    let levels = |g: &Function| {
+        (g.schedule().iter())
+            .filter(|&&o| {
+                matches!(g.op(o).kind, OpKind::MaxPool2d(_))
+                    && g.ty(g.op(o).results[0]).dtype() == tcc_ir::DType::U8
+            })
+            .count()
+    };
+    let f = parse_function(&pool("0.01", "")).unwrap();
+    let mut g = f.clone();
+    qdq(&mut g);
+    verify_function(&g).unwrap_or_else(|d| panic!("{d}\n{g}"));
+    assert_eq!(levels(&g), 1, "{g}");
+    assert_eq!(g.name(g.results()[0]), "q", "{g}");
+    let mut rng = Rng::new(9);
+    for _ in 0..8 {
+        let inputs: Vec<_> = (f.params().iter())
+            .map(|&p| random_tensor(f.ty(p), &mut rng))
+            .collect();
+        assert_eq!(
+            interp::run(&g, &inputs).unwrap(),
+            interp::run(&f, &inputs).unwrap()
+        );
+    }
+    // Another reader of the pooling; a pooled parameter; a scale that could overflow.
+    for src in [
+        pool("0.01", ", %p"),
+        pool("0.01", "").replace("max_pool2d %r ", "max_pool2d %v "),
+        pool("1e30", ""),
+    ] {
+        let mut g = parse_function(&src).unwrap();
+        qdq(&mut g);
+        assert_eq!(levels(&g), 0, "{g}");
+    }
+}

@@ -47,7 +47,8 @@ impl Pass for Qdq {
 
 /// Rewrites every convolution and matrix product of two dequantized operands (see the module
 /// docs), and max poolings between a dequantization and a quantization with the same scale
-/// and zero point onto the levels; returns how many products.
+/// and zero point onto the levels, as those between a bounded float and a quantization;
+/// returns how many products.
 pub fn qdq(f: &mut Function) -> usize {
     move_above_dequantize(f);
     let pooled = pool_on_levels(f);
@@ -69,6 +70,7 @@ pub fn qdq(f: &mut Function) -> usize {
     }
     crate::dce(f);
     fold_constants(f, &created);
+    quantize_before_pool(f);
     // Each product keeps the name of the float op it replaces, free once that op is gone.
     for (y, name) in &names {
         if f.lookup(name).is_none() {
@@ -232,6 +234,111 @@ fn pool_on_levels(f: &mut Function) -> Vec<(Value, String)> {
         names.push((y, f.name(out).to_string()));
     }
     names
+}
+
+/// Rewrites `quantize_linear(max_pool2d(y), s, z)`, where the pooling has no other reader,
+/// `s` is one positive finite constant and `y` is bounded ([`bound`]: an integer product's
+/// requantizing chain, as `tcc quantize` leaves a stem's pooling), as
+/// `max_pool2d(quantize_linear(y, s, z))`: the same levels, as quantizing is non-decreasing
+/// (a quotient by `s > 0`, rounding, saturation) and so commutes with a maximum, where no
+/// element is NaN. Then the chain stores levels and the pooling reads bytes.
+fn quantize_before_pool(f: &mut Function) {
+    for op in f.schedule().to_vec() {
+        let d = f.op(op);
+        if d.kind != OpKind::QuantizeLinear || !d.deps.is_empty() {
+            continue;
+        }
+        let (pooled, scale, zero, out) = (d.args[0], d.args[1], d.args[2], d.results[0]);
+        let Some(pool) = f.def_op(pooled) else {
+            continue;
+        };
+        let OpKind::MaxPool2d(window) = &f.op(pool).kind else {
+            continue;
+        };
+        let (window, y) = (window.clone(), f.op(pool).args[0]);
+        let positive = |s: Scalar| s.to_f64().is_finite() && s.to_f64() > 0.0;
+        let users = tcc_ir::edit::Users::new(f);
+        if !matches!(scalar_constant(f, scale), Some(s) if positive(s))
+            || !f.op(pool).deps.is_empty()
+            || users.uses(pooled).len() != 1
+            || users.is_returned(pooled)
+            || f.ty(y).dtype() != DType::F32
+            || bound(f, y).is_none()
+        {
+            continue;
+        }
+        let name = format!("{}/levels", f.name(y));
+        let mut levels = f.ty(y).clone();
+        levels = tcc_ir::TensorType::new(f.ty(out).dtype(), levels.dims().to_vec())
+            .expect("the dims of a typed value");
+        let q = f.create_op(
+            OpKind::QuantizeLinear,
+            vec![y, scale, zero],
+            vec![levels],
+            &[&name],
+        );
+        f.insert_before(q, op);
+        let q = f.op(q).results[0];
+        let ty = f.ty(out).clone();
+        let new = f.create_op(OpKind::MaxPool2d(window), vec![q], vec![ty], &["pooled"]);
+        f.insert_before(new, op);
+        let new = f.op(new).results[0];
+        f.replace_all_uses(out, new);
+        let name = f.name(out).to_string();
+        crate::dce(f);
+        f.rename(new, &name);
+    }
+}
+
+/// Bounds [`bound`] keeps below: far from f32's largest finite value (3.4e38) so that no step
+/// rounds to infinity.
+const LARGE: f64 = 1e37;
+
+/// A bound below [`LARGE`] on the magnitude of every element of `v` at every step that makes
+/// it (none: NaN, unbounded or too large as far as this knows), so that it holds no infinity
+/// and no NaN: an integer cast to float, then products and sums with constants, `relu`, and
+/// maxima and minima with constants.
+fn bound(f: &Function, v: Value) -> Option<f64> {
+    let d = f.op(f.def_op(v)?);
+    if !d.deps.is_empty() {
+        return None;
+    }
+    let constant = |v: Value| -> Option<f64> {
+        let OpKind::Const { value, .. } = &f.op(f.def_op(v)?).kind else {
+            return None;
+        };
+        let most = match value {
+            tcc_ir::Literal::Splat(s) => s.to_f64().abs(),
+            tcc_ir::Literal::Dense(d) => (d.to_f64s().iter()).fold(0f64, |m, x| m.max(x.abs())),
+        };
+        (most < LARGE).then_some(most)
+    };
+    // The operand that is not a constant, with the constant's bound.
+    let with_constant = || match (constant(d.args[0]), constant(d.args[1])) {
+        (None, Some(c)) => Some((d.args[0], c)),
+        (Some(c), None) => Some((d.args[1], c)),
+        _ => None,
+    };
+    match &d.kind {
+        OpKind::Cast { .. } => match f.ty(d.args[0]).dtype() {
+            DType::I8 | DType::U8 => Some(256.0),
+            DType::I32 => Some(2f64.powi(31)),
+            _ => None,
+        },
+        OpKind::Unary(tcc_ir::UnaryOp::Relu) => bound(f, d.args[0]),
+        OpKind::Binary(op) => {
+            let (x, c) = with_constant()?;
+            let b = bound(f, x)?;
+            let r = match op {
+                BinaryOp::Mul => b * c,
+                BinaryOp::Add | BinaryOp::Sub => b + c,
+                BinaryOp::Max | BinaryOp::Min => b.max(c),
+                _ => return None,
+            };
+            (r < LARGE).then_some(r)
+        }
+        _ => None,
+    }
 }
 
 /// Folds every dequantization, transpose and reshape of constants, and every op of `created`
