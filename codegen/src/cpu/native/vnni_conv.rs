@@ -182,35 +182,7 @@ pub(super) unsafe fn convolve(filter: &Filter, g: Group) {
     // SAFETY: items write disjoint (block, channel range) pieces of `out`; the columns and
     // the filter are only read.
     let g = unsafe { crate::cpu::send_ptr::SendPtr::new(g) };
-    // With the channels split, each block is packed once, before any item runs over it.
     let kp = panel_taps(filter);
-    let mut shared = Vec::new();
-    let mut sums = Vec::new();
-    if splits > 1 {
-        // Aligned (as each block, `kp * 32` bytes with `kp` a multiple of 4): AMX loads its
-        // tiles from aligned rows 2.6 times as fast as from unaligned ones.
-        shared = crate::cpu::bytes::lines((blocks * kp * PX) as u64);
-        sums.resize(blocks, [_mm512_setzero_si512(); 2]);
-        // SAFETY: item `b` writes block `b` of `shared` and `sums` alone.
-        let (dst, sum) = unsafe {
-            (
-                crate::cpu::send_ptr::SendPtr::new(shared.as_mut_ptr() as *mut u8),
-                crate::cpu::send_ptr::SendPtr::new(sums.as_mut_ptr()),
-            )
-        };
-        let pack_item = |b: usize| {
-            SCRATCH.with(|s| {
-                let mut s = s.borrow_mut();
-                // SAFETY: as above, and this function's contract.
-                unsafe {
-                    let colsum =
-                        pack_any(&g.get(), b * PX, &mut s.taps, dst.get().add(b * kp * PX));
-                    sum.get().add(b).write(colsum);
-                }
-            });
-        };
-        parallel(blocks, work, &pack_item);
-    }
     let ch = channels(filter);
     // SAFETY (of each `run_block`): the CPU features and buffers as this function's contract.
     if splits == 1 {
@@ -224,20 +196,40 @@ pub(super) unsafe fn convolve(filter: &Filter, g: Group) {
         parallel(blocks, work, &item);
         return;
     }
-    // Few blocks, all packed: each item a range of channel tiles over every block, so that a
-    // tile's filter rows are read from memory once and from cache for the other blocks.
+    // Few blocks: each item a range of channel tiles over every block, so that a tile's
+    // filter rows are read from memory once and from cache for the other blocks. Each thread
+    // packs all the blocks once, into its own cache, for the items it runs (sharing them took
+    // a second parallel step and moved them between cores: 2 threads slower than 1 on a
+    // 576 -> 96 1x1 at 14x14).
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let ranges = tiles.min(4 * crate::cpu::pool::threads());
     let item = |i: usize| {
         SCRATCH.with(|s| {
             let s = &mut s.borrow_mut();
+            let lines = (blocks * kp * PX).div_ceil(64);
+            if s.blocks.len() < lines {
+                s.blocks = crate::cpu::bytes::lines(64 * lines as u64);
+                s.blocks_of = None;
+            }
+            let base = s.blocks.as_mut_ptr() as *mut u8;
+            let mut sums = std::mem::take(&mut s.sums);
+            if s.blocks_of != Some(call) {
+                sums.clear();
+                for b in 0..blocks {
+                    // SAFETY: block `b` of the thread's blocks; as this function's contract.
+                    let at = unsafe { base.add(b * kp * PX) };
+                    sums.push(unsafe { pack_any(&g.get(), b * PX, &mut s.taps, at) });
+                }
+                s.blocks_of = Some(call);
+            }
             for t in i * tiles / ranges..(i + 1) * tiles / ranges {
                 for (block, &colsum) in sums.iter().enumerate() {
-                    let at = (shared.as_ptr() as *const u8).wrapping_add(block * kp * PX);
-                    let packed = Some((at, colsum));
+                    let packed = Some((base.wrapping_add(block * kp * PX) as *const u8, colsum));
                     let chans = t * ch..(t + 1) * ch;
                     unsafe { run_block(filter, g.get(), &consts, block * PX, chans, packed, s) }
                 }
             }
+            s.sums = sums;
         });
     };
     parallel(ranges, work, &item);
@@ -276,6 +268,11 @@ pub(super) fn parallel(n: usize, work: usize, item: &(dyn Fn(usize) + Sync)) {
 #[derive(Default)]
 struct Scratch {
     packed: Vec<crate::cpu::bytes::Line>,
+    /// Every block of a convolution with few, their pixels' sums, and which call of
+    /// [`convolve`] packed them.
+    blocks: Vec<crate::cpu::bytes::Line>,
+    sums: Vec<[__m512i; 2]>,
+    blocks_of: Option<u64>,
     taps: Taps,
 }
 
@@ -288,6 +285,9 @@ struct Taps {
     segments: Vec<(u32, u64, isize)>,
     starts: Vec<usize>,
 }
+
+/// Calls of [`convolve`] so far: which one a thread's packed blocks belong to.
+static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 thread_local! {
     static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
