@@ -84,7 +84,7 @@ impl Depthwise {
     /// convolution, with [`SLACK`] more; `out` has room for `oH x oW` elements of the stored
     /// type.
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
     pub(super) unsafe fn channel_f32x16(
         &self,
         p: Plane,

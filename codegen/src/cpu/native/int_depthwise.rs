@@ -48,7 +48,7 @@ unsafe fn finish(post: &Bound, y: &[i32], o: usize, out: *mut u8, isa: Isa) {
 /// # Safety
 /// AVX-512F, BW and VL; as [`finish`].
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
 unsafe fn finish16(post: &Bound, y: &[i32], o: usize, out: *mut u8) {
     use std::arch::x86_64::*;
     let size = if post.quantize.is_some() { 1 } else { 4 };

@@ -396,7 +396,7 @@ impl Native {
                 signed: quant::signed(f, d.results[0]),
                 isa: match (
                     cfg!(target_arch = "x86_64"),
-                    features.avx512f,
+                    avx512(features),
                     features.avx2,
                 ) {
                     (true, true, _) => int_depthwise::Isa::Avx512,
@@ -712,18 +712,33 @@ impl Native {
     }
 }
 
-/// Whether integer products run on AVX-512 VNNI: the target has AVX-512F (`host,-avx512f` turns
-/// it off, for the portable loop) and the CPU has AVX-512 VNNI (with BW, VL and BMI2, which
-/// every such CPU has and the convolution's packing uses).
+/// Whether integer products run on AVX-512 VNNI: [`avx512`], and the CPU has AVX-512 VNNI
+/// (with BMI2, which every such CPU has and the convolution's packing uses).
 fn vnni(features: &crate::cpu::Features) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        features.avx512f
+        avx512(features)
             && features.vnni
             && std::is_x86_feature_detected!("avx512vnni")
+            && std::is_x86_feature_detected!("bmi2")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = features;
+        false
+    }
+}
+
+/// Whether the quantization kernels run on AVX-512: the target has AVX-512F (`host,-avx512f`
+/// turns it off) and the CPU BW, VL and DQ (every CPU with AVX-512 VNNI has them; the
+/// requantizing stores use DQ's `vreduceps`).
+fn avx512(features: &crate::cpu::Features) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        features.avx512f
             && std::is_x86_feature_detected!("avx512bw")
             && std::is_x86_feature_detected!("avx512vl")
-            && std::is_x86_feature_detected!("bmi2")
+            && std::is_x86_feature_detected!("avx512dq")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

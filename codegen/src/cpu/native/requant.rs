@@ -317,7 +317,7 @@ impl Bound<'_> {
     /// AVX-512F, BW and VL; `out` has room for the lanes of `mask`.
     #[cfg(target_arch = "x86_64")]
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
     pub(crate) unsafe fn store16(
         &self,
         acc: std::arch::x86_64::__m512i,

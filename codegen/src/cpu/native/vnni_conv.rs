@@ -297,7 +297,7 @@ thread_local! {
 ///
 /// # Safety
 /// As [`convolve`].
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
 unsafe fn run_block(
     filter: &Filter,
     g: Group,
