@@ -16,6 +16,7 @@ mod layers;
 mod movement;
 mod pooling;
 mod quantize;
+mod requant_int;
 
 #[path = "../common/mod.rs"]
 mod common;

@@ -12,8 +12,9 @@ use super::requant::Bound;
 use std::arch::x86_64::*;
 
 /// What both forms take from the chain: the folded clamps, whether they keep every quotient
-/// within +-1000 (no clamp to +-1024 needed, as with relu6), and whether they keep it
-/// non-negative (no `max` with 0 before a u8 narrowing).
+/// within +-2^30 (then its conversion to i32 and the zero point's add cannot overflow, and
+/// the saturating narrowing alone gives the level: no clamp to +-1024 needed, as with relu6),
+/// and whether they keep it non-negative (no `max` with 0 before a u8 narrowing).
 struct Bounds {
     lo: f32,
     hi: f32,
@@ -34,11 +35,12 @@ impl Bound<'_> {
             lo = lo.max(c);
         }
         let hi = self.upper.map_or(f32::INFINITY, |(c, _)| c);
-        // `|q| <= |y| / s (1 + 2^-22)` for the product by the reciprocal: 1000 leaves room.
+        // `|q| <= |y| / s (1 + 2^-22)` for the product by the reciprocal: 2^30 leaves room
+        // below 2^31 for that and the zero point.
         Some(Bounds {
             lo,
             hi,
-            bounded: lo.abs().max(hi.abs()) / s <= 1000.0,
+            bounded: lo.abs().max(hi.abs()) / s <= (1u32 << 30) as f32,
             nonnegative: lo >= 0.0,
         })
     }
@@ -55,11 +57,20 @@ pub(crate) struct Plain16<'a> {
     s: f32,
     inv: f32,
     z: __m512i,
-    signed: bool,
-    /// Whether the clamps keep every quotient within +-1000 (no clamp to +-1024 needed, as
+    pub(crate) flags: Flags,
+}
+
+/// What a [`Plain16`]'s store may leave out. Kernels that store many vectors with one chain
+/// match on these once and pass them to [`Plain16::store_with`] as constants, so that the
+/// compiler leaves the tests out of the loop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Flags {
+    /// Whether the levels are i8.
+    pub signed: bool,
+    /// Whether the clamps keep every quotient within +-2^30 (no clamp to +-1024 needed, as
     /// with relu6), and whether they keep it non-negative (no `max` with 0 before a u8 store).
-    bounded: bool,
-    nonnegative: bool,
+    pub bounded: bool,
+    pub nonnegative: bool,
 }
 
 impl<'a> Bound<'a> {
@@ -72,8 +83,11 @@ impl<'a> Bound<'a> {
         let (inv, (s, z, signed)) = (self.plain?, self.quantize?);
         let b = self.bounds()?;
         Some(Plain16 {
-            bounded: b.bounded,
-            nonnegative: b.nonnegative,
+            flags: Flags {
+                signed,
+                bounded: b.bounded,
+                nonnegative: b.nonnegative,
+            },
             scale: self.scale.unwrap_or(&[1.0]),
             bias: self.bias.unwrap_or(&[0.0]),
             lo: _mm512_set1_ps(b.lo),
@@ -81,7 +95,6 @@ impl<'a> Bound<'a> {
             s,
             inv,
             z: _mm512_set1_epi32(z),
-            signed,
         })
     }
 }
@@ -95,6 +108,24 @@ impl Plain16<'_> {
     /// chain's operands.
     #[inline(always)]
     pub(crate) unsafe fn store(&self, y: __m512, o: usize, mask: u16, out: *mut u8) {
+        // SAFETY: as this function's contract.
+        unsafe { self.store_with(y, o, mask, out, self.flags) }
+    }
+
+    /// [`Plain16::store`] with the chain's flags `flags` (constants where the caller matched
+    /// on them).
+    ///
+    /// # Safety
+    /// As [`Plain16::store`]; `flags` are the chain's.
+    #[inline(always)]
+    pub(crate) unsafe fn store_with(
+        &self,
+        y: __m512,
+        o: usize,
+        mask: u16,
+        out: *mut u8,
+        flags: Flags,
+    ) {
         // Inlined into the kernels (compiled for AVX-512), which is what makes it fast: a call
         // would reload every constant.
         // SAFETY: AVX-512F, BW and VL and `out`, as this function's contract.
@@ -104,7 +135,7 @@ impl Plain16<'_> {
             let y = _mm512_add_ps(_mm512_mul_ps(y, scale), bias);
             let y = _mm512_min_ps(_mm512_max_ps(y, self.lo), self.hi);
             let mut q = super::quant::quotient16(y, self.s, self.inv);
-            if !self.bounded {
+            if !flags.bounded {
                 let bound = _mm512_set1_ps(1024.0);
                 let low = _mm512_sub_ps(_mm512_setzero_ps(), bound);
                 q = _mm512_min_ps(_mm512_max_ps(q, low), bound);
@@ -113,10 +144,10 @@ impl Plain16<'_> {
                 _mm512_cvt_roundps_epi32::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(q);
             let mut level = _mm512_add_epi32(r, self.z);
             // Narrowed in a register, then a masked byte store: faster than a narrowing store.
-            let bytes = if self.signed {
+            let bytes = if flags.signed {
                 _mm512_cvtsepi32_epi8(level)
             } else {
-                if !self.nonnegative {
+                if !flags.nonnegative {
                     level = _mm512_max_epi32(level, _mm512_setzero_si512());
                 }
                 _mm512_cvtusepi32_epi8(level)
@@ -196,7 +227,7 @@ impl Plain8<'_> {
     }
 
     /// The levels of eight sums `y` of channel `o`, unsaturated (within +-1024 of the zero
-    /// point). A method, not a closure: a closure in a function without the target's features
+    /// point, or +-2^30 where the clamps bound them). A method, not a closure: a closure in a function without the target's features
     /// is compiled without them, and its intrinsics become calls.
     ///
     /// # Safety

@@ -355,15 +355,14 @@ unsafe fn run_block(
                 let a = rows.ptr().add((g.first + c0) * rows.stride);
                 tiles.product(a, rows.stride, panel, rows.stride / 64, &mut sums);
             }
-            for (r, s) in sums.0.iter().enumerate().take(g.m - c0) {
-                // SAFETY: 32 sums a row.
-                let acc = unsafe {
-                    let p = s.as_ptr() as *const __m512i;
+            let live = (g.m - c0).min(32);
+            // SAFETY: 32 sums a row; the rest as this function's contract.
+            unsafe {
+                finish.rows(c0, live, |r| {
+                    let p = sums.0[r].as_ptr() as *const __m512i;
                     [_mm512_loadu_si512(p), _mm512_loadu_si512(p.add(1))]
-                };
-                // SAFETY: as this function's contract.
-                unsafe { finish.row(c0, r, acc) };
-            }
+                })
+            };
         }
         return;
     }
@@ -375,10 +374,8 @@ unsafe fn run_block(
         let first = g.first + c0;
         // SAFETY: rows `first..first + live` of the filter and `kp * 32` packed bytes.
         let acc = unsafe { tile(filter.rows.as_ptr().add(first * kp), kp, live, panel) };
-        for (r, &acc) in acc.iter().enumerate().take(live) {
-            // SAFETY: as this function's contract.
-            unsafe { finish.row(c0, r, acc) };
-        }
+        // SAFETY: as this function's contract.
+        unsafe { finish.rows(c0, live, |r| acc[r]) };
     }
 }
 
@@ -395,7 +392,86 @@ struct Finish<'a> {
     plain: Option<super::plain::Plain16<'a>>,
 }
 
+/// `$finish.plain_rows` with each combination of the flags as constants, the one `$flags` and
+/// `$centered` say chosen at run time.
+macro_rules! plain_rows {
+    ($finish:ident, $p:ident, $flags:expr, $centered:expr, $c0:ident, $live:ident, $acc:ident;
+     $(($s:literal, $b:literal, $n:literal, $c:literal)),*) => {
+        match ($flags.signed, $flags.bounded, $flags.nonnegative, $centered) {
+            $(($s, $b, $n, $c) => {
+                let flags = super::plain::Flags { signed: $s, bounded: $b, nonnegative: $n };
+                $finish.plain_rows($p, flags, $c, $c0, $live, &$acc)
+            })*
+        }
+    };
+}
+
 impl Finish<'_> {
+    /// Rows `0..live` of the channels from `c0` (`acc(r)` their sums) stored as the chain
+    /// says; on the plain path with the chain's flags and whether the filter is centered
+    /// matched once, not tested for every vector.
+    ///
+    /// # Safety
+    /// As [`Finish::row`], for every row.
+    #[inline(always)]
+    unsafe fn rows(&self, c0: usize, live: usize, acc: impl Fn(usize) -> [__m512i; 2]) {
+        let Some(p) = &self.plain else {
+            for r in 0..live {
+                // SAFETY: as this function's contract.
+                unsafe { self.row(c0, r, acc(r)) };
+            }
+            return;
+        };
+        // SAFETY: as this function's contract.
+        unsafe {
+            plain_rows!(self, p, p.flags, self.filter.centered, c0, live, acc;
+                (false, false, false, false), (false, false, false, true),
+                (false, false, true, false), (false, false, true, true),
+                (false, true, false, false), (false, true, false, true),
+                (false, true, true, false), (false, true, true, true),
+                (true, false, false, false), (true, false, false, true),
+                (true, false, true, false), (true, false, true, true),
+                (true, true, false, false), (true, true, false, true),
+                (true, true, true, false), (true, true, true, true))
+        }
+    }
+
+    /// [`Finish::rows`] on the plain path `p` with `flags` and `centered` (constants).
+    ///
+    /// # Safety
+    /// As [`Finish::row`], for every row.
+    #[inline(always)]
+    unsafe fn plain_rows(
+        &self,
+        p: &super::plain::Plain16,
+        flags: super::plain::Flags,
+        centered: bool,
+        c0: usize,
+        live: usize,
+        acc: &impl Fn(usize) -> [__m512i; 2],
+    ) {
+        for r in 0..live {
+            let o = self.g.first + c0 + r;
+            // SAFETY: the features and the row, as this function's contract; the chain's
+            // operands cover channel `o`.
+            unsafe {
+                let c = _mm512_set1_epi32(self.consts[c0 + r]);
+                let zw = _mm512_set1_epi32(self.filter.zeros[o]);
+                for (h, &a) in acc(r).iter().enumerate() {
+                    let v = if centered {
+                        _mm512_add_epi32(a, c)
+                    } else {
+                        let term = _mm512_mullo_epi32(zw, self.colsum[h]);
+                        _mm512_add_epi32(_mm512_sub_epi32(a, term), c)
+                    };
+                    let at = (c0 + r) * self.n + self.p0 + 16 * h;
+                    let y = _mm512_cvtepi32_ps(v);
+                    p.store_with(y, o, self.masks[h], self.g.out.add(at), flags);
+                }
+            }
+        }
+    }
+
     /// Row `r` of the channels from `c0`: its two vectors of sums stored as the chain says.
     ///
     /// # Safety
