@@ -13,7 +13,7 @@
 
 use super::int_depthwise::Depthwise;
 #[cfg(target_arch = "x86_64")]
-use super::plain::{Plain8, Plain16};
+use super::plain::{Flags, Plain8, Plain16};
 use super::requant::Bound;
 
 /// The most taps whose sums f32 holds exactly: `MAX_TAPS * 255 * 255 < 2^24`.
@@ -95,17 +95,26 @@ impl Depthwise {
         // Tiles of 7 rows where that divides the rows and 8 does not (MobileNet's 7, 14 and 28:
         // 8-row tiles compute an eighth more there).
         let oh = self.yd[2];
-        // SAFETY: as this function's contract (inlined here, with its features).
-        unsafe {
-            if !oh.is_multiple_of(8) && oh.is_multiple_of(7) {
-                self.tiles16::<7>(p, o, (post, plain), out)
-            } else {
-                self.tiles16::<ROWS>(p, o, (post, plain), out)
-            }
+        let seven = !oh.is_multiple_of(8) && oh.is_multiple_of(7);
+        // The plain path's flags matched here, each combination a copy of the tiles with them
+        // constant, so that no vector's store tests them.
+        macro_rules! tiles {
+            ($flags:expr) => {
+                // SAFETY: as this function's contract (inlined here, with its features).
+                unsafe {
+                    if seven {
+                        self.tiles16::<7>(p, o, (post, plain), out, $flags)
+                    } else {
+                        self.tiles16::<ROWS>(p, o, (post, plain), out, $flags)
+                    }
+                }
+            };
         }
+        let flags = plain.map_or(Flags::default(), |p| p.flags);
+        super::plain::with_constant_flags!(flags, f => tiles!(f))
     }
 
-    /// [`Depthwise::channel_f32x16`] in tiles of `R` rows.
+    /// [`Depthwise::channel_f32x16`] in tiles of `R` rows, `flags` the plain path's.
     ///
     /// # Safety
     /// As [`Depthwise::channel_f32x16`]; inlined into it, which has the features.
@@ -117,6 +126,7 @@ impl Depthwise {
         o: usize,
         (post, plain): (Option<&Bound>, Option<&Plain16>),
         out: *mut u8,
+        flags: Flags,
     ) {
         use std::arch::x86_64::*;
         let [_, _, oh, ow] = self.yd;
@@ -151,7 +161,7 @@ impl Depthwise {
                         let sums = _mm512_cvtps_epi32(acc);
                         // The mask's lanes of row `oy + r` of `out`.
                         match (plain, post) {
-                            (Some(p), _) => p.store(acc, o, mask, at),
+                            (Some(p), _) => p.store_with(acc, o, mask, at, flags),
                             (_, Some(post)) => post.store16(sums, o, mask, at),
                             (_, None) => _mm512_mask_storeu_epi32(at as *mut i32, mask, sums),
                         }

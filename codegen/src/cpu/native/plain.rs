@@ -60,10 +60,30 @@ pub(crate) struct Plain16<'a> {
     pub(crate) flags: Flags,
 }
 
+/// Evaluates `$body` with `$f` bound to the [`Flags`] `$flags` as a constant: one copy of
+/// `$body` for each of their eight values, so that the stores inlined into it test none.
+macro_rules! with_constant_flags {
+    ($flags:expr, $f:ident => $body:expr) => {
+        $crate::cpu::native::plain::with_constant_flags!(@arms $flags, $f, $body;
+            [false false false] [false false true] [false true false] [false true true]
+            [true false false] [true false true] [true true false] [true true true])
+    };
+    (@arms $flags:expr, $f:ident, $body:expr; $([$s:literal $b:literal $n:literal])*) => {{
+        use $crate::cpu::native::plain::Flags;
+        match $flags {
+            $(Flags { signed: $s, bounded: $b, nonnegative: $n } => {
+                let $f = Flags { signed: $s, bounded: $b, nonnegative: $n };
+                $body
+            })*
+        }
+    }};
+}
+pub(crate) use with_constant_flags;
+
 /// What a [`Plain16`]'s store may leave out. Kernels that store many vectors with one chain
 /// match on these once and pass them to [`Plain16::store_with`] as constants, so that the
 /// compiler leaves the tests out of the loop.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Flags {
     /// Whether the levels are i8.
     pub signed: bool,

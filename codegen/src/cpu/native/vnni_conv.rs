@@ -392,20 +392,6 @@ struct Finish<'a> {
     plain: Option<super::plain::Plain16<'a>>,
 }
 
-/// `$finish.plain_rows` with each combination of the flags as constants, the one `$flags` and
-/// `$centered` say chosen at run time.
-macro_rules! plain_rows {
-    ($finish:ident, $p:ident, $flags:expr, $centered:expr, $c0:ident, $live:ident, $acc:ident;
-     $(($s:literal, $b:literal, $n:literal, $c:literal)),*) => {
-        match ($flags.signed, $flags.bounded, $flags.nonnegative, $centered) {
-            $(($s, $b, $n, $c) => {
-                let flags = super::plain::Flags { signed: $s, bounded: $b, nonnegative: $n };
-                $finish.plain_rows($p, flags, $c, $c0, $live, &$acc)
-            })*
-        }
-    };
-}
-
 impl Finish<'_> {
     /// Rows `0..live` of the channels from `c0` (`acc(r)` their sums) stored as the chain
     /// says; on the plain path with the chain's flags and whether the filter is centered
@@ -423,17 +409,13 @@ impl Finish<'_> {
             return;
         };
         // SAFETY: as this function's contract.
-        unsafe {
-            plain_rows!(self, p, p.flags, self.filter.centered, c0, live, acc;
-                (false, false, false, false), (false, false, false, true),
-                (false, false, true, false), (false, false, true, true),
-                (false, true, false, false), (false, true, false, true),
-                (false, true, true, false), (false, true, true, true),
-                (true, false, false, false), (true, false, false, true),
-                (true, false, true, false), (true, false, true, true),
-                (true, true, false, false), (true, true, false, true),
-                (true, true, true, false), (true, true, true, true))
-        }
+        super::plain::with_constant_flags!(p.flags, f => unsafe {
+            if self.filter.centered {
+                self.plain_rows(p, f, true, c0, live, &acc)
+            } else {
+                self.plain_rows(p, f, false, c0, live, &acc)
+            }
+        })
     }
 
     /// [`Finish::rows`] on the plain path `p` with `flags` and `centered` (constants).
