@@ -2,11 +2,12 @@
 (torchvision, random weights, batch norm folded; exported by benches/onnx_peer.py), float
 against int8 in tcc and in onnxruntime, with the same threads, in the same run.
 
-    python benches/int8.py TCC DIR THREADS RUNS [avx2]
+    python benches/int8.py TCC DIR THREADS RUNS [avx2|vnni]
 
 With `avx2` tcc runs with `--target host,-avx512f,-avxvnni` (standing in for a CPU with AVX2
 but no VNNI) and its own quantization uses `--reduce-range` (7-bit weights, which that path multiplies
-on `vpmaddubsw`); onnxruntime still runs on every feature the CPU has.
+on `vpmaddubsw`); with `vnni`, `--target host,-amx` (AVX-512 VNNI without AMX, on a CPU that
+has AMX). onnxruntime still runs on every feature the CPU has.
 
 For each model:
 - onnxruntime's int8 model: `quantize_static` in QDQ form (per-channel s8 weights, u8
@@ -88,6 +89,8 @@ def main():
     avx2 = sys.argv[5:] == ["avx2"]
     if avx2:
         TARGET.extend(["--target", "host,-avx512f,-avxvnni"])
+    if sys.argv[5:] == ["vnni"]:
+        TARGET.extend(["--target", "host,-amx"])
     # The float models, exported as the ONNX benchmark exports them (those missing only).
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import onnx_peer

@@ -9,7 +9,8 @@
 #   benches/run.sh int8    resnet18 and mobilenet_v2 at batch 1 and 8: tcc float, tcc int8 (its own
 #                          `tcc quantize` and onnxruntime's QDQ model) and onnxruntime float and
 #                          int8 (see benches/int8.py; the same venv as onnx); `int8 avx2`: tcc
-#                          with --target host,-avx512f,-avxvnni, its model --reduce-range
+#                          with --target host,-avx512f,-avxvnni, its model --reduce-range;
+#                          `int8 vnni`: tcc with --target host,-amx
 # Per layer, one model against onnxruntime's own profiler (after `run.sh onnx` wrote the models):
 #   target/torch-venv/bin/python benches/layers.py target/onnx-bench/MODEL.onnx
 set -euo pipefail
@@ -50,7 +51,7 @@ case "${1:-cpu}" in
     target/torch-venv/bin/python benches/int8.py target/release/tcc target/onnx-bench 2 30 ${2:-}
     ;;
   *)
-    echo "usage: benches/run.sh [cpu|train|onnx|int8 [avx2]]" >&2
+    echo "usage: benches/run.sh [cpu|train|onnx|int8 [avx2|vnni]]" >&2
     exit 2
     ;;
 esac

@@ -52,3 +52,26 @@ fn integer_convolutions_on_tiles() {
         }
     }
 }
+
+/// `-amx` in a target spec turns AMX off (and only it), with any other feature; the host's
+/// features name AMX-INT8 exactly where they use it.
+#[test]
+fn target_specs_turn_amx_off() {
+    let host = tcc_codegen::Features::of(None).unwrap();
+    let off = tcc_codegen::Features::of(Some("host,-amx")).unwrap();
+    assert!(!off.amx);
+    assert_eq!(
+        tcc_codegen::Features {
+            amx: host.amx,
+            ..off
+        },
+        host
+    );
+    assert!(!off.names().contains(&"AMX-INT8"));
+    assert_eq!(
+        host.names().contains(&"AMX-INT8"),
+        host.amx && host.avx512f && host.vnni
+    );
+    let both = tcc_codegen::Features::of(Some("host,-avxvnni,-amx")).unwrap();
+    assert!(!both.amx && !both.avx_vnni);
+}
