@@ -196,43 +196,43 @@ pub(super) unsafe fn convolve(filter: &Filter, g: Group) {
         parallel(blocks, work, &item);
         return;
     }
-    // Few blocks: each item a range of channel tiles over every block, so that a tile's
-    // filter rows are read from memory once and from cache for the other blocks. Each thread
-    // packs all the blocks once, into its own cache, for the items it runs (sharing them took
-    // a second parallel step and moved them between cores: 2 threads slower than 1 on a
-    // 576 -> 96 1x1 at 14x14).
+    // Few blocks: an item per channel tile and block, tile by tile, so that the pool's
+    // contiguous shares give each thread whole tiles (their filter rows read from memory
+    // once, from cache for the other blocks) and balance where the tiles are few (96 channels
+    // are 3 tiles of 32). Each thread packs a block the first time one of its items needs it,
+    // into its own cache, and keeps it for the call's other items (one parallel step of
+    // packing shared by all took a second step and moved the blocks between cores: two
+    // threads were slower than one on a 576 -> 96 1x1 at 14x14).
     let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let ranges = tiles.min(4 * crate::cpu::pool::threads());
     let item = |i: usize| {
+        let (t, block) = (i / blocks, i % blocks);
         SCRATCH.with(|s| {
             let s = &mut s.borrow_mut();
-            let lines = (blocks * kp * PX).div_ceil(64);
-            if s.blocks.len() < lines {
-                s.blocks = crate::cpu::bytes::lines(64 * lines as u64);
-                s.blocks_of = None;
-            }
-            let base = s.blocks.as_mut_ptr() as *mut u8;
-            let mut sums = std::mem::take(&mut s.sums);
             if s.blocks_of != Some(call) {
-                sums.clear();
-                for b in 0..blocks {
-                    // SAFETY: block `b` of the thread's blocks; as this function's contract.
-                    let at = unsafe { base.add(b * kp * PX) };
-                    sums.push(unsafe { pack_any(&g.get(), b * PX, &mut s.taps, at) });
+                let lines = (blocks * kp * PX).div_ceil(64);
+                if s.blocks.len() < lines {
+                    s.blocks = crate::cpu::bytes::lines(64 * lines as u64);
                 }
+                s.sums.clear();
+                s.sums.resize(blocks, None);
                 s.blocks_of = Some(call);
             }
-            for t in i * tiles / ranges..(i + 1) * tiles / ranges {
-                for (block, &colsum) in sums.iter().enumerate() {
-                    let packed = Some((base.wrapping_add(block * kp * PX) as *const u8, colsum));
-                    let chans = t * ch..(t + 1) * ch;
-                    unsafe { run_block(filter, g.get(), &consts, block * PX, chans, packed, s) }
+            let at = (s.blocks.as_mut_ptr() as *mut u8).wrapping_add(block * kp * PX);
+            let colsum = match s.sums[block] {
+                Some(colsum) => colsum,
+                None => {
+                    // SAFETY: block `block` of the thread's blocks; as this function's
+                    // contract.
+                    let colsum = unsafe { pack_any(&g.get(), block * PX, &mut s.taps, at) };
+                    s.sums[block] = Some(colsum);
+                    colsum
                 }
-            }
-            s.sums = sums;
+            };
+            let (packed, chans) = (Some((at as *const u8, colsum)), t * ch..(t + 1) * ch);
+            unsafe { run_block(filter, g.get(), &consts, block * PX, chans, packed, s) }
         });
     };
-    parallel(ranges, work, &item);
+    parallel(tiles * blocks, work, &item);
 }
 
 /// Output channels per tile: 32 on AMX, else [`CH`].
@@ -268,10 +268,10 @@ pub(super) fn parallel(n: usize, work: usize, item: &(dyn Fn(usize) + Sync)) {
 #[derive(Default)]
 struct Scratch {
     packed: Vec<crate::cpu::bytes::Line>,
-    /// Every block of a convolution with few, their pixels' sums, and which call of
-    /// [`convolve`] packed them.
+    /// The blocks of a convolution with few, their pixels' sums where this thread packed them,
+    /// and which call of [`convolve`] they belong to.
     blocks: Vec<crate::cpu::bytes::Line>,
-    sums: Vec<[__m512i; 2]>,
+    sums: Vec<Option<[__m512i; 2]>>,
     blocks_of: Option<u64>,
     taps: Taps,
 }
