@@ -186,14 +186,26 @@ pub(super) unsafe fn convolve(filter: &Filter, g: Group) {
     let ch = channels(filter);
     // SAFETY (of each `run_block`): the CPU features and buffers as this function's contract.
     if splits == 1 {
-        let item = |block: usize| {
+        // On AMX a few blocks an item where there are many, so that configuring the tiles
+        // (with releasing them, 45 ns) is paid once for them.
+        let per = match filter.tiles {
+            Some(_) => (blocks / (16 * crate::cpu::pool::threads())).clamp(1, 8),
+            None => 1,
+        };
+        let item = |i: usize| {
             SCRATCH.with(|s| {
-                let chans = 0..tiles * ch;
                 let s = &mut s.borrow_mut();
-                unsafe { run_block(filter, g.get(), &consts, block * PX, chans, None, s) }
+                let amx = filter
+                    .tiles
+                    .as_ref()
+                    .map(|_| unsafe { super::amx::Tiles::load() });
+                for block in i * per..((i + 1) * per).min(blocks) {
+                    let (chans, amx) = (0..tiles * ch, amx.as_ref());
+                    unsafe { run_block(filter, g.get(), &consts, (block, chans), None, amx, s) }
+                }
             });
         };
-        parallel(blocks, work, &item);
+        parallel(blocks.div_ceil(per), work, &item);
         return;
     }
     // Few blocks: an item per channel tile and block, tile by tile, so that the pool's
@@ -229,7 +241,12 @@ pub(super) unsafe fn convolve(filter: &Filter, g: Group) {
                 }
             };
             let (packed, chans) = (Some((at as *const u8, colsum)), t * ch..(t + 1) * ch);
-            unsafe { run_block(filter, g.get(), &consts, block * PX, chans, packed, s) }
+            let amx = filter
+                .tiles
+                .as_ref()
+                .map(|_| unsafe { super::amx::Tiles::load() });
+            let at = (block, chans);
+            unsafe { run_block(filter, g.get(), &consts, at, packed, amx.as_ref(), s) }
         });
     };
     parallel(tiles * blocks, work, &item);
@@ -293,7 +310,8 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
 }
 
-/// Pixels `p0..p0 + 32` (those below `n`) of channels `chans` (of the group, clipped to `m`).
+/// Block `block` (pixels `32 block..` below `n`) of channels `chans` (of the group, clipped
+/// to `m`), on AMX's tiles where the filter has them and `amx` holds them configured.
 ///
 /// # Safety
 /// As [`convolve`].
@@ -302,11 +320,12 @@ unsafe fn run_block(
     filter: &Filter,
     g: Group,
     consts: &[i32],
-    p0: usize,
-    chans: std::ops::Range<usize>,
+    (block, chans): (usize, std::ops::Range<usize>),
     packed: Option<(*const u8, [__m512i; 2])>,
+    amx: Option<&super::amx::Tiles>,
     scratch: &mut Scratch,
 ) {
+    let p0 = block * PX;
     let kp = filter.kp;
     let n = g.at.oh * g.at.ow;
     let count = (n - p0).min(PX);
@@ -341,10 +360,8 @@ unsafe fn run_block(
         colsum,
         plain,
     };
-    if let Some(rows) = &filter.tiles {
+    if let (Some(rows), Some(tiles)) = (&filter.tiles, amx) {
         let mut sums = super::amx::Sums([[0; 32]; 32]);
-        // SAFETY: a filter has tiles only where AMX is available.
-        let tiles = unsafe { super::amx::Tiles::load() };
         for c0 in chans.step_by(32) {
             if c0 >= g.m {
                 break;
