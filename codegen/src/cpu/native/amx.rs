@@ -64,8 +64,8 @@ static CONFIG: Config = {
 };
 
 /// The tiles configured on this thread while it lives; released when it is dropped (so that
-/// the thread's saved state is small again).
-pub(super) struct Tiles(());
+/// the thread's saved state is small again). Not `Send`: the configuration is the thread's.
+pub(super) struct Tiles(std::marker::PhantomData<*const ()>);
 
 impl Tiles {
     /// Configures the tiles.
@@ -75,7 +75,7 @@ impl Tiles {
     pub(super) unsafe fn load() -> Tiles {
         // SAFETY: the caller's contract; `CONFIG` is a valid 64-byte configuration.
         unsafe { asm!("ldtilecfg [{}]", in(reg) &CONFIG, options(nostack, readonly)) };
-        Tiles(())
+        Tiles(std::marker::PhantomData)
     }
 
     /// `out[i][j]` = the sum over `chunks * 64` taps of filter row `i` (32 rows of i8,

@@ -18,9 +18,9 @@
 //! 4-byte broadcasts and sixteen `vpdpbusd` into sixteen accumulators. Where the CPU has
 //! AMX-INT8 the tile is 32 channels by 32 pixels on AMX's tiles instead ([`super::amx`]), the
 //! packed block read as it is. A block stays in cache while every channel of the group runs
-//! over it; blocks are split across the thread pool, and where they are few, all are packed
-//! first and each item runs a range of channels over all of them (the filter's rows read from
-//! memory once).
+//! over it; blocks are split across the thread pool, and where they are few, an item is one
+//! channel tile over one block, each thread packing the blocks its items need once (see
+//! [`convolve`]).
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -195,10 +195,8 @@ pub(super) unsafe fn convolve(filter: &Filter, g: Group) {
         let item = |i: usize| {
             SCRATCH.with(|s| {
                 let s = &mut s.borrow_mut();
-                let amx = filter
-                    .tiles
-                    .as_ref()
-                    .map(|_| unsafe { super::amx::Tiles::load() });
+                // SAFETY: a filter has tiles only where AMX is available.
+                let amx = (filter.tiles.as_ref()).map(|_| unsafe { super::amx::Tiles::load() });
                 for block in i * per..((i + 1) * per).min(blocks) {
                     let (chans, amx) = (0..tiles * ch, amx.as_ref());
                     unsafe { run_block(filter, g.get(), &consts, (block, chans), None, amx, s) }
@@ -241,10 +239,8 @@ pub(super) unsafe fn convolve(filter: &Filter, g: Group) {
                 }
             };
             let (packed, chans) = (Some((at as *const u8, colsum)), t * ch..(t + 1) * ch);
-            let amx = filter
-                .tiles
-                .as_ref()
-                .map(|_| unsafe { super::amx::Tiles::load() });
+            // SAFETY: a filter has tiles only where AMX is available.
+            let amx = (filter.tiles.as_ref()).map(|_| unsafe { super::amx::Tiles::load() });
             let at = (block, chans);
             unsafe { run_block(filter, g.get(), &consts, at, packed, amx.as_ref(), s) }
         });
@@ -536,9 +532,9 @@ unsafe fn pack_any(g: &Group, p0: usize, taps: &mut Taps, out: *mut u8) -> [__m5
 /// zero point, each byte shifted to u8 where the input is i8, taps past `k` zero; returns each
 /// pixel's sum of its packed bytes (two vectors of sixteen). Im2col without the columns: the
 /// block's pixels fall in runs along output rows, and each tap's 32 bytes are one masked load
-/// per run (strides of 1 and 2; a byte at a time for larger ones), with the lanes and offsets
-/// of each filter column and the input row of each filter row found once per block. `SW` is
-/// the horizontal stride where it is 1 or 2, else 0.
+/// per run (strides of 1 and 2; a byte at a time for larger ones), the pieces of each filter
+/// position ([`Taps`]) found once per block. `SW` is the horizontal stride where it is 1 or 2,
+/// else 0.
 ///
 /// # Safety
 /// AVX-512F, BW, VL, VNNI, BMI2; `g.x` holds `c x h x w` bytes; `out` holds
@@ -587,18 +583,17 @@ unsafe fn pack<const SW: usize>(
         }
     }
     taps.starts.push(taps.segments.len());
-    let segments = &taps.segments[..];
-    let ranges: Vec<std::ops::Range<usize>> =
-        (taps.starts.windows(2)).map(|w| w[0]..w[1]).collect();
+    let (segments, starts) = (&taps.segments[..], &taps.starts[..]);
     let bit = _mm256_set1_epi8(if flip { -128 } else { 0 });
     let padding = _mm256_set1_epi8(zero as i8);
     // The 32 bytes of filter position `p` in `plane`.
     let tap = |plane: *const u8, p: usize| {
         let mut v = padding;
-        // SAFETY: `p` is a filter position, its range inside `segments`.
-        for &(lanes, bytes, off) in
-            unsafe { segments.get_unchecked(ranges.get_unchecked(p).clone()) }
-        {
+        // SAFETY: `p` is a filter position: `starts` has `p + 1`, its range inside `segments`.
+        let pieces = unsafe {
+            segments.get_unchecked(*starts.get_unchecked(p)..*starts.get_unchecked(p + 1))
+        };
+        for &(lanes, bytes, off) in pieces {
             // Where lane 0 would read: masked-off lanes are never read.
             let base = plane.wrapping_offset(off) as *const i8;
             // SAFETY: the mask's lanes read bytes inside a row of the plane.
