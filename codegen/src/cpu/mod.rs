@@ -165,7 +165,8 @@ impl Backend for Cpu {
         let plan = crate::kernel::rows::group(f, plan);
         let users = tcc_ir::edit::Users::new(f);
         // Integer convolutions take the requantizing ops after them (on every target).
-        let moves = native::requant_moves(f, &users, &plan);
+        let vnni = self.features().is_ok_and(|t| native::vnni(&t));
+        let moves = native::requant_moves(f, &users, &plan, vnni);
         let plan = if moves.is_empty() {
             plan
         } else {

@@ -150,6 +150,12 @@ impl IntegerConv {
         })
     }
 
+    /// Whether the convolution runs on [`super::vnni_conv`] (the only kernel that takes a
+    /// residual in its chain).
+    pub(super) fn on_vnni(&self) -> bool {
+        cfg!(target_arch = "x86_64") && self.product.vnni && self.depthwise().is_none()
+    }
+
     /// Whether the image is its own columns (1x1, stride 1, no padding).
     fn pointwise(&self) -> bool {
         let c = &self.conv;
@@ -218,6 +224,9 @@ impl IntegerConv {
                         signed: sx,
                         out: out.wrapping_add(size * (b * o + g * m) * n),
                         post,
+                        residual: post
+                            .and_then(|p| p.residual)
+                            .map(|r| r[(b * o + g * m) * n..].as_ptr()),
                     };
                     // SAFETY: `vnni` is set only where the CPU has AVX-512F, BW, VL and VNNI;
                     // the group's planes and `m * n` results are in range, as the geometry

@@ -480,10 +480,14 @@ impl Native {
     ) -> Option<Native> {
         let (&op, chain) = ops.split_first()?;
         let mut n = Native::for_op(f, op, &f.op(op).results, features)?;
-        let chain = requant::Requant::of(f, users, f.op(op).results[0], chain)?;
-        let Kind::ConvInteger { post, .. } = &mut n.kind else {
+        // A residual is in the chain only where `Cpu::fuse` allowed it.
+        let chain = requant::Requant::of(f, users, f.op(op).results[0], chain, &|_| true)?;
+        let Kind::ConvInteger { post, conv, .. } = &mut n.kind else {
             return None;
         };
+        if chain.residual.is_some() && !conv.on_vnni() {
+            return None;
+        }
         n.results = vec![chain.out];
         n.stored = vec![true];
         *post = Some(chain);
@@ -683,6 +687,7 @@ impl Native {
                         Some(p) => Some(requant::Bound {
                             scale: p.scale.map(|s| values(s.value)),
                             bias: p.bias.map(|b| values(b.value)),
+                            residual: p.residual.map(values),
                             relu: p.relu,
                             lower: p.lower.map(|c| (values(c.value)[0], c.chain_first)),
                             upper: p.upper.map(|c| (values(c.value)[0], c.chain_first)),
@@ -714,7 +719,7 @@ impl Native {
 
 /// Whether integer products run on AVX-512 VNNI: [`avx512`], and the CPU has AVX-512 VNNI
 /// (with BMI2, which every such CPU has and the convolution's packing uses).
-fn vnni(features: &crate::cpu::Features) -> bool {
+pub(crate) fn vnni(features: &crate::cpu::Features) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         avx512(features)

@@ -1,8 +1,10 @@
 //! The requantizing epilogue of `conv_integer`: what a quantized convolution does with its i32
 //! sums before the next layer reads them. In the IR it is a chain of ops (the `qdq` pass and
 //! ONNX's QLinearConv write it so): `cast` to f32, a multiply by the scales (one, or one per
-//! output channel), an add of the bias (the same forms), `relu`, a `max` and then a `min` with
-//! scalars (ONNX's Clip: relu6), and `quantize_linear` with one scale and zero point. The CPU
+//! output channel), an add of the bias (the same forms), on the VNNI and AMX convolution an add
+//! of a residual tensor of the result's shape computed before the convolution, `relu`, a `max`
+//! and then a `min` with scalars (ONNX's Clip: relu6), and `quantize_linear` with one scale and
+//! zero point. The CPU
 //! backend merges such a chain into the convolution's step ([`Requant::of`] decides, for
 //! `Cpu::fuse` and for lowering alike), and the kernel applies it as it stores each vector of
 //! sums: one pass, the i32 and f32 tensors between never written.
@@ -43,6 +45,9 @@ pub(crate) struct Requant {
     pub ops: Vec<Op>,
     pub scale: Option<Operand>,
     pub bias: Option<Operand>,
+    /// An add of a full f32 tensor of the result's shape after the bias (a residual
+    /// connection), where the caller allows one.
+    pub residual: Option<Value>,
     pub relu: bool,
     /// A `max` with a scalar, then a `min` with one.
     pub lower: Option<Clamp>,
@@ -58,8 +63,16 @@ impl Requant {
     /// `cast` to f32 of `r`, then optionally a multiply, an add, a `relu`, a `max` and a `min`
     /// with scalars, and a `quantize_linear`, in that order, each value but the last used only
     /// by the next op, each other operand a constant or a parameter (so the step may run where
-    /// the convolution does). Every op of `ops` must be in the chain.
-    pub(crate) fn of(f: &Function, users: &Users, r: Value, ops: &[Op]) -> Option<Requant> {
+    /// the convolution does). Every op of `ops` must be in the chain. After the bias an add of
+    /// a full tensor of the result's shape may follow where `residual` accepts its value (one
+    /// computed before the convolution, for a kernel that reads it).
+    pub(crate) fn of(
+        f: &Function,
+        users: &Users,
+        r: Value,
+        ops: &[Op],
+        residual: &dyn Fn(Value) -> bool,
+    ) -> Option<Requant> {
         let dims = f.ty(r).dims().to_vec();
         let only_next = |v: Value, next: Op| {
             !users.is_returned(v) && matches!(users.uses(v)[..], [(u, _)] if u == next)
@@ -103,6 +116,7 @@ impl Requant {
             ops: vec![first],
             scale: None,
             bias: None,
+            residual: None,
             relu: false,
             lower: None,
             upper: None,
@@ -137,8 +151,17 @@ impl Requant {
                     chain.scale = Some(operand(other()?)?);
                     stage = 1;
                 }
-                OpKind::Binary(BinaryOp::Add) if stage < 2 => {
-                    chain.bias = Some(operand(other()?)?);
+                OpKind::Binary(BinaryOp::Add) if stage < 2 && operand(other()?).is_some() => {
+                    chain.bias = operand(other()?);
+                    stage = 2;
+                }
+                OpKind::Binary(BinaryOp::Add) if stage <= 2 && chain.residual.is_none() => {
+                    let v = other()?;
+                    let full = f.ty(v).dtype() == DType::F32 && f.ty(v).dims() == &dims[..];
+                    if !full || !residual(v) {
+                        return None;
+                    }
+                    chain.residual = Some(v);
                     stage = 2;
                 }
                 OpKind::Unary(UnaryOp::Relu) if stage < 3 => {
@@ -175,6 +198,8 @@ impl Requant {
 pub(crate) struct Bound<'a> {
     pub scale: Option<&'a [f32]>,
     pub bias: Option<&'a [f32]>,
+    /// The residual tensor, all of it (only the VNNI and AMX convolution reads one).
+    pub residual: Option<&'a [f32]>,
     pub relu: bool,
     /// The `max` and `min` scalars, each with whether the chain's value is the first operand.
     pub lower: Option<(f32, bool)>,
@@ -195,8 +220,13 @@ impl Bound<'_> {
         let finite = |v: Option<&[f32]>| v.is_none_or(|v| v.iter().all(|x| x.is_finite()));
         let clamp = |c: Option<(f32, bool)>| c.is_none_or(|(c, _)| c.is_finite());
         let (s, _, _) = self.quantize?;
-        (finite(self.scale) && finite(self.bias) && clamp(self.lower) && clamp(self.upper))
-            .then_some(1.0 / s)
+        // A residual tensor may hold NaN or infinities: not plain.
+        let plain = self.residual.is_none()
+            && finite(self.scale)
+            && finite(self.bias)
+            && clamp(self.lower)
+            && clamp(self.upper);
+        plain.then_some(1.0 / s)
     }
 }
 
@@ -325,6 +355,26 @@ impl Bound<'_> {
         mask: u16,
         out: *mut u8,
     ) {
+        // SAFETY: as this function's contract.
+        unsafe { self.store16_with(acc, o, mask, out, None) }
+    }
+
+    /// [`Bound::store16`] with the residual's sixteen elements for these outputs (its lanes
+    /// outside `mask` anything), added after the bias.
+    ///
+    /// # Safety
+    /// As [`Bound::store16`]; `residual` is given where the chain has one.
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+    pub(crate) unsafe fn store16_with(
+        &self,
+        acc: std::arch::x86_64::__m512i,
+        o: usize,
+        mask: u16,
+        out: *mut u8,
+        residual: Option<std::arch::x86_64::__m512>,
+    ) {
         use std::arch::x86_64::*;
         let at = |v: &[f32]| _mm512_set1_ps(v[if v.len() == 1 { 0 } else { o }]);
         let mut y = _mm512_cvtepi32_ps(acc);
@@ -333,6 +383,9 @@ impl Bound<'_> {
         }
         if let Some(b) = self.bias {
             y = _mm512_add_ps(y, at(b));
+        }
+        if let Some(r) = residual {
+            y = _mm512_add_ps(y, r);
         }
         if let (Some(inv), Some((s, z, signed))) = (self.plain, self.quantize) {
             // Without NaN and with the zeros' signs lost: plain clamps, the quotient rounded
@@ -431,6 +484,7 @@ pub(crate) fn moves(
     f: &Function,
     users: &Users,
     plan: &crate::plan::Plan,
+    vnni: bool,
 ) -> Vec<(Kernel, Kernel)> {
     let mut moves = Vec::new();
     for (k0, kd) in plan.kernels.iter() {
@@ -456,15 +510,23 @@ pub(crate) fn moves(
                 .map(|k2| (q, k2)),
             _ => None,
         };
+        // A residual: on the VNNI and AMX convolution (not grouped), computed by an earlier
+        // kernel (or given), so that it is there when the merged step runs.
+        let grouped = matches!(&f.op(op).kind, OpKind::ConvInteger(c) if c.groups != 1);
+        let residual = |v: Value| {
+            vnni && !grouped
+                && f.def_op(v)
+                    .is_none_or(|p| plan.kernel_of[p].is_some_and(|k| k < k0))
+        };
         if let Some((q, k2)) = quantized {
             let mut ops = chain.ops.clone();
             ops.push(q);
-            if Requant::of(f, users, r, &ops).is_some() {
+            if Requant::of(f, users, r, &ops, &residual).is_some() {
                 moves.extend([(k1, k0), (k2, k0)]);
                 continue;
             }
         }
-        if Requant::of(f, users, r, &chain.ops).is_some() {
+        if Requant::of(f, users, r, &chain.ops, &residual).is_some() {
             moves.push((k1, k0));
         }
     }

@@ -162,6 +162,8 @@ pub(super) struct Group<'a> {
     /// `m x n` results, row-major: the sums (i32), or with `post` what its chain stores.
     pub out: *mut u8,
     pub post: Option<&'a super::requant::Bound<'a>>,
+    /// The chain's residual for these `m x n` results, where it has one.
+    pub residual: Option<*const f32>,
 }
 
 /// One group of a convolution: `out = filter rows first..first + m` times the columns, less
@@ -499,7 +501,9 @@ impl Finish<'_> {
                     (_, None) => _mm512_mask_storeu_epi32(g.out.add(4 * at) as *mut _, m, v),
                     (_, Some(post)) => {
                         let size = if post.quantize.is_some() { 1 } else { 4 };
-                        post.store16(v, o, m, g.out.add(size * at));
+                        // The residual's elements for these outputs (no plain path with one).
+                        let res = g.residual.map(|r| _mm512_maskz_loadu_ps(m, r.add(at)));
+                        post.store16_with(v, o, m, g.out.add(size * at), res);
                     }
                 }
             }
