@@ -148,11 +148,33 @@ impl Plain16<'_> {
     ) {
         // Inlined into the kernels (compiled for AVX-512), which is what makes it fast: a call
         // would reload every constant.
-        // SAFETY: AVX-512F, BW and VL and `out`, as this function's contract.
+        // SAFETY: as this function's contract.
+        unsafe { self.store_scaled(self.scaled(y, o), mask, out, flags) }
+    }
+
+    /// Sixteen sums `y` of channel `o` (in f32) times its scale plus its bias.
+    ///
+    /// # Safety
+    /// AVX-512F; `o` is a channel of the chain's operands.
+    #[inline(always)]
+    pub(crate) unsafe fn scaled(&self, y: __m512, o: usize) -> __m512 {
+        // SAFETY: AVX-512F, as this function's contract.
         unsafe {
             let scale = _mm512_set1_ps(self.scale[if self.scale.len() == 1 { 0 } else { o }]);
             let bias = _mm512_set1_ps(self.bias[if self.bias.len() == 1 { 0 } else { o }]);
-            let y = _mm512_add_ps(_mm512_mul_ps(y, scale), bias);
+            _mm512_add_ps(_mm512_mul_ps(y, scale), bias)
+        }
+    }
+
+    /// [`Plain16::store_with`] from the value after the bias (and a residual: finite lanes
+    /// only, the plain path's assumption).
+    ///
+    /// # Safety
+    /// As [`Plain16::store_with`]; the lanes of `mask` in `y` are finite.
+    #[inline(always)]
+    pub(crate) unsafe fn store_scaled(&self, y: __m512, mask: u16, out: *mut u8, flags: Flags) {
+        // SAFETY: AVX-512F, BW and VL and `out`, as this function's contract.
+        unsafe {
             let y = _mm512_min_ps(_mm512_max_ps(y, self.lo), self.hi);
             let mut q = super::quant::quotient16(y, self.s, self.inv);
             if !flags.bounded {

@@ -198,7 +198,8 @@ impl Requant {
 pub(crate) struct Bound<'a> {
     pub scale: Option<&'a [f32]>,
     pub bias: Option<&'a [f32]>,
-    /// The residual tensor, all of it (only the VNNI and AMX convolution reads one).
+    /// The residual tensor, all of it (only the VNNI and AMX convolution reads one: its plain
+    /// stores take the vectors whose results are finite, the exact path the others).
     pub residual: Option<&'a [f32]>,
     pub relu: bool,
     /// The `max` and `min` scalars, each with whether the chain's value is the first operand.
@@ -220,12 +221,11 @@ impl Bound<'_> {
         let finite = |v: Option<&[f32]>| v.is_none_or(|v| v.iter().all(|x| x.is_finite()));
         let clamp = |c: Option<(f32, bool)>| c.is_none_or(|(c, _)| c.is_finite());
         let (s, _, _) = self.quantize?;
-        // A residual tensor may hold NaN or infinities: not plain.
-        let plain = self.residual.is_none()
-            && finite(self.scale)
-            && finite(self.bias)
-            && clamp(self.lower)
-            && clamp(self.upper);
+        // A residual tensor may hold NaN or infinities: the kernel that adds one checks each
+        // vector (`Finish::plain_rows` in vnni_conv.rs), storing those that are not finite
+        // through the exact path.
+        let plain =
+            finite(self.scale) && finite(self.bias) && clamp(self.lower) && clamp(self.upper);
         plain.then_some(1.0 / s)
     }
 }
@@ -387,7 +387,8 @@ impl Bound<'_> {
         if let Some(r) = residual {
             y = _mm512_add_ps(y, r);
         }
-        if let (Some(inv), Some((s, z, signed))) = (self.plain, self.quantize) {
+        // With a residual, whose elements may be NaN or infinite, the exact steps.
+        if let (Some(inv), Some((s, z, signed)), None) = (self.plain, self.quantize, residual) {
             // Without NaN and with the zeros' signs lost: plain clamps, the quotient rounded
             // half to even by the conversion, the zero point added and the level saturated by
             // the narrowing store.

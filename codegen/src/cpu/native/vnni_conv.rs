@@ -461,9 +461,23 @@ impl Finish<'_> {
                         let term = _mm512_mullo_epi32(zw, self.colsum[h]);
                         _mm512_add_epi32(_mm512_sub_epi32(a, term), c)
                     };
-                    let at = (c0 + r) * self.n + self.p0 + 16 * h;
-                    let y = _mm512_cvtepi32_ps(v);
-                    p.store_with(y, o, self.masks[h], self.g.out.add(at), flags);
+                    let (at, m) = ((c0 + r) * self.n + self.p0 + 16 * h, self.masks[h]);
+                    let y = p.scaled(_mm512_cvtepi32_ps(v), o);
+                    let Some(res) = self.g.residual else {
+                        p.store_scaled(y, m, self.g.out.add(at), flags);
+                        continue;
+                    };
+                    // The residual's elements for these outputs; where one of the results is
+                    // not finite (a NaN or infinity in the residual, or an overflow), the
+                    // vector takes the exact path, which keeps what the interpreter does.
+                    let r = _mm512_maskz_loadu_ps(m, res.add(at));
+                    let y = _mm512_add_ps(y, r);
+                    // Classes: quiet and signalling NaN, +inf, -inf.
+                    if _mm512_mask_fpclass_ps_mask::<0x99>(m, y) == 0 {
+                        p.store_scaled(y, m, self.g.out.add(at), flags);
+                    } else if let Some(post) = self.g.post {
+                        post.store16_with(v, o, m, self.g.out.add(at), Some(r));
+                    }
                 }
             }
         }
