@@ -51,7 +51,8 @@ fn clamped_chains_saturate_at_many_levels() {
     }
 }
 
-/// A residual add after the bias (a full f32 tensor: a parameter, or an earlier op's result)
+/// A residual add after the bias (a full f32 tensor: a parameter, or an earlier op's result;
+/// two images, each reading its own part)
 /// runs in the convolution's step on AVX-512 VNNI and AMX, the exact path storing with it
 /// (it may hold NaN, infinities and negative zeros, which the chain keeps as the interpreter
 /// does); one made after the convolution is not taken. Exact against the interpreter on
@@ -63,14 +64,14 @@ fn residual_adds_in_the_chain() {
         (
             "",
             "%res",
-            "  %y = relu %r : f32[1,7,9,9]\n  %q = quantize_linear %y, %qs, %qz : u8[1,7,9,9]",
+            "  %y = relu %r : f32[2,7,9,9]\n  %q = quantize_linear %y, %qs, %qz : u8[2,7,9,9]",
             "u8",
         ),
-        ("", "%res", "  %q = relu %r : f32[1,7,9,9]", "f32"),
+        ("", "%res", "  %q = relu %r : f32[2,7,9,9]", "f32"),
         (
-            "  %res2 = mul %res, %k : f32[1,7,9,9]\n",
+            "  %res2 = mul %res, %k : f32[2,7,9,9]\n",
             "%res2",
-            "  %q = quantize_linear %r, %qs, %qz : u8[1,7,9,9]",
+            "  %q = quantize_linear %r, %qs, %qz : u8[2,7,9,9]",
             "u8",
         ),
     ];
@@ -81,23 +82,24 @@ fn residual_adds_in_the_chain() {
             }
             let (early, late_def) = if late { ("", before) } else { (before, "") };
             let src = format!(
-                "func @f(%x: u8[1,5,9,9], %w: i8[7,5,3,3], %s: f32[1,7,1,1], %b: f32[1,7,1,1], %res: f32[1,7,9,9], %k: f32[]) -> ({yt}[1,7,9,9]) {{
+                "func @f(%x: u8[2,5,9,9], %w: i8[7,5,3,3], %s: f32[1,7,1,1], %b: f32[1,7,1,1], %res: f32[2,7,9,9], %k: f32[]) -> ({yt}[2,7,9,9]) {{
   %xz = const {{value=3}} : u8[]
   %wz = const {{value=0}} : i8[]
   %qs = const {{value=0.05}} : f32[]
   %qz = const {{value=9}} : u8[]
-{early}  %acc = conv_integer %x, %w, %xz, %wz {{pads=[1,1,1,1]}} : i32[1,7,9,9]
-  %c = cast %acc {{to=f32}} : f32[1,7,9,9]
-  %m = mul %c, %s : f32[1,7,9,9]
-  %a = add %m, %b : f32[1,7,9,9]
-{late_def}  %r = add {res}, %a : f32[1,7,9,9]
+{early}  %acc = conv_integer %x, %w, %xz, %wz {{pads=[1,1,1,1]}} : i32[2,7,9,9]
+  %c = cast %acc {{to=f32}} : f32[2,7,9,9]
+  %m = mul %c, %s : f32[2,7,9,9]
+  %a = add %m, %b : f32[2,7,9,9]
+{late_def}  %r = add {res}, %a : f32[2,7,9,9]
 {after}
   return %q
 }}"
             );
             let f = parse_function(&src).unwrap_or_else(|d| panic!("{src}\n{d}"));
-            let mut residual: Vec<f32> =
-                (0..7 * 81).map(|j| (j % 23) as f32 * 0.37 - 4.0).collect();
+            let mut residual: Vec<f32> = (0..2 * 7 * 81)
+                .map(|j| (j % 23) as f32 * 0.37 - 4.0)
+                .collect();
             residual[..6].copy_from_slice(&[
                 f32::NAN,
                 f32::INFINITY,
@@ -107,7 +109,7 @@ fn residual_adds_in_the_chain() {
                 -1e30,
             ]);
             let inputs = vec![
-                common::bytes(tcc_ir::DType::U8, &[1, 5, 9, 9], None, 21 + i as u64),
+                common::bytes(tcc_ir::DType::U8, &[2, 5, 9, 9], None, 21 + i as u64),
                 common::bytes(tcc_ir::DType::I8, &[7, 5, 3, 3], None, 22),
                 Tensor::from_f32(
                     &[1, 7, 1, 1],
@@ -119,7 +121,7 @@ fn residual_adds_in_the_chain() {
                     (0..7).map(|j| 0.25 * j as f32 - 1.0).collect::<Vec<f32>>(),
                 )
                 .unwrap(),
-                Tensor::from_f32(&[1, 7, 9, 9], residual).unwrap(),
+                Tensor::from_f32(&[2, 7, 9, 9], residual).unwrap(),
                 Tensor::from_f32(&[], vec![-1.5]).unwrap(),
             ];
             quantize::agrees_on_every_target(&f, &inputs, &src, quantize::no_reference_ops);
