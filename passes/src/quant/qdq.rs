@@ -68,16 +68,21 @@ pub fn qdq(f: &mut Function) -> usize {
         f.replace_all_uses(old, y);
         names.push((y, f.name(old).to_string()));
     }
+    let products = names.len() - poolings;
     crate::dce(f);
     fold_constants(f, &created);
-    quantize_before_pool(f);
+    let requantized = quantize_before_pool(f);
+    if !requantized.is_empty() {
+        crate::dce(f);
+    }
+    names.extend(requantized);
     // Each product keeps the name of the float op it replaces, free once that op is gone.
     for (y, name) in &names {
         if f.lookup(name).is_none() {
             f.rename(*y, name);
         }
     }
-    names.len() - poolings
+    products
 }
 
 /// `(q, scale, zero_point)` when `v` is `dequantize_linear` of u8 or i8 levels.
@@ -241,8 +246,13 @@ fn pool_on_levels(f: &mut Function) -> Vec<(Value, String)> {
 /// requantizing chain, as `tcc quantize` leaves a stem's pooling), as
 /// `max_pool2d(quantize_linear(y, s, z))`: the same levels, as quantizing is non-decreasing
 /// (a quotient by `s > 0`, rounding, saturation) and so commutes with a maximum, where no
-/// element is NaN. Then the chain stores levels and the pooling reads bytes.
-fn quantize_before_pool(f: &mut Function) {
+/// element is NaN. Then the chain stores levels and the pooling reads bytes. Returns each new
+/// pooling's result with the name of the quantization it replaces (the old ops left dead).
+fn quantize_before_pool(f: &mut Function) -> Vec<(Value, String)> {
+    // One view of the uses for every candidate: a rewrite adds readers only of its own chain's
+    // value and takes them only from its own pooling.
+    let users = tcc_ir::edit::Users::new(f);
+    let mut names = Vec::new();
     for op in f.schedule().to_vec() {
         let d = f.op(op);
         if d.kind != OpKind::QuantizeLinear || !d.deps.is_empty() {
@@ -257,7 +267,6 @@ fn quantize_before_pool(f: &mut Function) {
         };
         let (window, y) = (window.clone(), f.op(pool).args[0]);
         let positive = |s: Scalar| s.to_f64().is_finite() && s.to_f64() > 0.0;
-        let users = tcc_ir::edit::Users::new(f);
         if !matches!(scalar_constant(f, scale), Some(s) if positive(s))
             || !f.op(pool).deps.is_empty()
             || users.uses(pooled).len() != 1
@@ -268,8 +277,7 @@ fn quantize_before_pool(f: &mut Function) {
             continue;
         }
         let name = format!("{}/levels", f.name(y));
-        let mut levels = f.ty(y).clone();
-        levels = tcc_ir::TensorType::new(f.ty(out).dtype(), levels.dims().to_vec())
+        let levels = tcc_ir::TensorType::new(f.ty(out).dtype(), f.ty(y).dims().to_vec())
             .expect("the dims of a typed value");
         let q = f.create_op(
             OpKind::QuantizeLinear,
@@ -284,10 +292,9 @@ fn quantize_before_pool(f: &mut Function) {
         f.insert_before(new, op);
         let new = f.op(new).results[0];
         f.replace_all_uses(out, new);
-        let name = f.name(out).to_string();
-        crate::dce(f);
-        f.rename(new, &name);
+        names.push((new, f.name(out).to_string()));
     }
+    names
 }
 
 /// Bounds [`bound`] keeps below: far from f32's largest finite value (3.4e38) so that no step
