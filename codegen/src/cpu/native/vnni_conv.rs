@@ -452,15 +452,8 @@ impl Finish<'_> {
             // SAFETY: the features and the row, as this function's contract; the chain's
             // operands cover channel `o`.
             unsafe {
-                let c = _mm512_set1_epi32(self.consts[c0 + r]);
-                let zw = _mm512_set1_epi32(self.filter.zeros[o]);
                 for (h, &a) in acc(r).iter().enumerate() {
-                    let v = if centered {
-                        _mm512_add_epi32(a, c)
-                    } else {
-                        let term = _mm512_mullo_epi32(zw, self.colsum[h]);
-                        _mm512_add_epi32(_mm512_sub_epi32(a, term), c)
-                    };
+                    let v = self.corrected(c0 + r, h, a, centered);
                     let (at, m) = ((c0 + r) * self.n + self.p0 + 16 * h, self.masks[h]);
                     let y = p.scaled(_mm512_cvtepi32_ps(v), o);
                     let Some(res) = self.g.residual else {
@@ -483,39 +476,52 @@ impl Finish<'_> {
         }
     }
 
-    /// Row `r` of the channels from `c0`: its two vectors of sums stored as the chain says.
+    /// Half `h` of the sums `a` of row `row` of the group's channels, less the zero points'
+    /// terms: the channel's constant, and with a filter not `centered` the pixels' sums times
+    /// its zero point.
+    ///
+    /// # Safety
+    /// AVX-512F (inlined into the kernel compiled for it); `row` is one of the group's.
+    #[inline(always)]
+    unsafe fn corrected(&self, row: usize, h: usize, a: __m512i, centered: bool) -> __m512i {
+        // SAFETY: AVX-512F, as this function's contract.
+        unsafe {
+            let c = _mm512_set1_epi32(self.consts[row]);
+            if centered {
+                return _mm512_add_epi32(a, c);
+            }
+            let zw = _mm512_set1_epi32(self.filter.zeros[self.g.first + row]);
+            let term = _mm512_mullo_epi32(zw, self.colsum[h]);
+            _mm512_add_epi32(_mm512_sub_epi32(a, term), c)
+        }
+    }
+
+    /// Row `r` of the channels from `c0` off the plain path: its two vectors of sums stored as
+    /// the chain says, or as they are.
     ///
     /// # Safety
     /// AVX-512F, BW and VL (inlined into the kernel compiled for them); the row is one of the
     /// group's.
     #[inline(always)]
     unsafe fn row(&self, c0: usize, r: usize, acc: [__m512i; 2]) {
-        let (filter, g) = (self.filter, self.g);
+        let g = self.g;
         let o = g.first + c0 + r;
         // SAFETY: the features and the row, as this function's contract; the chain's operands
         // cover channel `o`.
         unsafe {
-            let zw = _mm512_set1_epi32(filter.zeros[o]);
-            let c = _mm512_set1_epi32(self.consts[c0 + r]);
             // The masks indexed, not zipped: a zip with an array built on the stack for every
             // row reloaded it wider than it was stored (a store-forwarding stall that took a
             // third of a small 1x1 layer's time).
             for (h, &a) in acc.iter().enumerate() {
                 let m = self.masks[h];
-                let v = if filter.centered {
-                    _mm512_add_epi32(a, c)
-                } else {
-                    let term = _mm512_mullo_epi32(zw, self.colsum[h]);
-                    _mm512_add_epi32(_mm512_sub_epi32(a, term), c)
-                };
+                let v = self.corrected(c0 + r, h, a, self.filter.centered);
                 // Row `c0 + r` of the group's output, pixels below `n` (the mask).
                 let at = (c0 + r) * self.n + self.p0 + 16 * h;
-                match (&self.plain, g.post) {
-                    (Some(p), _) => p.store(_mm512_cvtepi32_ps(v), o, m, g.out.add(at)),
-                    (_, None) => _mm512_mask_storeu_epi32(g.out.add(4 * at) as *mut _, m, v),
-                    (_, Some(post)) => {
+                match g.post {
+                    None => _mm512_mask_storeu_epi32(g.out.add(4 * at) as *mut _, m, v),
+                    Some(post) => {
                         let size = if post.quantize.is_some() { 1 } else { 4 };
-                        // The residual's elements for these outputs (no plain path with one).
+                        // The residual's elements for these outputs, where the chain has one.
                         let res = g.residual.map(|r| _mm512_maskz_loadu_ps(m, r.add(at)));
                         post.store16_with(v, o, m, g.out.add(size * at), res);
                     }
