@@ -177,17 +177,18 @@ pub(super) struct Group<'a> {
 pub(super) unsafe fn convolve(filter: &Filter, g: Group) {
     let n = g.at.oh * g.at.ow;
     let blocks = n.div_ceil(PX);
-    let tiles = g.m.div_ceil(channels(filter));
-    let splits = splits(blocks, tiles);
+    let ch = channels(filter);
+    let tiles = g.m.div_ceil(ch);
+    // Too few blocks to balance the pool on their own (they would split the channels).
+    let few = splits(blocks, tiles) > 1;
     let work = g.m * n * filter.k;
     let consts = filter.constants(g.first..g.first + g.m, g.zx, g.signed);
     // SAFETY: items write disjoint (block, channel range) pieces of `out`; the columns and
     // the filter are only read.
     let g = unsafe { crate::cpu::send_ptr::SendPtr::new(g) };
     let kp = panel_taps(filter);
-    let ch = channels(filter);
     // SAFETY (of each `run_block`): the CPU features and buffers as this function's contract.
-    if splits == 1 {
+    if !few {
         // On AMX a few blocks an item where there are many, so that configuring the tiles
         // (with releasing them, 45 ns) is paid once for them.
         let per = match filter.tiles {
