@@ -151,17 +151,19 @@ impl Requant {
                     chain.scale = Some(operand(other()?)?);
                     stage = 1;
                 }
-                OpKind::Binary(BinaryOp::Add) if stage < 2 && operand(other()?).is_some() => {
-                    chain.bias = operand(other()?);
-                    stage = 2;
-                }
-                OpKind::Binary(BinaryOp::Add) if stage <= 2 && chain.residual.is_none() => {
+                // The bias (one value, or one per channel), or after it a residual.
+                OpKind::Binary(BinaryOp::Add) if stage <= 2 => {
                     let v = other()?;
-                    let full = f.ty(v).dtype() == DType::F32 && f.ty(v).dims() == &dims[..];
-                    if !full || !residual(v) {
-                        return None;
+                    match operand(v) {
+                        Some(bias) if stage < 2 => chain.bias = Some(bias),
+                        _ => {
+                            let full = f.ty(v).dtype() == DType::F32 && f.ty(v).dims() == &dims[..];
+                            if !full || chain.residual.is_some() || !residual(v) {
+                                return None;
+                            }
+                            chain.residual = Some(v);
+                        }
                     }
-                    chain.residual = Some(v);
                     stage = 2;
                 }
                 OpKind::Unary(UnaryOp::Relu) if stage < 3 => {
