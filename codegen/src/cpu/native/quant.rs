@@ -182,7 +182,7 @@ pub(super) unsafe fn quotient16(
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq")]
-pub(super) unsafe fn near_tie16(q: std::arch::x86_64::__m512) -> u16 {
+unsafe fn near_tie16(q: std::arch::x86_64::__m512) -> u16 {
     use std::arch::x86_64::*;
     // `q` less its nearest integer in one instruction (`vreduceps`; a rounding and a
     // subtraction took 7% longer on a 1x1 layer whose time is its stores).
