@@ -16,6 +16,6 @@ pub mod plan;
 pub mod ptx;
 
 pub use backend::{Backend, CompileError, Profile, RunError, compile};
-pub use cpu::{Copying, Cpu, Executable, Features, Layout, Stats, VectorWidth};
+pub use cpu::{Copying, Cpu, Executable, Features, Layout, Stats, VectorWidth, with_threads};
 pub use memory::{MemoryPlan, Storage, plan_memory, write_memory};
 pub use plan::{Kernel, KernelData, KernelKind, Plan, plan, write_plan};

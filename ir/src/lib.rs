@@ -36,6 +36,6 @@ pub use function::{Function, Module, Op, OpData, SrcLoc, Value, ValueData, Value
 pub use literal::{Data, Literal, Scalar};
 pub use ops::{BinaryOp, CmpOp, Conv2d, OpKind, Pool2d, ReduceOp, UnaryOp};
 pub use parser::{parse_bytes, parse_function, parse_module};
-pub use tensor::Tensor;
+pub use tensor::{Tensor, TensorRef};
 pub use types::{DType, Shape, TensorType};
 pub use verify::{verify_function, verify_module};

@@ -173,6 +173,84 @@ impl Tensor {
     }
 }
 
+/// A tensor borrowed from memory someone else owns (a numpy array, a memory-mapped file): its
+/// type and its elements' bytes in row-major order, as [`Tensor::to_le_bytes`] lays them out.
+/// Compiled programs read their inputs in place through one (`Executable::run_refs`), so an
+/// input is not copied.
+#[derive(Clone, Copy, Debug)]
+pub struct TensorRef<'a> {
+    ty: &'a TensorType,
+    bytes: &'a [u8],
+}
+
+impl<'a> TensorRef<'a> {
+    /// The bytes `bytes` as a tensor of type `ty`: exactly `ty.size_bytes()` of them, aligned
+    /// to the element size (kernels load elements in place), and for `bool` each 0 or 1.
+    pub fn new(ty: &'a TensorType, bytes: &'a [u8]) -> Result<TensorRef<'a>, TensorError> {
+        if bytes.len() as u64 != ty.size_bytes() {
+            return Err(TensorError(format!(
+                "{} bytes for a tensor of type {ty}, which takes {}",
+                bytes.len(),
+                ty.size_bytes()
+            )));
+        }
+        let align = ty.dtype().size_bytes() as usize;
+        if !bytes.is_empty() && !(bytes.as_ptr() as usize).is_multiple_of(align) {
+            return Err(TensorError(format!(
+                "the data of a {ty} tensor at {:p} is not aligned to its {align}-byte elements",
+                bytes.as_ptr()
+            )));
+        }
+        if ty.dtype() == DType::Bool && bytes.iter().any(|&b| b > 1) {
+            return Err(TensorError(format!(
+                "a {ty} tensor holds a byte other than 0 or 1"
+            )));
+        }
+        Ok(TensorRef { ty, bytes })
+    }
+
+    /// The type.
+    pub fn ty(&self) -> &'a TensorType {
+        self.ty
+    }
+
+    /// The elements' bytes.
+    pub fn bytes(&self) -> &'a [u8] {
+        self.bytes
+    }
+
+    /// A copy that owns its elements.
+    pub fn to_tensor(&self) -> Tensor {
+        Tensor::from_le_bytes(self.ty, self.bytes).expect("sized for its type when made")
+    }
+}
+
+impl Tensor {
+    /// The tensor borrowed, for APIs that take [`TensorRef`]s.
+    pub fn view(&self) -> TensorRef<'_> {
+        let bytes: &[u8] = match &self.data {
+            Data::F32(v) => bytes_of(v),
+            Data::F64(v) => bytes_of(v),
+            Data::I8(v) => bytes_of(v),
+            Data::U8(v) => v,
+            Data::I32(v) => bytes_of(v),
+            Data::I64(v) => bytes_of(v),
+            Data::Bool(v) => bytes_of(v),
+        };
+        TensorRef {
+            ty: &self.ty,
+            bytes,
+        }
+    }
+}
+
+/// A slice of plain numbers (or `bool`s, one byte each, 0 or 1) as its bytes.
+fn bytes_of<T: Copy>(v: &[T]) -> &[u8] {
+    // SAFETY: `T` is a number type or `bool` without padding; any initialised value's bytes
+    // are initialised `u8`s, and the length covers exactly the slice's memory.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), std::mem::size_of_val(v)) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -65,37 +65,7 @@ impl Io<'_> {
     /// IR text that names a weights directory gets the values stored there.
     pub fn load_with(&mut self, file: &str, how: &Load) -> Result<(Input, Module), Error> {
         let input = self.read(file)?;
-        let m = if is_onnx(&input) {
-            let model = tcc_onnx::read_model(&input.bytes)
-                .map_err(|e| Error::input(format!("error: {}: {e}", input.name)))?;
-            let mut opts = how.onnx.clone();
-            if let Some(wrt) = how.wrt
-                && opts.params == tcc_onnx::Params::None
-            {
-                opts.params = trainable(&model, wrt);
-            }
-            let dynamic = tcc_onnx::dynamic_inputs(&model);
-            for &(name, t) in how.given {
-                if dynamic.contains(&name) && !opts.shapes.iter().any(|(n, _)| n == name) {
-                    opts.shapes.push((name.to_string(), t.dims().to_vec()));
-                }
-            }
-            import_onnx(&input, &model, &opts)?
-        } else {
-            let src = String::from_utf8_lossy(&input.bytes);
-            let mut m =
-                parse_bytes(&input.bytes).map_err(|d| Error::input(d.render(&input.name, &src)))?;
-            verify_module(&m).map_err(|d| Error::input(d.render(&input.name, &src)))?;
-            if let Some(dir) = &m.weights.location {
-                let at = format!("{}: weights \"{dir}\"", input.name);
-                let base = match input.name.as_str() {
-                    "<stdin>" => Path::new("."),
-                    name => Path::new(name).parent().unwrap_or(Path::new(".")),
-                };
-                m.weights.values = weights::read(&base.join(dir), &m, &at).map_err(Error::input)?;
-            }
-            m
-        };
+        let m = load_input(&input, how)?;
         Ok((input, m))
     }
 
@@ -134,6 +104,43 @@ impl Io<'_> {
     }
 }
 
+/// An input read into a module: ONNX (by its name or first byte) imported, IR text parsed and
+/// verified with its stored weights read (see [`Io::load_with`]).
+pub(crate) fn load_input(input: &Input, how: &Load) -> Result<Module, Error> {
+    let m = if is_onnx(input) {
+        let model = tcc_onnx::read_model(&input.bytes)
+            .map_err(|e| Error::parse(format!("error: {}: {e}", input.name)))?;
+        let mut opts = how.onnx.clone();
+        if let Some(wrt) = how.wrt
+            && opts.params == tcc_onnx::Params::None
+        {
+            opts.params = trainable(&model, wrt);
+        }
+        let dynamic = tcc_onnx::dynamic_inputs(&model);
+        for &(name, t) in how.given {
+            if dynamic.contains(&name) && !opts.shapes.iter().any(|(n, _)| n == name) {
+                opts.shapes.push((name.to_string(), t.dims().to_vec()));
+            }
+        }
+        import_onnx(input, &model, &opts)?
+    } else {
+        let src = String::from_utf8_lossy(&input.bytes);
+        let mut m =
+            parse_bytes(&input.bytes).map_err(|d| Error::parse(d.render(&input.name, &src)))?;
+        verify_module(&m).map_err(|d| Error::verify(d.render(&input.name, &src)))?;
+        if let Some(dir) = &m.weights.location {
+            let at = format!("{}: weights \"{dir}\"", input.name);
+            let base = match input.name.as_str() {
+                "<stdin>" => Path::new("."),
+                name => Path::new(name).parent().unwrap_or(Path::new(".")),
+            };
+            m.weights.values = weights::read(&base.join(dir), &m, &at).map_err(Error::input)?;
+        }
+        m
+    };
+    Ok(m)
+}
+
 /// The first few names, then how many more.
 pub(crate) fn abbreviate<'a>(names: impl Iterator<Item = &'a str>) -> String {
     let names: Vec<&str> = names.collect();
@@ -156,7 +163,7 @@ pub(crate) fn import_onnx(
         opts.dir = Some(dir.unwrap_or(Path::new(".")).to_path_buf());
     }
     tcc_onnx::import_model(model, &opts)
-        .map_err(|e| Error::input(format!("error: {}: {e}", input.name)))
+        .map_err(|e| Error::parse(format!("error: {}: {e}", input.name)))
 }
 
 /// The initializers to make parameters for differentiating with respect to `wrt`: those it

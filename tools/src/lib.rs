@@ -10,6 +10,7 @@
 #![deny(missing_docs)]
 
 mod cmd;
+pub mod embed;
 mod io;
 pub mod npy;
 pub mod train;
@@ -32,6 +33,22 @@ pub struct Error {
     pub code: i32,
     /// What went wrong, rendered (diagnostics with their source lines).
     pub message: String,
+    /// Which kind of input error, for embedders that report them apart (the Python package's
+    /// exception classes).
+    pub kind: ErrorKind,
+}
+
+/// What an [`Error`] is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The IR text or the ONNX model could not be read.
+    Parse,
+    /// The IR parsed but does not verify.
+    Verify,
+    /// Anything else in the input: an input tensor, a pass that failed on the model, a run.
+    Input,
+    /// A flag or option that does not make sense.
+    Usage,
 }
 
 impl Error {
@@ -40,6 +57,7 @@ impl Error {
         Error {
             code: EXIT_INPUT,
             message: message.into(),
+            kind: ErrorKind::Input,
         }
     }
 
@@ -48,6 +66,23 @@ impl Error {
         Error {
             code: EXIT_USAGE,
             message: message.into(),
+            kind: ErrorKind::Usage,
+        }
+    }
+
+    /// The IR text or ONNX model does not parse.
+    pub fn parse(message: impl Into<String>) -> Error {
+        Error {
+            kind: ErrorKind::Parse,
+            ..Error::input(message)
+        }
+    }
+
+    /// The IR does not verify.
+    pub fn verify(message: impl Into<String>) -> Error {
+        Error {
+            kind: ErrorKind::Verify,
+            ..Error::input(message)
         }
     }
 }
@@ -181,7 +216,7 @@ pub fn run(
     };
     match result {
         Ok(()) => EXIT_OK,
-        Err(Error { code, message }) => {
+        Err(Error { code, message, .. }) => {
             let _ = write!(io.stderr, "{message}");
             if !message.ends_with('\n') {
                 let _ = writeln!(io.stderr);

@@ -29,6 +29,9 @@ pub struct TrainArgs<'a> {
     pub steps: usize,
     /// Directory of data arrays.
     pub data: Option<&'a str>,
+    /// Data arrays given in memory, by parameter name (beside or instead of `data`; an array
+    /// here wins over a file of the same name).
+    pub arrays: Option<&'a BTreeMap<String, Tensor>>,
     /// Directory of initial parameter values.
     pub init: Option<&'a str>,
     /// The optimizer.
@@ -98,10 +101,14 @@ impl Feed {
     /// rows of it (a multiple of its first dimension), cut into consecutive mini-batches.
     pub(crate) fn new(name: &str, path: &Path, ty: &TensorType) -> Result<Feed, String> {
         let all = read_npy(path)?;
+        Feed::of(name, all, &format!("`{}`", path.display()), ty)
+    }
+
+    /// [`Feed::new`] on the array `all`, described in errors as `what`.
+    fn of(name: &str, all: Tensor, what: &str, ty: &TensorType) -> Result<Feed, String> {
         let bad = || {
             format!(
-                "error: data `{}` holds {}, but parameter `{name}` is {ty}; give exactly that, or more rows of it (a multiple of {})",
-                path.display(),
+                "error: data {what} holds {}, but parameter `{name}` is {ty}; give exactly that, or more rows of it (a multiple of {})",
                 all.ty(),
                 ty.dims().first().copied().unwrap_or(1)
             )
@@ -263,21 +270,45 @@ pub fn carried(step: &Function) -> Vec<Option<usize>> {
         .collect()
 }
 
-/// Runs `tcc train` on `f`, writing the log to `out` and the progress bar to `err`; returns
-/// the final values of the trained parameters and of the state `f` updates itself, by name.
+/// What training produced.
+pub struct Trained {
+    /// The final values of the trained parameters and of the state the loss function updates
+    /// itself, by name.
+    pub values: Vec<(String, Tensor)>,
+    /// The loss (the function's first result) at each step.
+    pub losses: Vec<f64>,
+}
+
+/// Runs `tcc train` on `f`, writing the log to `out` and the progress bar to `err`.
 pub fn train(
     f: &Function,
     args: &TrainArgs<'_>,
     out: &mut dyn Write,
     err: &mut dyn Write,
-) -> Result<Vec<(String, Tensor)>, String> {
+) -> Result<Trained, String> {
     let data_dir = args.data.map(Path::new);
+    let in_memory = |n: &str| args.arrays.is_some_and(|a| a.contains_key(n));
     let data_names: Vec<String> = f
         .params()
         .iter()
         .map(|&p| f.name(p).to_string())
-        .filter(|n| data_dir.is_some_and(|d| d.join(format!("{}.npy", file_stem(n))).exists()))
+        .filter(|n| {
+            in_memory(n)
+                || data_dir.is_some_and(|d| d.join(format!("{}.npy", file_stem(n))).exists())
+        })
         .collect();
+    if let Some(arrays) = args.arrays
+        && let Some(name) = arrays
+            .keys()
+            .find(|n| !f.params().iter().any(|&p| f.name(p) == *n))
+    {
+        let params: Vec<&str> = f.params().iter().map(|&p| f.name(p)).collect();
+        return Err(format!(
+            "error: data `{name}`: `@{}` has no parameter `{name}`; its parameters are {}",
+            f.name,
+            params.join(", ")
+        ));
+    }
     let (step_fn, trained) =
         train_step_with(f, &data_names, args.optimizer, args.remat, args.swap)?;
     let is_trained: std::collections::HashSet<&str> = trained.iter().map(String::as_str).collect();
@@ -296,10 +327,13 @@ pub fn train(
         let name = step_fn.name(p);
         let ty = step_fn.ty(p);
         let src = if data_names.iter().any(|n| n == name) {
-            let path = data_dir
-                .expect("data names come from the data directory")
-                .join(format!("{}.npy", file_stem(name)));
-            let feed = Feed::new(name, &path, ty)?;
+            let feed = match args.arrays.and_then(|a| a.get(name)) {
+                Some(t) => Feed::of(name, t.clone(), &format!("`{name}`"), ty)?,
+                None => {
+                    let dir = data_dir.expect("data names come from the arrays or the directory");
+                    Feed::new(name, &dir.join(format!("{}.npy", file_stem(name))), ty)?
+                }
+            };
             inputs.push(feed.get(0));
             Source::Data(feed)
         } else if let Some(r) = next[i] {
@@ -398,6 +432,7 @@ pub fn train(
     let bar = std::io::stderr().is_terminal();
     let t0 = Instant::now();
     let mut last = String::new();
+    let mut losses = Vec::with_capacity(args.steps);
 
     for s in 0..args.steps {
         for (src, input) in sources.iter().zip(&mut inputs) {
@@ -410,6 +445,7 @@ pub fn train(
         let results = exe
             .run(&inputs)
             .map_err(|e| format!("error: step {}: {e}", s + 1))?;
+        losses.push(results[0].data().get(0).to_f64());
         let report = (s + 1) % every == 0 || s == 0 || s + 1 == args.steps;
         let line = || {
             reported
@@ -482,7 +518,10 @@ pub fn train(
     if let Some(dir) = args.eval {
         evaluate(f, &data_names, &trained_values, Path::new(dir), out)?;
     }
-    Ok(trained_values)
+    Ok(Trained {
+        values: trained_values,
+        losses,
+    })
 }
 
 /// Runs the loss function `f` on every mini-batch of the held-out data in `dir` with the trained

@@ -212,7 +212,7 @@ pub(super) unsafe fn gemm<T: Copy + Default + 'static>(
         return;
     }
     let par = if parallel && m * n * k >= PARALLEL_FLOPS {
-        gemm::Parallelism::Rayon(0)
+        gemm::Parallelism::Rayon(super::pool::threads())
     } else {
         gemm::Parallelism::None
     };

@@ -40,6 +40,7 @@ mod simd;
 mod target;
 
 pub use accuracy::max_ulp_error;
+pub use pool::with_threads;
 pub use target::{Features, VectorWidth};
 
 use crate::backend::{Backend, CompileError, RunError, compile};

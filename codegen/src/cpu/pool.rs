@@ -17,8 +17,9 @@
 //! cache, while an early finisher still takes work from a late one.
 //! One job is published at a time: a call made while another thread's job is out (two runs
 //! of one executable at once), or from inside an item, runs its items on its own thread.
-//! [`threads`] is the number of threads a parallel step may use: the size of the rayon pool the
-//! caller is in (`tcc bench --threads` installs one; outside any, one per core).
+//! [`threads`] is the number of threads a parallel step may use: the limit [`with_threads`] set on
+//! the calling thread, else the size of the rayon pool the caller is in (`tcc bench --threads`
+//! installs one; outside any, one per core).
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::SeqCst};
@@ -29,9 +30,33 @@ use std::time::{Duration, Instant};
 /// benchmark) find them awake.
 const GRACE: Duration = Duration::from_millis(2);
 
-/// The threads a parallel step may use: the caller's rayon pool's size.
+/// The threads a parallel step may use: [`with_threads`]'s limit, else the caller's rayon pool's
+/// size.
 pub(crate) fn threads() -> usize {
-    rayon::current_num_threads().max(1)
+    match LIMIT.with(Cell::get) {
+        0 => rayon::current_num_threads().max(1),
+        n => n,
+    }
+}
+
+thread_local! {
+    /// The limit [`with_threads`] set on this thread (0: none).
+    static LIMIT: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Runs `f` on this thread with the parallel steps of the runs it makes on `n` threads in all
+/// (this one and `n - 1` workers; at least one). Unlike installing a rayon pool of that size,
+/// nothing moves to another thread, so a short run pays no hand-off.
+pub fn with_threads<T>(n: usize, f: impl FnOnce() -> T) -> T {
+    /// Restores the previous limit, also when `f` panics.
+    struct Restore(usize);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            LIMIT.with(|l| l.set(self.0));
+        }
+    }
+    let _restore = Restore(LIMIT.with(|l| l.replace(n.max(1))));
+    f()
 }
 
 /// One parallel loop, published to the workers.
@@ -340,6 +365,34 @@ mod tests {
             }
         }
         panic!("no worker joined a two-thread job in 50 tries");
+    }
+
+    /// `with_threads` limits the threads of the jobs started inside it, on this thread only,
+    /// and restores the limit after.
+    #[test]
+    fn with_threads_limits_the_jobs_inside_it() {
+        let ids = |n_items| {
+            let ids = std::sync::Mutex::new(std::collections::HashSet::new());
+            for_each(n_items, &|_| {
+                ids.lock().unwrap().insert(std::thread::current().id());
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            });
+            ids.into_inner().unwrap().len()
+        };
+        let outside = super::threads();
+        assert_eq!(
+            super::with_threads(1, || (super::threads(), ids(16))),
+            (1, 1)
+        );
+        assert_eq!(super::with_threads(0, super::threads), 1);
+        assert_eq!(super::with_threads(3, super::threads), 3);
+        assert_eq!(super::threads(), outside);
+        assert_eq!(
+            std::thread::spawn(|| super::with_threads(5, super::threads))
+                .join()
+                .unwrap(),
+            5
+        );
     }
 
     #[test]

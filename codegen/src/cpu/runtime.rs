@@ -2,9 +2,7 @@
 //! the steps in order, and the results copied out. Also the per-step profile that
 //! [`Cpu::profile`](super::Cpu) turns on.
 
-use super::bytes::{
-    advise_huge_pages, capacity_ptr, data_ptr, lines, read_data, set_len, write_data,
-};
+use super::bytes::{advise_huge_pages, capacity_ptr, lines, read_data, set_len, write_data};
 use super::conv::run_conv;
 use super::copies::Copies;
 use super::lower::{Finish, LibOp, Loop, Step};
@@ -18,8 +16,15 @@ use crate::memory::Storage;
 use crate::plan::Kernel;
 use std::collections::HashMap;
 use std::time::Duration;
-use tcc_ir::interp::{check_inputs, eval_op};
-use tcc_ir::{Data, Tensor, TensorType, Value, ValueDef};
+use tcc_ir::interp::{check_input_types, eval_op};
+use tcc_ir::{Data, Tensor, TensorRef, TensorType, Value, ValueDef};
+
+/// The cores this process may run on, found once: asking reads the cgroup's files, several
+/// microseconds, as long as a small model's whole run.
+fn cores() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
 
 /// Loops of at least this many elements are split across threads.
 const PARALLEL_ELEMENTS: u64 = 1 << 16;
@@ -81,14 +86,22 @@ impl Executable {
     /// `cpu::pool` (as many threads in all as the caller's rayon pool has: one per core outside
     /// any), which spin between steps while the run lasts.
     pub fn run(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, RunError> {
+        let views: Vec<TensorRef> = inputs.iter().map(Tensor::view).collect();
+        self.run_refs(&views)
+    }
+
+    /// [`Executable::run`] on inputs borrowed from memory the caller owns (numpy arrays, for
+    /// the Python package): the kernels read them in place.
+    pub fn run_refs(&self, inputs: &[TensorRef<'_>]) -> Result<Vec<Tensor>, RunError> {
         let _run = pool::Run::start();
         self.run_here(inputs)
     }
 
-    /// [`Executable::run`] on this thread.
-    fn run_here(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, RunError> {
+    /// [`Executable::run_refs`] on this thread.
+    fn run_here(&self, inputs: &[TensorRef<'_>]) -> Result<Vec<Tensor>, RunError> {
         let f = &self.func;
-        check_inputs(f, inputs).map_err(|e| RunError(e.0))?;
+        let types: Vec<&TensorType> = inputs.iter().map(|t| t.ty()).collect();
+        check_input_types(f, &types).map_err(|e| RunError(e.0))?;
         let pooled = self.arenas.lock().map(|mut p| p.pop()).unwrap_or(None);
         // The arena is the device's memory; the host pool holds swapped-out values.
         let (mut arena, mut host) = pooled.unwrap_or_else(|| {
@@ -116,7 +129,8 @@ impl Executable {
                 Storage::Host(off) => host_base.wrapping_add(off as usize),
                 Storage::Output(i) => out_ptrs[i],
                 Storage::Param => match f.value(v).def {
-                    ValueDef::Param(i) => data_ptr(&inputs[i]) as *mut u8,
+                    // Only read: kernels write in place over arena buffers alone.
+                    ValueDef::Param(i) => inputs[i].bytes().as_ptr() as *mut u8,
                     ValueDef::Result(..) => unreachable!("parameter storage for an op result"),
                 },
                 Storage::Const => self.consts[&v].as_ptr() as *mut u8,
@@ -130,15 +144,13 @@ impl Executable {
             .steps
             .iter()
             .any(|(_, s)| matches!(s, Step::Swap { .. }));
-        let inline = match self.copying {
+        let inline = || match self.copying {
             Copying::Thread => false,
             Copying::Inline => true,
-            Copying::Auto => {
-                let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-                pool::threads() >= cores
-            }
+            Copying::Auto => pool::threads() >= cores(),
         };
-        let mut copies = swaps.then(|| Copies::new(self.steps.len(), self.link_bandwidth, inline));
+        let mut copies =
+            swaps.then(|| Copies::new(self.steps.len(), self.link_bandwidth, inline()));
         for (si, (k, step)) in self.steps.iter().enumerate() {
             let t0 = profile.then(std::time::Instant::now);
             if let Some(c) = &copies {

@@ -183,6 +183,12 @@ fn vname(f: &Function, v: Value) -> String {
 
 /// Checks `inputs` against the parameters of `f`: count, dtype and shape.
 pub fn check_inputs(f: &Function, inputs: &[Tensor]) -> Result<(), InterpError> {
+    let types: Vec<&TensorType> = inputs.iter().map(Tensor::ty).collect();
+    check_input_types(f, &types)
+}
+
+/// [`check_inputs`] on the inputs' types.
+pub fn check_input_types(f: &Function, inputs: &[&TensorType]) -> Result<(), InterpError> {
     if inputs.len() != f.params().len() {
         return Err(InterpError(format!(
             "`@{}` takes {} input(s), got {}",
@@ -191,14 +197,13 @@ pub fn check_inputs(f: &Function, inputs: &[Tensor]) -> Result<(), InterpError> 
             inputs.len()
         )));
     }
-    for (&p, t) in f.params().iter().zip(inputs) {
-        if t.ty() != f.ty(p) {
+    for (&p, &ty) in f.params().iter().zip(inputs) {
+        if ty != f.ty(p) {
             return Err(InterpError(format!(
-                "input for parameter {} of `@{}`: expected {}, got {}",
+                "input for parameter {} of `@{}`: expected {}, got {ty}",
                 vname(f, p),
                 f.name,
                 f.ty(p),
-                t.ty()
             )));
         }
     }

@@ -135,7 +135,10 @@ fn ms(d: Duration) -> String {
     } else if v >= 1.0 {
         format!("{v:.2} ms")
     } else {
-        format!("{v:.3} ms")
+        // Three significant digits down to a nanosecond: a one-op program runs in about a
+        // microsecond.
+        let decimals = (2.0 - v.max(1e-6).log10().floor()).clamp(3.0, 6.0) as usize;
+        format!("{v:.decimals$} ms")
     }
 }
 

@@ -137,6 +137,7 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
     let args = TrainArgs {
         steps: a.steps,
         data: a.data.as_deref(),
+        arrays: None,
         init: a.init.as_deref(),
         optimizer,
         weights: &m.weights.values,
@@ -146,7 +147,9 @@ pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
         link_bandwidth: a.link_bandwidth,
         eval: a.eval.as_deref(),
     };
-    let trained = train(f, &args, io.stdout, io.stderr).map_err(Error::input)?;
+    let trained = train(f, &args, io.stdout, io.stderr)
+        .map_err(Error::input)?
+        .values;
     let Some(save) = a.save.as_deref() else {
         return Ok(());
     };
