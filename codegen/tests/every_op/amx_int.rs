@@ -24,6 +24,15 @@ fn integer_convolutions_on_tiles() {
         ([1, 4, 6, 6], [66, 2, 3, 3], "groups=2", [1, 66, 4, 4], true),
         // Pointwise, 100 taps, 35 pixels.
         ([1, 100, 5, 7], [48, 100, 1, 1], "", [1, 48, 5, 7], false),
+        // Seven blocks (the last of 4 pixels) and twelve tiles: items of several blocks of
+        // one tile each, the tile's last item shorter (5 + 2 blocks on two threads).
+        (
+            [1, 32, 14, 14],
+            [384, 32, 1, 1],
+            "",
+            [1, 384, 14, 14],
+            false,
+        ),
         // One block of 16 pixels and 96 channels, split across the pool by tiles of 32.
         (
             [1, 64, 4, 4],

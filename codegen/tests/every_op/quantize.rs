@@ -433,6 +433,19 @@ fn integer_convolutions_split_by_channels() {
     );
 }
 
+/// A pointwise layer with few blocks and many channels (mobilenet's 14x14 expansions): items
+/// of several blocks of one channel tile, the last of each tile shorter.
+#[test]
+fn integer_convolutions_take_blocks_by_the_span() {
+    same_on_every_target(
+        "func @f(%x: u8[1,32,14,14], %w: i8[384,32,1,1], %xz: u8[], %wz: i8[384,1,1,1]) -> (i32[1,384,14,14]) {
+  %y = conv_integer %x, %w, %xz, %wz : i32[1,384,14,14]
+  return %y
+}",
+        36,
+    );
+}
+
 /// `quantize_linear` at the values that decide its rounding and saturation: exact halves
 /// (which round to even), the ends of both ranges and half a level past them, huge and
 /// infinite quotients, NaN (the zero point), negative zero; u8 and i8, on every target.

@@ -216,9 +216,13 @@ pub(super) unsafe fn convolve(filter: &Filter, g: Group) {
     // into its own cache, and keeps it for the call's other items (one parallel step of
     // packing shared by all took a second step and moved the blocks between cores: two
     // threads were slower than one on a 576 -> 96 1x1 at 14x14).
+    // An item takes `span` consecutive blocks of its tile, as many as leave 8 items a thread
+    // (on AMX, configuring the tiles costs as much as a block's products at 14x14).
+    let span = (tiles * blocks / (8 * crate::cpu::pool::threads())).clamp(1, blocks);
+    let per_tile = blocks.div_ceil(span);
     let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let item = |i: usize| {
-        let (t, block) = (i / blocks, i % blocks);
+        let (t, first) = (i / per_tile, i % per_tile * span);
         SCRATCH.with(|s| {
             let s = &mut s.borrow_mut();
             if s.blocks_of != Some(call) {
@@ -230,25 +234,27 @@ pub(super) unsafe fn convolve(filter: &Filter, g: Group) {
                 s.sums.resize(blocks, None);
                 s.blocks_of = Some(call);
             }
-            let at = (s.blocks.as_mut_ptr() as *mut u8).wrapping_add(block * kp * PX);
-            let colsum = match s.sums[block] {
-                Some(colsum) => colsum,
-                None => {
-                    // SAFETY: block `block` of the thread's blocks; as this function's
-                    // contract.
-                    let colsum = unsafe { pack_any(&g.get(), block * PX, &mut s.taps, at) };
-                    s.sums[block] = Some(colsum);
-                    colsum
-                }
-            };
-            let (packed, chans) = (Some((at as *const u8, colsum)), t * ch..(t + 1) * ch);
             // SAFETY: a filter has tiles only where AMX is available.
             let amx = (filter.tiles.as_ref()).map(|_| unsafe { super::amx::Tiles::load() });
-            let at = (block, chans);
-            unsafe { run_block(filter, g.get(), &consts, at, packed, amx.as_ref(), s) }
+            for block in first..(first + span).min(blocks) {
+                let at = (s.blocks.as_mut_ptr() as *mut u8).wrapping_add(block * kp * PX);
+                let colsum = match s.sums[block] {
+                    Some(colsum) => colsum,
+                    None => {
+                        // SAFETY: block `block` of the thread's blocks; as this function's
+                        // contract.
+                        let colsum = unsafe { pack_any(&g.get(), block * PX, &mut s.taps, at) };
+                        s.sums[block] = Some(colsum);
+                        colsum
+                    }
+                };
+                let (packed, chans) = (Some((at as *const u8, colsum)), t * ch..(t + 1) * ch);
+                let (at, amx) = ((block, chans), amx.as_ref());
+                unsafe { run_block(filter, g.get(), &consts, at, packed, amx, s) }
+            }
         });
     };
-    parallel(tiles * blocks, work, &item);
+    parallel(tiles * per_tile, work, &item);
 }
 
 /// Output channels per tile: 32 on AMX, else [`CH`].
