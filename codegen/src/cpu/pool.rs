@@ -59,11 +59,17 @@ pub fn with_threads<T>(n: usize, f: impl FnOnce() -> T) -> T {
     f()
 }
 
+/// A seat's share of a job's items: the next one to take, and the end. On cache lines of its
+/// own: the seats take items from their shares at the same time, and shares on one line moved
+/// it between the cores at every item taken.
+#[repr(align(128))]
+struct Share(AtomicUsize, usize);
+
 /// One parallel loop, published to the workers.
 struct Job<'a> {
     f: &'a (dyn Fn(usize) + Sync),
-    /// Seat `t`'s share of the items: the next one to take, and the end.
-    shares: Vec<(AtomicUsize, usize)>,
+    /// Seat `t`'s share of the items.
+    shares: Vec<Share>,
     /// Workers that may still join (the caller's thread count less one).
     seats: AtomicUsize,
     /// Whether an item panicked on a worker.
@@ -72,9 +78,9 @@ struct Job<'a> {
 
 impl Job<'_> {
     /// Items `0..n` in `threads` contiguous shares.
-    fn shares(n: usize, threads: usize) -> Vec<(AtomicUsize, usize)> {
+    fn shares(n: usize, threads: usize) -> Vec<Share> {
         (0..threads)
-            .map(|t| (AtomicUsize::new(t * n / threads), (t + 1) * n / threads))
+            .map(|t| Share(AtomicUsize::new(t * n / threads), (t + 1) * n / threads))
             .collect()
     }
 
@@ -83,7 +89,7 @@ impl Job<'_> {
     fn work(&self, seat: usize) {
         let k = self.shares.len();
         for t in (seat..k).chain(0..seat) {
-            let (next, end) = &self.shares[t];
+            let Share(next, end) = &self.shares[t];
             loop {
                 let i = next.fetch_add(1, SeqCst);
                 if i >= *end {
