@@ -433,6 +433,41 @@ fn integer_convolutions_split_by_channels() {
     );
 }
 
+/// A depthwise convolution whose filter and per-channel zero points are constants, so that
+/// its taps are made at compile time: the same sums as the interpreter's (and as with the
+/// filter a parameter, made on each run), i8 and u8 filters, with a requantizing chain too.
+#[test]
+fn depthwise_taps_made_at_compile_time() {
+    for (wt, taps, zeros) in [
+        (
+            "i8",
+            "-128, 127, -1, 0, 5, -77, 99, 3, -6",
+            "[-128, 0, 7, 127, -3]",
+        ),
+        (
+            "u8",
+            "255, 0, 1, 128, 200, 17, 3, 254, 9",
+            "[0, 255, 128, 1, 77]",
+        ),
+    ] {
+        let w: Vec<&str> = (0..5).map(|_| taps).collect();
+        let src = format!(
+            "func @f(%x: u8[1,5,9,11]) -> (i32[1,5,9,11], u8[1,5,9,11]) {{
+  %w = const {{value=[{}]}} : {wt}[5,1,3,3]
+  %wz = const {{value={zeros}}} : {wt}[5,1,1,1]
+  %xz = const {{value=7}} : u8[]
+  %y = conv_integer %x, %w, %xz, %wz {{pads=[1,1,1,1], groups=5}} : i32[1,5,9,11]
+  %f = cast %y {{to=f32}} : f32[1,5,9,11]
+  %qs = const {{value=3.5}} : f32[]
+  %q = quantize_linear %f, %qs, %xz : u8[1,5,9,11]
+  return %y, %q
+}}",
+            w.join(", ")
+        );
+        same_on_every_target(&src, 37);
+    }
+}
+
 /// A pointwise layer with few blocks and many channels (mobilenet's 14x14 expansions): items
 /// of several blocks of one channel tile, the last of each tile shorter.
 #[test]

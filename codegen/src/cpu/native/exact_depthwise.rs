@@ -50,8 +50,9 @@ impl Depthwise {
 }
 
 impl Scratch {
-    /// The plane sized and zeroed for `dw` unless it was for its shape already.
-    fn prepare(&mut self, dw: &Depthwise) -> &mut [f32] {
+    /// The plane sized and zeroed for `dw` unless it was for its shape already: once per run
+    /// of channels, before the fills.
+    pub(super) fn prepare(&mut self, dw: &Depthwise) -> &mut [f32] {
         if self.shape.as_ref() != Some(dw) {
             self.plane.clear();
             self.plane.resize(dw.plane_size().0 + SLACK, 0.0);
@@ -176,7 +177,8 @@ impl Depthwise {
     /// their two phases.
     ///
     /// # Safety
-    /// AVX-512F, BW and VL; `x` holds the channel's `H x W` bytes.
+    /// AVX-512F, BW and VL; `x` holds the channel's `H x W` bytes; `plane` is a
+    /// [`Scratch::prepare`]d plane of this convolution.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     pub(super) unsafe fn fill_f32x16(
@@ -184,12 +186,11 @@ impl Depthwise {
         x: &[u8],
         sx: bool,
         zx: i32,
-        scratch: &mut Scratch,
+        plane: &mut [f32],
     ) -> usize {
         use std::arch::x86_64::*;
         let s = self.strides[1];
         let wq = self.plane_size().1;
-        let plane = scratch.prepare(self);
         if s > 2 {
             self.fill_levels(x, sx, zx, plane);
             return wq;
@@ -260,7 +261,8 @@ impl Depthwise {
     /// phases by a byte shuffle.
     ///
     /// # Safety
-    /// AVX2; `x` holds the channel's `H x W` bytes.
+    /// AVX2; `x` holds the channel's `H x W` bytes; `plane` is a [`Scratch::prepare`]d plane
+    /// of this convolution.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn fill_f32x8(
@@ -268,12 +270,11 @@ impl Depthwise {
         x: &[u8],
         sx: bool,
         zx: i32,
-        scratch: &mut Scratch,
+        plane: &mut [f32],
     ) -> usize {
         use std::arch::x86_64::*;
         let s = self.strides[1];
         let wq = self.plane_size().1;
-        let plane = scratch.prepare(self);
         if s > 2 {
             self.fill_levels(x, sx, zx, plane);
             return wq;

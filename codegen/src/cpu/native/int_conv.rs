@@ -8,7 +8,7 @@
 
 use tcc_ir::{Conv2d, Function, Value};
 
-use super::int_depthwise::{Depthwise, Isa};
+use super::int_depthwise::{Depthwise, Isa, Taps};
 use super::quant::{IntegerProduct, signed};
 use super::requant::Bound;
 
@@ -40,6 +40,9 @@ pub(super) struct IntegerConv {
     amx: bool,
     /// Whether the target has FMA (the AVX2 depthwise kernel's multiply-adds).
     fma: bool,
+    /// A depthwise convolution's taps, made at compile time when the filter and its zero
+    /// points are constants.
+    taps: Option<Taps>,
 }
 
 impl IntegerConv {
@@ -85,7 +88,7 @@ impl IntegerConv {
             #[cfg(target_arch = "x86_64")]
             packed_b: None,
         };
-        IntegerConv {
+        let mut c = IntegerConv {
             conv: conv.clone(),
             xd,
             wd,
@@ -96,7 +99,13 @@ impl IntegerConv {
             avx_vnni: avx_vnni && isa.1,
             amx: amx && isa.0,
             fma,
+            taps: None,
+        };
+        if c.depthwise().is_some() {
+            c.taps = (const_bytes(f, filter).zip(const_bytes(f, wz)))
+                .map(|(w, z)| Taps::new(&w, &z, signed(f, filter), wd[2] * wd[3]));
         }
+        c
     }
 
     /// Where a group's taps fall, for the VNNI kernel; a pointwise convolution as one row.
@@ -189,7 +198,8 @@ impl IntegerConv {
                 _ => Isa::Portable,
             };
             // SAFETY: the flags say what the host has; `out` as this function's contract.
-            unsafe { dw.run([x, w, xz, wz], [sx, sw], (isa, self.fma), post, out) };
+            let taps = self.taps.as_ref();
+            unsafe { dw.run(([x, w, xz, wz], taps), [sx, sw], (isa, self.fma), post, out) };
             return;
         }
         // The filter as the VNNI and AVX2 kernels take it: prepared at compile time, or now.

@@ -90,6 +90,31 @@ struct Channel<'a> {
     taps: &'a [i32],
 }
 
+/// A filter's taps less its zero points (one, or one per channel), `[C, kh * kw]`: as i32 for
+/// the integer kernels and as f32 for the exact ones. Made at compile time for a constant
+/// filter (converting every tap on each run cost as much as a 7x7 layer's products).
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct Taps {
+    ints: Vec<i32>,
+    floats: Vec<f32>,
+}
+
+// The floats are the ints converted, never NaN: equality is reflexive.
+impl Eq for Taps {}
+
+impl Taps {
+    /// The taps of filter bytes `w` (i8 where `signed`) with zero points `wz`, `taps` a
+    /// channel.
+    pub(super) fn new(w: &[u8], wz: &[u8], signed: bool, taps: usize) -> Taps {
+        let wz = levels(wz, signed);
+        let ints: Vec<i32> = (levels(w, signed).iter().enumerate())
+            .map(|(i, &t)| t.wrapping_sub(wz[if wz.len() == 1 { 0 } else { i / taps }]))
+            .collect();
+        let floats = ints.iter().map(|&t| t as f32).collect();
+        Taps { ints, floats }
+    }
+}
+
 /// Which instructions the loops are compiled for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Isa {
@@ -102,14 +127,15 @@ impl Depthwise {
     /// The convolution of bytes `x` and `w` (`i8` where `signed` says, else `u8`) less zero
     /// points `xz` (one) and `wz` (one, or one per channel), `[N, C, oH, oW]`, into `out`: its
     /// i32 sums, or what the requantizing chain `post` makes of them (applied to each channel
-    /// as it is finished, by the same thread).
+    /// as it is finished, by the same thread). `prepared`: the filter's [`Taps`], where they
+    /// were made at compile time.
     ///
     /// # Safety
     /// `out` has room for the output's elements of the stored type; `isa` is the host's, and
-    /// `fma` whether it has FMA.
+    /// `fma` whether it has FMA; `prepared` are the taps of `w` and `wz`.
     pub(super) unsafe fn run(
         &self,
-        [x, w, xz, wz]: [&[u8]; 4],
+        ([x, w, xz, wz], prepared): ([&[u8]; 4], Option<&Taps>),
         [sx, sw]: [bool; 2],
         (isa, fma): (Isa, bool),
         post: Option<&Bound>,
@@ -119,13 +145,18 @@ impl Depthwise {
         let [_, _, oh, ow] = self.yd;
         let [kh, kw] = self.kernel;
         let zx = levels(&xz[..1], sx)[0];
-        let wz = levels(wz, sw);
         // On AVX2 and AVX-512 the sums run in f32 where that is exact (the taps few enough);
         // the others in i32, each channel's taps less its zero point.
         let exact = cfg!(target_arch = "x86_64") && isa != Isa::Portable && self.exact_in_f32();
-        let taps: Vec<i32> = (levels(w, sw).iter().enumerate())
-            .map(|(i, &t)| t.wrapping_sub(wz[if wz.len() == 1 { 0 } else { i / (kh * kw) }]))
-            .collect();
+        let made;
+        let all = match prepared {
+            Some(taps) => taps,
+            None => {
+                made = Taps::new(w, wz, sw, kh * kw);
+                &made
+            }
+        };
+        let taps = &all.ints;
         // Bytes per stored element: sums and f32 results 4, levels 1.
         let size = match post {
             Some(p) if p.quantize.is_some() => 1,
@@ -135,7 +166,7 @@ impl Depthwise {
         let dst = unsafe { SendPtr::new(out) };
         #[cfg(target_arch = "x86_64")]
         if exact {
-            let taps: Vec<f32> = taps.iter().map(|&t| t as f32).collect();
+            let taps = &all.floats;
             let wq = (wi + self.pads[1] + self.pads[3]).div_ceil(self.strides[1]);
             let offsets: Vec<usize> = (0..kh * kw)
                 .map(|t| self.tap_offset(wq, t / kw, t % kw))
@@ -151,6 +182,7 @@ impl Depthwise {
             let item = |run: std::ops::Range<usize>| {
                 F32_PLANE.with(|p| {
                     let scratch = &mut *p.borrow_mut();
+                    scratch.prepare(self);
                     for i in run {
                         let ch = i % c;
                         let at = dst.get().wrapping_add(size * i * oh * ow);
@@ -158,8 +190,8 @@ impl Depthwise {
                         // SAFETY: the ISA is the host's.
                         let wq = unsafe {
                             match isa {
-                                Isa::Avx512 => self.fill_f32x16(x, sx, zx, scratch),
-                                _ => self.fill_f32x8(x, sx, zx, scratch),
+                                Isa::Avx512 => self.fill_f32x16(x, sx, zx, &mut scratch.plane),
+                                _ => self.fill_f32x8(x, sx, zx, &mut scratch.plane),
                             }
                         };
                         let sums = &mut scratch.sums;
