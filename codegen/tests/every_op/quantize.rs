@@ -291,6 +291,23 @@ fn integer_convolutions() {
             [1, 6, 6, 6],
             true,
         ),
+        // Three rows of taps at row stride 1, as the f32 kernel loads each input row once for
+        // them: with a column stride of 2, a column dilation and uneven padding (12 rows: a
+        // tile of 8 and one past the plane's last row), and a 3x1 filter.
+        (
+            [1, 5, 12, 33],
+            [5, 1, 3, 3],
+            "strides=[1,2], pads=[0,1,2,1], dilations=[1,2], groups=5",
+            [1, 5, 12, 16],
+            true,
+        ),
+        (
+            [1, 3, 10, 10],
+            [3, 1, 3, 1],
+            "pads=[1,0,1,0], groups=3",
+            [1, 3, 10, 10],
+            false,
+        ),
         // 14 rows: the f32 kernel's tiles of 7.
         (
             [1, 4, 14, 9],

@@ -97,16 +97,25 @@ impl Depthwise {
         // 8-row tiles compute an eighth more there).
         let oh = self.yd[2];
         let seven = !oh.is_multiple_of(8) && oh.is_multiple_of(7);
+        // Three rows of taps (3x3 and 3x1 filters) at row stride and dilation 1 load each input
+        // row once for the three output rows it feeds; others a row per tap. (At row stride 2,
+        // loading each row once for the two it feeds measured no faster.)
+        let shared = self.kernel[0] == 3 && self.strides[0] == 1 && self.dilations[0] == 1;
         // The plain path's flags matched here, each combination a copy of the tiles with them
         // constant, so that no vector's store tests them.
         macro_rules! tiles {
             ($flags:expr) => {
                 // SAFETY: as this function's contract (inlined here, with its features).
                 unsafe {
-                    if seven {
-                        self.tiles16::<7>(p, o, (post, plain), out, $flags)
-                    } else {
-                        self.tiles16::<ROWS>(p, o, (post, plain), out, $flags)
+                    match (seven, shared) {
+                        (true, true) => self.tiles16::<7, true>(p, o, (post, plain), out, $flags),
+                        (true, false) => self.tiles16::<7, false>(p, o, (post, plain), out, $flags),
+                        (false, true) => {
+                            self.tiles16::<ROWS, true>(p, o, (post, plain), out, $flags)
+                        }
+                        (false, false) => {
+                            self.tiles16::<ROWS, false>(p, o, (post, plain), out, $flags)
+                        }
                     }
                 }
             };
@@ -116,12 +125,15 @@ impl Depthwise {
     }
 
     /// [`Depthwise::channel_f32x16`] in tiles of `R` rows, `flags` the plain path's.
+    /// `SHARED`: a filter of three rows at row stride and dilation 1, each input row loaded
+    /// once for the three output rows it feeds; else a row of the plane per tap.
     ///
     /// # Safety
-    /// As [`Depthwise::channel_f32x16`]; inlined into it, which has the features.
+    /// As [`Depthwise::channel_f32x16`]; inlined into it, which has the features; `SHARED`
+    /// only for such a filter.
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn tiles16<const R: usize>(
+    unsafe fn tiles16<const R: usize, const SHARED: bool>(
         &self,
         p: Plane,
         o: usize,
@@ -138,6 +150,10 @@ impl Depthwise {
             4
         };
         let base = p.plane.as_ptr();
+        // With `SHARED`, R + 2 loads a column of taps instead of 3R (the loads, many across two
+        // cache lines, bounded the loop). A phase's padded rows: the last an input row may be.
+        let last = self.xd[2] + self.pads[0] + self.pads[2] - 1;
+        let kw = self.kernel[1];
         // SAFETY: the caller's contract: the features, the plane and `out`.
         unsafe {
             for oy in (0..oh).step_by(R) {
@@ -146,13 +162,35 @@ impl Depthwise {
                 for x0 in (0..ow).step_by(16) {
                     let mask = (u32::MAX >> (32 - (ow - x0).min(16))) as u16;
                     let mut acc = [_mm512_setzero_ps(); R];
-                    for (&t, &at) in p.taps.iter().zip(p.offsets) {
-                        let t = _mm512_set1_ps(t);
-                        for (r, acc) in acc.iter_mut().enumerate() {
-                            // The sixteen floats from a tap of an output row lie in the plane
-                            // or its slack (past a row's outputs, read but not stored).
-                            let v = _mm512_loadu_ps(base.add(row(r) + at + x0));
-                            *acc = _mm512_fmadd_ps(v, t, *acc);
+                    if SHARED {
+                        // Tap (ky, kx) of output row `oy + r` reads input row `oy + r + ky` at
+                        // tap (0, kx)'s offset (its phase and column): input row `oy + j`
+                        // feeds row `j - ky`. Input rows past the plane's last feed only rows
+                        // past the last output, unstored.
+                        for kx in 0..kw {
+                            let at = p.offsets[kx];
+                            let t: [__m512; 3] =
+                                std::array::from_fn(|ky| _mm512_set1_ps(p.taps[ky * kw + kx]));
+                            for j in 0..R + 2 {
+                                let v =
+                                    _mm512_loadu_ps(base.add((oy + j).min(last) * p.wq + at + x0));
+                                for (ky, &t) in t.iter().enumerate() {
+                                    if let Some(r) = j.checked_sub(ky).filter(|&r| r < R) {
+                                        acc[r] = _mm512_fmadd_ps(v, t, acc[r]);
+                                    }
+                                }
+                            }
+                        }
+                    } else {
+                        for (&t, &at) in p.taps.iter().zip(p.offsets) {
+                            let t = _mm512_set1_ps(t);
+                            for (r, acc) in acc.iter_mut().enumerate() {
+                                // The sixteen floats from a tap of an output row lie in the
+                                // plane or its slack (past a row's outputs, read but not
+                                // stored).
+                                let v = _mm512_loadu_ps(base.add(row(r) + at + x0));
+                                *acc = _mm512_fmadd_ps(v, t, *acc);
+                            }
                         }
                     }
                     for (r, &acc) in acc.iter().enumerate().take(oh - oy) {
