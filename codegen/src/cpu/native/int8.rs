@@ -141,9 +141,21 @@ pub(super) unsafe fn product_packed(
         rowsum[i] = row.iter().fold(0i32, |s, &x| s.wrapping_add(x as i32));
     }
     let blocks = m.div_ceil(ROWS);
-    // SAFETY: each job writes the rows of its own block of `out` only.
+    // Where the row blocks are fewer than the threads (a batch-1 classifier), each is split
+    // into ranges of panel pairs too, so that every thread streams its part of B.
+    let pairs = n.div_ceil(2 * PANEL);
+    let threads = crate::cpu::pool::threads();
+    let parts = if blocks < threads {
+        threads.min(pairs)
+    } else {
+        1
+    };
+    // SAFETY: each job writes its own block of rows and columns of `out` only.
     let dst = unsafe { crate::cpu::send_ptr::SendPtr::new(out.as_mut_ptr()) };
-    let job = |ib: usize| {
+    let job = |i: usize| {
+        let (ib, part) = (i / parts, i % parts);
+        let panels = (2 * (part * pairs / parts))..(2 * ((part + 1) * pairs / parts));
+        let panels = panels.start..panels.end.min(n.div_ceil(PANEL));
         let sh = Shared {
             rows: &rows,
             packed: &b.packed,
@@ -156,13 +168,13 @@ pub(super) unsafe fn product_packed(
         // this job's alone.
         unsafe {
             if wide {
-                block(sh, (m, k, n), ib * ROWS, dst.get())
+                block(sh, (m, k, n), (ib * ROWS, panels), dst.get())
             } else {
-                block_avx_vnni(sh, (m, k, n), ib * ROWS, dst.get())
+                block_avx_vnni(sh, (m, k, n), (ib * ROWS, panels), dst.get())
             }
         }
     };
-    row_blocks(blocks, m * n * k, &job);
+    row_blocks(blocks * parts, m * n * k, &job);
 }
 
 /// `job(b)` for each of `blocks` row blocks: across the thread pool when the product has
@@ -185,16 +197,23 @@ struct Shared<'a> {
     zb: &'a [i32],
 }
 
-/// Rows `i0..i0 + 4` (those below `m`) of the product, written to `out` (`m x n`, row-major).
+/// Rows `i0..i0 + 4` (those below `m`) and the columns of panels `range` (pairs of them from
+/// an even one) of the product, written to `out` (`m x n`, row-major).
 ///
 /// # Safety
-/// AVX-512F and VNNI; `out` holds `m * n` elements, and no one else writes these rows.
+/// AVX-512F and VNNI; `out` holds `m * n` elements, and no one else writes these rows and
+/// columns.
 #[target_feature(enable = "avx512f,avx512vnni")]
-unsafe fn block(sh: Shared, (m, k, n): (usize, usize, usize), i0: usize, out: *mut i32) {
+unsafe fn block(
+    sh: Shared,
+    (m, k, n): (usize, usize, usize),
+    (i0, range): (usize, std::ops::Range<usize>),
+    out: *mut i32,
+) {
     let kp = k.div_ceil(4) * 4;
-    let panels = n.div_ceil(PANEL);
+    let panels = range.end;
     let live = (m - i0).min(ROWS);
-    for p0 in (0..panels).step_by(2) {
+    for p0 in range.step_by(2) {
         let two = p0 + 1 < panels;
         // SAFETY: rows `i0..i0 + live` (the others read row `i0 + live - 1` again) and panels
         // `p0`, `p0 + 1` (when `two`) lie inside the buffers; loads and stores are unaligned.
@@ -239,10 +258,15 @@ unsafe fn block(sh: Shared, (m, k, n): (usize, usize, usize), i0: usize, out: *m
 /// # Safety
 /// AVX2 and AVX-VNNI; as [`block`].
 #[target_feature(enable = "avx2,avxvnni")]
-unsafe fn block_avx_vnni(sh: Shared, (m, k, n): (usize, usize, usize), i0: usize, out: *mut i32) {
+unsafe fn block_avx_vnni(
+    sh: Shared,
+    (m, k, n): (usize, usize, usize),
+    (i0, panels): (usize, std::ops::Range<usize>),
+    out: *mut i32,
+) {
     let kp = k.div_ceil(4) * 4;
     let live = (m - i0).min(ROWS);
-    for p in 0..n.div_ceil(PANEL) {
+    for p in panels {
         // SAFETY: rows `i0..i0 + live` (the others read row `i0 + live - 1` again) and panel
         // `p` lie inside the buffers; loads and stores are unaligned.
         let lanes = unsafe {
