@@ -45,15 +45,34 @@ fn input_error(py: Python<'_>, message: &str) -> PyErr {
     raise(py, "InputError", message)
 }
 
-/// Runs `f` on the source given as exactly one of `path` and `text`.
+/// A model given in memory: IR text, or a file's bytes (a serialized ONNX model).
+enum Given {
+    Bytes(Vec<u8>),
+    Text(String),
+}
+
+impl<'py> FromPyObject<'_, 'py> for Given {
+    type Error = PyErr;
+
+    fn extract(ob: pyo3::Borrowed<'_, 'py, PyAny>) -> PyResult<Given> {
+        // `bytes` copied in one piece (a Vec<u8> from it would take a byte at a time).
+        if let Ok(b) = ob.cast::<PyBytes>() {
+            return Ok(Given::Bytes(b.as_bytes().to_vec()));
+        }
+        Ok(Given::Text(ob.extract()?))
+    }
+}
+
+/// Runs `f` on the source given as exactly one of `path` and `text` (IR text, or bytes).
 fn with_source<T>(
     path: Option<String>,
-    text: Option<String>,
+    text: Option<Given>,
     f: impl FnOnce(Source<'_>) -> T,
 ) -> PyResult<T> {
     match (&path, &text) {
         (Some(p), None) => Ok(f(Source::Path(p))),
-        (None, Some(t)) => Ok(f(Source::Text(t))),
+        (None, Some(Given::Text(t))) => Ok(f(Source::Text(t))),
+        (None, Some(Given::Bytes(b))) => Ok(f(Source::Bytes(b))),
         _ => Err(PyRuntimeError::new_err(
             "internal error: give exactly one of path and text",
         )),
@@ -266,7 +285,7 @@ impl Program {
 fn compile(
     py: Python<'_>,
     path: Option<String>,
-    text: Option<String>,
+    text: Option<Given>,
     shapes: Vec<(String, Vec<u64>)>,
     passes: Option<String>,
     target: Option<String>,
@@ -285,7 +304,7 @@ fn compile(
 fn grad(
     py: Python<'_>,
     path: Option<String>,
-    text: Option<String>,
+    text: Option<Given>,
     wrt: Vec<String>,
     ys: Vec<String>,
     stop: Vec<String>,
@@ -306,7 +325,7 @@ fn grad(
 fn opt(
     py: Python<'_>,
     path: Option<String>,
-    text: Option<String>,
+    text: Option<Given>,
     passes: String,
 ) -> PyResult<String> {
     let out = py.detach(|| with_source(path, text, |s| embed::opt(s, &passes)))?;
@@ -345,7 +364,7 @@ unsafe impl Sync for SendPtr {}
 fn train<'py>(
     py: Python<'py>,
     path: Option<String>,
-    text: Option<String>,
+    text: Option<Given>,
     data: Vec<Array<'py>>,
     steps: usize,
     optimizer: String,

@@ -46,7 +46,7 @@ __all__ = [
     "train",
 ]
 
-PathOrText = Union[str, "os.PathLike[str]"]
+PathOrText = Union[str, "os.PathLike[str]", bytes]
 
 # tcc's dtypes and numpy's.
 _DTYPES: Dict[str, np.dtype] = {
@@ -73,17 +73,20 @@ class TensorSpec(NamedTuple):
         return f"%{self.name}: {_NAMES[self.dtype]}[{dims}]"
 
 
-def _source(path_or_text: PathOrText) -> Tuple[Optional[str], Optional[str]]:
+def _source(path_or_text: PathOrText) -> Tuple[Optional[str], Union[None, str, bytes]]:
     """(path, None) or (None, text): a path-like object or a string without newlines and
-    braces is a path (an IR file or ONNX model); any other string is IR text."""
+    braces is a path (an IR file or ONNX model); any other string is IR text; bytes are a
+    file's contents (a serialized ONNX model, as `model.SerializeToString()` gives)."""
     if isinstance(path_or_text, os.PathLike):
         return os.fspath(path_or_text), None
+    if isinstance(path_or_text, (bytes, bytearray, memoryview)):
+        return None, bytes(path_or_text)
     if isinstance(path_or_text, str):
         if "\n" in path_or_text or "{" in path_or_text:
             return None, path_or_text
         return path_or_text, None
     raise TypeError(
-        f"expected a path or IR text, got {type(path_or_text).__name__}"
+        f"expected a path, IR text or a model's bytes, got {type(path_or_text).__name__}"
     )
 
 
@@ -239,7 +242,8 @@ def compile(
     """Compiles an IR file, an ONNX model or IR text.
 
     Args:
-        path_or_text: a path (``.tir`` IR, ``.onnx`` model) or IR text.
+        path_or_text: a path (``.tir`` IR, ``.onnx`` model), IR text, or a model's bytes
+            (``onnx_model.SerializeToString()``).
         shapes: for an ONNX model, the shapes of its inputs with dynamic dimensions, as
             ``{"input": (1, 3, 224, 224)}``.
         passes: the pass pipeline run first (default: the inference pipeline of ``tcc run``,

@@ -225,6 +225,22 @@ def test_results_equal_tcc_run_bit_for_bit(tcc_bin, tmp_path):
             assert bits(r) == bits(want), (model, spec.name, r, want)
 
 
+def test_a_model_given_as_bytes():
+    # A serialized ONNX model (as `onnx_model.SerializeToString()` gives) and IR text as bytes
+    # compile to the same program as their files.
+    model = TORCH / "cnn_bn" / "model.onnx"
+    inputs = {f.stem: np.load(f) for f in (TORCH / "cnn_bn" / "inputs").iterdir()}
+    from_file = tcc.compile(model).run(**inputs)
+    from_bytes = tcc.compile(model.read_bytes()).run(**inputs)
+    assert [bits(a) for a in from_bytes] == [bits(a) for a in from_file]
+    grads = tcc.grad(bytearray(model.read_bytes())).run(**inputs)
+    assert len(grads) == len(tcc.grad(model).outputs)
+    text = (EXAMPLES / "mlp.tir").read_bytes()
+    assert tcc.opt(text, "canonicalize,cse,dce") == tcc.opt(EXAMPLES / "mlp.tir", "canonicalize,cse,dce")
+    with pytest.raises(tcc.ParseError, match="<bytes>"):
+        tcc.compile(b"\x08\x07not a protobuf\xff\xff")
+
+
 def test_four_threads_at_once_give_identical_results():
     p, inputs = digits_inputs(3)
     (want_loss, want_acc) = p.run(**inputs)

@@ -23,6 +23,10 @@ pub enum Source<'a> {
     Path(&'a str),
     /// IR text; a weights directory it names is found from the current directory.
     Text(&'a str),
+    /// A file's contents in memory: an ONNX model (by its first byte, as a serialized
+    /// `ModelProto` starts) or IR text; external data and weights directories are found from
+    /// the current directory.
+    Bytes(&'a [u8]),
 }
 
 /// How to load and compile.
@@ -62,6 +66,10 @@ pub fn load(source: Source<'_>, opts: &Options, wrt: Option<&[String]>) -> Resul
         Source::Text(text) => Input {
             name: "<text>".into(),
             bytes: text.as_bytes().to_vec(),
+        },
+        Source::Bytes(bytes) => Input {
+            name: "<bytes>".into(),
+            bytes: bytes.to_vec(),
         },
     };
     if !opts.shapes.is_empty() && !is_onnx(&input) {
@@ -256,5 +264,6 @@ fn name_of(source: Source<'_>) -> String {
     match source {
         Source::Path(p) => p.to_string(),
         Source::Text(_) => "<text>".into(),
+        Source::Bytes(_) => "<bytes>".into(),
     }
 }
