@@ -27,8 +27,8 @@ pub(super) struct IntegerConv {
     yd: [usize; 4],
     /// One group's product: its filter rows times its columns.
     product: IntegerProduct,
-    /// On AVX-512 VNNI (`product.vnni`) and AVX2: the filter, prepared at compile time when
-    /// it and its zero points are constants (else on each run).
+    /// On AVX-512 VNNI (`product.vnni`) and AVX2, not depthwise: the filter, prepared at
+    /// compile time when it and its zero points are constants (else on each run).
     #[cfg(target_arch = "x86_64")]
     prepared: Option<super::vnni_conv::Filter>,
     /// On AVX2 (`product.avx2`): whether the CPU has AVX-VNNI (and the target keeps it), which
@@ -64,17 +64,6 @@ impl IntegerConv {
         let amx = amx && wd[0] / groups > 16;
         let rows = f.ty(wz).numel() > 1;
         let k = wd[1] * wd[2] * wd[3];
-        #[cfg(target_arch = "x86_64")]
-        let prepared = (isa.0 || isa.1).then(|| {
-            let (w, z) = (const_bytes(f, filter)?, const_bytes(f, wz)?);
-            Some(super::vnni_conv::Filter::new(
-                &w,
-                &z,
-                signed(f, filter),
-                (wd[0], k),
-                kernel(isa, avx_vnni, amx),
-            ))
-        });
         let product = IntegerProduct {
             batches: vec![(0, 0)],
             m: wd[0] / groups,
@@ -95,15 +84,27 @@ impl IntegerConv {
             yd,
             product,
             #[cfg(target_arch = "x86_64")]
-            prepared: prepared.flatten(),
+            prepared: None,
             avx_vnni: avx_vnni && isa.1,
             amx: amx && isa.0,
             fma,
             taps: None,
         };
+        // A constant filter prepared now for the kernel that runs it: the depthwise kernel's
+        // taps, or the VNNI and AVX2 kernels' rows.
+        let Some((w, z)) = const_bytes(f, filter).zip(const_bytes(f, wz)) else {
+            return c;
+        };
+        let sw = signed(f, filter);
         if c.depthwise().is_some() {
-            c.taps = (const_bytes(f, filter).zip(const_bytes(f, wz)))
-                .map(|(w, z)| Taps::new(&w, &z, signed(f, filter), wd[2] * wd[3]));
+            c.taps = Some(Taps::new(&w, &z, sw, wd[2] * wd[3]));
+        } else {
+            #[cfg(target_arch = "x86_64")]
+            if isa.0 || isa.1 {
+                let prepared_for = kernel(isa, avx_vnni, amx);
+                let filter = super::vnni_conv::Filter::new(&w, &z, sw, (wd[0], k), prepared_for);
+                c.prepared = Some(filter);
+            }
         }
         c
     }
