@@ -14,6 +14,15 @@ pub(super) fn lines(bytes: u64) -> Vec<Line> {
     vec![Line([0; 64]); bytes.div_ceil(64) as usize]
 }
 
+/// A working buffer of at least `bytes`, `buf` reused where it is large enough (what it held is
+/// not kept otherwise): its first byte.
+pub(super) fn at_least(buf: &mut Vec<Line>, bytes: usize) -> *mut u8 {
+    if buf.len() * 64 < bytes {
+        *buf = lines(bytes as u64);
+    }
+    buf.as_mut_ptr() as *mut u8
+}
+
 /// `buf` as `f32`s (every `Line` is sixteen of them).
 pub(super) fn line_floats(buf: &mut [Line]) -> &mut [f32] {
     // SAFETY: `Line` is 64 plain bytes aligned to 64, and every bit pattern is a valid `f32`.

@@ -226,10 +226,7 @@ pub(super) unsafe fn convolve(filter: &Filter, g: Group) {
         SCRATCH.with(|s| {
             let s = &mut s.borrow_mut();
             if s.blocks_of != Some(call) {
-                let lines = (blocks * kp * PX).div_ceil(64);
-                if s.blocks.len() < lines {
-                    s.blocks = crate::cpu::bytes::lines(64 * lines as u64);
-                }
+                crate::cpu::bytes::at_least(&mut s.blocks, blocks * kp * PX);
                 s.sums.clear();
                 s.sums.resize(blocks, None);
                 s.blocks_of = Some(call);
@@ -337,11 +334,7 @@ unsafe fn run_block(
     let (panel, colsum) = match packed {
         Some(p) => p,
         None => {
-            let lines = (panel_taps(filter) * PX).div_ceil(64);
-            if scratch.packed.len() < lines {
-                scratch.packed = crate::cpu::bytes::lines(64 * lines as u64);
-            }
-            let out = scratch.packed.as_mut_ptr() as *mut u8;
+            let out = crate::cpu::bytes::at_least(&mut scratch.packed, panel_taps(filter) * PX);
             // SAFETY: as this function's contract; `packed` holds `kp * 32` bytes.
             let colsum = unsafe { pack_any(&g, p0, &mut scratch.taps, out) };
             (out as *const u8, colsum)
