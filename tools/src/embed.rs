@@ -7,7 +7,7 @@
 //! and gives the same results bit for bit.
 
 use crate::Error;
-use crate::io::{Input, Load, is_onnx, load_input, pick_function};
+use crate::io::{Input, Load, is_onnx, load_input, pick_function, read_file};
 use crate::train::{TrainArgs, Trained};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -58,11 +58,7 @@ pub struct Compiled {
 /// `tcc grad --wrt` does (`Some(&[])`: every floating-point one).
 pub fn load(source: Source<'_>, opts: &Options, wrt: Option<&[String]>) -> Result<Module, Error> {
     let input = match source {
-        Source::Path(path) => Input {
-            name: path.to_string(),
-            bytes: std::fs::read(path)
-                .map_err(|e| Error::input(format!("error: cannot read `{path}`: {e}")))?,
-        },
+        Source::Path(path) => read_file(path)?,
         Source::Text(text) => Input {
             name: "<text>".into(),
             bytes: text.as_bytes().to_vec(),
@@ -171,17 +167,7 @@ pub struct TrainOptions<'a> {
 
 /// `tcc train` on the loss function of `source` (its first result is the loss).
 pub fn train(source: Source<'_>, opts: &Options, t: &TrainOptions<'_>) -> Result<Trained, Error> {
-    let mut lr = tcc_passes::Options::default();
-    lr.0.push(("lr".into(), t.lr.to_string()));
-    let optimizer = match t.optimizer {
-        "sgd" | "momentum" | "adam" => tcc_passes::optim::options(t.optimizer, &lr)
-            .map_err(|e| Error::usage(format!("error: {e}")))?,
-        other => {
-            return Err(Error::usage(format!(
-                "error: unknown optimizer `{other}`; choose sgd, momentum or adam"
-            )));
-        }
-    };
+    let optimizer = crate::train::optimizer(t.optimizer, t.lr).map_err(Error::usage)?;
     let remat = (t.remat)
         .map(|spec| {
             tcc_passes::remat::Remat::parse(spec)

@@ -37,23 +37,17 @@ pub(crate) struct Input {
 impl Io<'_> {
     /// Reads `file`, or standard input for `-`.
     pub fn read(&mut self, file: &str) -> Result<Input, Error> {
-        let mut bytes = Vec::new();
-        if file == "-" {
-            self.stdin
-                .read_to_end(&mut bytes)
-                .map_err(|e| Error::input(format!("error: cannot read standard input: {e}")))?;
-            Ok(Input {
-                name: "<stdin>".into(),
-                bytes,
-            })
-        } else {
-            let bytes = std::fs::read(file)
-                .map_err(|e| Error::input(format!("error: cannot read `{file}`: {e}")))?;
-            Ok(Input {
-                name: file.to_string(),
-                bytes,
-            })
+        if file != "-" {
+            return read_file(file);
         }
+        let mut bytes = Vec::new();
+        self.stdin
+            .read_to_end(&mut bytes)
+            .map_err(|e| Error::input(format!("error: cannot read standard input: {e}")))?;
+        Ok(Input {
+            name: "<stdin>".into(),
+            bytes,
+        })
     }
 
     /// Reads `file` and parses and verifies it, or imports it as an ONNX model.
@@ -102,6 +96,16 @@ impl Io<'_> {
             }
         }
     }
+}
+
+/// The file `file`, read.
+pub(crate) fn read_file(file: &str) -> Result<Input, Error> {
+    let bytes = std::fs::read(file)
+        .map_err(|e| Error::input(format!("error: cannot read `{file}`: {e}")))?;
+    Ok(Input {
+        name: file.to_string(),
+        bytes,
+    })
 }
 
 /// An input read into a module: ONNX (by its name or first byte) imported, IR text parsed and

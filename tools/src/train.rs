@@ -51,6 +51,19 @@ pub struct TrainArgs<'a> {
     pub eval: Option<&'a str>,
 }
 
+/// The optimizer `name` (`sgd`, `momentum` or `adam`) with learning rate `lr`, as `tcc train
+/// --optimizer` takes it; the error is a usage message.
+pub fn optimizer(name: &str, lr: f64) -> Result<Optimizer, String> {
+    if !matches!(name, "sgd" | "momentum" | "adam") {
+        return Err(format!(
+            "error: unknown optimizer `{name}`; choose sgd, momentum or adam"
+        ));
+    }
+    let mut o = tcc_passes::Options::default();
+    o.0.push(("lr".into(), lr.to_string()));
+    tcc_passes::optim::options(name, &o).map_err(|e| format!("error: {e}"))
+}
+
 /// A file name for a value: characters outside `[A-Za-z0-9_.-]` become `_`.
 pub fn file_stem(name: &str) -> String {
     name.chars()

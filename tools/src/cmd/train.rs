@@ -66,17 +66,7 @@ pub(crate) struct Args {
 }
 
 pub(crate) fn run(a: Args, io: &mut Io) -> Result<(), Error> {
-    let mut o = tcc_passes::Options::default();
-    o.0.push(("lr".into(), a.lr.to_string()));
-    let optimizer = match a.optimizer.as_str() {
-        "sgd" | "momentum" | "adam" => tcc_passes::optim::options(&a.optimizer, &o)
-            .map_err(|e| Error::usage(format!("error: {e}")))?,
-        other => {
-            return Err(Error::usage(format!(
-                "error: unknown optimizer `{other}`; choose sgd, momentum or adam"
-            )));
-        }
-    };
+    let optimizer = crate::train::optimizer(&a.optimizer, a.lr).map_err(Error::usage)?;
     if a.eval.is_some() && a.data.is_none() {
         return Err(Error::usage(
             "error: --eval DIR holds held-out data named as in --data; give --data too",
