@@ -79,18 +79,26 @@ fn with_source<T>(
     }
 }
 
-fn options(
-    shapes: Vec<(String, Vec<u64>)>,
-    passes: Option<String>,
-    target: Option<String>,
-    func: Option<String>,
-) -> embed::Options {
-    embed::Options {
+/// How to load and compile, as the Python side passes it (`_settings` in `tcc/__init__.py`):
+/// the shapes of an ONNX model's dynamic inputs, the passes, the target, the function and the
+/// threads a run uses.
+type Settings = (
+    Vec<(String, Vec<u64>)>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<usize>,
+);
+
+/// The driver's options and the thread count of `settings`.
+fn options((shapes, passes, target, func, threads): Settings) -> (embed::Options, Option<usize>) {
+    let opts = embed::Options {
         shapes,
         passes,
         target,
         func,
-    }
+    };
+    (opts, threads)
 }
 
 /// A compiled function (see `tcc.Program`).
@@ -280,41 +288,28 @@ impl Program {
 
 /// Compiles the function of `path` (an IR file or ONNX model) or of IR `text`.
 #[pyfunction]
-#[pyo3(signature = (path, text, shapes, passes, target, func, threads))]
-#[allow(clippy::too_many_arguments)]
 fn compile(
     py: Python<'_>,
     path: Option<String>,
     text: Option<Given>,
-    shapes: Vec<(String, Vec<u64>)>,
-    passes: Option<String>,
-    target: Option<String>,
-    func: Option<String>,
-    threads: Option<usize>,
+    settings: Settings,
 ) -> PyResult<Program> {
-    let opts = options(shapes, passes, target, func);
+    let (opts, threads) = options(settings);
     let compiled = py.detach(|| with_source(path, text, |s| embed::compile(s, &opts)))?;
     Program::new(py, compiled.map_err(|e| driver_error(py, e))?, threads)
 }
 
-/// Differentiates and compiles (see `tcc.grad`).
+/// Differentiates `differentiate` (wrt, ys, stop) and compiles (see `tcc.grad`).
 #[pyfunction]
-#[pyo3(signature = (path, text, wrt, ys, stop, shapes, passes, target, func, threads))]
-#[allow(clippy::too_many_arguments)]
 fn grad(
     py: Python<'_>,
     path: Option<String>,
     text: Option<Given>,
-    wrt: Vec<String>,
-    ys: Vec<String>,
-    stop: Vec<String>,
-    shapes: Vec<(String, Vec<u64>)>,
-    passes: Option<String>,
-    target: Option<String>,
-    func: Option<String>,
-    threads: Option<usize>,
+    differentiate: (Vec<String>, Vec<String>, Vec<String>),
+    settings: Settings,
 ) -> PyResult<Program> {
-    let opts = options(shapes, passes, target, func);
+    let (opts, threads) = options(settings);
+    let (wrt, ys, stop) = differentiate;
     let g = embed::GradArgs { wrt, ys, stop };
     let compiled = py.detach(|| with_source(path, text, |s| embed::grad(s, &opts, &g)))?;
     Program::new(py, compiled.map_err(|e| driver_error(py, e))?, threads)
@@ -357,29 +352,28 @@ struct SendPtr(*mut u8);
 unsafe impl Send for SendPtr {}
 unsafe impl Sync for SendPtr {}
 
-/// Trains (see `tcc.train`): the losses, and the trained values as (name, dtype, dims, bytes).
+/// Trains (see `tcc.train`): `arrays` are the data and initial values, `how` (steps, optimizer,
+/// learning rate, remat options, log interval); returns the losses, and the trained values as
+/// (name, dtype, dims, bytes).
 #[pyfunction]
-#[pyo3(signature = (path, text, data, steps, optimizer, lr, init, remat, every, shapes, func))]
-#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+#[allow(clippy::type_complexity)]
 fn train<'py>(
     py: Python<'py>,
     path: Option<String>,
     text: Option<Given>,
-    data: Vec<Array<'py>>,
-    steps: usize,
-    optimizer: String,
-    lr: f64,
-    init: Vec<Array<'py>>,
-    remat: Option<String>,
-    every: usize,
-    shapes: Vec<(String, Vec<u64>)>,
-    func: Option<String>,
+    arrays: (Vec<Array<'py>>, Vec<Array<'py>>),
+    how: (usize, String, f64, Option<String>, usize),
+    settings: Settings,
 ) -> PyResult<(
     Vec<f64>,
     Vec<(String, &'static str, Vec<u64>, Bound<'py, PyBytes>)>,
 )> {
-    let (data, init) = (tensors(py, "data", data)?, tensors(py, "init", init)?);
-    let opts = options(shapes, None, None, func);
+    let (data, init) = (
+        tensors(py, "data", arrays.0)?,
+        tensors(py, "init", arrays.1)?,
+    );
+    let (steps, optimizer, lr, remat, every) = how;
+    let (opts, _) = options(settings);
     let t = embed::TrainOptions {
         steps,
         data: &data,

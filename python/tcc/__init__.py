@@ -117,6 +117,17 @@ def _threads(threads: Optional[int]) -> Optional[int]:
     return threads
 
 
+def _settings(
+    shapes: Optional[Mapping[str, Sequence[int]]],
+    passes: Optional[str],
+    target: str,
+    func: Optional[str],
+    threads: Optional[int],
+) -> tuple:
+    """How to load and compile, as the native module takes it."""
+    return (_shapes(shapes), passes, _target(target), func, _threads(threads))
+
+
 def _names(x: Union[None, str, Sequence[str]]) -> List[str]:
     if x is None:
         return []
@@ -254,10 +265,7 @@ def compile(
             ``intra_op_num_threads``).
     """
     path, text = _source(path_or_text)
-    native = _native.compile(
-        path, text, _shapes(shapes), passes, _target(target), func, _threads(threads)
-    )
-    return Program(native)
+    return Program(_native.compile(path, text, _settings(shapes, passes, target, func, threads)))
 
 
 def grad(
@@ -284,10 +292,8 @@ def grad(
         shapes, passes, target, func, threads: as for :func:`compile`.
     """
     path, text = _source(path_or_text)
-    native = _native.grad(
-        path, text, _names(wrt), _names(ys), _names(stop), _shapes(shapes), passes,
-        _target(target), func, _threads(threads),
-    )
+    settings = _settings(shapes, passes, target, func, threads)
+    native = _native.grad(path, text, (_names(wrt), _names(ys), _names(stop)), settings)
     return Program(native)
 
 
@@ -353,8 +359,11 @@ def train(
         raise UsageError(f"steps: expected a positive int, got {steps!r}")
     path, text = _source(path_or_text)
     losses, values = _native.train(
-        path, text, _arrays("data", data), steps, optimizer, float(lr), _arrays("init", init),
-        remat, int(log_every), _shapes(shapes), func,
+        path,
+        text,
+        (_arrays("data", data), _arrays("init", init)),
+        (steps, optimizer, float(lr), remat, int(log_every)),
+        _settings(shapes, None, "host", func, None),
     )
     params = {
         name: np.frombuffer(b, dtype=_DTYPES[d]).reshape(shape).copy()
