@@ -284,8 +284,9 @@ impl Plain8<'_> {
     }
 
     /// The levels of eight sums `y` of channel `o`, unsaturated (within +-1024 of the zero
-    /// point, or +-2^30 where the clamps bound them). A method, not a closure: a closure in a function without the target's features
-    /// is compiled without them, and its intrinsics become calls.
+    /// point, or +-2^30 where the clamps bound them). A method, not a closure: a closure in a
+    /// function without the target's features is compiled without them, and its intrinsics
+    /// become calls.
     ///
     /// # Safety
     /// AVX2.

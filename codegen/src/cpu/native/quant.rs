@@ -154,7 +154,7 @@ pub(super) const NEAR_TIE: f32 = 0.4999;
 /// [`NEAR_TIE`]'s quotient on sixteen lanes.
 ///
 /// # Safety
-/// AVX-512F.
+/// AVX-512F and DQ.
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq")]
@@ -178,7 +178,7 @@ pub(super) unsafe fn quotient16(
 /// half-integer, which the quotient must decide.
 ///
 /// # Safety
-/// AVX-512F.
+/// AVX-512F and DQ.
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq")]
