@@ -60,11 +60,11 @@ pub fn load(source: Source<'_>, opts: &Options, wrt: Option<&[String]>) -> Resul
     let input = match source {
         Source::Path(path) => read_file(path)?,
         Source::Text(text) => Input {
-            name: "<text>".into(),
+            name: name_of(source),
             bytes: text.as_bytes().to_vec(),
         },
         Source::Bytes(bytes) => Input {
-            name: "<bytes>".into(),
+            name: name_of(source),
             bytes: bytes.to_vec(),
         },
     };
