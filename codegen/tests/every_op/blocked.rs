@@ -213,10 +213,10 @@ fn channel_blocked_layout() {
         // F(2x2, 3x3) (conv/winograd.rs tests its paths itself): partial input blocks, an odd
         // plane.
         (
-            "[1,124,12,11]",
+            "[1,124,20,19]",
             "[128,124,3,3]",
             "{pads=[1,1,1,1]}",
-            "[1,16,12,11,8]",
+            "[1,16,20,19,8]",
         ),
     ];
     for (i, (x, w, attrs, y)) in convs.iter().enumerate() {

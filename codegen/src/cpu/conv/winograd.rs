@@ -93,14 +93,21 @@ impl Winograd {
     /// direct kernel's time at 64 channels, 0.16 at 128); Winograd must come out 20% ahead,
     /// which keeps DenseNet's 3x3 layers of 128 to 32 channels direct (Winograd was 1.2-1.35x
     /// slower there: few output channels leave the input transform unamortised).
+    ///
+    /// Each also reads its filter once a run, from L3 or memory where a model's filters do not
+    /// stay in cache between runs: `U` is 16/9 of the filter's size, and a small plane (few
+    /// tiles) reuses each weight too little to hide that. Each byte of filter counts three
+    /// multiply-adds (about what a core computes while it streams a byte from L3). ResNet-18's
+    /// last stage (512 channels at 7x7, 16 tiles) then runs direct: on an Intel Xeon (AVX-512)
+    /// its three 3x3 layers took 1.36-1.44 ms each as Winograd, 0.93-1.04 direct.
     pub(super) fn pays(s: &Shape) -> bool {
         if s.c < 16 || s.o < 16 {
             return false;
         }
         let (cp, op) = s.padded();
         let tiles = s.n * s.oh.div_ceil(2) * s.ow.div_ceil(2);
-        let direct = 9 * s.c * s.o * s.n * s.oh * s.ow;
-        let winograd = XI * tiles * (cp * op + 25 * (cp + op));
+        let direct = 9 * s.c * s.o * (s.n * s.oh * s.ow + 3 * 4);
+        let winograd = XI * tiles * (cp * op + 25 * (cp + op)) + XI * cp * op * 3 * 4;
         5 * winograd < 4 * direct
     }
 
@@ -533,6 +540,33 @@ mod tests {
             }
         }
         y
+    }
+
+    /// The cost model on ResNet's 3x3 layers: Winograd through the third stage, the direct
+    /// kernel for the last stage's 16 tiles at batch 1 (its transformed filter, 16.8 MB, read
+    /// each run for few products), Winograd there again at batch 8; too few channels never.
+    #[test]
+    fn pays_where_the_filter_is_reused() {
+        let shape = |n, c, hw| Shape {
+            n,
+            c,
+            h: hw,
+            w: hw,
+            o: c,
+            oh: hw,
+            ow: hw,
+            pt: 1,
+            pl: 1,
+        };
+        for (c, hw) in [(64, 56), (128, 28), (256, 14)] {
+            assert!(
+                Winograd::pays(&shape(1, c, hw)),
+                "{c} channels at {hw}x{hw}"
+            );
+        }
+        assert!(!Winograd::pays(&shape(1, 512, 7)));
+        assert!(Winograd::pays(&shape(8, 512, 7)));
+        assert!(!Winograd::pays(&shape(1, 8, 56)));
     }
 
     /// Runs F(2x2, 3x3) on the shapes its paths differ on, whether or not the cost model
