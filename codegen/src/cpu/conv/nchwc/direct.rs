@@ -8,6 +8,11 @@ use crate::cpu::simd::first;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
+/// The bytes of weights a chunk of a tile's reduction reads at most (see [`Span::chunks`]):
+/// a third of the smallest L1 data cache the kernels run on (32 KiB), leaving room for the
+/// input the tiles read.
+const CHUNK_BYTES: usize = 16 << 10;
+
 impl NchwcConv {
     /// The direct kernel over output rows `rows` for the blocks of `groups`.
     ///
@@ -77,7 +82,7 @@ impl NchwcConv {
         } = input;
         // The offsets go into this thread's buffers, reused from band to band (allocating two
         // vectors a band was 6% of a chain of small 1x1 layers), and back at the end.
-        let (mut taps, mut pixels) = OFFSETS.take();
+        let (mut taps, mut pixels, mut sums) = OFFSETS.take();
         taps.clear();
         taps.extend((0..self.taps()).map(|t| {
             let (blk, tap) = (t / (kh * kw), t % (kh * kw));
@@ -96,6 +101,10 @@ impl NchwcConv {
         }
         let steps = self.taps() * lanes;
         let pairs = tile_pixels(end - start);
+        // Partial sums between chunks of the reduction (see `Span::chunks`): 32 floats (four
+        // blocks) per pixel of the band's tiles at most.
+        sums.clear();
+        sums.resize((end - start + P) * 4 * B, 0.0);
         let mut gi = 0;
         while gi < groups.len() {
             let g = groups[gi];
@@ -124,6 +133,7 @@ impl NchwcConv {
                     base,
                     pixels: &pixels,
                     taps: &taps,
+                    sums: sums.as_mut_ptr(),
                     out: Out {
                         y: out.y.add(at),
                         at: out.at + at,
@@ -153,14 +163,15 @@ impl NchwcConv {
                 }
             }
         }
-        OFFSETS.set((taps, pixels));
+        OFFSETS.set((taps, pixels, sums));
     }
 }
 
 thread_local! {
-    /// Each thread's tap and pixel offsets of the band it computes (see `direct_band`).
-    static OFFSETS: std::cell::RefCell<(Vec<usize>, Vec<usize>)> =
-        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    /// Each thread's tap and pixel offsets of the band it computes and its partial sums
+    /// (see `direct_band`).
+    static OFFSETS: std::cell::RefCell<(Vec<usize>, Vec<usize>, Vec<f32>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
 }
 
 /// The input the direct kernel reads: `src` with `plane` floats between blocks (or plain
@@ -184,6 +195,7 @@ struct Span<'a> {
     base: *const f32,
     pixels: &'a [usize],
     taps: &'a [usize],
+    sums: *mut f32,
     out: Out<'a>,
     stride: usize,
     block: usize,
@@ -191,6 +203,22 @@ struct Span<'a> {
 }
 
 impl<'a> Span<'a> {
+    /// How the reduction over [`Self::taps`] is cut for `tiles` tiles whose weights take
+    /// `floats` floats a tap: taps per chunk, and chunks. Each chunk's weights (at most
+    /// [`CHUNK_BYTES`]) stay in L1 while every tile of the band runs them, its sums kept in
+    /// `sums` between chunks; one chunk (the whole reduction per tile, no partial sums) where
+    /// there is one tile or the weights fit anyway. The same products in the same order.
+    fn chunks(&self, tiles: usize, floats: usize) -> (usize, usize) {
+        let all = self.taps.len();
+        let parts = if tiles < 2 {
+            1
+        } else {
+            (all * floats * 4).div_ceil(CHUNK_BYTES).max(1)
+        };
+        let chunk = all.div_ceil(parts).max(1);
+        (chunk, all.div_ceil(chunk).max(1))
+    }
+
     /// Tile `k` of `PX` pixels: its pixels' first taps (past `n`, the valid pixels, the last
     /// repeated), where it stores, and its shape.
     ///
@@ -331,28 +359,55 @@ unsafe fn tiles512<const NP: usize, const L: usize, const PX: usize>(
     span: Span,
     w: [*const f32; NP],
 ) {
-    for k in 0..span.pixels.len().div_ceil(PX) {
-        // SAFETY: the caller's contract.
-        let (px, out, t) = unsafe { span.tile::<PX>(k) };
-        let mut acc = [[_mm512_setzero_ps(); NP]; PX];
-        let mut at = 0;
-        for &off in span.taps {
-            for l in 0..L {
-                // SAFETY (block): the caller's contract.
-                unsafe {
-                    let wv: [__m512; NP] = std::array::from_fn(|j| _mm512_loadu_ps(w[j].add(at)));
-                    for (p, a) in acc.iter_mut().enumerate() {
-                        let xv = _mm512_set1_ps(*px[p].add(off + l));
-                        for j in 0..NP {
-                            a[j] = _mm512_fmadd_ps(xv, wv[j], a[j]);
-                        }
+    let tiles = span.pixels.len().div_ceil(PX);
+    let (chunk, chunks) = span.chunks(tiles, L * NP * 2 * B);
+    for c in 0..chunks {
+        let (first, last) = (c == 0, c + 1 == chunks);
+        let taps = &span.taps[c * chunk..((c + 1) * chunk).min(span.taps.len())];
+        for k in 0..tiles {
+            // SAFETY: the caller's contract.
+            let (px, out, t) = unsafe { span.tile::<PX>(k) };
+            // This tile's partial sums between chunks, pixel by pair.
+            // SAFETY (a pointer computation): `sums` holds the band's tiles (`Span::chunks`).
+            let sums = unsafe { span.sums.add(k * PX * NP * 2 * B) };
+            let mut acc = [[_mm512_setzero_ps(); NP]; PX];
+            if !first {
+                for (p, a) in acc.iter_mut().enumerate() {
+                    for (j, a) in a.iter_mut().enumerate() {
+                        // SAFETY: written by this tile's previous chunk.
+                        *a = unsafe { _mm512_loadu_ps(sums.add((p * NP + j) * 2 * B)) };
                     }
                 }
-                at += 2 * B;
+            }
+            let mut at = c * chunk * L * 2 * B;
+            for &off in taps {
+                for l in 0..L {
+                    // SAFETY (block): the caller's contract.
+                    unsafe {
+                        let wv: [__m512; NP] =
+                            std::array::from_fn(|j| _mm512_loadu_ps(w[j].add(at)));
+                        for (p, a) in acc.iter_mut().enumerate() {
+                            let xv = _mm512_set1_ps(*px[p].add(off + l));
+                            for j in 0..NP {
+                                a[j] = _mm512_fmadd_ps(xv, wv[j], a[j]);
+                            }
+                        }
+                    }
+                    at += 2 * B;
+                }
+            }
+            if last {
+                // SAFETY: pixel p < n of each block; the epilogue's operands cover the output.
+                unsafe { store512(acc, out, t) }
+            } else {
+                for (p, a) in acc.iter().enumerate() {
+                    for (j, &a) in a.iter().enumerate() {
+                        // SAFETY: this tile's sums (see above).
+                        unsafe { _mm512_storeu_ps(sums.add((p * NP + j) * 2 * B), a) };
+                    }
+                }
             }
         }
-        // SAFETY: pixel p < n of each block; the epilogue's operands cover the output.
-        unsafe { store512(acc, out, t) }
     }
 }
 
