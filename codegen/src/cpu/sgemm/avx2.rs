@@ -19,6 +19,7 @@ impl Kernel for Avx2 {
         kc: usize,
         a: APanel,
         bp: *const f32,
+        fetch: *const f32,
         c: *mut f32,
         ldc: usize,
         accumulate: bool,
@@ -28,9 +29,9 @@ impl Kernel for Avx2 {
         // SAFETY: the trait's contract.
         unsafe {
             if a.in_place() {
-                micro::<false>(kc, a, bp, c, ldc, accumulate, h, w)
+                micro::<false>(kc, a, bp, fetch, c, ldc, accumulate, h, w)
             } else {
-                micro::<true>(kc, a, bp, c, ldc, accumulate, h, w)
+                micro::<true>(kc, a, bp, fetch, c, ldc, accumulate, h, w)
             }
         }
     }
@@ -76,6 +77,7 @@ unsafe fn micro<const PACKED: bool>(
     kc: usize,
     a: APanel,
     bp: *const f32,
+    fetch: *const f32,
     c: *mut f32,
     ldc: usize,
     accumulate: bool,
@@ -114,6 +116,12 @@ unsafe fn micro<const PACKED: bool>(
         // SAFETY: a hint only.
         _mm_prefetch::<_MM_HINT_T0>(bp.wrapping_add((p + 8) * NR) as *const i8);
         _mm_prefetch::<_MM_HINT_T0>(bp.wrapping_add((p + 10) * NR) as *const i8);
+        if !fetch.is_null() {
+            // A hint only: the four steps' lines of the panel to come.
+            for q in 0..4 {
+                _mm_prefetch::<_MM_HINT_T1>(fetch.wrapping_add((p + q) * NR) as *const i8);
+            }
+        }
         for q in 0..4 {
             step(&mut acc, p + q);
         }
@@ -156,6 +164,7 @@ unsafe fn micro<const PACKED: bool>(
 unsafe fn micro<const PACKED: bool>(
     _: usize,
     _: APanel,
+    _: *const f32,
     _: *const f32,
     _: *mut f32,
     _: usize,

@@ -18,6 +18,7 @@ impl Kernel for Avx512 {
         kc: usize,
         a: APanel,
         bp: *const f32,
+        fetch: *const f32,
         c: *mut f32,
         ldc: usize,
         accumulate: bool,
@@ -27,9 +28,9 @@ impl Kernel for Avx512 {
         // SAFETY: the trait's contract.
         unsafe {
             if a.in_place() {
-                micro::<false>(kc, a, bp, c, ldc, accumulate, h, w)
+                micro::<false>(kc, a, bp, fetch, c, ldc, accumulate, h, w)
             } else {
-                micro::<true>(kc, a, bp, c, ldc, accumulate, h, w)
+                micro::<true>(kc, a, bp, fetch, c, ldc, accumulate, h, w)
             }
         }
     }
@@ -61,6 +62,7 @@ unsafe fn micro<const PACKED: bool>(
     kc: usize,
     a: APanel,
     bp: *const f32,
+    fetch: *const f32,
     c: *mut f32,
     ldc: usize,
     accumulate: bool,
@@ -85,6 +87,11 @@ unsafe fn micro<const PACKED: bool>(
                 _mm512_load_ps(bp.add(p * NR + 16)),
             )
         };
+        if !fetch.is_null() {
+            // A hint only: the step's two lines of the panel to come.
+            _mm_prefetch::<_MM_HINT_T1>(fetch.wrapping_add(p * NR) as *const i8);
+            _mm_prefetch::<_MM_HINT_T1>(fetch.wrapping_add(p * NR + 16) as *const i8);
+        }
         for (i, row) in acc.iter_mut().enumerate() {
             // SAFETY: element i of depth p of the tile's rows of A.
             let av = _mm512_set1_ps(unsafe { *rows[i].add(p * ds) });
@@ -119,6 +126,7 @@ unsafe fn micro<const PACKED: bool>(
 unsafe fn micro<const PACKED: bool>(
     _: usize,
     _: APanel,
+    _: *const f32,
     _: *const f32,
     _: *mut f32,
     _: usize,
