@@ -417,8 +417,11 @@ impl Bound<'_> {
     }
 }
 
-/// A bias and SiLU on vectors `vs`, two at a time on sixteen lanes with the steps of eight
-/// (so the same bits): vector `i` plus `channel(i)`, handed to `store(i, ..)`.
+/// A bias and SiLU on vectors `vs` (an even number), two at a time on sixteen lanes with the
+/// steps of eight (so the same bits): vector `i` plus `channel(i)`, handed to `store(i, ..)`.
+/// Two such pairs at once: each sigmoid is one long dependent chain ending in a division, and
+/// side by side they overlap (eight 5x5 depthwise layers with SiLU, 240 channels at 28x28, one
+/// thread on a Xeon: 2.63 -> 2.53 ms; two threads 1.40 -> 1.29).
 ///
 /// # Safety
 /// The CPU has AVX-512F, AVX2 and FMA.
@@ -429,14 +432,27 @@ unsafe fn bias_silu_pairs(
     channel: impl Fn(usize) -> __m256,
     store: impl Fn(usize, __m256),
 ) {
-    for (k, pair) in vs.chunks_exact(2).enumerate() {
-        let (i, j) = (2 * k, 2 * k + 1);
-        let a = _mm256_castps_pd(_mm256_add_ps(pair[0], channel(i)));
-        let b = _mm256_castps_pd(_mm256_add_ps(pair[1], channel(j)));
-        let v = _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castpd256_pd512(a), b));
-        let r = _mm512_castps_pd(_mm512_mul_ps(v, sigmoid512(v)));
+    // Vectors i and i + 1 plus their channels' biases, on sixteen lanes.
+    let join = |i: usize| {
+        let a = _mm256_castps_pd(_mm256_add_ps(vs[i], channel(i)));
+        let b = _mm256_castps_pd(_mm256_add_ps(vs[i + 1], channel(i + 1)));
+        _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castpd256_pd512(a), b))
+    };
+    let put = |i: usize, r: __m512| {
+        let r = _mm512_castps_pd(r);
         store(i, _mm256_castpd_ps(_mm512_castpd512_pd256(r)));
-        store(j, _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(r)));
+        store(i + 1, _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(r)));
+    };
+    let quads = vs.len() / 4 * 4;
+    for i in (0..quads).step_by(4) {
+        let (u, v) = (join(i), join(i + 2));
+        let (su, sv) = (sigmoid512(u), sigmoid512(v));
+        put(i, _mm512_mul_ps(u, su));
+        put(i + 2, _mm512_mul_ps(v, sv));
+    }
+    if quads + 2 <= vs.len() {
+        let u = join(quads);
+        put(quads, _mm512_mul_ps(u, sigmoid512(u)));
     }
 }
 
