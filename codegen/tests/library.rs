@@ -366,6 +366,22 @@ fn library_epilogues_run_on_finished_pieces() {
   %y = relu %s : f32[1,16,7,9]
   return %y
 }",
+        // The 512-bit direct kernel's tiles of seven pixels (`tile_pixels512`), whole (7x7)
+        // and partial (a row of 13: 7 + 6), with an epilogue that has no form of its own
+        // there (a bias and sigmoid) (stored pair by pair through the general store); 40 outputs: two pairs of
+        // blocks and a last block alone.
+        "func @f(%x: f32[1,16,7,7], %w: f32[40,16,3,3], %b: f32[40,1,1]) -> (f32[1,40,7,7]) {
+  %c = conv2d %x, %w {pads=[1,1,1,1]} : f32[1,40,7,7]
+  %z = add %c, %b : f32[1,40,7,7]
+  %y = sigmoid %z : f32[1,40,7,7]
+  return %y
+}",
+        "func @f(%x: f32[1,16,1,13], %w: f32[40,16,1,3], %b: f32[40,1,1]) -> (f32[1,40,1,13]) {
+  %c = conv2d %x, %w {pads=[0,1,0,1]} : f32[1,40,1,13]
+  %z = add %c, %b : f32[1,40,1,13]
+  %y = sigmoid %z : f32[1,40,1,13]
+  return %y
+}",
         // More rows than a block of the GEMM, columns in several groups.
         "func @f(%x: f32[203,150], %w: f32[150,601], %b: f32[601]) -> (f32[203,601]) {
   %h = matmul %x, %w : f32[203,601]

@@ -27,8 +27,9 @@ use tcc_ir::{BinaryOp, Function, Op, OpKind, UnaryOp, Value};
 /// Channels per block: the lanes of one vector.
 const B: usize = 8;
 
-/// Pixels of the largest register tile [`Bound::store_tile`] stores, two blocks each.
-const P_MAX: usize = 6;
+/// Pixels of the largest register tile [`Bound::store_tile`] stores, two blocks each (the
+/// 512-bit direct kernel's tiles of seven, stored pair by pair).
+const P_MAX: usize = 8;
 
 /// One step of an epilogue, applied to each stored vector.
 #[derive(Clone, Copy, Debug, PartialEq)]

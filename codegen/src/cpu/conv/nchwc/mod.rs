@@ -9,7 +9,9 @@
 //! ([`crate::cpu::Features::wide`]) a tile is six pixels by two such pairs, each pixel's 32
 //! sums in two `zmm` registers (each pair's sixteen weights of a step are one 512-bit load):
 //! twice the channels per broadcast and half the instructions, the same sums in the same
-//! order. The six pixels are any six consecutive
+//! order; there a tile is seven pixels wherever that computes no more of them (planes seven
+//! wide and their multiples), and the reduction runs in chunks whose weights stay in L1 while
+//! every tile of the band uses them. The six pixels are any six consecutive
 //! pixels of the output plane, each with its own input pointer, so small planes and row ends
 //! waste nothing but the plane's last tile (five pixels a tile where that wastes less, as on
 //! 7x7 planes). The reduction runs over the input's blocks, the filter's taps and the eight
@@ -59,8 +61,9 @@ use tcc_ir::{Conv2d, DType, Function, Value};
 /// Channels per block, the f32 lanes of a `ymm` register.
 const B: usize = 8;
 
-/// Output pixels per tile of the direct kernel, at most: two blocks of six pixels fill twelve
-/// of the sixteen `ymm` registers with sums. Some bands take five per tile ([`tile_pixels`]).
+/// Output pixels per tile of the direct kernel's `ymm` tiles, at most: two blocks of six pixels
+/// fill twelve of the sixteen `ymm` registers with sums. Some bands take five per tile
+/// ([`tile_pixels`]); the 512-bit tiles take seven where that fits the band.
 const P: usize = 6;
 
 /// Input rows of a band are sized so its padded copy stays within this many bytes (L2).
