@@ -103,9 +103,12 @@ impl NchwcConv {
         let pairs = tile_pixels(end - start);
         let quads = tile_pixels512(end - start);
         // Partial sums between chunks of the reduction (see `Span::chunks`): 32 floats (four
-        // blocks) per pixel of the band's tiles (of up to seven pixels) at most.
-        sums.clear();
-        sums.resize((end - start + 8) * 4 * B, 0.0);
+        // blocks) per pixel of the band's tiles (of up to seven pixels) at most, each written
+        // before it is read (so the buffer only grows, and is never cleared).
+        let need = (end - start + 8) * 4 * B;
+        if sums.len() < need {
+            sums.resize(need, 0.0);
+        }
         let mut gi = 0;
         while gi < groups.len() {
             let g = groups[gi];
