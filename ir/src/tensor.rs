@@ -148,13 +148,7 @@ impl Tensor {
     /// A tensor of type `ty` from its elements' little-endian bytes (a `bool` is any byte, true
     /// unless 0); an error unless there are exactly `ty.size_bytes()` of them.
     pub fn from_le_bytes(ty: &TensorType, b: &[u8]) -> Result<Tensor, TensorError> {
-        if b.len() as u64 != ty.size_bytes() {
-            return Err(TensorError(format!(
-                "{} bytes for a tensor of type {ty}, which takes {}",
-                b.len(),
-                ty.size_bytes()
-            )));
-        }
+        check_size(ty, b)?;
         fn words<const N: usize, T>(b: &[u8], from: fn([u8; N]) -> T) -> Vec<T> {
             (b.chunks_exact(N))
                 .map(|c| from(c.try_into().expect("chunks of N bytes")))
@@ -187,13 +181,7 @@ impl<'a> TensorRef<'a> {
     /// The bytes `bytes` as a tensor of type `ty`: exactly `ty.size_bytes()` of them, aligned
     /// to the element size (kernels load elements in place), and for `bool` each 0 or 1.
     pub fn new(ty: &'a TensorType, bytes: &'a [u8]) -> Result<TensorRef<'a>, TensorError> {
-        if bytes.len() as u64 != ty.size_bytes() {
-            return Err(TensorError(format!(
-                "{} bytes for a tensor of type {ty}, which takes {}",
-                bytes.len(),
-                ty.size_bytes()
-            )));
-        }
+        check_size(ty, bytes)?;
         let align = ty.dtype().size_bytes() as usize;
         if !bytes.is_empty() && !(bytes.as_ptr() as usize).is_multiple_of(align) {
             return Err(TensorError(format!(
@@ -242,6 +230,18 @@ impl Tensor {
             bytes,
         }
     }
+}
+
+/// That `bytes` are exactly the `ty.size_bytes()` of a tensor of type `ty`.
+fn check_size(ty: &TensorType, bytes: &[u8]) -> Result<(), TensorError> {
+    if bytes.len() as u64 != ty.size_bytes() {
+        return Err(TensorError(format!(
+            "{} bytes for a tensor of type {ty}, which takes {}",
+            bytes.len(),
+            ty.size_bytes()
+        )));
+    }
+    Ok(())
 }
 
 /// A slice of plain numbers (or `bool`s, one byte each, 0 or 1) as its bytes.

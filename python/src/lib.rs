@@ -184,16 +184,19 @@ fn data_of(a: &Bound<'_, PyAny>, ty: &TensorType, write: bool) -> Result<*mut u8
     Ok(i.data as *mut u8)
 }
 
-/// The bytes of `len` at `data`, or none.
-///
-/// # Safety
-/// `data` addresses `len` bytes that stay alive and unwritten while the slice is used.
-unsafe fn bytes_at<'a>(data: *const u8, len: usize) -> &'a [u8] {
-    if len == 0 {
-        return &[];
-    }
-    // SAFETY: the caller's contract.
-    unsafe { std::slice::from_raw_parts(data, len) }
+/// The numpy array `a` as a tensor of type `ty`, read in place (see [`data_of`]), or what is
+/// wrong with it.
+fn view_of<'a>(a: &'a Bound<'_, PyAny>, ty: &'a TensorType) -> Result<TensorRef<'a>, String> {
+    let data = data_of(a, ty, false)?;
+    let len = ty.size_bytes() as usize;
+    let bytes = if len == 0 {
+        &[]
+    } else {
+        // SAFETY: `a`, borrowed for `'a`, is a C-contiguous array of `ty`: `len` bytes at
+        // `data`, which the caller does not write while it runs.
+        unsafe { std::slice::from_raw_parts(data as *const u8, len) }
+    };
+    TensorRef::new(ty, bytes).map_err(|e| e.to_string())
 }
 
 #[pymethods]
@@ -244,13 +247,8 @@ impl Program {
             let ty = f.ty(p);
             let bad = |e: String| input_error(py, &format!("input `{}`: {e}", f.name(p)));
             let view = match (given, stored) {
-                (Some(a), _) => {
-                    let data = data_of(a, ty, false).map_err(bad)?;
-                    // SAFETY: `a` (held by the caller for the call) is a C-contiguous array of
-                    // `ty`, `size_bytes` bytes at `data`.
-                    TensorRef::new(ty, unsafe { bytes_at(data, ty.size_bytes() as usize) })
-                }
-                (None, Some(t)) => Ok(t.view()),
+                (Some(a), _) => view_of(a, ty).map_err(bad)?,
+                (None, Some(t)) => t.view(),
                 (None, None) => {
                     return Err(input_error(
                         py,
@@ -258,7 +256,7 @@ impl Program {
                     ));
                 }
             };
-            views.push(view.map_err(|e| bad(e.to_string()))?);
+            views.push(view);
         }
         let mut outs = Vec::with_capacity(outputs.len());
         for (&r, a) in f.results().iter().zip(&outputs) {
@@ -286,6 +284,19 @@ impl Program {
     }
 }
 
+/// The program `how` (`embed::compile`, or `embed::grad` with its arguments) makes of the
+/// source of `path` or `text` with `settings`, the interpreter lock released meanwhile.
+fn build(
+    py: Python<'_>,
+    (path, text): (Option<String>, Option<Given>),
+    settings: Settings,
+    how: impl FnOnce(Source<'_>, &embed::Options) -> Result<embed::Compiled, Error> + Send,
+) -> PyResult<Program> {
+    let (opts, threads) = options(settings);
+    let compiled = py.detach(|| with_source(path, text, |s| how(s, &opts)))?;
+    Program::new(py, compiled.map_err(|e| driver_error(py, e))?, threads)
+}
+
 /// Compiles the function of `path` (an IR file or ONNX model) or of IR `text`.
 #[pyfunction]
 fn compile(
@@ -294,9 +305,7 @@ fn compile(
     text: Option<Given>,
     settings: Settings,
 ) -> PyResult<Program> {
-    let (opts, threads) = options(settings);
-    let compiled = py.detach(|| with_source(path, text, |s| embed::compile(s, &opts)))?;
-    Program::new(py, compiled.map_err(|e| driver_error(py, e))?, threads)
+    build(py, (path, text), settings, embed::compile)
 }
 
 /// Differentiates `differentiate` (wrt, ys, stop) and compiles (see `tcc.grad`).
@@ -308,11 +317,11 @@ fn grad(
     differentiate: (Vec<String>, Vec<String>, Vec<String>),
     settings: Settings,
 ) -> PyResult<Program> {
-    let (opts, threads) = options(settings);
     let (wrt, ys, stop) = differentiate;
     let g = embed::GradArgs { wrt, ys, stop };
-    let compiled = py.detach(|| with_source(path, text, |s| embed::grad(s, &opts, &g)))?;
-    Program::new(py, compiled.map_err(|e| driver_error(py, e))?, threads)
+    build(py, (path, text), settings, |s, opts| {
+        embed::grad(s, opts, &g)
+    })
 }
 
 /// The IR text after a pass pipeline (see `tcc.opt`).
@@ -337,11 +346,8 @@ fn tensors(py: Python<'_>, what: &str, arrays: Vec<Array>) -> PyResult<BTreeMap<
         let bad = |e: String| input_error(py, &format!("{what} `{name}`: {e}"));
         let dtype = DType::from_name(&dtype).ok_or_else(|| bad(format!("no dtype `{dtype}`")))?;
         let ty = TensorType::new(dtype, dims).map_err(|e| bad(e.to_string()))?;
-        let data = data_of(&a, &ty, false).map_err(bad)?;
-        // SAFETY: `a`, alive here, is a C-contiguous array of `ty` at `data`.
-        let bytes = unsafe { bytes_at(data, ty.size_bytes() as usize) };
-        let view = TensorRef::new(&ty, bytes).map_err(|e| bad(e.to_string()))?;
-        out.insert(name, view.to_tensor());
+        let tensor = view_of(&a, &ty).map_err(bad)?.to_tensor();
+        out.insert(name, tensor);
     }
     Ok(out)
 }

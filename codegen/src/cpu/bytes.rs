@@ -34,10 +34,9 @@ pub(super) fn line_floats(buf: &mut [Line]) -> &mut [f32] {
 /// # Safety
 /// `dst` must point at `t.ty().size_bytes()` writable bytes that overlap nothing `t` owns.
 pub(super) unsafe fn write_data(dst: *mut u8, t: &Tensor) {
-    let len = t.ty().size_bytes() as usize;
-    // SAFETY: the vector holds `len` bytes of elements (a bool is one byte); the caller's
-    // contract covers `dst`.
-    unsafe { std::ptr::copy_nonoverlapping(data_ptr(t), dst, len) }
+    let bytes = t.view().bytes();
+    // SAFETY: the caller's contract covers `dst` for the tensor's bytes.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, bytes.len()) }
 }
 
 /// Copies a tensor of type `ty` out of memory at `src`. Booleans are read as `byte != 0`.
@@ -76,11 +75,6 @@ pub(super) fn capacity_ptr(d: &mut Data) -> *mut u8 {
 pub(super) unsafe fn set_len(d: &mut Data, n: usize) {
     // SAFETY: the caller's contract.
     each_data!(d, v => unsafe { v.set_len(n) })
-}
-
-/// The address of `t`'s first element.
-pub(super) fn data_ptr(t: &Tensor) -> *const u8 {
-    each_data!(t.data(), v => v.as_ptr().cast())
 }
 
 /// Asks the kernel to back `len` bytes at `ptr` with transparent huge pages, so that a large

@@ -543,9 +543,7 @@ unsafe fn block<K: Kernel>(
         let mut bufs = cell.borrow_mut();
         let (bp_buf, ap_buf) = &mut *bufs;
         for (buf, len) in [(&mut *bp_buf, nb), (&mut *ap_buf, na)] {
-            if buf.len() * 16 < len {
-                *buf = aligned(len);
-            }
+            super::bytes::at_least(buf, len * 4);
         }
         let bp = &mut line_floats(bp_buf)[..nb];
         let ap = &mut line_floats(ap_buf)[..na];

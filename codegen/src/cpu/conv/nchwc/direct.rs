@@ -80,9 +80,10 @@ impl NchwcConv {
             row,
             first,
         } = input;
-        // The offsets go into this thread's buffers, reused from band to band (allocating two
-        // vectors a band was 6% of a chain of small 1x1 layers), and back at the end.
-        let (mut taps, mut pixels, mut sums) = OFFSETS.take();
+        // The offsets and partial sums go into this thread's buffers, reused from band to band
+        // (allocating two vectors a band was 6% of a chain of small 1x1 layers), and back at
+        // the end.
+        let (mut taps, mut pixels, mut sums) = SCRATCH.take();
         taps.clear();
         taps.extend((0..self.taps()).map(|t| {
             let (blk, tap) = (t / (kh * kw), t % (kh * kw));
@@ -168,14 +169,14 @@ impl NchwcConv {
                 }
             }
         }
-        OFFSETS.set((taps, pixels, sums));
+        SCRATCH.set((taps, pixels, sums));
     }
 }
 
 thread_local! {
     /// Each thread's tap and pixel offsets of the band it computes and its partial sums
     /// (see `direct_band`).
-    static OFFSETS: std::cell::RefCell<(Vec<usize>, Vec<usize>, Vec<f32>)> =
+    static SCRATCH: std::cell::RefCell<(Vec<usize>, Vec<usize>, Vec<f32>)> =
         const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
 }
 
