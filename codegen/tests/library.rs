@@ -573,3 +573,67 @@ fn depthwise_after_a_blocked_convolution() {
         }
     }
 }
+
+/// Depthwise layers on both widths of library kernels: with 512-bit ones, pairs of blocks run
+/// sixteen channels a `zmm` register (`nchwc/depthwise512.rs`), with 256-bit ones eight a
+/// `ymm`; each output is the same products in the same order, so the two give the same bits.
+/// Forty channels (two pairs and a single block) and twenty (a pair and a partial block);
+/// rows wide enough to be read in place and rows copied into a padded band; every filter with
+/// a kernel of its own and one without; epilogues with a form on sixteen lanes (relu6, SiLU, a
+/// residual) and without (sigmoid, stored block by block).
+#[test]
+fn depthwise_pairs_match_the_eight_channel_kernel_bit_for_bit() {
+    let layers = [
+        (40, 28, 3, "{pads=[1,1,1,1], groups=40}", 28),
+        (40, 14, 5, "{pads=[2,2,2,2], groups=40}", 14),
+        (40, 29, 7, "{pads=[3,3,3,3], groups=40}", 29),
+        (20, 28, 3, "{strides=[2,2], pads=[1,1,1,1], groups=20}", 14),
+        (40, 27, 5, "{strides=[2,2], pads=[2,2,2,2], groups=40}", 14),
+        (24, 13, 3, "{groups=24}", 11),
+        (
+            16,
+            12,
+            3,
+            "{pads=[1,1,1,1], dilations=[2,2], groups=16}",
+            10,
+        ),
+    ];
+    let epilogues = [
+        "  %lo = const {value=0.0} : f32[]\n  %hi = const {value=6.0} : f32[]\n  %r = max %z, %lo : T\n  %y = min %r, %hi : T",
+        "  %s = sigmoid %z : T\n  %y = mul %z, %s : T",
+        "  %y = add %z, %q : T",
+        "  %y = sigmoid %z : T",
+    ];
+    for (c, h, k, attrs, oh) in layers {
+        for epilogue in epilogues {
+            let t = format!("f32[1,{c},{oh},{oh}]");
+            let src = format!(
+                "func @f(%x: f32[1,{c},{h},{h}], %w: f32[{c},1,{k},{k}], %b: f32[{c},1,1], %q: {t}) -> ({t}) {{
+  %c = conv2d %x, %w {attrs} : {t}
+  %z = add %c, %b : {t}
+{}
+  return %y
+}}",
+                epilogue.replace(" T", &format!(" {t}"))
+            );
+            let f = parse_function(&src).unwrap_or_else(|e| panic!("{src}\n{e}"));
+            let inputs = randoms(&f, 57);
+            let want = tcc_ir::interp::run(&f, &inputs).unwrap();
+            let run = |width| {
+                let exe = compile(&f, (None, width), false);
+                assert_eq!(exe.stats().reference, 0, "{src}");
+                exe.run(&inputs).unwrap()
+            };
+            let wide = run(tcc_codegen::VectorWidth::W512);
+            let narrow = run(tcc_codegen::VectorWidth::W256);
+            let (a, b) = (wide[0].as_f32().unwrap(), narrow[0].as_f32().unwrap());
+            for (i, (a, b)) in a.iter().zip(b).enumerate() {
+                assert!(
+                    a.to_bits() == b.to_bits(),
+                    "element {i}: {a} at 512 bits, {b} at 256\n{src}"
+                );
+            }
+            check(&wide, &want, 1e-5, 1e-5).unwrap_or_else(|e| panic!("{src}\n{e}"));
+        }
+    }
+}

@@ -355,6 +355,51 @@ impl Simple {
     }
 }
 
+/// A [`Simple`] epilogue for a pair of blocks (sixteen channels), in registers.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+pub(crate) struct SimplePair {
+    bias: Option<std::arch::x86_64::__m512>,
+    clamp: Option<(std::arch::x86_64::__m512, std::arch::x86_64::__m512)>,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Simple {
+    /// The epilogue for the channels `off..off + 16` past [`Simple::bias`]'s first.
+    ///
+    /// # Safety
+    /// The bias covers those channels; the CPU has AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub(crate) unsafe fn pair(&self, off: usize) -> SimplePair {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's contract.
+        let bias = self.bias.map(|p| unsafe { _mm512_loadu_ps(p.add(off)) });
+        let clamp = self
+            .clamp
+            .map(|(lo, hi)| (_mm512_set1_ps(lo), _mm512_set1_ps(hi)));
+        SimplePair { bias, clamp }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl SimplePair {
+    /// [`SimpleBlock::apply`] on sixteen lanes: the same steps, so the same bits.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub(crate) fn apply(&self, v: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        let v = match self.bias {
+            Some(c) => _mm512_add_ps(v, c),
+            None => v,
+        };
+        match self.clamp {
+            Some((lo, hi)) => _mm512_min_ps(hi, _mm512_max_ps(lo, v)),
+            None => v,
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 impl SimpleBlock {
     /// The epilogue on the sums `v`: the bias, then `min(hi, max(lo, v))`, the steps of

@@ -24,18 +24,9 @@ impl NchwcConv {
         buf: &mut Vec<f32>,
     ) {
         let Geom {
-            c,
-            h,
-            w,
-            kh,
-            kw,
-            ow,
-            sh,
-            pl,
-            ..
+            c, kh, kw, ow, sh, ..
         } = self.g;
-        let cols = self.cols(ow);
-        let row = cols * B;
+        let row = self.cols(ow) * B;
         let cn = B.min(c - b * B);
         let taps = &f[b * kh * kw..(b + 1) * kh * kw];
         if self.blocked && cn == B && kh <= MAX_KH && fixed(&self.g) && mostly_inside(&self.g) {
@@ -48,29 +39,6 @@ impl NchwcConv {
         if buf.len() < n_rows * row {
             buf.resize(n_rows * row, 0.0);
         }
-        let wn = w.min(cols.saturating_sub(pl));
-        // Copies row r of the band (zero outside the image).
-        let copy = |r: usize, buf: &mut [f32]| {
-            let dst = &mut buf[r * row..(r + 1) * row];
-            let Some(ir) = self.input_row(rows.start * sh + r, wn) else {
-                dst.fill(0.0);
-                return;
-            };
-            if self.blocked {
-                padded_row(dst, Some(&ximg[((b * h + ir) * w) * B..][..wn * B]), pl * B);
-                if cn < B {
-                    for px in dst.chunks_exact_mut(B) {
-                        px[cn..].fill(0.0);
-                    }
-                }
-            } else {
-                // SAFETY: the CPU has AVX2 (`new` checked the target's features).
-                #[cfg(target_arch = "x86_64")]
-                unsafe {
-                    pixels(&ximg[(b * B * h + ir) * w..], h * w, cn, wn, pl, dst)
-                };
-            }
-        };
         // Rows are copied as the output rows first need them, so that each is still in L1
         // when read, and reading the input overlaps computing the rows before.
         let mut copied = 0;
@@ -78,7 +46,8 @@ impl NchwcConv {
             let base = (oy - rows.start) * sh * row;
             let need = self.band_input_rows(&(rows.start..oy + 1));
             while copied < need {
-                copy(copied, buf);
+                let dst = &mut buf[copied * row..(copied + 1) * row];
+                self.copy_row(ximg, b, rows.start * sh + copied, dst);
                 copied += 1;
             }
             let at = (oy - rows.start) * ow * B;
@@ -91,6 +60,35 @@ impl NchwcConv {
             // SAFETY: as for `direct`; the buffer covers every tap of every (rounded-up)
             // output column.
             unsafe { depthwise_row(buf, base, row, taps, &self.g, yrow, b) };
+        }
+    }
+
+    /// Copies padded input row `r` of block `b` into `dst` (a row of the depthwise kernel's
+    /// band, `cols(ow)` pixels): zeros outside the image and in the lanes past the last
+    /// channel.
+    pub(super) fn copy_row(&self, ximg: &[f32], b: usize, r: usize, dst: &mut [f32]) {
+        let Geom {
+            c, h, w, ow, pl, ..
+        } = self.g;
+        let cn = B.min(c - b * B);
+        let wn = w.min(self.cols(ow).saturating_sub(pl));
+        let Some(ir) = self.input_row(r, wn) else {
+            dst.fill(0.0);
+            return;
+        };
+        if self.blocked {
+            padded_row(dst, Some(&ximg[((b * h + ir) * w) * B..][..wn * B]), pl * B);
+            if cn < B {
+                for px in dst.chunks_exact_mut(B) {
+                    px[cn..].fill(0.0);
+                }
+            }
+        } else {
+            // SAFETY: the CPU has AVX2 (`new` checked the target's features).
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                pixels(&ximg[(b * B * h + ir) * w..], h * w, cn, wn, pl, dst)
+            };
         }
     }
 
@@ -172,10 +170,10 @@ macro_rules! store8 {
 }
 
 /// Filter rows the in-place depthwise kernel takes (its row pointers live on the stack).
-const MAX_KH: usize = 8;
+pub(super) const MAX_KH: usize = 8;
 
 /// Whether the tile of outputs `ox..ox + 8` of a row reads only columns inside the image.
-fn inside(g: &Geom, ox: usize) -> bool {
+pub(super) fn inside(g: &Geom, ox: usize) -> bool {
     ox * g.sw >= g.pl && (ox + B - 1) * g.sw + g.kw - 1 < g.pl + g.w
 }
 
@@ -183,14 +181,14 @@ fn inside(g: &Geom, ox: usize) -> bool {
 /// in place pays: its checked tiles (at the edges) run slower than tiles on a padded copy, and
 /// rows of 7 and 14 outputs have no other kind (measured 10% slower at 14x14, 5-17% faster at
 /// 28x28 and 56x56, on one and two threads).
-fn mostly_inside(g: &Geom) -> bool {
+pub(super) fn mostly_inside(g: &Geom) -> bool {
     let tiles = g.ow.div_ceil(B);
     2 * (0..tiles).filter(|&t| inside(g, t * B)).count() >= tiles
 }
 
 /// Whether the depthwise filter of `g` has a kernel of its own: 3x3 and 5x5 at column strides
 /// 1 and 2 and 7x7 at stride 1, undilated along the row (any filter height).
-fn fixed(g: &Geom) -> bool {
+pub(super) fn fixed(g: &Geom) -> bool {
     matches!((g.kw, g.sw, g.dw), (3 | 5 | 7, 1, 1) | (3 | 5, 2, 1))
 }
 
@@ -426,7 +424,13 @@ unsafe fn depthwise_any(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[inline(never)]
-unsafe fn depthwise_store(acc: &mut [__m256; B], ox: usize, ow: usize, yrow: Out, b: usize) {
+pub(super) unsafe fn depthwise_store(
+    acc: &mut [__m256; B],
+    ox: usize,
+    ow: usize,
+    yrow: Out,
+    b: usize,
+) {
     let n = B.min(ow - ox);
     // SAFETY (both): pixels ox..ox + n of the row; the epilogue's operands cover the output.
     if yrow.post.tile_form() {

@@ -135,13 +135,21 @@ impl NchwcConv {
                     unsafe {
                         let ximg =
                             std::slice::from_raw_parts(x.get().add(img * c * h * w), c * h * w);
-                        for b in 0..cb {
+                        let mut b = 0;
+                        while b < cb {
                             let out = Out {
                                 y: mid.as_mut_ptr().add(b * plane),
-                                at: 0,
+                                at: b * plane,
                                 post: dpost,
                             };
-                            self.depthwise(fd, b, ximg, out, rows.clone(), &mut buf);
+                            if self.pair_at(b) {
+                                let r = rows.clone();
+                                self.depthwise_pair(fd, b, ximg, out, plane, r, &mut buf);
+                                b += 2;
+                            } else {
+                                self.depthwise(fd, b, ximg, out, rows.clone(), &mut buf);
+                                b += 1;
+                            }
                         }
                         let at = img * ob * oh * ow * B;
                         let out = Out {

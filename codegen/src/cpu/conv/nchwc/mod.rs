@@ -33,7 +33,10 @@
 //! **Depthwise** (`depthwise`): eight channels at once, one vector per pixel, eight outputs of a
 //! row accumulated in registers over all taps, as `conv/depthwise.rs` does for NCHW, here without
 //! the transposes: the padded buffer is a copy of the blocked rows (or, from a plain input, the
-//! rows transposed into pixels), and the outputs are stored as they are.
+//! rows transposed into pixels), and the outputs are stored as they are. With 512-bit library
+//! kernels, pairs of whole blocks run sixteen channels a `zmm` register, each input pixel two
+//! 256-bit loads joined (`depthwise512.rs`): half the multiply-adds, and the epilogue (SiLU's
+//! sigmoid above all) on sixteen lanes without joining vectors first.
 //!
 //! Work is split into bands of output rows (and, when there are few bands, ranges of output
 //! blocks) across threads; each piece of the output is reported to the step's epilogue as soon
@@ -41,10 +44,11 @@
 //!
 //! This file holds the step (geometry, filter packing, the split into work and the padded
 //! bands), `direct.rs` the direct kernel and its register tiles, `depthwise.rs` the depthwise
-//! kernel and its row kernels; 3x3 layers that pay for it run as Winograd's F(2x2, 3x3)
-//! (`conv/winograd.rs`).
+//! kernel and its row kernels, `depthwise512.rs` those on pairs of blocks; 3x3 layers that
+//! pay for it run as Winograd's F(2x2, 3x3) (`conv/winograd.rs`).
 
 mod depthwise;
+mod depthwise512;
 mod direct;
 mod fused;
 
@@ -82,6 +86,9 @@ pub(in crate::cpu) struct NchwcConv {
     /// Whether the direct kernel's pairs of blocks run in `zmm` registers
     /// ([`crate::cpu::Features::wide`]).
     zmm: bool,
+    /// Whether depthwise blocks run in pairs in `zmm` registers where the filter allows
+    /// (512-bit library kernels; `depthwise512.rs`).
+    pairs: bool,
     /// The filter packed for the kernel, when it is a constant.
     packed: Option<Filter>,
     /// The convolution as Winograd's F(2x2, 3x3), where that pays (a constant 3x3 filter at
@@ -227,6 +234,7 @@ impl NchwcConv {
             blocked: xv.len() == 5,
             depthwise,
             zmm: features.wide,
+            pairs: depthwise && features.wide,
             packed: None,
             winograd: None,
             post: Post::default(),
@@ -428,10 +436,10 @@ impl NchwcConv {
         }
         let ob = o.div_ceil(B);
         // A unit of work is a group of output blocks (two, with AVX-512: the kernel computes
-        // two pairs of blocks a tile), or one block for depthwise.
+        // two pairs of blocks a tile), or one depthwise block (two where they run in pairs).
         let (all, per) = match filter {
             Filter::Direct { groups, .. } => (groups.len(), if self.zmm { 2 } else { 1 }),
-            Filter::Depthwise(_) => (ob, 1),
+            Filter::Depthwise(_) => (ob, if self.pair_at(0) { 2 } else { 1 }),
         };
         let units = all.div_ceil(per);
         let (band, splits) = self.split(crate::cpu::pool::threads(), units);
@@ -615,14 +623,24 @@ impl NchwcConv {
                     self.direct(&groups[units], data, ximg, out, rows, buf)
                 }
                 Filter::Depthwise(f) => {
-                    for b in units {
+                    let out = |b: usize| {
                         let at = (b * oh + rows.start) * ow * B;
-                        let out = Out {
+                        Out {
                             y: out.y.add(at),
                             at: out.at + at,
                             post: out.post,
-                        };
-                        self.depthwise(f, b, ximg, out, rows.clone(), buf)
+                        }
+                    };
+                    let mut b = units.start;
+                    while b < units.end {
+                        if b + 1 < units.end && self.pair_at(b) {
+                            let stride = oh * ow * B;
+                            self.depthwise_pair(f, b, ximg, out(b), stride, rows.clone(), buf);
+                            b += 2;
+                        } else {
+                            self.depthwise(f, b, ximg, out(b), rows.clone(), buf);
+                            b += 1;
+                        }
                     }
                 }
             }
