@@ -50,14 +50,27 @@ pub(crate) fn first(n: usize) -> __m256i {
     _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), lane)
 }
 
-/// `1 / (1 + e^-x)` on eight lanes, as [`crate::kernel::math::sigmoid`] computes it.
+/// `1 / (1 + e^-x)` on eight lanes, as [`crate::kernel::math::sigmoid`] computes it, step
+/// for step.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 pub(crate) fn sigmoid(x: __m256) -> __m256 {
-    use crate::kernel::math::SIGMOID_CLAMP;
-    let one = _mm256_set1_ps(1.0);
-    let e = exp_clamped::<1>(_mm256_xor_ps(x, _mm256_set1_ps(-0.0)), SIGMOID_CLAMP);
-    _mm256_div_ps(one, _mm256_add_ps(one, e))
+    use crate::kernel::math::{EXP_LN2, EXP_POLY, ROUND_MAGIC, SIGMOID_CLAMP};
+    let set = _mm256_set1_ps;
+    // The clamp: `maxps(lo, x)` is `lo > x ? lo : x`, the kernel layer's `x < lo ? lo : x`
+    // (NaN passes through), and `minps(hi, x)` likewise.
+    let x = _mm256_min_ps(set(SIGMOID_CLAMP.1), _mm256_max_ps(set(SIGMOID_CLAMP.0), x));
+    let nm = _mm256_fmadd_ps(x, set(-std::f32::consts::LOG2_E), set(ROUND_MAGIC));
+    let n = _mm256_sub_ps(nm, set(ROUND_MAGIC));
+    // -(n ln2) - x: the kernel layer's `n (-ln2) + (-x)`, the same bits.
+    let r = _mm256_fnmsub_ps(n, set(EXP_LN2.0), x);
+    let r = _mm256_fmadd_ps(n, set(-EXP_LN2.1), r);
+    let p = horner(r, &EXP_POLY);
+    let y = _mm256_fmadd_ps(_mm256_mul_ps(r, r), p, r);
+    let e = _mm256_add_epi32(_mm256_castps_si256(nm), _mm256_set1_epi32(127));
+    let s = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(e));
+    let one = set(1.0);
+    _mm256_div_ps(one, _mm256_add_ps(one, _mm256_fmadd_ps(y, s, s)))
 }
 
 /// [`sigmoid`] on sixteen lanes, step for step (so the same bits in every lane), for the
@@ -65,28 +78,22 @@ pub(crate) fn sigmoid(x: __m256) -> __m256 {
 #[target_feature(enable = "avx512f")]
 #[inline]
 pub(crate) fn sigmoid512(x: __m512) -> __m512 {
-    use crate::kernel::math::{EXP_LN2, EXP_POLY, SIGMOID_CLAMP};
-    let one = _mm512_set1_ps(1.0);
-    let x = _mm512_castsi512_ps(_mm512_xor_si512(
-        _mm512_castps_si512(x),
-        _mm512_set1_epi32(i32::MIN),
-    ));
-    // `exp_clamped::<1>` of the negation, as on eight lanes.
-    let x = _mm512_max_ps(_mm512_set1_ps(SIGMOID_CLAMP.0), x);
-    let x = _mm512_min_ps(_mm512_set1_ps(SIGMOID_CLAMP.1), x);
-    let t = _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E));
-    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
-    let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-EXP_LN2.0), x);
-    let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-EXP_LN2.1), r);
-    let mut p = _mm512_set1_ps(EXP_POLY[0]);
+    use crate::kernel::math::{EXP_LN2, EXP_POLY, ROUND_MAGIC, SIGMOID_CLAMP};
+    let set = _mm512_set1_ps;
+    let x = _mm512_min_ps(set(SIGMOID_CLAMP.1), _mm512_max_ps(set(SIGMOID_CLAMP.0), x));
+    let nm = _mm512_fmadd_ps(x, set(-std::f32::consts::LOG2_E), set(ROUND_MAGIC));
+    let n = _mm512_sub_ps(nm, set(ROUND_MAGIC));
+    let r = _mm512_fnmsub_ps(n, set(EXP_LN2.0), x);
+    let r = _mm512_fmadd_ps(n, set(-EXP_LN2.1), r);
+    let mut p = set(EXP_POLY[0]);
     for &k in &EXP_POLY[1..] {
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(k));
+        p = _mm512_fmadd_ps(p, r, set(k));
     }
     let y = _mm512_fmadd_ps(_mm512_mul_ps(r, r), p, r);
-    let y = _mm512_add_ps(y, one);
-    let e = _mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127));
-    let e = _mm512_mul_ps(y, _mm512_castsi512_ps(_mm512_slli_epi32::<23>(e)));
-    _mm512_div_ps(one, _mm512_add_ps(one, e))
+    let e = _mm512_add_epi32(_mm512_castps_si512(nm), _mm512_set1_epi32(127));
+    let s = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(e));
+    let one = set(1.0);
+    _mm512_div_ps(one, _mm512_add_ps(one, _mm512_fmadd_ps(y, s, s)))
 }
 
 /// `erf(x)` on eight lanes, as [`crate::kernel::math::erf`] computes it: `x p(x²) / q(x²)` on
@@ -111,7 +118,7 @@ pub(crate) fn gelu(x: __m256) -> __m256 {
     let z = _mm256_mul_ps(a, _mm256_set1_ps(std::f32::consts::FRAC_1_SQRT_2));
     let t = _mm256_div_ps(one, _mm256_fmadd_ps(z, half, one));
     let arg = _mm256_sub_ps(horner(t, &GELU_P), _mm256_mul_ps(z, z));
-    let e = exp_clamped::<2>(arg, EXP_CLAMP);
+    let e = exp_clamped(arg, EXP_CLAMP);
     let small = _mm256_mul_ps(_mm256_mul_ps(t, half), e);
     let large = _mm256_sub_ps(one, small);
     let negative = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_setzero_ps());
@@ -121,7 +128,7 @@ pub(crate) fn gelu(x: __m256) -> __m256 {
 /// `e^x` on eight lanes, as [`crate::kernel::math::exp`] computes it.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) fn exp(x: __m256) -> __m256 {
-    exp_clamped::<2>(x, crate::kernel::math::EXP_CLAMP)
+    exp_clamped(x, crate::kernel::math::EXP_CLAMP)
 }
 
 /// The polynomial with coefficients `c` (highest degree first) at `x` by Horner's rule, a
@@ -139,10 +146,10 @@ fn horner(x: __m256, c: &[f32]) -> __m256 {
 /// The kernel layer's `exp_clamped` on eight lanes, step for step (the same clamp, constants,
 /// rounding and multiply-adds), so that an epilogue applied in a kernel's registers gives the
 /// compiled elementwise kernels' bits (checked by a test below): `e^x` for `x` clamped to
-/// `clamp`, scaled by `2^n` in `FACTORS` (1 or 2) factors.
+/// `clamp`, scaled by `2^n` in two factors.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-fn exp_clamped<const FACTORS: usize>(x: __m256, clamp: (f32, f32)) -> __m256 {
+fn exp_clamped(x: __m256, clamp: (f32, f32)) -> __m256 {
     use crate::kernel::math::{EXP_LN2, EXP_POLY};
     // The clamp: `maxps(lo, x)` is `lo > x ? lo : x`, the kernel layer's `x < lo ? lo : x`
     // (NaN passes through), and `minps(hi, x)` likewise.
@@ -159,9 +166,6 @@ fn exp_clamped<const FACTORS: usize>(x: __m256, clamp: (f32, f32)) -> __m256 {
     let bias = _mm256_set1_epi32(127);
     let scale =
         |e: __m256i| _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(e, bias)));
-    if FACTORS == 1 {
-        return _mm256_mul_ps(y, scale(ni));
-    }
     // 2^n as 2^(n>>1) * 2^(n - (n>>1)).
     let n1 = _mm256_srai_epi32::<1>(ni);
     let n2 = _mm256_sub_epi32(ni, n1);

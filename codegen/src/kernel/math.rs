@@ -20,7 +20,7 @@ fn c32(b: &mut Body, x: f32) -> E {
 /// polynomial's coefficients, highest degree first. Hand-written kernels that apply `exp` in
 /// their registers (`cpu/simd.rs`) use the same ones, step for step.
 pub const EXP_CLAMP: (f32, f32) = (-104.0, 89.0);
-/// The clamp of `e^-x` inside `sigmoid`: the rounded `n` stays within [-127, 127], so one
+/// The clamp of `x` (and so of `-x`) inside `sigmoid`: the rounded `n` stays within [-127, 127], so one
 /// factor of `2^n` scales it (at -127 that factor's bits are 0 rather than the subnormal
 /// `2^-127`, which changes only an `e^-x` too small to change `1 + e^-x`). `sigmoid` is 1 in
 /// f32 above 17, and below -88 it would be subnormal.
@@ -41,22 +41,51 @@ pub const EXP_POLY: [f32; 6] = [
 /// multiply-add), a degree-6 polynomial, and scaling by `2^n` split in two factors so that
 /// results overflow to `inf` and underflow through the subnormals as they should.
 pub fn exp(b: &mut Body, x: E) -> E {
-    exp_clamped(b, x, EXP_CLAMP, 2)
+    exp_clamped(b, x, EXP_CLAMP)
 }
 
-/// `1 / (1 + e^-x)`, with `e^-x` clamped to [`SIGMOID_CLAMP`] and scaled by one factor: the
-/// same polynomial as [`exp`] in fewer steps.
+/// Added to a float within ±2^22 (in one multiply-add with the product that makes it), rounds
+/// it to the nearest integer (ties to even): the sum's ulp is 1. The sum's low bits are then
+/// that integer, offset by the constant's own.
+pub const ROUND_MAGIC: f32 = 12_582_912.0;
+
+/// `1 / (1 + e^-x)`, `x` clamped to [`SIGMOID_CLAMP`]: `e^-x` by [`exp`]'s range reduction and
+/// polynomial in fewer steps. `n = round(-x log2 e)` comes from one multiply-add with
+/// [`ROUND_MAGIC`] (rounding the exact product), whose bits also give `2^n`'s exponent without
+/// a conversion; the polynomial's `y` (`e^r - 1`) is scaled as `y 2^n + 2^n` in one more
+/// (one rounding instead of two). Kernels that apply it in registers (`cpu/simd.rs`) take the
+/// same steps.
 pub fn sigmoid(b: &mut Body, x: E) -> E {
+    debug_assert_eq!(b.lane, Lane::F32);
+    let x = b.clamp(x, SIGMOID_CLAMP.0 as f64, SIGMOID_CLAMP.1 as f64);
     let nx = b.un(Un::Neg, x);
-    let e = exp_clamped(b, nx, SIGMOID_CLAMP, 1);
+    let k = c32(b, -std::f32::consts::LOG2_E);
+    let magic = c32(b, ROUND_MAGIC);
+    let nm = b.mul_add(x, k, magic);
+    let n = b.sub(nm, magic);
+    let c1 = c32(b, -EXP_LN2.0);
+    let c2 = c32(b, -EXP_LN2.1);
+    let r = b.mul_add(n, c1, nx);
+    let r = b.mul_add(n, c2, r);
+    let p = coeffs(b, r, &EXP_POLY);
+    let rr = b.mul(r, r);
+    let y = b.mul_add(rr, p, r);
+    // n + 127 in the exponent's place: the magic constant's own bits shift out (its low nine
+    // are zero), and n within [-127, 127] gives a biased exponent in [0, 254] (0 at -127: a
+    // zero factor, see SIGMOID_CLAMP).
+    let bits = b.bits(nm);
+    let bias = b.ic(127);
+    let e = b.ibin(IBin::Add, bits, bias);
+    let e = b.shl(e, 23);
+    let s = b.from_bits(e);
+    let e = b.mul_add(y, s, s);
     let one = b.c(1.0);
     let d = b.add(one, e);
     b.div(one, d)
 }
 
-/// `e^x` for `x` clamped to `clamp`, scaled by `2^n` in `factors` (1 or 2) factors; one
-/// suffices where every rounded `n` of the clamp is a normal exponent.
-fn exp_clamped(b: &mut Body, x: E, clamp: (f32, f32), factors: i32) -> E {
+/// `e^x` for `x` clamped to `clamp`, scaled by `2^n` in two factors.
+fn exp_clamped(b: &mut Body, x: E, clamp: (f32, f32)) -> E {
     debug_assert_eq!(b.lane, Lane::F32);
     let x = b.clamp(x, clamp.0 as f64, clamp.1 as f64);
     let log2e = c32(b, std::f32::consts::LOG2_E);
@@ -80,10 +109,6 @@ fn exp_clamped(b: &mut Body, x: E, clamp: (f32, f32), factors: i32) -> E {
         let e = b.shl(e, 23);
         b.from_bits(e)
     };
-    if factors == 1 {
-        let s = scale(b, ni);
-        return b.mul(y, s);
-    }
     // 2^n as 2^(n>>1) * 2^(n - (n>>1)): each factor's exponent stays in the normal range.
     let n1 = b.sshr(ni, 1);
     let n2 = b.ibin(IBin::Sub, ni, n1);
