@@ -374,11 +374,11 @@ unsafe fn tiles<const NB: usize, const L: usize, const PX: usize>(span: Span, w:
                 }
             }};
         }
-        if k == 0 {
+        if k == 0 && L > 1 {
             // Each tile streams the group's whole filter from L2; at batch 1 the first tile's
             // comes from memory (or L3). Fetched during the group before, four 3x3 512-channel
             // layers at 7x7 on the AVX2 path of a Xeon: one thread 12.73 -> 11.45 ms, two 6.34
-            // -> 5.34.
+            // -> 5.34. Not for plain inputs (one lane a step), as in `tiles512`.
             reduce!(true)
         } else {
             reduce!(false)
@@ -451,12 +451,14 @@ unsafe fn tiles512<const NP: usize, const L: usize, const PX: usize>(
                     }
                 }};
             }
-            if k == 0 {
+            if k == 0 && L > 1 {
                 // The band's first tile fetches the chunk after this one (after the last, what
                 // follows the filter: the next group's weights), a line a step, so that they
                 // come from memory (or L3) while this chunk's tiles run: at batch 1 a model's
                 // weights are not in L2 (four 3x3 512-channel layers at 7x7, one thread on a
-                // Xeon, 8.21 -> 6.93 ms; two threads 3.63 -> 3.57).
+                // Xeon, 8.21 -> 6.93 ms; two threads 3.63 -> 3.57). Not for a plain input (one
+                // lane a step, its broadcasts from scattered lines): ViT's 16x16 patch layer
+                // ran 1.10 -> 1.19 ms with it.
                 reduce!(true)
             } else {
                 reduce!(false)
