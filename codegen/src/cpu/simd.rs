@@ -108,6 +108,85 @@ pub(crate) fn erf(x: __m256) -> __m256 {
     _mm256_div_ps(p, horner(x2, &ERF_Q))
 }
 
+/// `erf(x)` on sixteen lanes, step for step as [`erf`] (so the same bits in every lane).
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) fn erf512(x: __m512) -> __m512 {
+    use crate::kernel::math::{ERF_LIM, ERF_P, ERF_Q};
+    let horner = |x: __m512, c: &[f32]| {
+        let mut p = _mm512_set1_ps(c[0]);
+        for &k in &c[1..] {
+            p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(k));
+        }
+        p
+    };
+    let x = _mm512_max_ps(_mm512_set1_ps(-ERF_LIM), x);
+    let x = _mm512_min_ps(_mm512_set1_ps(ERF_LIM), x);
+    let x2 = _mm512_mul_ps(x, x);
+    let p = _mm512_mul_ps(x, horner(x2, &ERF_P));
+    _mm512_div_ps(p, horner(x2, &ERF_Q))
+}
+
+/// Inputs of GELU beyond which `x / √2` lies past [`erf`]'s clamp (`8 / √2 > 4`): clamping
+/// `x` to this first changes no result of GELU, and keeps [`gelu_arg`]'s multiply-adds finite.
+const GELU_ARG_CLAMP: f32 = 8.0;
+
+/// `1 / √2` rounded, for [`gelu_arg`].
+const RECIP_SQRT_2: f32 = 1.0 / std::f32::consts::SQRT_2;
+
+/// GELU's `erf` argument `x / div` on eight lanes, as the compiled loop's division rounds it
+/// wherever that can change GELU: where `div` is `√2` (the constant PyTorch exports) by a
+/// product and two multiply-adds, `q = x / √2` rounded to nearest for every `|x| < 8` whose
+/// quotient is normal (`x·r`, then the exact residual `x - q√2`, then `q + residual·r`; a
+/// test checks every significand), `x` clamped to ±8 first (past erf's clamp either way), and a
+/// quotient below the normals is too small to change `1 + erf`. A division's throughput is the
+/// bound of GELU's vectors, two of them each; any other divisor divides.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+pub(crate) fn gelu_arg(x: __m256, div: f32) -> __m256 {
+    if div != std::f32::consts::SQRT_2 {
+        return _mm256_div_ps(x, _mm256_set1_ps(div));
+    }
+    let x = _mm256_max_ps(_mm256_set1_ps(-GELU_ARG_CLAMP), x);
+    let x = _mm256_min_ps(_mm256_set1_ps(GELU_ARG_CLAMP), x);
+    let q = _mm256_mul_ps(x, _mm256_set1_ps(RECIP_SQRT_2));
+    let e = _mm256_fnmadd_ps(q, _mm256_set1_ps(std::f32::consts::SQRT_2), x);
+    _mm256_fmadd_ps(e, _mm256_set1_ps(RECIP_SQRT_2), q)
+}
+
+/// [`gelu_arg`] on sixteen lanes, step for step.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn gelu_arg512(x: __m512, div: f32) -> __m512 {
+    if div != std::f32::consts::SQRT_2 {
+        return _mm512_div_ps(x, _mm512_set1_ps(div));
+    }
+    let x = _mm512_max_ps(_mm512_set1_ps(-GELU_ARG_CLAMP), x);
+    let x = _mm512_min_ps(_mm512_set1_ps(GELU_ARG_CLAMP), x);
+    let q = _mm512_mul_ps(x, _mm512_set1_ps(RECIP_SQRT_2));
+    let e = _mm512_fnmadd_ps(q, _mm512_set1_ps(std::f32::consts::SQRT_2), x);
+    _mm512_fmadd_ps(e, _mm512_set1_ps(RECIP_SQRT_2), q)
+}
+
+/// GELU as PyTorch exports it, `(x (erf(x / div) + one)) half`, on eight lanes: the compiled
+/// loop's steps and bits ([`gelu_arg`]).
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+pub(crate) fn gelu_erf(x: __m256, div: f32, one: f32, half: f32) -> __m256 {
+    let e = erf(gelu_arg(x, div));
+    let m = _mm256_mul_ps(x, _mm256_add_ps(e, _mm256_set1_ps(one)));
+    _mm256_mul_ps(m, _mm256_set1_ps(half))
+}
+
+/// [`gelu_erf`] on sixteen lanes, step for step.
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) fn gelu_erf512(x: __m512, div: f32, one: f32, half: f32) -> __m512 {
+    let e = erf512(gelu_arg512(x, div));
+    let m = _mm512_mul_ps(x, _mm512_add_ps(e, _mm512_set1_ps(one)));
+    _mm512_mul_ps(m, _mm512_set1_ps(half))
+}
+
 /// `gelu(x) = x Φ(x)` on eight lanes, as [`crate::kernel::math::gelu`] computes it.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) fn gelu(x: __m256) -> __m256 {
@@ -279,6 +358,21 @@ pub(crate) fn max_nan(m: __m256, v: __m256) -> __m256 {
 mod tests {
     use super::*;
 
+    /// `x / √2` as [`gelu_arg`] computes it (a product and two multiply-adds) is the rounded
+    /// quotient for every significand of `x` (both binades of the quotient), so for every
+    /// normal `x` whose quotient is normal.
+    #[test]
+    fn gelu_arg_divides_by_sqrt_2_exactly() {
+        let c = std::f32::consts::SQRT_2;
+        for bits in (127u32 << 23)..(129 << 23) {
+            let x = f32::from_bits(bits);
+            let q = x * RECIP_SQRT_2;
+            let e = (-q).mul_add(c, x);
+            let got = e.mul_add(RECIP_SQRT_2, q);
+            assert_eq!(got.to_bits(), (x / c).to_bits(), "{x} / √2");
+        }
+    }
+
     /// The compiled elementwise kernels and these give the same bits, over the whole range
     /// and at the edges (overflow, underflow through the subnormals, NaN, infinities).
     #[test]
@@ -325,6 +419,57 @@ mod tests {
                         a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
                         "sigmoid({x}): {a} on 8 lanes, {b} on 16"
                     );
+                }
+            }
+        }
+        // GELU as PyTorch exports it (`div` by √2, which takes the multiply-adds, and by 1.5),
+        // on eight and sixteen lanes against the compiled chain.
+        for div in [std::f32::consts::SQRT_2, 1.5] {
+            let src = format!(
+                "func @f(%x: f32[{n}]) -> (f32[{n}]) {{
+  %c = const {{value=[{div:?}]}} : f32[]
+  %d = div %x, %c : f32[{n}]
+  %e = erf %d : f32[{n}]
+  %one = const {{value=[1.0]}} : f32[]
+  %a = add %e, %one : f32[{n}]
+  %m = mul %x, %a : f32[{n}]
+  %half = const {{value=[0.5]}} : f32[]
+  %y = mul %m, %half : f32[{n}]
+  return %y
+}}"
+            );
+            let func = tcc_ir::parse_function(&src).unwrap();
+            let exe = crate::cpu::Executable::compile(&func).unwrap();
+            let x = tcc_ir::Tensor::from_f32(&[n as u64], xs.clone()).unwrap();
+            let want = exe.run(&[x]).unwrap().remove(0);
+            let want = want.as_f32().unwrap();
+            for (i, chunk) in xs.chunks_exact(16).enumerate() {
+                let (mut narrow, mut wide) = ([0f32; 16], [0f32; 16]);
+                // SAFETY: the host has AVX2 and FMA (and AVX-512F for the wide half); each
+                // array holds 16 floats.
+                unsafe {
+                    for h in 0..2 {
+                        let v = gelu_erf(_mm256_loadu_ps(chunk[8 * h..].as_ptr()), div, 1.0, 0.5);
+                        _mm256_storeu_ps(narrow[8 * h..].as_mut_ptr(), v);
+                    }
+                    if host.avx512f {
+                        let v = gelu_erf512(_mm512_loadu_ps(chunk.as_ptr()), div, 1.0, 0.5);
+                        _mm512_storeu_ps(wide.as_mut_ptr(), v);
+                    }
+                }
+                for j in 0..16 {
+                    let (w, x) = (want[i * 16 + j], chunk[j]);
+                    let lanes = if host.avx512f {
+                        &[narrow, wide][..]
+                    } else {
+                        &[narrow][..]
+                    };
+                    for g in lanes.iter().map(|l| l[j]) {
+                        assert!(
+                            g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+                            "gelu (erf, x / {div}) of {x}: {g} vs compiled {w}"
+                        );
+                    }
                 }
             }
         }

@@ -5,7 +5,7 @@
 
 use super::{B, Bound, Fast, P_MAX, PostOp};
 #[cfg(target_arch = "x86_64")]
-use crate::cpu::simd::{erf, first, gelu, sigmoid, sigmoid512};
+use crate::cpu::simd::{first, gelu, gelu_erf, gelu_erf512, sigmoid, sigmoid512};
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
@@ -92,24 +92,29 @@ impl Bound<'_> {
                 }
             }
             Fast::GeluErf(o, div, one, half) => {
-                // Two vectors at a time: each is one long dependent chain (two divisions, two
-                // polynomials), and side by side they run 1.25x faster than one after the
-                // other.
-                let g = |i: usize| {
-                    let v = match o {
-                        Some(o) => _mm256_add_ps(vs[i], channel(o, i)),
-                        None => vs[i],
-                    };
-                    gelu_erf(v, div, one, half)
+                let v = |i: usize| match o {
+                    Some(o) => _mm256_add_ps(vs[i], channel(o, i)),
+                    None => vs[i],
                 };
                 let pairs = vs.len() / 2 * 2;
-                for i in (0..pairs).step_by(2) {
-                    let (a, b) = (g(i), g(i + 1));
-                    store(i, a);
-                    store(i + 1, b);
+                if self.avx512 {
+                    // SAFETY: the CPU has AVX-512F (`Post::avx512`).
+                    unsafe { gelu_pairs(pairs, v, (div, one, half), store) };
+                } else {
+                    // Two vectors at a time: each is one long dependent chain (a division, two
+                    // polynomials), and side by side they run 1.25x faster than one after the
+                    // other.
+                    for i in (0..pairs).step_by(2) {
+                        let (a, b) = (
+                            gelu_erf(v(i), div, one, half),
+                            gelu_erf(v(i + 1), div, one, half),
+                        );
+                        store(i, a);
+                        store(i + 1, b);
+                    }
                 }
                 if pairs < vs.len() {
-                    store(pairs, g(pairs));
+                    store(pairs, gelu_erf(v(pairs), div, one, half));
                 }
             }
         }
@@ -456,12 +461,25 @@ unsafe fn bias_silu_pairs(
     }
 }
 
-/// [`PostOp::GeluErf`] on eight lanes.
+/// GELU as PyTorch exports it ([`gelu_erf512`]) on vectors `0..n` (an even number, vector `i`
+/// given by `v(i)`), two at a time on sixteen lanes with the steps of eight (so the same bits),
+/// each result handed to `store(i, ..)`.
+///
+/// # Safety
+/// The CPU has AVX-512F, AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-fn gelu_erf(x: __m256, div: f32, one: f32, half: f32) -> __m256 {
-    let e = erf(_mm256_div_ps(x, _mm256_set1_ps(div)));
-    let m = _mm256_mul_ps(x, _mm256_add_ps(e, _mm256_set1_ps(one)));
-    _mm256_mul_ps(m, _mm256_set1_ps(half))
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn gelu_pairs(
+    n: usize,
+    v: impl Fn(usize) -> __m256,
+    (div, one, half): (f32, f32, f32),
+    store: impl Fn(usize, __m256),
+) {
+    for i in (0..n).step_by(2) {
+        let (a, b) = (_mm256_castps_pd(v(i)), _mm256_castps_pd(v(i + 1)));
+        let x = _mm512_insertf64x4::<1>(_mm512_castpd256_pd512(a), b);
+        let g = _mm512_castps_pd(gelu_erf512(_mm512_castpd_ps(x), div, one, half));
+        store(i, _mm256_castpd_ps(_mm512_castpd512_pd256(g)));
+        store(i + 1, _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(g)));
+    }
 }
