@@ -105,12 +105,11 @@ impl NchwcConv {
                 copied += 1;
             }
             let base = (oy - rows.start) * sh * row;
-            let src: [[*const f32; MAX_KH]; 2] = std::array::from_fn(|half_| {
+            let src: [[*const f32; MAX_KH]; 2] = std::array::from_fn(|blk| {
                 std::array::from_fn(|ky| {
-                    (buf.as_ptr()).wrapping_add(half_ * half + base + ky * dh * row)
+                    (buf.as_ptr()).wrapping_add(blk * half + base + ky * dh * row)
                 })
             });
-            debug_assert!(kw <= 7);
             // SAFETY: the buffer covers every tap of every (rounded-up) output column of
             // both blocks; the caller's contract.
             unsafe { pair_rows(&src, joined, &self.g, yrow(oy), stride, b, false) };
