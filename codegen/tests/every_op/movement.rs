@@ -176,6 +176,27 @@ fn model_ops_run_natively() {
         "f32[2,48,32,64]",
         55,
     );
+    // A few large blocks (ViT's q, k and v picked out of one tensor), whose bytes the threads
+    // share: one block of 300 KB (pieces of whole cache lines and a shorter last one), a
+    // scalar index (the axis dropped), and two blocks by a negative index.
+    case_native(
+        "%t: f32[3,197,390]",
+        "  %i = const {value=[1]} : i64[1]\n  %out = gather %t, %i {axis=0} : f32[1,197,390]",
+        "f32[1,197,390]",
+        56,
+    );
+    case_native(
+        "%t: f32[3,197,390]",
+        "  %i = const {value=2} : i32[]\n  %out = gather %t, %i {axis=0} : f32[197,390]",
+        "f32[197,390]",
+        57,
+    );
+    case_native(
+        "%t: f32[3,197,100]",
+        "  %i = const {value=[-1, 0]} : i64[2]\n  %out = gather %t, %i {axis=0} : f32[2,197,100]",
+        "f32[2,197,100]",
+        58,
+    );
     for op in ["softmax", "log_softmax"] {
         for (axis, seed) in [("0", 51), ("1", 52), ("-1", 53)] {
             case_native(

@@ -383,6 +383,29 @@ pub(super) unsafe fn gather(
         .collect::<Result<_, _>>()?;
     // SAFETY (both): the caller's contract.
     let (src, dst) = unsafe { (SendPtr::new(src as *mut u8), SendPtr::new(dst)) };
+    let (blocks, threads) = (outer * count, crate::cpu::pool::threads());
+    if threads > 1 && block_bytes >= 1 << 16 && blocks < 2 * threads {
+        // A few large blocks (a tensor picked apart along its outer axis, as ViT's q, k and v,
+        // 600 KB each, were one copy on one thread): each block's bytes cut into pieces of
+        // whole cache lines, shared among the threads.
+        let parts = (block_bytes >> 16).min(4 * threads);
+        let piece = block_bytes.div_ceil(parts).next_multiple_of(64);
+        crate::cpu::pool::for_each(blocks * parts, &|i| {
+            let (b, at) = (i / parts, (i % parts) * piece);
+            let (o, j) = (b / count, b % count);
+            if at < block_bytes {
+                let from = (o * len + rows[j]) * block_bytes + at;
+                // SAFETY: every index is below len, so the block is inside src; bytes at.. of
+                // output block b are this item's.
+                unsafe {
+                    let to = dst.get().add(b * block_bytes + at);
+                    let n = piece.min(block_bytes - at);
+                    std::ptr::copy_nonoverlapping(src.get().add(from) as *const u8, to, n);
+                }
+            }
+        });
+        return Ok(());
+    }
     // Rows `lo..hi` of the output; blocks of one element (a nearest-neighbour resize along the
     // last axis, as exporters write it) are copied as values, not through `memcpy` calls.
     let job = |lo: usize, hi: usize| {
