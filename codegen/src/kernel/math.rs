@@ -63,13 +63,7 @@ pub fn sigmoid(b: &mut Body, x: E) -> E {
     let magic = c32(b, ROUND_MAGIC);
     let nm = b.mul_add(x, k, magic);
     let n = b.sub(nm, magic);
-    let c1 = c32(b, -EXP_LN2.0);
-    let c2 = c32(b, -EXP_LN2.1);
-    let r = b.mul_add(n, c1, nx);
-    let r = b.mul_add(n, c2, r);
-    let p = coeffs(b, r, &EXP_POLY);
-    let rr = b.mul(r, r);
-    let y = b.mul_add(rr, p, r);
+    let y = expm1_reduced(b, nx, n);
     // n + 127 in the exponent's place: the magic constant's own bits shift out (its low nine
     // are zero), and n within [-127, 127] gives a biased exponent in [0, 254] (0 at -127: a
     // zero factor, see SIGMOID_CLAMP).
@@ -84,6 +78,19 @@ pub fn sigmoid(b: &mut Body, x: E) -> E {
     b.div(one, d)
 }
 
+/// `e^r - 1` for `r = x - n ln 2` (`n` the rounded `x log2 e`): the reduction by the two-part
+/// `ln 2`, a multiply-add each, and [`EXP_POLY`] as `r + r² p(r)`; [`exp`] and [`sigmoid`]
+/// share it.
+fn expm1_reduced(b: &mut Body, x: E, n: E) -> E {
+    let c1 = c32(b, -EXP_LN2.0);
+    let c2 = c32(b, -EXP_LN2.1);
+    let r = b.mul_add(n, c1, x);
+    let r = b.mul_add(n, c2, r);
+    let p = coeffs(b, r, &EXP_POLY);
+    let rr = b.mul(r, r);
+    b.mul_add(rr, p, r)
+}
+
 /// `e^x` for `x` clamped to `clamp`, scaled by `2^n` in two factors.
 fn exp_clamped(b: &mut Body, x: E, clamp: (f32, f32)) -> E {
     debug_assert_eq!(b.lane, Lane::F32);
@@ -91,13 +98,7 @@ fn exp_clamped(b: &mut Body, x: E, clamp: (f32, f32)) -> E {
     let log2e = c32(b, std::f32::consts::LOG2_E);
     let t = b.mul(x, log2e);
     let n = b.un(Un::Nearest, t);
-    let c1 = c32(b, -EXP_LN2.0);
-    let c2 = c32(b, -EXP_LN2.1);
-    let r = b.mul_add(n, c1, x);
-    let r = b.mul_add(n, c2, r);
-    let p = coeffs(b, r, &EXP_POLY);
-    let rr = b.mul(r, r);
-    let y = b.mul_add(rr, p, r);
+    let y = expm1_reduced(b, x, n);
     let one = b.c(1.0);
     let y = b.add(y, one);
     // n is integral and within [-150, 129], so truncation is exact (for NaN the scales are
