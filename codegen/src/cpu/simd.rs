@@ -42,6 +42,22 @@ pub(crate) fn transpose(v: &mut [__m256; 8]) {
     }
 }
 
+/// Two eight-lane vectors as one of sixteen lanes, `lo` in lanes 0..8 (a pair of channel
+/// blocks, or two vectors an epilogue runs at once).
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) fn join(lo: __m256, hi: __m256) -> __m512 {
+    let lo = _mm512_castpd256_pd512(_mm256_castps_pd(lo));
+    _mm512_castpd_ps(_mm512_insertf64x4::<1>(lo, _mm256_castps_pd(hi)))
+}
+
+/// Lanes 8..16 of `v` (lanes 0..8 are `_mm512_castps512_ps256(v)`): [`join`] undone.
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) fn high(v: __m512) -> __m256 {
+    _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)))
+}
+
 /// A mask of the first `n` of eight lanes.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]

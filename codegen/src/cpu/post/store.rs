@@ -5,7 +5,7 @@
 
 use super::{B, Bound, Fast, P_MAX, PostOp};
 #[cfg(target_arch = "x86_64")]
-use crate::cpu::simd::{first, gelu, gelu_erf, gelu_erf512, sigmoid, sigmoid512};
+use crate::cpu::simd::{first, gelu, gelu_erf, gelu_erf512, high, join, sigmoid, sigmoid512};
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
@@ -258,7 +258,6 @@ impl Bound<'_> {
             }
         }
         let at = |p: usize, j: usize, h: usize| (2 * j + h) * stride + p * B;
-        let high = |v: __m512| _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
         // SAFETY (every load and store): the caller's contract.
         let store = |p: usize, j: usize, v: __m512| unsafe {
             _mm256_storeu_ps(y.add(at(p, j, 0)), _mm512_castps512_ps256(v));
@@ -271,9 +270,10 @@ impl Bound<'_> {
         };
         let tensor = |o: usize, p: usize, j: usize| unsafe {
             let t = (*self.ptrs.get().add(o)).add(base);
-            let lo = _mm256_castps_pd(_mm256_loadu_ps(t.add(at(p, j, 0))));
-            let hi = _mm256_castps_pd(_mm256_loadu_ps(t.add(at(p, j, 1))));
-            _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castpd256_pd512(lo), hi))
+            join(
+                _mm256_loadu_ps(t.add(at(p, j, 0))),
+                _mm256_loadu_ps(t.add(at(p, j, 1))),
+            )
         };
         let z = _mm512_setzero_ps();
         match self.fast {
@@ -438,25 +438,25 @@ unsafe fn bias_silu_pairs(
     store: impl Fn(usize, __m256),
 ) {
     // Vectors i and i + 1 plus their channels' biases, on sixteen lanes.
-    let join = |i: usize| {
-        let a = _mm256_castps_pd(_mm256_add_ps(vs[i], channel(i)));
-        let b = _mm256_castps_pd(_mm256_add_ps(vs[i + 1], channel(i + 1)));
-        _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castpd256_pd512(a), b))
+    let biased = |i: usize| {
+        join(
+            _mm256_add_ps(vs[i], channel(i)),
+            _mm256_add_ps(vs[i + 1], channel(i + 1)),
+        )
     };
     let put = |i: usize, r: __m512| {
-        let r = _mm512_castps_pd(r);
-        store(i, _mm256_castpd_ps(_mm512_castpd512_pd256(r)));
-        store(i + 1, _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(r)));
+        store(i, _mm512_castps512_ps256(r));
+        store(i + 1, high(r));
     };
     let quads = vs.len() / 4 * 4;
     for i in (0..quads).step_by(4) {
-        let (u, v) = (join(i), join(i + 2));
+        let (u, v) = (biased(i), biased(i + 2));
         let (su, sv) = (sigmoid512(u), sigmoid512(v));
         put(i, _mm512_mul_ps(u, su));
         put(i + 2, _mm512_mul_ps(v, sv));
     }
     if quads + 2 <= vs.len() {
-        let u = join(quads);
+        let u = biased(quads);
         put(quads, _mm512_mul_ps(u, sigmoid512(u)));
     }
 }
@@ -476,10 +476,8 @@ unsafe fn gelu_pairs(
     store: impl Fn(usize, __m256),
 ) {
     for i in (0..n).step_by(2) {
-        let (a, b) = (_mm256_castps_pd(v(i)), _mm256_castps_pd(v(i + 1)));
-        let x = _mm512_insertf64x4::<1>(_mm512_castpd256_pd512(a), b);
-        let g = _mm512_castps_pd(gelu_erf512(_mm512_castpd_ps(x), div, one, half));
-        store(i, _mm256_castpd_ps(_mm512_castpd512_pd256(g)));
-        store(i + 1, _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(g)));
+        let g = gelu_erf512(join(v(i), v(i + 1)), div, one, half);
+        store(i, _mm512_castps512_ps256(g));
+        store(i + 1, high(g));
     }
 }

@@ -9,6 +9,8 @@
 use super::depthwise::{MAX_KH, depthwise_store, fixed, inside, mostly_inside};
 use super::{B, Geom, NchwcConv, Out};
 #[cfg(target_arch = "x86_64")]
+use crate::cpu::simd::{high, join};
+#[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
 /// Taps of the filters that run here, at most: [`MAX_KH`] rows of seven.
@@ -182,11 +184,10 @@ unsafe fn pair_row<const KW: usize, const SW: usize>(
                 // A bias and a clamp at most: here, inlined, the sums still in registers.
                 Some(s) => {
                     let e = s.pair(0);
-                    let high = |v: __m512| _mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v));
                     for (j, &a) in acc.iter().enumerate().take(ow - ox) {
                         let (y, v) = (yrow.y.add((ox + j) * B), e.apply(a));
                         _mm256_storeu_ps(y, _mm512_castps512_ps256(v));
-                        _mm256_storeu_pd(y.add(stride) as *mut f64, high(v));
+                        _mm256_storeu_ps(y.add(stride), high(v));
                     }
                 }
                 None => store_pair(acc, ox, ow, yrow, stride, b),
@@ -225,14 +226,12 @@ unsafe fn pair_tile<const KW: usize, const SW: usize, const CHECKED: bool>(
                 } else {
                     // SAFETY: column `col` of both rows is readable (checked, or the
                     // caller's contract).
-                    let (a, b) = unsafe {
-                        (
+                    unsafe {
+                        join(
                             _mm256_loadu_ps(l.wrapping_add(col * B)),
                             _mm256_loadu_ps(h.wrapping_add(col * B)),
                         )
-                    };
-                    let (a, b) = (_mm256_castps_pd(a), _mm256_castps_pd(b));
-                    _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castpd256_pd512(a), b))
+                    }
                 };
                 for t in 0..kp {
                     if i >= t && i - t < B {
@@ -264,7 +263,6 @@ unsafe fn store_pair(acc: [__m512; B], ox: usize, ow: usize, yrow: Out, stride: 
         if (yrow.post).store_tile512(&sums, n, b * B, stride, y, at) {
             return;
         }
-        let high = |v: __m512| _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
         let mut lo: [__m256; B] = std::array::from_fn(|j| _mm512_castps512_ps256(acc[j]));
         let mut hi: [__m256; B] = std::array::from_fn(|j| high(acc[j]));
         depthwise_store(&mut lo, ox, ow, yrow, b);

@@ -4,7 +4,7 @@
 
 use super::{B, Geom, Group, NchwcConv, Out, P};
 #[cfg(target_arch = "x86_64")]
-use crate::cpu::simd::first;
+use crate::cpu::simd::{first, high};
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
@@ -499,7 +499,6 @@ unsafe fn store512<const NP: usize, const PX: usize>(acc: [[__m512; NP]; PX], ou
         return;
     }
     for j in 0..NP {
-        let high = |v: __m512| _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
         let halves: [[__m256; 2]; PX] =
             std::array::from_fn(|p| [_mm512_castps512_ps256(acc[p][j]), high(acc[p][j])]);
         let skip = 2 * j * t.stride;
