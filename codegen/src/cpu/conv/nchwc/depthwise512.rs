@@ -23,6 +23,36 @@ impl NchwcConv {
         self.pairs && fixed(&self.g) && self.g.kh <= MAX_KH && (b + 2) * B <= self.g.c
     }
 
+    /// The depthwise kernel over output rows `rows` of blocks `blocks`, block `b`'s output at
+    /// `out(b)` and block `b + 1`'s `stride` floats after it: two blocks at once where
+    /// [`NchwcConv::pair_at`] allows, the others one by one.
+    ///
+    /// # Safety
+    /// As for [`NchwcConv::depthwise`], for every block.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn depthwise_blocks<'o>(
+        &self,
+        f: &[[f32; B]],
+        blocks: std::ops::Range<usize>,
+        ximg: &[f32],
+        out: impl Fn(usize) -> Out<'o>,
+        stride: usize,
+        rows: std::ops::Range<usize>,
+        buf: &mut Vec<f32>,
+    ) {
+        let mut b = blocks.start;
+        while b < blocks.end {
+            // SAFETY (both): the caller's contract.
+            if b + 1 < blocks.end && self.pair_at(b) {
+                unsafe { self.depthwise_pair(f, b, ximg, out(b), stride, rows.clone(), buf) };
+                b += 2;
+            } else {
+                unsafe { self.depthwise(f, b, ximg, out(b), rows.clone(), buf) };
+                b += 1;
+            }
+        }
+    }
+
     /// [`NchwcConv::depthwise`] for blocks `b` and `b + 1` at once ([`NchwcConv::pair_at`]):
     /// block `b + 1`'s output rows are `stride` floats after block `b`'s at `out`. In place
     /// where [`NchwcConv::depthwise`] reads in place, else over a padded copy of both blocks'

@@ -135,22 +135,14 @@ impl NchwcConv {
                     unsafe {
                         let ximg =
                             std::slice::from_raw_parts(x.get().add(img * c * h * w), c * h * w);
-                        let mut b = 0;
-                        while b < cb {
-                            let out = Out {
-                                y: mid.as_mut_ptr().add(b * plane),
-                                at: b * plane,
-                                post: dpost,
-                            };
-                            if self.pair_at(b) {
-                                let r = rows.clone();
-                                self.depthwise_pair(fd, b, ximg, out, plane, r, &mut buf);
-                                b += 2;
-                            } else {
-                                self.depthwise(fd, b, ximg, out, rows.clone(), &mut buf);
-                                b += 1;
-                            }
-                        }
+                        let base = mid.as_mut_ptr();
+                        let out = |b: usize| Out {
+                            y: base.add(b * plane),
+                            at: b * plane,
+                            post: dpost,
+                        };
+                        let r = rows.clone();
+                        self.depthwise_blocks(fd, 0..cb, ximg, out, plane, r, &mut buf);
                         let at = img * ob * oh * ow * B;
                         let out = Out {
                             y: y.get().add(at),

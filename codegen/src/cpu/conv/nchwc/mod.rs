@@ -643,25 +643,16 @@ impl NchwcConv {
                     self.direct(&groups[units], data, ximg, out, rows, buf)
                 }
                 Filter::Depthwise(f) => {
+                    let r0 = rows.start;
                     let out = |b: usize| {
-                        let at = (b * oh + rows.start) * ow * B;
+                        let at = (b * oh + r0) * ow * B;
                         Out {
                             y: out.y.add(at),
                             at: out.at + at,
                             post: out.post,
                         }
                     };
-                    let mut b = units.start;
-                    while b < units.end {
-                        if b + 1 < units.end && self.pair_at(b) {
-                            let stride = oh * ow * B;
-                            self.depthwise_pair(f, b, ximg, out(b), stride, rows.clone(), buf);
-                            b += 2;
-                        } else {
-                            self.depthwise(f, b, ximg, out(b), rows.clone(), buf);
-                            b += 1;
-                        }
-                    }
+                    self.depthwise_blocks(f, units, ximg, out, oh * ow * B, rows, buf)
                 }
             }
         }
